@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Test tiers. `hack/test.sh all` is the whole suite (what `make test` and .ci/run run).
+# Each tier fails the run when any test fails; pytest's "no tests collected" (exit 5) is a failure too.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+export PATH="$root/${VENV:-.venv}/bin:$PATH"
+export ANSIBLE_CONFIG="$root/ansible.cfg"
+export PYTHONPATH="$root/.build/collections${PYTHONPATH:+:$PYTHONPATH}"
+export ANSIBLE_COLLECTIONS_PATH="$root/.build/collections"
+
+banner() { printf '\n===== %s =====\n' "$*"; }
+
+run_pytest() {
+  # Usage: run_pytest <label> <pytest args...>
+  local label=$1; shift
+  local rc=0
+  python -m pytest "$@" || rc=$?
+  if [[ $rc -eq 5 ]]; then
+    echo "test: the $label tier collected no tests; that is a failure (a tier that tests nothing proves nothing)" >&2
+    return 1
+  fi
+  return "$rc"
+}
+
+tier_lint() {
+  banner "ansible-lint (production profile)"
+  ansible-lint --profile production --offline
+  banner "changelog fragments"
+  antsibull-changelog lint
+}
+
+tier_sanity() {
+  banner "ansible-test sanity"
+  hack/sanity.sh
+}
+
+tier_units() {
+  banner "unit tests"
+  run_pytest units tests/unit -q -p no:cacheprovider
+}
+
+tier_integration() {
+  banner "integration tests (real kube-apiserver + KServe CRDs)"
+  run_pytest integration tests/integration -q -m integration -p no:cacheprovider
+}
+
+tier_e2e() {
+  banner "end-to-end tests (real vLLM on CPU, real registry)"
+  run_pytest e2e tests/e2e -q -m e2e -p no:cacheprovider
+}
+
+tier_build() {
+  banner "collection build + offline install from the tarball"
+  hack/build-install.sh
+}
+
+tiers_present() {
+  local t
+  for t in "$@"; do
+    case $t in
+      integration|e2e) compgen -G "tests/$t/test_*.py" >/dev/null && echo "$t" ;;
+      *) echo "$t" ;;
+    esac
+  done
+}
+
+what=${1:-all}
+if [[ $what == all ]]; then
+  mapfile -t selected < <(tiers_present lint sanity units build integration e2e)
+else
+  selected=("$what")
+fi
+start=$SECONDS
+for t in "${selected[@]}"; do
+  t0=$SECONDS
+  "tier_$t"
+  echo "test: tier $t passed in $((SECONDS - t0)) s"
+done
+echo "test: all selected tiers passed (${selected[*]}) in $((SECONDS - start)) s"

@@ -1,0 +1,33 @@
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# Apache License 2.0 (see LICENSE)
+"""Exceptions shared by the collection's plain-Python logic.
+
+Every message names the offending field and says how to fix it, so modules and filters can pass it
+to the user unchanged.
+"""
+
+from __future__ import annotations
+
+
+class SpecDecodingError(Exception):
+    """Base class: invalid input or a failed operation, with a user-facing message."""
+
+    def __init__(self, message, field=None, hint=None):
+        self.field = field
+        self.hint = hint
+        text = message
+        if field and not message.startswith(field):
+            text = "%s: %s" % (field, message)
+        if hint:
+            text = "%s. Fix: %s" % (text.rstrip("."), hint)
+        super().__init__(text)
+        self.message = text
+
+
+class ValidationError(SpecDecodingError):
+    """The input is wrong; nothing was written anywhere."""
+
+
+class ConflictError(SpecDecodingError):
+    """Someone else changed the object between our read and our write."""

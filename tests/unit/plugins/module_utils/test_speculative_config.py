@@ -1,0 +1,277 @@
+"""The speculative-config core: methods and keys per vLLM version, validation messages, canonical JSON."""
+
+import json
+
+import pytest
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import speculative_config as core
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+
+EAGLE3 = {"method": "eagle3", "model": "/mnt/models/draft", "num_speculative_tokens": 3}
+NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+
+# --- every method, on the versions that have it -------------------------------------------------------------
+
+VALID = [
+    ("0.10.2", {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 4}),
+    ("0.10.2", {"method": "eagle", "model": "/m/eagle-head", "num_speculative_tokens": 3}),
+    ("0.10.2", EAGLE3),
+    ("0.11.0", {"method": "medusa", "model": "/m/medusa", "num_speculative_tokens": 3}),
+    ("0.11.0", {"method": "mlp_speculator", "model": "/m/mlp", "num_speculative_tokens": 3}),
+    ("0.11.0", {"method": "deepseek_mtp", "num_speculative_tokens": 1}),
+    ("0.11.0", {"method": "ernie_mtp", "num_speculative_tokens": 1}),
+    ("0.11.0", {"method": "qwen3_next_mtp", "num_speculative_tokens": 1}),
+    ("0.11.0", {"method": "mimo_mtp", "num_speculative_tokens": 1}),
+    ("0.11.0", {"method": "longcat_flash_mtp", "num_speculative_tokens": 1}),
+    ("0.11.0", {"method": "mtp", "num_speculative_tokens": 1}),
+    ("0.24.0", {"method": "draft_model", "model": "/mnt/models/draft", "num_speculative_tokens": 3}),
+    ("0.24.0", {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_tree_depth": 24}),
+    ("0.24.0", {"method": "medusa", "model": "/m/medusa", "num_speculative_tokens": 3}),
+    ("0.24.0", {"method": "dflash", "model": "/m/dflash", "num_speculative_tokens": 4}),
+    ("0.24.0", {"method": "ngram_gpu", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}),
+    ("0.24.0", {"method": "custom_class", "num_speculative_tokens": 2}),
+    ("0.24.0", {"method": "extract_hidden_states", "num_speculative_tokens": 1}),
+    ("0.33.0", {"method": "dspark", "model": "/m/dspark", "num_speculative_tokens": 3}),
+    ("0.33.0", {"method": "mtp", "num_speculative_tokens": 1, "enforce_eager": True}),
+    ("0.33.0", {"method": "eagle3", "model": "/d", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1,
+                "max_model_len": 4096, "quantization": "fp8", "revision": "main"}),
+]
+
+
+@pytest.mark.parametrize("version,config", VALID, ids=["%s-%s" % (v, c["method"]) for v, c in VALID])
+def test_valid_configs_pass_and_round_trip(version, config):
+    result = core.validate(config, vllm_version=version)
+    assert json.loads(result.json) == config
+    assert result.config == config
+
+
+def test_canonical_order_is_method_model_tokens_then_sorted():
+    messy = {"prompt_lookup_min": 2, "num_speculative_tokens": 5, "prompt_lookup_max": 4, "method": "ngram"}
+    assert core.validate(messy, "0.32.0").json == (
+        '{"method":"ngram","num_speculative_tokens":5,"prompt_lookup_max":4,"prompt_lookup_min":2}')
+    eagle = {"num_speculative_tokens": 3, "model": "/mnt/models/draft", "method": "eagle3", "draft_tensor_parallel_size": 1}
+    assert core.validate(eagle, "0.32.0").json == (
+        '{"method":"eagle3","model":"/mnt/models/draft","num_speculative_tokens":3,"draft_tensor_parallel_size":1}')
+
+
+def test_same_config_same_bytes_from_dict_and_json_string():
+    as_text = '{ "prompt_lookup_max": 4, "method": "ngram", "prompt_lookup_min": 2, "num_speculative_tokens": 5 }'
+    assert core.validate(as_text, "0.24.0").json == core.validate(NGRAM, "0.24.0").json
+
+
+def test_hyphenated_keys_become_underscores():
+    result = core.validate({"method": "ngram", "num-speculative-tokens": 5, "prompt-lookup-min": 2,
+                            "prompt-lookup-max": 4}, "0.32.0")
+    assert result.config == NGRAM
+
+
+def test_presets_are_the_guides_starting_points():
+    assert core.from_preset("ngram", vllm_version="0.32.0").json == (
+        '{"method":"ngram","num_speculative_tokens":5,"prompt_lookup_max":4,"prompt_lookup_min":2}')
+    assert core.from_preset("eagle3", {"model": "/mnt/models/draft"}, "0.32.0").json == (
+        '{"method":"eagle3","model":"/mnt/models/draft","num_speculative_tokens":3}')
+    assert core.from_preset("ngram", {"num_speculative_tokens": 3}, "0.32.0").config["num_speculative_tokens"] == 3
+
+
+def test_without_version_validates_against_newest_and_says_so():
+    result = core.validate(NGRAM)
+    assert result.vllm_version == core.NEWEST_KNOWN
+    assert any("vllm_version not given" in w and "0.33.0" in w for w in result.warnings)
+
+
+def test_newer_than_known_warns():
+    result = core.validate(NGRAM, "0.40.1")
+    assert any("newer than" in w for w in result.warnings)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("0.32.0", (0, 32, 0)), ("v0.11.1rc2", (0, 11, 1)), ("0.32.0+cpu", (0, 32, 0)), ("0.24", (0, 24, 0)),
+    ("0.11.1.dev12+g1234", (0, 11, 1)),
+])
+def test_parse_version(text, expected):
+    assert core.parse_version(text) == expected
+
+
+# --- warnings returned as data -------------------------------------------------------------------------------
+
+def _warnings(config, version="0.32.0"):
+    return "\n".join(core.validate(config, version).warnings)
+
+
+def test_warning_method_omitted_vllm_guesses_from_path():
+    text = _warnings({"model": "/mnt/models/draft", "num_speculative_tokens": 3})
+    assert "method is omitted" in text and "'draft_model'" in text
+    assert "'eagle3'" in _warnings({"model": "/models/EAGLE3-LLaMA3.1-Instruct-8B", "num_speculative_tokens": 3})
+    assert "'eagle'" in _warnings({"model": "/models/EAGLE-LLaMA3-Instruct-8B", "num_speculative_tokens": 3})
+
+
+def test_guessed_method_matches_vllm_rules():
+    assert core.guessed_method("/mnt/models/draft") == "draft_model"
+    assert core.guessed_method("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B") == "eagle3"
+    assert core.guessed_method("yuhuili/EAGLE-LLaMA3-Instruct-8B") == "eagle"
+
+
+def test_warning_ngram_and_suffix_turn_async_scheduling_off():
+    assert "async scheduling off" in _warnings(NGRAM)
+    assert "async scheduling off" in _warnings({"method": "suffix", "num_speculative_tokens": 8})
+    assert "async scheduling" not in _warnings(EAGLE3)
+
+
+def test_warning_min_p_logit_bias_per_version():
+    assert "HTTP 400" in _warnings(EAGLE3, "0.24.0")
+    assert "ignored" in _warnings(EAGLE3, "0.11.0") and "HTTP 400" not in _warnings(EAGLE3, "0.11.0")
+
+
+def test_warning_draft_weights_outside_gpu_memory_utilization():
+    assert "--gpu-memory-utilization" in _warnings(EAGLE3)
+    assert "--gpu-memory-utilization" not in _warnings(NGRAM)
+
+
+def test_warning_mtp_with_more_than_one_token():
+    assert "mtp with num_speculative_tokens=2" in _warnings({"method": "deepseek_mtp", "num_speculative_tokens": 2})
+    assert "mtp with" not in _warnings({"method": "mtp", "num_speculative_tokens": 1})
+
+
+def test_unknown_key_is_a_warning_on_011_because_vllm_drops_it():
+    text = _warnings({"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 4,
+                      "lookahead": 3}, "0.11.0")
+    assert "config.lookahead" in text and "silently drops" in text
+
+
+def test_ngram_single_bound_warns_that_vllm_copies_it():
+    assert "copies prompt_lookup_max=4" in _warnings({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4})
+
+
+def test_unverified_middle_version_warns_instead_of_refusing():
+    text = _warnings({"method": "draft_model", "model": "/d", "num_speculative_tokens": 3}, "0.15.0")
+    assert "not verified for vLLM 0.15.0" in text
+
+
+def test_printed_method_normalises_mtp_aliases():
+    assert core.printed_method("deepseek_mtp") == "mtp"
+    assert core.printed_method("qwen3_next_mtp") == "mtp"
+    assert core.printed_method("eagle3") == "eagle3"
+
+
+# --- bad input: each message names the field and the fix -----------------------------------------------------
+
+BAD = [
+    # (id, config, version, field named in the message, a fragment of the fix)
+    ("unknown-method", {"method": "lookahead", "num_speculative_tokens": 3}, "0.32.0", "config.method", "use one of"),
+    ("unknown-method-011", {"method": "suffix_tree", "num_speculative_tokens": 3}, "0.11.0", "config.method", "use one of"),
+    ("typo-method", {"method": "eagle-3", "model": "/d", "num_speculative_tokens": 3}, "0.32.0", "config.method", "eagle3"),
+    ("medusa-removed-033", {"method": "medusa", "model": "/d", "num_speculative_tokens": 3}, "0.33.0", "config.method", "removed"),
+    ("mlp-removed-033", {"method": "mlp_speculator", "model": "/d", "num_speculative_tokens": 3}, "0.33.0", "config.method", "removed"),
+    ("draft-model-010", {"method": "draft_model", "model": "/d", "num_speculative_tokens": 3}, "0.10.2", "config.method", "upgrade"),
+    ("draft-model-011", {"method": "draft_model", "model": "/d", "num_speculative_tokens": 3}, "0.11.1", "config.method", "upgrade"),
+    ("guessed-draft-model-011", {"model": "/mnt/models/draft", "num_speculative_tokens": 3}, "0.11.0", "config.method", "upgrade"),
+    ("suffix-011", {"method": "suffix", "num_speculative_tokens": 3}, "0.11.0", "config.method", "upgrade"),
+    ("dspark-024", {"method": "dspark", "model": "/d", "num_speculative_tokens": 3}, "0.24.0", "config.method", "upgrade"),
+    ("dflash-010", {"method": "dflash", "model": "/d", "num_speculative_tokens": 3}, "0.10.0", "config.method", "upgrade"),
+    ("ernie-mtp-010", {"method": "ernie_mtp", "num_speculative_tokens": 1}, "0.10.1", "config.method", "upgrade"),
+    ("unknown-mtp-alias-011", {"method": "foo_mtp", "num_speculative_tokens": 1}, "0.11.0", "config.method", "use one of"),
+    ("no-method-no-model", {"num_speculative_tokens": 3}, "0.32.0", "config.method", "set method"),
+    ("unknown-key-024", dict(NGRAM, lookahead=3), "0.24.0", "config.lookahead", "remove it"),
+    ("unknown-key-033", dict(EAGLE3, draft_model_path="/x"), "0.33.0", "config.draft_model_path", "remove it"),
+    ("tensor-parallel-size", dict(EAGLE3, tensor_parallel_size=2), "0.32.0", "config.tensor_parallel_size", "draft_tensor_parallel_size"),
+    ("speculative-model-key", {"speculative_model": "/d", "num_speculative_tokens": 3}, "0.32.0", "config.speculative_model", "'model'"),
+    ("num-spec-tokens-key", {"method": "eagle3", "model": "/d", "num_spec_tokens": 3}, "0.32.0", "config.num_spec_tokens", "num_speculative_tokens"),
+    ("v0-acceptance-method", dict(EAGLE3, acceptance_method="typical_acceptance_sampler"), "0.32.0", "config.acceptance_method", "V0"),
+    ("ngram-prompt-lookup-key", {"method": "ngram", "num_speculative_tokens": 3, "ngram_prompt_lookup_max": 4}, "0.32.0",
+     "config.ngram_prompt_lookup_max", "prompt_lookup_max"),
+    ("k-missing", {"method": "eagle3", "model": "/d"}, "0.32.0", "config.num_speculative_tokens", "set it"),
+    ("k-zero", dict(EAGLE3, num_speculative_tokens=0), "0.32.0", "config.num_speculative_tokens", "greater than zero"),
+    ("k-negative", dict(EAGLE3, num_speculative_tokens=-2), "0.32.0", "config.num_speculative_tokens", "greater than zero"),
+    ("k-string", dict(EAGLE3, num_speculative_tokens="3"), "0.32.0", "config.num_speculative_tokens", "bare number"),
+    ("k-float", dict(EAGLE3, num_speculative_tokens=2.5), "0.32.0", "config.num_speculative_tokens", "bare number"),
+    ("k-bool", dict(EAGLE3, num_speculative_tokens=True), "0.32.0", "config.num_speculative_tokens", "bare number"),
+    ("k-null", dict(EAGLE3, num_speculative_tokens=None), "0.32.0", "config.num_speculative_tokens", "bare number"),
+    ("ngram-no-bounds", {"method": "ngram", "num_speculative_tokens": 5}, "0.32.0", "config.prompt_lookup_max", "prompt_lookup_min"),
+    ("ngram-min-gt-max", dict(NGRAM, prompt_lookup_min=5, prompt_lookup_max=2), "0.32.0", "config.prompt_lookup_min", "swap"),
+    ("ngram-min-zero", dict(NGRAM, prompt_lookup_min=0), "0.32.0", "config.prompt_lookup_min", "positive"),
+    ("ngram-max-string", dict(NGRAM, prompt_lookup_max="4"), "0.32.0", "config.prompt_lookup_max", "bare number"),
+    ("eagle3-no-model", {"method": "eagle3", "num_speculative_tokens": 3}, "0.32.0", "config.model", "/mnt/models/draft"),
+    ("eagle-no-model", {"method": "eagle", "num_speculative_tokens": 3}, "0.32.0", "config.model", "set model"),
+    ("draft-model-no-model", {"method": "draft_model", "num_speculative_tokens": 3}, "0.32.0", "config.model", "set model"),
+    ("model-empty", dict(EAGLE3, model=""), "0.32.0", "config.model", "as text"),
+    ("model-not-string", dict(EAGLE3, model=7), "0.32.0", "config.model", "as text"),
+    ("draft-tp-zero", dict(EAGLE3, draft_tensor_parallel_size=0), "0.32.0", "config.draft_tensor_parallel_size", "positive"),
+    ("max-model-len-str", dict(EAGLE3, max_model_len="4k"), "0.32.0", "config.max_model_len", "bare number"),
+    ("enforce-eager-string", dict(EAGLE3, enforce_eager="yes"), "0.32.0", "config.enforce_eager", "true or false"),
+    ("enforce-eager-011", dict(EAGLE3, enforce_eager=True), "0.11.0", "config.enforce_eager", "upgrade"),
+    ("suffix-prob", {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_min_token_prob": 2}, "0.32.0",
+     "config.suffix_decoding_min_token_prob", "0.1"),
+    ("suffix-factor", {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_spec_factor": 0}, "0.32.0",
+     "config.suffix_decoding_max_spec_factor", "1.0"),
+    ("suffix-cached-negative", {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_cached_requests": -1},
+     "0.32.0", "config.suffix_decoding_max_cached_requests", "0 or more"),
+    ("duplicate-spelling", {"method": "ngram", "num_speculative_tokens": 5, "num-speculative-tokens": 4,
+                            "prompt_lookup_min": 2, "prompt_lookup_max": 4}, "0.32.0", "config.num_speculative_tokens", "keep one"),
+    ("not-json", '{"method": "ngram", num_speculative_tokens: 5}', "0.32.0", "config", "double quotes"),
+    ("json-list", '["ngram", 5]', "0.32.0", "config", "{...}"),
+    ("empty-string", "  ", "0.32.0", "config", "JSON object"),
+    ("wrong-type", 5, "0.32.0", "config", "mapping"),
+    ("method-not-string", dict(EAGLE3, method=3), "0.32.0", "config.method", "as text"),
+    ("bad-version", NGRAM, "latest", "vllm_version", "0.32.0"),
+    ("too-old-version", NGRAM, "0.8.5", "vllm_version", "0.10"),
+]
+
+
+@pytest.mark.parametrize("config,version,field,fix", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_input_names_the_field_and_the_fix(config, version, field, fix):
+    with pytest.raises(ValidationError) as info:
+        core.validate(config, vllm_version=version)
+    message = str(info.value)
+    assert message.startswith(field + ":"), message
+    assert "Fix:" in message, message
+    assert fix in message, message
+
+
+def test_bad_input_corpus_is_large_enough():
+    assert len(BAD) >= 40
+
+
+@pytest.mark.parametrize("preset,overrides,field", [
+    ("turbo", None, "preset"),
+    ("eagle3", None, "overrides.model"),
+    ("eagle3", {"model": "/d", "num_speculative_tokens": 0}, "config.num_speculative_tokens"),
+    ("ngram", '{"prompt_lookup_min": 9}', "config.prompt_lookup_min"),
+])
+def test_bad_presets(preset, overrides, field):
+    with pytest.raises(ValidationError) as info:
+        core.from_preset(preset, overrides, "0.32.0")
+    assert str(info.value).startswith(field), str(info.value)
+
+
+# --- commands: removed flags and 0.24+ shorthand flags ------------------------------------------------------
+
+GUIDE_SCRIPT = (
+    "python3 -m vllm.entrypoints.openai.api_server --port 8080 --model /mnt/models/target \\\n"
+    "  --speculative-config '%s'\n" % json.dumps(EAGLE3))
+
+
+@pytest.mark.parametrize("flag", sorted(core.REMOVED_FLAGS))
+def test_removed_flags_are_refused_in_argv_and_scripts(flag):
+    with pytest.raises(ValidationError) as info:
+        core.check_command(["python3", "-m", "vllm.entrypoints.openai.api_server", flag, "x"])
+    assert str(info.value).startswith("command:") and flag in str(info.value)
+    with pytest.raises(ValidationError):
+        core.check_command(["bash", "-c", "exec vllm serve /m %s=3 --port 8080" % flag])
+
+
+def test_guide_command_passes_and_lookalikes_do_not_trip():
+    assert core.check_command(["bash", "-c", GUIDE_SCRIPT]) == []
+    # A path or a value that merely contains the text is not the flag.
+    assert core.check_command(["vllm", "serve", "/models/x--speculative-model-y", "--served-model-name", "a"]) == []
+
+
+def test_shorthand_flags_need_024_and_must_not_duplicate_json_keys():
+    cmd = ["vllm", "serve", "/m", "--spec-method", "ngram"]
+    with pytest.raises(ValidationError) as info:
+        core.check_command(cmd, vllm_version="0.11.0")
+    assert "0.24" in str(info.value)
+    assert core.check_command(cmd, vllm_version="0.24.0", config={"num_speculative_tokens": 3}) == []
+    with pytest.raises(ValidationError) as info:
+        core.check_command(cmd, vllm_version="0.24.0", config={"method": "ngram"})
+    assert "--spec-method" in str(info.value) and "'method'" in str(info.value)

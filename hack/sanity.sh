@@ -3,6 +3,7 @@
 # files (tracked plus untracked-but-not-ignored) into a temp dir of that shape, never moving the repo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export PATH="$PWD/${VENV:-.venv}/bin:$PATH"
 root=$PWD
 
 # ansible-test bootstraps pip in each sanity venv with a get-pip script it downloads from a host this
@@ -34,7 +35,7 @@ git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' 
   [[ -e $f ]] && printf '%s\0' "$f"
 done | rsync -a --from0 --files-from=- ./ "$dest/"
 # Collections this one builds on (doc fragments, module_utils) sit beside it, as ansible-test expects.
-kc=$(python -c 'import ansible_collections.kubernetes.core as m, os; print(os.path.dirname(m.__file__))')
+kc=$(python -c 'import ansible_collections.kubernetes.core as m, os; print(list(m.__path__)[0])')
 mkdir -p "$work/ansible_collections/kubernetes"
 cp -a "$kc" "$work/ansible_collections/kubernetes/core"
 cd "$dest"

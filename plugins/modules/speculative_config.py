@@ -126,7 +126,10 @@ def main():
         module.fail_json(msg=str(exc), field=exc.field)
     for warning in result.warnings:
         module.warn(warning)
-    module.exit_json(changed=False, **result.as_dict())
+    # module.warn() also puts them in the result's `warnings` list (the documented return).
+    returned = result.as_dict()
+    del returned["warnings"]
+    module.exit_json(changed=False, **returned)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,45 @@
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# Apache License 2.0 (see LICENSE)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+name: kustomization
+short_description: Render a kustomization.yaml that lists manifest files
+version_added: 0.1.0
+description:
+  - Returns deterministic YAML (sorted, de-duplicated resources) so GitOps reruns are byte-identical.
+author:
+  - Alauda platform team
+options:
+  _input:
+    description: Manifest file names relative to the kustomization.
+    type: list
+    elements: str
+    required: true
+"""
+
+EXAMPLES = r"""
+- name: Write kustomization.yaml
+  ansible.builtin.copy:
+    content: "{{ ['models-llama.yaml'] | alauda.spec_decoding.kustomization }}"
+    dest: gitops/kustomization.yaml
+    mode: "0644"
+"""
+
+RETURN = r"""
+_value:
+  description: kustomization.yaml text.
+  type: str
+"""
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc
+
+
+class FilterModule:
+    """GitOps helpers."""
+
+    def filters(self):
+        return {"kustomization": isvc.kustomization}

@@ -1,0 +1,62 @@
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# Apache License 2.0 (see LICENSE)
+"""Wait for an InferenceService to be Ready *at its current generation*.
+
+kubernetes.core's `wait_condition` only looks at the condition, so a Ready=True left over from the
+previous revision would pass right after an apply. This waiter polls until
+status.observedGeneration == metadata.generation and Ready=True, and on timeout explains why, with the
+conditions and the predictor pods' states. Plain Python over a `kubernetes.client.ApiClient`.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+
+
+class WaitTimeout(SpecDecodingError):
+    """The InferenceService did not become Ready at its generation in time."""
+
+    def __init__(self, message, isvc, pods):
+        super().__init__(message)
+        self.isvc = isvc
+        self.pods = pods
+
+
+def _pod_states(api_client, namespace, name):
+    try:
+        pods, skipped = k8s_pods.list_predictor_pods(api_client, namespace, name)
+    except SpecDecodingError as exc:
+        return [{"error": str(exc)}]
+    return pods + skipped
+
+
+def describe(isvc, pods):
+    """One paragraph for a timeout message: readiness, every condition, every predictor pod."""
+    state = k8s_pods.readiness(isvc)
+    conds = ["%s=%s%s" % (c.get("type"), c.get("status"), (" (%s)" % (c.get("message") or c.get("reason"))) if (c.get("message") or c.get("reason")) else "")
+             for c in ((isvc or {}).get("status") or {}).get("conditions") or []]
+    pod_text = ["%s: %s%s" % (p.get("name"), p.get("phase") or p.get("error"), (", " + p["reason"]) if p.get("reason") else "") for p in pods]
+    return "generation %s, observedGeneration %s; conditions: %s; predictor pods: %s" % (
+        state["generation"], state["observed_generation"], ", ".join(conds) or "none", "; ".join(pod_text) or "none")
+
+
+def wait_ready(api_client, namespace, name, timeout=1200, interval=5, clock=time.monotonic, sleep=time.sleep):
+    """Poll until Ready at the current generation. Returns (isvc, elapsed seconds); raises WaitTimeout."""
+    start = clock()
+    while True:
+        isvc = k8s_pods.get_inference_service(api_client, namespace, name)
+        state = k8s_pods.readiness(isvc)
+        if state["ready"] and state["up_to_date"]:
+            return isvc, clock() - start
+        elapsed = clock() - start
+        if elapsed >= timeout:
+            pods = _pod_states(api_client, namespace, name)
+            why = "not reconciled yet" if not state["up_to_date"] else "not Ready"
+            raise WaitTimeout("InferenceService %s/%s is %s after %ds: %s. A cold start with a draft model takes about 5 "
+                              "minutes; raise the timeout if pods are still starting" % (namespace, name, why, int(elapsed), describe(isvc, pods)),
+                              isvc, pods)
+        sleep(min(interval, max(0.1, timeout - elapsed)))

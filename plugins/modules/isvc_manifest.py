@@ -1,0 +1,296 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# Apache License 2.0 (see LICENSE)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: isvc_manifest
+short_description: Render a KServe InferenceService that runs vLLM, with or without speculative decoding
+version_added: 0.1.0
+description:
+  - Renders the InferenceService in the shape the speculative-decoding guide uses (annotations, runtime label,
+    C(bash -c) command running C(python3 -m vllm.entrypoints.openai.api_server), env, resources, seccomp profile).
+  - Derives the storage fields and the C(--model) and draft paths from the artifact mode
+    (V(storage_uris), V(modelcar), V(pvc), V(single), or V(auto)), so no path is typed twice.
+  - Enforces KServe's rules before anything is written, validates the speculative config for the vLLM release,
+    and refuses a C(deploymentMode) change when O(existing) is the object on the cluster.
+  - Pure computation; the role M(alauda.spec_decoding.inference_service) applies or writes the result.
+author:
+  - Alauda platform team
+options:
+  name:
+    description: InferenceService name (DNS-1123 label).
+    type: str
+    required: true
+  namespace:
+    description: Namespace (DNS-1123 label).
+    type: str
+    required: true
+  method:
+    description: Speculative method; V(none) renders the baseline with everything else identical.
+    type: str
+    choices: [none, ngram, eagle3, eagle, draft_model, mtp, suffix]
+    default: none
+  speculative:
+    description:
+      - Keys of the speculative config merged over the method's preset (for example C(num_speculative_tokens)).
+      - The draft C(model) path is derived from the artifact mode; give it here only to check it agrees.
+    type: dict
+  artifact_mode:
+    description: How target and draft reach the pod (the guide's options A, B, C), or V(single) for one artifact.
+    type: str
+    choices: [auto, storage_uris, modelcar, pvc, single]
+    default: auto
+  artifacts:
+    description:
+      - Artifact locations. Keys C(storage_uri) (single), C(target_uri), C(draft_uri), C(target_mount_path),
+        C(draft_mount_path) (storage_uris), C(modelcar_image) (modelcar), C(pvc_name) (pvc), C(target_subdir),
+        C(draft_subdir) (modelcar and pvc layouts), C(target_path), C(draft_path) (explicit paths inside what is mounted).
+    type: dict
+    default: {}
+  kserve_version:
+    description:
+      - KServe release of the cluster. When omitted it is detected from O(kserve_crd), else 0.20 is assumed (with a warning).
+    type: str
+  kserve_crd:
+    description: The C(inferenceservices.serving.kserve.io) CustomResourceDefinition, to detect what the cluster's KServe supports.
+    type: dict
+  modelcar_enabled:
+    description: Whether the storage initializer has Modelcar enabled (used by O(artifact_mode=auto)).
+    type: bool
+    default: true
+  vllm_version:
+    description: vLLM release of the runtime image; the speculative config is validated for it.
+    type: str
+  runtime:
+    description: KServe ServingRuntime name (C(spec.predictor.model.runtime)).
+    type: str
+    required: true
+  deployment_mode:
+    description: KServe deployment mode; legacy names are accepted and rendered as their new names.
+    type: str
+    choices: [Standard, Knative, RawDeployment, Serverless]
+    default: Standard
+  model_repo:
+    description: Value of the C(aml-model-repo) annotation.
+    type: str
+  served_model_name:
+    description: C(--served-model-name); defaults to O(name).
+    type: str
+  dtype:
+    description: C(--dtype) (also the C(DTYPE) env variable).
+    type: str
+    default: auto
+  gpu_memory_utilization:
+    description: C(--gpu-memory-utilization) before the draft headroom is taken off.
+    type: float
+    default: 0.9
+  draft_memory_headroom:
+    description: Fraction taken off O(gpu_memory_utilization) when the method loads draft weights (they are outside vLLM's budget).
+    type: float
+    default: 0.05
+  max_model_len:
+    description: C(--max-model-len).
+    type: int
+    default: 8192
+  max_num_seqs:
+    description: C(--max-num-seqs).
+    type: int
+    default: 64
+  seed:
+    description: C(--seed).
+    type: int
+    default: 42
+  kv_cache_memory_bytes:
+    description: Optional C(--kv-cache-memory-bytes).
+    type: int
+  extra_args:
+    description: More server flags, appended before C(--speculative-config).
+    type: list
+    elements: str
+    default: []
+  env:
+    description: More environment variables for the model container.
+    type: dict
+    default: {}
+  model_format:
+    description: C(modelFormat.name).
+    type: str
+    default: transformers
+  protocol_version:
+    description: C(protocolVersion).
+    type: str
+    default: v2
+  command_style:
+    description: V(bash) renders C(command=[bash, -c, script]) as the guide does; V(args) renders an argv list in C(args).
+    type: str
+    choices: [bash, args]
+    default: bash
+  resources:
+    description: Resource amounts set as both requests and limits (for example C(cpu), C(memory)).
+    type: dict
+    default: {}
+  gpu_count:
+    description: C(nvidia.com/gpu) limit; 0 leaves it out.
+    type: int
+    default: 1
+  min_replicas:
+    description: C(predictor.minReplicas).
+    type: int
+    default: 1
+  max_replicas:
+    description: C(predictor.maxReplicas).
+    type: int
+    default: 1
+  startup_timeout_seconds:
+    description:
+      - How long a cold start may take (a draft adds about 5 minutes). Sets the startup probe window in Standard mode
+        and C(serving.knative.dev/progress-deadline) in Knative mode.
+    type: int
+    default: 1800
+  service_account_name:
+    description: C(predictor.serviceAccountName), for private artifact sources.
+    type: str
+  annotations:
+    description: More annotations.
+    type: dict
+    default: {}
+  labels:
+    description: More labels.
+    type: dict
+    default: {}
+  existing:
+    description: The InferenceService currently on the cluster, if any (from M(kubernetes.core.k8s_info)).
+    type: dict
+extends_documentation_fragment:
+  - alauda.spec_decoding.attributes.READ_ONLY
+  - alauda.spec_decoding.attributes.ACTION_GROUP
+requirements:
+  - PyYAML
+"""
+
+EXAMPLES = r"""
+- name: Render the EAGLE-3 service from a PVC holding target and draft
+  alauda.spec_decoding.isvc_manifest:
+    name: llama-eagle3
+    namespace: models
+    method: eagle3
+    artifact_mode: pvc
+    artifacts:
+      pvc_name: model-store
+      target_subdir: Meta-Llama-3.1-8B-Instruct
+      draft_subdir: EAGLE3-LLaMA3.1-Instruct-8B
+    runtime: aml-vllm-0.32.0
+    vllm_version: "0.32.0"
+  register: rendered
+"""
+
+RETURN = r"""
+manifest:
+  description: The InferenceService.
+  returned: success
+  type: dict
+manifest_yaml:
+  description: The manifest as deterministic YAML (what GitOps mode writes).
+  returned: success
+  type: str
+speculative_json:
+  description: Canonical C(--speculative-config) JSON, or null for the baseline.
+  returned: success
+  type: str
+  sample: '{"method":"eagle3","model":"/mnt/models/draft","num_speculative_tokens":3}'
+artifact_mode:
+  description: The artifact mode used (the one V(auto) chose).
+  returned: success
+  type: str
+  sample: pvc
+target_path:
+  description: The C(--model) path inside the pod.
+  returned: success
+  type: str
+draft_path:
+  description: The draft model path inside the pod, or null.
+  returned: success
+  type: str
+filename:
+  description: File name the GitOps target uses for this manifest.
+  returned: success
+  type: str
+  sample: models-llama-eagle3.yaml
+warnings:
+  description: Advice that does not block the rollout.
+  returned: success
+  type: list
+  elements: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+
+ARGUMENT_SPEC = dict(
+    name=dict(type="str", required=True),
+    namespace=dict(type="str", required=True),
+    method=dict(type="str", default="none", choices=list(isvc.METHODS)),
+    speculative=dict(type="dict"),
+    artifact_mode=dict(type="str", default="auto", choices=list(isvc.ARTIFACT_MODES)),
+    artifacts=dict(type="dict", default={}),
+    kserve_version=dict(type="str"),
+    kserve_crd=dict(type="dict"),
+    modelcar_enabled=dict(type="bool", default=True),
+    vllm_version=dict(type="str"),
+    runtime=dict(type="str", required=True),
+    deployment_mode=dict(type="str", default="Standard", choices=["Standard", "Knative", "RawDeployment", "Serverless"]),
+    model_repo=dict(type="str"),
+    served_model_name=dict(type="str"),
+    dtype=dict(type="str", default="auto"),
+    gpu_memory_utilization=dict(type="float", default=0.9),
+    draft_memory_headroom=dict(type="float", default=0.05),
+    max_model_len=dict(type="int", default=8192),
+    max_num_seqs=dict(type="int", default=64),
+    seed=dict(type="int", default=42),
+    kv_cache_memory_bytes=dict(type="int"),
+    extra_args=dict(type="list", elements="str", default=[]),
+    env=dict(type="dict", default={}),
+    model_format=dict(type="str", default="transformers"),
+    protocol_version=dict(type="str", default="v2"),
+    command_style=dict(type="str", default="bash", choices=["bash", "args"]),
+    resources=dict(type="dict", default={}),
+    gpu_count=dict(type="int", default=1),
+    min_replicas=dict(type="int", default=1),
+    max_replicas=dict(type="int", default=1),
+    startup_timeout_seconds=dict(type="int", default=1800),
+    service_account_name=dict(type="str"),
+    annotations=dict(type="dict", default={}),
+    labels=dict(type="dict", default={}),
+    existing=dict(type="dict"),
+)
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    if not isvc.HAS_YAML:
+        module.fail_json(msg=missing_required_lib("PyYAML"))
+    params = dict(module.params)
+    existing = params.pop("existing")
+    try:
+        rendered = isvc.render(params, existing=existing)
+    except SpecDecodingError as exc:
+        module.fail_json(msg=str(exc), field=exc.field)
+    for warning in rendered["warnings"]:
+        module.warn(warning)
+    manifest = rendered["manifest"]
+    spec = rendered["speculative"]
+    art = rendered["artifacts"]
+    module.exit_json(changed=False, manifest=manifest, manifest_yaml=isvc.to_yaml(manifest),
+                     speculative_json=spec.json if spec else None, artifact_mode=art.mode,
+                     target_path=art.target_path, draft_path=art.draft_path,
+                     filename=isvc.manifest_filename(manifest))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# Apache License 2.0 (see LICENSE)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: isvc_wait
+short_description: Wait until a KServe InferenceService is Ready at its current generation
+version_added: 0.1.0
+description:
+  - Polls the InferenceService until C(status.observedGeneration) equals C(metadata.generation) and the
+    C(Ready) condition is C(True). A Ready condition left over from the previous revision does not pass.
+  - On timeout fails with the conditions and the predictor pods' states.
+author:
+  - Alauda platform team
+options:
+  name:
+    description: InferenceService name.
+    type: str
+    required: true
+  namespace:
+    description: Namespace.
+    type: str
+    required: true
+  timeout:
+    description: Seconds to wait. A cold start with a draft model takes about 5 minutes.
+    type: int
+    default: 1200
+  interval:
+    description: Seconds between polls.
+    type: int
+    default: 5
+extends_documentation_fragment:
+  - kubernetes.core.k8s_auth_options
+  - alauda.spec_decoding.attributes.READ_ONLY
+  - alauda.spec_decoding.attributes.ACTION_GROUP
+requirements:
+  - kubernetes >= 24.2.0
+"""
+
+EXAMPLES = r"""
+- name: Wait for the new revision
+  alauda.spec_decoding.isvc_wait:
+    name: llama-eagle3
+    namespace: models
+    timeout: 900
+"""
+
+RETURN = r"""
+ready:
+  description: Whether the InferenceService is Ready at its current generation.
+  returned: always
+  type: bool
+elapsed:
+  description: Seconds waited.
+  returned: success
+  type: float
+generation:
+  description: metadata.generation that became Ready.
+  returned: success
+  type: int
+resource:
+  description: The InferenceService as read last.
+  returned: always
+  type: dict
+pods:
+  description: Predictor pod states (on timeout).
+  returned: failure
+  type: list
+  elements: dict
+"""
+
+from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
+from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+
+
+def main():
+    spec = dict(
+        name=dict(type="str", required=True),
+        namespace=dict(type="str", required=True),
+        timeout=dict(type="int", default=1200),
+        interval=dict(type="int", default=5),
+    )
+    spec.update(AUTH_ARG_SPEC)
+    module = AnsibleK8SModule(argument_spec=spec, supports_check_mode=True)
+    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_wait  # pylint: disable=import-outside-toplevel
+
+    params = module.params
+    api_client = get_api_client(module=module).client.client
+    try:
+        isvc, elapsed = isvc_wait.wait_ready(api_client, params["namespace"], params["name"],
+                                             timeout=params["timeout"], interval=params["interval"])
+    except isvc_wait.WaitTimeout as exc:
+        module.fail_json(msg=str(exc), ready=False, resource=exc.isvc, pods=exc.pods)
+    except SpecDecodingError as exc:
+        module.fail_json(msg=str(exc), ready=False, resource={})
+    module.exit_json(changed=False, ready=True, elapsed=round(elapsed, 1),
+                     generation=isvc["metadata"].get("generation"), resource=isvc)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: Alauda
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ version_added: 0.1.0
 description:
   - Returns deterministic YAML (sorted, de-duplicated resources) so GitOps reruns are byte-identical.
 author:
-  - Alauda platform team
+  - Alauda Platform Team (@alauda)
 options:
   _input:
     description: Manifest file names relative to the kustomization.

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: Alauda
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ description:
     stable key order (C(method), C(model), C(num_speculative_tokens), then the rest sorted).
   - Fails with the same messages as the module on invalid input.
 author:
-  - Alauda platform team
+  - Alauda Platform Team (@alauda)
 positional: vllm_version
 options:
   _input:

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: Alauda
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Exceptions shared by the collection's plain-Python logic.
 
 Every message names the offending field and says how to fix it, so modules and filters can pass it

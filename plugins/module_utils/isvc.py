@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: Alauda
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """InferenceService rendering for vLLM with (or without) speculative decoding, and KServe's rules.
 
 Plain Python: the role's `isvc_manifest` module and the tests call `render()`; nothing here talks to a

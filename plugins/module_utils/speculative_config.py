@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: Alauda
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """What vLLM's ``--speculative-config`` accepts, per vLLM version, and its canonical rendering.
 
 Plain Python (no Ansible imports) so modules, filters, roles and tests share one source of truth.

@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: Alauda
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ description:
     and refuses a C(deploymentMode) change when O(existing) is the object on the cluster.
   - Pure computation; the role M(alauda.spec_decoding.inference_service) applies or writes the result.
 author:
-  - Alauda platform team
+  - Alauda Platform Team (@alauda)
 options:
   name:
     description: InferenceService name (DNS-1123 label).

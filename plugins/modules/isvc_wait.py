@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: Alauda
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ description:
     C(Ready) condition is C(True). A Ready condition left over from the previous revision does not pass.
   - On timeout fails with the conditions and the predictor pods' states.
 author:
-  - Alauda platform team
+  - Alauda Platform Team (@alauda)
 options:
   name:
     description: InferenceService name.

@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: Alauda
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ description:
   - Without O(vllm_version) the config is validated against the newest vLLM release the collection knows,
     and a warning says so.
 author:
-  - Alauda platform team
+  - Alauda Platform Team (@alauda)
 options:
   config:
     description:

@@ -1,0 +1,211 @@
+"""Deploy against the real kube-apiserver with the real KServe CRD: create, idempotent rerun, check and diff
+mode, each artifact mode, the generation-aware wait, and bad input that must not write anything."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.ansible_run import run_playbook
+
+GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
+
+BASE_VARS = {
+    "spec_decoding_hosts": "localhost",
+    "spec_decoding_target": "cluster",
+    "spec_decoding_runtime": "aml-vllm-0.32.0",
+    "spec_decoding_vllm_version": "0.32.0",
+    "spec_decoding_dtype": "bfloat16",
+    "spec_decoding_gpu_count": 0,
+    "spec_decoding_wait_timeout": 60,
+    "spec_decoding_artifact_mode": "pvc",
+    "spec_decoding_artifacts": {"pvc_name": "model-store", "target_subdir": "Meta-Llama-3.1-8B-Instruct",
+                                "draft_subdir": "EAGLE3-LLaMA3.1-Instruct-8B"},
+}
+
+
+def _vars(namespace, name, **more):
+    out = dict(BASE_VARS, spec_decoding_namespace=namespace, spec_decoding_isvc_name=name)
+    out.update(more)
+    return out
+
+
+def _get(k8s_client, namespace, name):
+    from kubernetes import client  # pylint: disable=import-outside-toplevel
+    from kubernetes.client.rest import ApiException  # pylint: disable=import-outside-toplevel
+    try:
+        return client.CustomObjectsApi(k8s_client).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def _script(isvc):
+    return isvc["spec"]["predictor"]["model"]["command"][2]
+
+
+def test_deploy_eagle3_creates_waits_and_reruns_unchanged(tmp_path, kubeconfig, k8s_client, kserve, namespace):
+    kserve.set_behaviour(namespace, "llama-eagle3", ready_after=1.0)
+    run = run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", extra_vars=_vars(namespace, "llama-eagle3"), kubeconfig=kubeconfig)
+    assert run.rc == 0, run.output
+    isvc = _get(k8s_client, namespace, "llama-eagle3")
+    script = _script(isvc)
+    assert ("--speculative-config '{\"method\":\"eagle3\",\"model\":\"/mnt/models/EAGLE3-LLaMA3.1-Instruct-8B\","
+            "\"num_speculative_tokens\":3}'") in script
+    assert "--model /mnt/models/Meta-Llama-3.1-8B-Instruct" in script
+    assert isvc["spec"]["predictor"]["model"]["storageUri"] == "pvc://model-store/"
+    assert isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Standard"
+    assert isvc["metadata"]["labels"]["aml.cpaas.io/runtime-type"] == "vllm"
+    assert isvc["spec"]["predictor"]["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    env = {e["name"]: e["value"] for e in isvc["spec"]["predictor"]["model"]["env"]}
+    assert env["GPU_MEMORY_UTILIZATION"] == "0.85"  # 0.9 minus the draft headroom
+    waited = run.result("Wait for Ready")
+    assert waited["ready"] is True and waited["generation"] == isvc["metadata"]["generation"]
+    assert run.result("Apply the InferenceService")["changed"] is True
+
+    rerun = run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", extra_vars=_vars(namespace, "llama-eagle3"), kubeconfig=kubeconfig)
+    assert rerun.rc == 0, rerun.output
+    assert rerun.changed == 0, rerun.output
+    assert _get(k8s_client, namespace, "llama-eagle3")["metadata"]["resourceVersion"] == isvc["metadata"]["resourceVersion"]
+
+
+def test_check_mode_writes_nothing_and_diff_shows_the_change(tmp_path, kubeconfig, k8s_client, kserve, namespace):
+    run = run_playbook(tmp_path, "playbooks/deploy-ngram.yml", extra_vars=_vars(namespace, "llama-ngram"), kubeconfig=kubeconfig,
+                       check=True)
+    assert run.rc == 0, run.output
+    assert run.result("Apply the InferenceService")["changed"] is True
+    assert _get(k8s_client, namespace, "llama-ngram") is None
+
+    kserve.set_behaviour(namespace, "llama-ngram", ready_after=0.5)
+    assert run_playbook(tmp_path, "playbooks/deploy-ngram.yml", extra_vars=_vars(namespace, "llama-ngram"),
+                        kubeconfig=kubeconfig).rc == 0
+    before = _get(k8s_client, namespace, "llama-ngram")
+    more = _vars(namespace, "llama-ngram", spec_decoding_speculative={"num_speculative_tokens": 3})
+    diff = run_playbook(tmp_path, "playbooks/deploy-ngram.yml", extra_vars=more, kubeconfig=kubeconfig, check=True, diff=True)
+    assert diff.rc == 0, diff.output
+    applied = diff.result("Apply the InferenceService")
+    assert applied["changed"] is True
+    assert '"num_speculative_tokens":3' in json.dumps(applied["diff"]["after"])
+    assert '"num_speculative_tokens":5' in json.dumps(applied["diff"]["before"])
+    after = _get(k8s_client, namespace, "llama-ngram")
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+
+
+@pytest.mark.parametrize("mode,artifacts,expect", [
+    ("storage_uris", {"target_uri": "pvc://models/llama", "draft_uri": "pvc://models/eagle3"},
+     {"storageUris": [{"uri": "pvc://models/llama", "mountPath": "/mnt/models/target"},
+                      {"uri": "pvc://models/eagle3", "mountPath": "/mnt/models/draft"}]}),
+    ("storage_uris", {"target_uri": "oci://registry.local/llama:v1", "draft_uri": "oci://registry.local/eagle3:v1"},
+     {"storageUris": [{"uri": "oci://registry.local/llama:v1", "mountPath": "/mnt/target/model"},
+                      {"uri": "oci://registry.local/eagle3:v1", "mountPath": "/mnt/draft/model"}]}),
+    ("modelcar", {"modelcar_image": "registry.local/models/llama-eagle3:v1"},
+     {"storageUri": "oci://registry.local/models/llama-eagle3:v1"}),
+    ("pvc", {"pvc_name": "store"}, {"storageUri": "pvc://store/"}),
+])
+def test_each_artifact_mode_is_accepted_by_the_real_crd(tmp_path, kubeconfig, k8s_client, kserve, namespace, mode, artifacts, expect):
+    name = "m-" + mode.replace("_", "-")
+    kserve.set_behaviour(namespace, name, ready_after=0.5)
+    run = run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", kubeconfig=kubeconfig,
+                       extra_vars=_vars(namespace, name, spec_decoding_artifact_mode=mode, spec_decoding_artifacts=artifacts))
+    assert run.rc == 0, run.output
+    isvc = _get(k8s_client, namespace, name)
+    predictor = isvc["spec"]["predictor"]
+    if "storageUris" in expect:
+        assert predictor["storageUris"] == expect["storageUris"]
+        assert "storageUri" not in predictor["model"]
+        draft = expect["storageUris"][1]["mountPath"]
+        target = expect["storageUris"][0]["mountPath"]
+    else:
+        assert predictor["model"]["storageUri"] == expect["storageUri"]
+        draft, target = "/mnt/models/draft", "/mnt/models/target"
+    assert '"model":"%s"' % draft in _script(isvc)
+    assert "--model %s " % target in _script(isvc)
+
+
+def test_auto_mode_reads_kserve_features_from_the_crd(tmp_path, kubeconfig, k8s_client, kserve, namespace):
+    kserve.set_behaviour(namespace, "auto", ready_after=0.5)
+    more = _vars(namespace, "auto", spec_decoding_artifact_mode="auto",
+                 spec_decoding_artifacts={"target_uri": "pvc://m/llama", "draft_uri": "pvc://m/eagle", "pvc_name": "m"})
+    run = run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", extra_vars=more, kubeconfig=kubeconfig)
+    assert run.rc == 0, run.output
+    assert run.result("Render the InferenceService")["artifact_mode"] == "storage_uris"
+    assert any("KServe 0.20" in w for w in run.result("Render the InferenceService")["warnings"])
+
+
+def test_stale_ready_from_the_previous_generation_does_not_pass(tmp_path, kubeconfig, k8s_client, kserve, namespace):
+    kserve.set_behaviour(namespace, "stale", ready_after=0.2)
+    assert run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", extra_vars=_vars(namespace, "stale"), kubeconfig=kubeconfig).rc == 0
+    first = _get(k8s_client, namespace, "stale")
+    # The next revision never gets ready: the wait must fail although Ready=True is still there from generation 1.
+    kserve.set_behaviour(namespace, "stale", never_ready=True, generation=first["metadata"]["generation"] + 1)
+    run = run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", kubeconfig=kubeconfig,
+                       extra_vars=_vars(namespace, "stale", spec_decoding_speculative={"num_speculative_tokens": 2},
+                                        spec_decoding_wait_timeout=8))
+    assert run.rc != 0
+    failed = run.result("Wait for Ready")
+    assert failed["failed"] is True and failed["ready"] is False
+    assert "predictor pods" in failed["msg"] and "conditions" in failed["msg"]
+
+
+BAD = [
+    ("storageuri-with-storageuris", {"spec_decoding_artifact_mode": "storage_uris",
+                                     "spec_decoding_artifacts": {"storage_uri": "pvc://a/", "target_uri": "pvc://a/t", "draft_uri": "pvc://a/d"}},
+     "artifacts.storage_uri"),
+    ("relative-mountpath", {"spec_decoding_artifact_mode": "storage_uris",
+                            "spec_decoding_artifacts": {"target_uri": "hf://a/t", "draft_uri": "hf://a/d", "draft_mount_path": "mnt/draft"}},
+     "artifacts.storage_uris[1].mountPath"),
+    ("dotdot-mountpath", {"spec_decoding_artifact_mode": "storage_uris",
+                          "spec_decoding_artifacts": {"target_uri": "hf://a/t", "draft_uri": "hf://a/d", "draft_mount_path": "/mnt/models/../x"}},
+     "artifacts.storage_uris[1].mountPath"),
+    ("no-common-parent", {"spec_decoding_artifact_mode": "storage_uris",
+                          "spec_decoding_artifacts": {"target_uri": "hf://a/t", "draft_uri": "hf://a/d",
+                                                      "target_mount_path": "/target", "draft_mount_path": "/draft"}},
+     "mountPath"),
+    ("colliding-oci-parents", {"spec_decoding_artifact_mode": "storage_uris",
+                               "spec_decoding_artifacts": {"target_uri": "oci://r/t:1", "draft_uri": "oci://r/d:1",
+                                                           "target_mount_path": "/mnt/models/target", "draft_mount_path": "/mnt/models/draft"}},
+     "artifacts.storage_uris[1].mountPath"),
+    ("eagle3-without-draft", {"spec_decoding_artifact_mode": "single", "spec_decoding_artifacts": {"storage_uri": "pvc://a/"}},
+     "artifact_mode"),
+    ("eagle3-no-artifacts", {"spec_decoding_artifact_mode": "auto", "spec_decoding_artifacts": {}}, "artifacts"),
+    ("draft-outside-mounts", {"spec_decoding_artifact_mode": "pvc",
+                              "spec_decoding_artifacts": {"pvc_name": "a", "draft_path": "/opt/draft"}}, "artifacts.draft_path"),
+    ("bad-speculative", {"spec_decoding_speculative": {"num_speculative_tokens": 0}}, "speculative.num_speculative_tokens"),
+    ("unknown-speculative-key", {"spec_decoding_speculative": {"tensor_parallel_size": 2}}, "speculative.tensor_parallel_size"),
+    ("removed-flag-in-extra-args", {"spec_decoding_extra_args": ["--speculative-model", "/x"]}, "extra_args"),
+]
+
+
+@pytest.mark.parametrize("overrides,field", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_input_fails_before_writing(tmp_path, kubeconfig, k8s_client, namespace, overrides, field):
+    run = run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", kubeconfig=kubeconfig,
+                       extra_vars=_vars(namespace, "bad", **overrides))
+    assert run.rc != 0
+    failed = run.result("Render the InferenceService")
+    assert failed["failed"] is True
+    assert field in failed["msg"] and "Fix:" in failed["msg"], failed["msg"]
+    assert _get(k8s_client, namespace, "bad") is None
+
+
+def test_invalid_name_is_refused_before_writing(tmp_path, kubeconfig, k8s_client, namespace):
+    run = run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", kubeconfig=kubeconfig, extra_vars=_vars(namespace, "Llama_EAGLE3"))
+    assert run.rc != 0
+    assert run.result("Render the InferenceService")["msg"].startswith("name:")
+    from kubernetes import client  # pylint: disable=import-outside-toplevel
+    assert client.CustomObjectsApi(k8s_client).list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"] == []
+
+
+def test_deployment_mode_change_is_refused_and_legacy_names_do_not_diff(tmp_path, kubeconfig, k8s_client, kserve, namespace):
+    kserve.set_behaviour(namespace, "mode", ready_after=0.2)
+    assert run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", extra_vars=_vars(namespace, "mode"), kubeconfig=kubeconfig).rc == 0
+    before = _get(k8s_client, namespace, "mode")
+    legacy = run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", kubeconfig=kubeconfig,
+                          extra_vars=_vars(namespace, "mode", spec_decoding_deployment_mode="RawDeployment"))
+    assert legacy.rc == 0 and legacy.changed == 0, legacy.output
+    run = run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", kubeconfig=kubeconfig,
+                       extra_vars=_vars(namespace, "mode", spec_decoding_deployment_mode="Knative"))
+    assert run.rc != 0
+    msg = run.result("Render the InferenceService")["msg"]
+    assert msg.startswith("deployment_mode:") and "Standard" in msg
+    assert _get(k8s_client, namespace, "mode")["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]

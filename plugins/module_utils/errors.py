@@ -17,7 +17,7 @@ class SpecDecodingError(Exception):
         self.field = field
         self.hint = hint
         text = message
-        if field and not message.startswith(field):
+        if field and not message.startswith(field + ":"):
             text = "%s: %s" % (field, message)
         if hint:
             text = "%s. Fix: %s" % (text.rstrip("."), hint)

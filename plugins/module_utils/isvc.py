@@ -176,7 +176,8 @@ def choose_artifact_mode(art, needs_draft, kserve_version, modelcar_enabled=True
     reasons = []
     if has_uris:
         if kserve_version >= (0, 16, 0):
-            return "storage_uris", "target_uri and draft_uri are set and KServe %s supports spec.predictor.storageUris" % spec_core.format_version(kserve_version)
+            return "storage_uris", ("target_uri and draft_uri are set and KServe %s supports spec.predictor.storageUris"
+                                    % spec_core.format_version(kserve_version))
         reasons.append("storageUris needs KServe 0.16+ (found %s)" % spec_core.format_version(kserve_version))
     if has_modelcar:
         if modelcar_enabled:
@@ -206,7 +207,8 @@ def resolve_artifacts(mode, art, needs_draft, kserve_version=(0, 20, 0), modelca
     if mode == "storage_uris":
         if art.get("storage_uri"):
             raise ValidationError("storage_uri and storage_uris are both set (KServe: 'Setting both StorageURI and StorageURIs "
-                                  "is not supported.')", field="artifacts.storage_uri", hint="remove storage_uri and list every artifact in target_uri/draft_uri")
+                                  "is not supported.')", field="artifacts.storage_uri",
+                                  hint="remove storage_uri and list every artifact in target_uri/draft_uri")
         target_uri = _check_uri(art.get("target_uri"), "artifacts.target_uri")
         entries = [{"uri": target_uri}]
         if needs_draft:

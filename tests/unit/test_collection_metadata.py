@@ -34,3 +34,17 @@ def test_galaxy_metadata():
         galaxy = yaml.safe_load(handle)
     assert (galaxy["namespace"], galaxy["name"], galaxy["version"]) == ("alauda", "spec_decoding", "0.1.0")
     assert "kubernetes.core" in galaxy["dependencies"]
+
+
+def test_execution_environment_definition_is_accepted_by_ansible_builder(tmp_path):
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+    builder = os.path.join(os.path.dirname(sys.executable), "ansible-builder")
+    proc = subprocess.run([builder, "create", "-f", os.path.join(ROOT, "execution-environment.yml"), "-c", str(tmp_path / "ctx")],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    containerfile = (tmp_path / "ctx" / "Dockerfile").read_text()
+    assert "ansible-galaxy" in containerfile
+    with open(os.path.join(ROOT, "meta", "execution-environment.yml")) as handle:
+        meta_ee = yaml.safe_load(handle)
+    assert os.path.exists(os.path.join(ROOT, meta_ee["dependencies"]["python"]))

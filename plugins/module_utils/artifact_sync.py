@@ -1,0 +1,1402 @@
+#!/usr/bin/env python3
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Verified, resumable copy of model artifacts into a directory (a PVC subdirectory).
+
+Plain Python, standard library only: the stage_pvc role ships this very file in a ConfigMap and runs it
+with the vLLM runtime image's python3, so it must work as a single script (``python3 artifact_sync.py
+--source ... --dest ...``) as well as an importable module_utils file.
+
+What a run guarantees
+- Every file is copied to ``<dest>/.spec-decoding-tmp/<path>.part``, hashed (sha256) while it is copied
+  (one read, one hash, one write per buffer), fsynced and renamed into place.
+- ``<dest>/.spec-decoding-manifest.json`` (per-file size and sha256) is written last, after every file
+  and directory is durable, and is removed first when a run is about to change anything: a directory
+  with a manifest is always complete.
+- A journal (``.spec-decoding-journal.json``) records finished files, so a rerun after a kill copies
+  only what is missing; a partial file is resumed where it stopped (same node: everything written;
+  after a reboot: up to the last fdatasync checkpoint).
+- Files already present are skipped by a cheap size+mtime check against the manifest or journal, then
+  re-hashed by the verify pass (``--verify auto``); a mismatch is recopied. ``--verify full`` re-hashes
+  freshly copied files too, ``--verify quick`` trusts size+mtime.
+- A directory holding another model (manifest ``name`` differs) or files this tool did not write is
+  refused without ``--force``.
+
+Sources: a local directory (``/path`` or ``file:///path``), an HTTP(S) mirror (``https://host/dir/``;
+file list from the mirror's ``.spec-decoding-manifest.json``, a JSON ``--index-url``, or an HTML
+directory listing), a Hugging Face compatible mirror (``hf://<repo>[@<revision>]`` with
+``HF_ENDPOINT``), and S3-compatible buckets readable anonymously (``s3://bucket/prefix`` with
+``--s3-endpoint``). ``--air-gapped`` refuses every public hub host, redirects included.
+
+The last line on stdout is one JSON object ``{"spec_decoding_sync": {...}}`` summarising the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import errno
+import fnmatch
+import hashlib
+import html.parser
+import io
+import json
+import mmap
+import os
+import posixpath
+import shutil
+import ssl
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import xml.etree.ElementTree as ET
+
+try:
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+except ImportError:  # running as a standalone script inside the stager Job
+
+    class SpecDecodingError(Exception):  # type: ignore[no-redef]
+        """Base class: invalid input or a failed operation, with a user-facing message."""
+
+        def __init__(self, message, field=None, hint=None):
+            self.field = field
+            self.hint = hint
+            text = message
+            if field and not message.startswith(field):
+                text = "%s: %s" % (field, message)
+            if hint:
+                text = "%s. Fix: %s" % (text.rstrip("."), hint)
+            super().__init__(text)
+            self.message = text
+
+    class ValidationError(SpecDecodingError):  # type: ignore[no-redef]
+        """The input is wrong; nothing was written anywhere."""
+
+
+__version__ = "1"
+
+MANIFEST_NAME = ".spec-decoding-manifest.json"
+JOURNAL_NAME = ".spec-decoding-journal.json"
+TMP_DIR = ".spec-decoding-tmp"
+INTERNAL_NAMES = (MANIFEST_NAME, JOURNAL_NAME, TMP_DIR)
+MANIFEST_SCHEMA = "alauda.spec_decoding/artifact-manifest/v1"
+RESULT_KEY = "spec_decoding_sync"
+DEFAULT_HF_ENDPOINT = "https://huggingface.co"
+DEFAULT_BUFFER = 1 << 20
+DEFAULT_CHECKPOINT = 1 << 30
+WRITEBACK_WINDOW = 64 << 20
+VERIFY_MODES = ("auto", "full", "quick")
+
+# Hosts of public model hubs. An air-gapped run refuses them (and their subdomains), redirects included.
+PUBLIC_HUB_HOSTS = (
+    "huggingface.co",
+    "hf.co",
+    "hf-mirror.com",
+    "xethub.hf.co",
+    "modelscope.cn",
+    "modelscope.ai",
+    "ollama.com",
+    "registry.ollama.ai",
+    "kaggle.com",
+)
+
+
+class SyncError(SpecDecodingError):
+    """A copy, download or verification failed; the message says which file and why."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Small helpers
+
+
+def is_public_hub(host):
+    """True when ``host`` is a public model hub (or a subdomain of one)."""
+    host = (host or "").lower().rstrip(".")
+    return any(host == h or host.endswith("." + h) for h in PUBLIC_HUB_HOSTS)
+
+
+def check_url_allowed(url, air_gapped, field="source"):
+    """Raise ValidationError when an air-gapped run would reach a public hub."""
+    if not air_gapped:
+        return
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if is_public_hub(host):
+        raise ValidationError(
+            "air-gapped mode refuses the public hub host %r (%s)" % (host, url),
+            field=field,
+            hint="point the source at an internal mirror (HF_ENDPOINT / --hf-endpoint, an http(s) or s3 mirror, "
+            "or a directory), or allow network access in the inventory",
+        )
+
+
+def boot_id():
+    """The kernel's boot id: page-cache contents survive a process kill but not a reboot."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def normalize_relpath(path, field="source"):
+    """Validate a file path relative to the model root (POSIX separators, no escapes)."""
+    if not isinstance(path, str) or not path:
+        raise ValidationError("empty file path in the source listing", field=field)
+    rel = path.replace("\\", "/")
+    if rel.startswith("/") or any(part in ("", ".", "..") for part in rel.split("/")):
+        raise ValidationError("unsafe file path %r in the source listing" % path, field=field,
+                              hint="file paths must be relative and must not contain '..'")
+    if rel.split("/")[0] in INTERNAL_NAMES:
+        return None
+    return rel
+
+
+def emit(stream, line):
+    """Write one line and flush (progress to stderr, the summary to stdout)."""
+    stream.write(line + "\n")
+    stream.flush()
+
+
+def human_bytes(num):
+    """1536 -> '1.5 KiB'."""
+    value = float(num)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return ("%d %s" % (value, unit)) if unit == "B" else ("%.1f %s" % (value, unit))
+        value /= 1024
+    return "%d B" % num  # pragma: no cover
+
+
+def atomic_write_json(path, data, fsync=True):
+    """Write JSON to ``path`` via a temp file, fsync and rename."""
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+        fh.write("\n")
+        fh.flush()
+        if fsync:
+            os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def fsync_dir(path):
+    """fsync a directory so renames inside it are durable (no-op where unsupported)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def read_json(path):
+    """Parsed JSON or None when missing or unreadable."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def tree_digest(files):
+    """One sha256 over the sorted (path, size, sha256) triples: the identity of a staged tree."""
+    h = hashlib.sha256()
+    for path in sorted(files):
+        entry = files[path]
+        h.update(("%s\0%d\0%s\n" % (path, entry["size"], entry.get("sha256") or "")).encode("utf-8"))
+    return h.hexdigest()
+
+
+def read_manifest(dest):
+    """The manifest of ``dest`` (dict) or None when absent or not ours."""
+    data = read_json(os.path.join(dest, MANIFEST_NAME))
+    if isinstance(data, dict) and data.get("schema") == MANIFEST_SCHEMA and isinstance(data.get("files"), dict):
+        return data
+    return None
+
+
+class SourceFile:
+    """One file of a source listing."""
+
+    __slots__ = ("path", "size", "sha256", "fingerprint", "url", "local")
+
+    def __init__(self, path, size, sha256=None, fingerprint=None, url=None, local=None):
+        self.path = path
+        self.size = size
+        self.sha256 = sha256.lower() if sha256 else None
+        self.fingerprint = fingerprint or ("sha256:%s" % self.sha256 if self.sha256 else "size:%s" % size)
+        self.url = url
+        self.local = local
+
+    def as_dict(self):
+        return {"path": self.path, "size": self.size, "sha256": self.sha256}
+
+
+# --------------------------------------------------------------------------------------------------
+# Sources
+
+
+class LocalSource:
+    """A directory readable by this process (the controller's disk or a volume mounted into the Job)."""
+
+    kind = "local"
+
+    def __init__(self, root):
+        self.root = os.path.abspath(root)
+        self.uri = "file://" + self.root
+
+    def default_name(self):
+        return os.path.basename(self.root.rstrip("/")) or "model"
+
+    def list_files(self):
+        if not os.path.isdir(self.root):
+            raise ValidationError("source directory %s does not exist or is not a directory" % self.root, field="source",
+                                  hint="give an existing directory holding the model files")
+        out = []
+        for dirpath, dirnames, filenames in os.walk(self.root, followlinks=True):
+            rel_dir = os.path.relpath(dirpath, self.root)
+            if rel_dir == ".":
+                dirnames[:] = [d for d in dirnames if d not in INTERNAL_NAMES and d != ".git"]
+            dirnames.sort()
+            for name in sorted(filenames):
+                rel = name if rel_dir == "." else "%s/%s" % (rel_dir.replace(os.sep, "/"), name)
+                if rel_dir == "." and (name in INTERNAL_NAMES or name.startswith(JOURNAL_NAME)):
+                    continue
+                full = os.path.join(dirpath, name)
+                try:
+                    st = os.stat(full)
+                except OSError as exc:
+                    raise ValidationError("cannot read %s: %s" % (full, exc.strerror), field="source") from exc
+                out.append(SourceFile(rel, st.st_size, fingerprint="local:%d:%d" % (st.st_size, st.st_mtime_ns), local=full))
+        return out
+
+    def open(self, entry, offset):
+        """(readable raw file, offset actually honoured)."""
+        fh = open(entry.local, "rb", buffering=0)  # pylint: disable=consider-using-with
+        if offset:
+            fh.seek(offset)
+        try:
+            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        except (AttributeError, OSError):
+            pass
+        return fh, offset
+
+
+class _GuardedRedirect(urllib.request.HTTPRedirectHandler):
+    """Refuse redirects to public hubs in air-gapped mode."""
+
+    def __init__(self, air_gapped):
+        super().__init__()
+        self.air_gapped = air_gapped
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # pylint: disable=too-many-arguments,too-many-positional-arguments
+        check_url_allowed(newurl, self.air_gapped, field="source (redirect from %s)" % req.full_url)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+class HttpClient:
+    """urllib with air-gap guard, optional bearer token (never forwarded on redirects), TLS options."""
+
+    def __init__(self, air_gapped=False, token=None, insecure=False, ca_bundle=None, timeout=60.0):
+        self.air_gapped = air_gapped
+        self.token = token
+        self.timeout = timeout
+        ctx = ssl.create_default_context(cafile=ca_bundle) if ca_bundle else ssl.create_default_context()
+        if insecure:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        self.opener = urllib.request.build_opener(_GuardedRedirect(air_gapped), urllib.request.HTTPSHandler(context=ctx))
+
+    def request(self, url, method="GET", headers=None, auth=True):
+        check_url_allowed(url, self.air_gapped)
+        req = urllib.request.Request(url, method=method, headers=dict(headers or {}))
+        req.add_header("User-Agent", "alauda-spec-decoding-artifact-sync/%s" % __version__)
+        if auth and self.token:
+            req.add_unredirected_header("Authorization", "Bearer %s" % self.token)
+        return self.opener.open(req, timeout=self.timeout)
+
+    def get_json(self, url, what):
+        try:
+            with self.request(url, headers={"Accept": "application/json"}) as resp:
+                return json.loads(resp.read().decode("utf-8"))
+        except urllib.error.HTTPError as exc:
+            raise SyncError("%s: HTTP %d from %s" % (what, exc.code, url), field="source") from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise SyncError("%s: cannot reach %s (%s)" % (what, url, getattr(exc, "reason", exc)), field="source",
+                            hint="check the mirror address and that this pod/host can reach it") from exc
+        except ValueError as exc:
+            raise SyncError("%s: %s did not return JSON" % (what, url), field="source") from exc
+
+    def open_range(self, url, offset, auth=True):
+        """(response, offset honoured): asks for bytes from ``offset``; a server without ranges restarts at 0."""
+        headers = {"Range": "bytes=%d-" % offset} if offset else {}
+        try:
+            resp = self.request(url, headers=headers, auth=auth)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 416 and offset:
+                return self.open_range(url, 0, auth=auth)
+            raise SyncError("download failed: HTTP %d from %s" % (exc.code, url), field="source") from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise SyncError("download failed: cannot reach %s (%s)" % (url, getattr(exc, "reason", exc)), field="source") from exc
+        if offset and resp.status != 206:
+            return resp, 0
+        return resp, offset
+
+
+def _files_from_index(data, base_url, what):
+    """Parse a JSON index: our manifest ({"files": {path: {...}}}), {"files": [...]} or a list."""
+    files = data.get("files") if isinstance(data, dict) else data
+    items = []
+    if isinstance(files, dict):
+        items = [dict(v, path=k) if isinstance(v, dict) else {"path": k} for k, v in files.items()]
+    elif isinstance(files, list):
+        items = [f if isinstance(f, dict) else {"path": f} for f in files]
+    else:
+        raise SyncError("%s: index has no 'files' list or mapping" % what, field="source")
+    out = []
+    for item in items:
+        rel = normalize_relpath(item.get("path") or item.get("name") or "")
+        if rel is None:
+            continue
+        url = item.get("url") or urllib.parse.urljoin(base_url, urllib.parse.quote(rel))
+        size = item.get("size")
+        out.append(SourceFile(rel, int(size) if size is not None else None, sha256=item.get("sha256"), url=url,
+                              fingerprint=item.get("fingerprint")))
+    return out
+
+
+class _LinkParser(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.links = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "a":
+            for key, value in attrs:
+                if key == "href" and value:
+                    self.links.append(value)
+
+    def error(self, message):  # pragma: no cover - py<3.10 abstract method
+        pass
+
+
+class HttpSource:
+    """An HTTP(S) mirror directory: ``https://mirror/models/Llama-3.1-8B/``."""
+
+    kind = "http"
+
+    def __init__(self, url, client, index_url=None):
+        self.base = url if url.endswith("/") else url + "/"
+        self.uri = self.base
+        self.client = client
+        self.index_url = index_url
+        check_url_allowed(self.base, client.air_gapped)
+
+    def default_name(self):
+        return posixpath.basename(urllib.parse.urlsplit(self.base).path.rstrip("/")) or "model"
+
+    def list_files(self):
+        if self.index_url:
+            return self._fill_sizes(_files_from_index(self.client.get_json(self.index_url, "mirror index"), self.base, "mirror index"))
+        try:
+            with self.client.request(self.base + MANIFEST_NAME) as resp:
+                data = json.loads(resp.read().decode("utf-8"))
+            return self._fill_sizes(_files_from_index(data, self.base, "mirror manifest"))
+        except urllib.error.HTTPError as exc:
+            if exc.code not in (403, 404):
+                raise SyncError("mirror manifest: HTTP %d from %s" % (exc.code, self.base + MANIFEST_NAME), field="source") from exc
+        except ValueError:
+            pass
+        except (urllib.error.URLError, OSError) as exc:
+            raise SyncError("cannot reach the mirror %s (%s)" % (self.base, getattr(exc, "reason", exc)), field="source",
+                            hint="check the mirror address and that this pod/host can reach it") from exc
+        return self._fill_sizes(self._crawl(self.base, ""))
+
+    def _crawl(self, url, prefix, depth=0):
+        """Walk an HTML directory listing (nginx autoindex, python -m http.server, Apache)."""
+        if depth > 16:
+            return []
+        try:
+            with self.client.request(url) as resp:
+                body = resp.read().decode("utf-8", "replace")
+        except urllib.error.HTTPError as exc:
+            raise SyncError("mirror listing: HTTP %d from %s" % (exc.code, url), field="source",
+                            hint="serve %s or a directory listing, or pass an index with --index-url" % MANIFEST_NAME) from exc
+        parser = _LinkParser()
+        parser.feed(body)
+        out = []
+        seen = set()
+        for href in parser.links:
+            split = urllib.parse.urlsplit(href)
+            if split.scheme or split.netloc or split.query or href.startswith(("/", "#", "?", "..", "./")):
+                continue
+            name = urllib.parse.unquote(split.path)
+            if not name or name in seen or name.rstrip("/") in INTERNAL_NAMES:
+                continue
+            seen.add(name)
+            if name.endswith("/"):
+                out.extend(self._crawl(urllib.parse.urljoin(url, split.path), prefix + name, depth + 1))
+            else:
+                rel = normalize_relpath(prefix + name)
+                if rel:
+                    out.append(SourceFile(rel, None, url=urllib.parse.urljoin(url, split.path)))
+        if depth == 0 and not out:
+            raise SyncError("mirror %s lists no files" % url, field="source",
+                            hint="serve %s or a directory listing, or pass an index with --index-url" % MANIFEST_NAME)
+        return out
+
+    def _fill_sizes(self, files):
+        out = []
+        for entry in files:
+            if entry.size is None or entry.fingerprint.startswith("size:"):
+                try:
+                    with self.client.request(entry.url, method="HEAD") as resp:
+                        length = resp.headers.get("Content-Length")
+                        tag = resp.headers.get("ETag") or resp.headers.get("Last-Modified") or ""
+                except (urllib.error.URLError, OSError) as exc:
+                    raise SyncError("cannot stat %s on the mirror (%s)" % (entry.url, getattr(exc, "reason", exc)), field="source") from exc
+                size = entry.size if entry.size is not None else (int(length) if length is not None else None)
+                if size is None:
+                    raise SyncError("mirror gives no size for %s" % entry.url, field="source",
+                                    hint="serve a JSON index with sizes (--index-url)")
+                fp = ("sha256:%s" % entry.sha256) if entry.sha256 else "http:%d:%s" % (size, tag)
+                entry = SourceFile(entry.path, size, sha256=entry.sha256, fingerprint=fp, url=entry.url)
+            out.append(entry)
+        return out
+
+    def open(self, entry, offset):
+        return self.client.open_range(entry.url, offset)
+
+
+class HfSource:
+    """A Hugging Face compatible hub or mirror: ``/api/models/<repo>/revision/<rev>`` + ``/<repo>/resolve/<rev>/<file>``."""
+
+    kind = "hf"
+
+    def __init__(self, repo, revision, endpoint, client):
+        self.repo = repo.strip("/")
+        self.revision = revision or "main"
+        self.endpoint = (endpoint or DEFAULT_HF_ENDPOINT).rstrip("/")
+        self.client = client
+        self.commit = None
+        self.uri = "hf://%s@%s" % (self.repo, self.revision)
+        if self.repo.count("/") > 1 or not self.repo:
+            raise ValidationError("invalid Hugging Face repo id %r" % repo, field="source", hint="use hf://<org>/<name>[@<revision>]")
+        if client.air_gapped and is_public_hub(urllib.parse.urlsplit(self.endpoint).hostname):
+            raise ValidationError(
+                "air-gapped mode refuses the public hub %s for %s" % (self.endpoint, self.uri),
+                field="source",
+                hint="set HF_ENDPOINT (or --hf-endpoint) to the internal Hugging Face mirror, or stage from a directory or mirror",
+            )
+        check_url_allowed(self.endpoint, client.air_gapped)
+
+    def default_name(self):
+        return self.repo
+
+    def list_files(self):
+        url = "%s/api/models/%s/revision/%s?blobs=true" % (self.endpoint, self.repo, urllib.parse.quote(self.revision, safe=""))
+        data = self.client.get_json(url, "hub model info")
+        self.commit = data.get("sha") or None
+        if self.commit:
+            self.uri = "hf://%s@%s" % (self.repo, self.commit)
+        out = []
+        for sib in data.get("siblings") or []:
+            rel = normalize_relpath(sib.get("rfilename") or "")
+            if rel is None or rel == ".gitattributes":
+                continue
+            lfs = sib.get("lfs") or {}
+            sha = lfs.get("sha256") or lfs.get("oid")
+            size = lfs.get("size", sib.get("size"))
+            file_url = "%s/%s/resolve/%s/%s" % (self.endpoint, self.repo, urllib.parse.quote(self.commit or self.revision, safe=""),
+                                                urllib.parse.quote(rel))
+            fp = ("sha256:%s" % sha) if sha else "hf:%s:%s:%s" % (self.commit or self.revision, sib.get("blobId") or "", size)
+            out.append(SourceFile(rel, int(size) if size is not None else None, sha256=sha, fingerprint=fp, url=file_url))
+        if not out:
+            raise ValidationError("hub repo %s@%s lists no files" % (self.repo, self.revision), field="source")
+        missing = [f for f in out if f.size is None]
+        if missing:
+            filled = HttpSource(self.endpoint + "/", self.client)._fill_sizes(missing)  # pylint: disable=protected-access
+            by_path = {f.path: f for f in filled}
+            out = [by_path.get(f.path, f) for f in out]
+            for f in out:
+                if not f.sha256:
+                    f.fingerprint = "hf:%s:%s" % (self.commit or self.revision, f.size)
+        return out
+
+    def open(self, entry, offset):
+        return self.client.open_range(entry.url, offset)
+
+
+class S3Source:
+    """An S3-compatible bucket readable anonymously (public-read or a gateway in front of it)."""
+
+    kind = "s3"
+
+    def __init__(self, url, endpoint, client):
+        split = urllib.parse.urlsplit(url)
+        self.bucket = split.netloc
+        self.prefix = split.path.lstrip("/")
+        if self.prefix and not self.prefix.endswith("/"):
+            self.prefix += "/"
+        if not endpoint:
+            raise ValidationError("s3 sources need an endpoint", field="s3_endpoint",
+                                  hint="pass --s3-endpoint https://s3.internal:9000 (or set AWS_ENDPOINT_URL)")
+        self.endpoint = endpoint.rstrip("/")
+        self.client = client
+        self.uri = "s3://%s/%s" % (self.bucket, self.prefix)
+        check_url_allowed(self.endpoint, client.air_gapped, field="s3_endpoint")
+
+    def default_name(self):
+        return posixpath.basename(self.prefix.rstrip("/")) or self.bucket
+
+    def list_files(self):
+        out = []
+        token = None
+        while True:
+            query = {"list-type": "2", "prefix": self.prefix}
+            if token:
+                query["continuation-token"] = token
+            url = "%s/%s?%s" % (self.endpoint, self.bucket, urllib.parse.urlencode(query))
+            try:
+                with self.client.request(url) as resp:
+                    root = ET.fromstring(resp.read())
+            except urllib.error.HTTPError as exc:
+                raise SyncError("S3 listing: HTTP %d from %s" % (exc.code, url), field="source",
+                                hint="the bucket must allow anonymous ListBucket/GetObject") from exc
+            except (urllib.error.URLError, OSError) as exc:
+                raise SyncError("cannot reach %s (%s)" % (url, getattr(exc, "reason", exc)), field="source") from exc
+            ns = root.tag.split("}")[0] + "}" if root.tag.startswith("{") else ""
+            for item in root.iter(ns + "Contents"):
+                key = item.findtext(ns + "Key") or ""
+                if key.endswith("/"):
+                    continue
+                rel = normalize_relpath(key[len(self.prefix):])
+                if rel is None:
+                    continue
+                size = int(item.findtext(ns + "Size") or 0)
+                etag = (item.findtext(ns + "ETag") or "").strip('"')
+                out.append(SourceFile(rel, size, fingerprint="s3:%d:%s" % (size, etag),
+                                      url="%s/%s/%s" % (self.endpoint, self.bucket, urllib.parse.quote(key))))
+            if (root.findtext(ns + "IsTruncated") or "false").lower() == "true":
+                token = root.findtext(ns + "NextContinuationToken")
+                if token:
+                    continue
+            break
+        if not out:
+            raise ValidationError("S3 prefix %s holds no files" % self.uri, field="source")
+        return out
+
+    def open(self, entry, offset):
+        return self.client.open_range(entry.url, offset)
+
+
+def make_source(source, air_gapped=False, hf_endpoint=None, revision=None, s3_endpoint=None, index_url=None,
+                token=None, insecure=False, ca_bundle=None):
+    """Build a source object from a source string."""
+    if not source or not isinstance(source, str):
+        raise ValidationError("no source given", field="source", hint="pass a directory, http(s)://, hf:// or s3:// source")
+    split = urllib.parse.urlsplit(source)
+    scheme = split.scheme.lower()
+    if scheme in ("", "file"):
+        return LocalSource(split.path if scheme == "file" else source)
+    client = HttpClient(air_gapped=air_gapped, token=token, insecure=insecure, ca_bundle=ca_bundle)
+    if scheme in ("http", "https"):
+        return HttpSource(source, client, index_url=index_url)
+    if scheme == "hf":
+        repo = (split.netloc + split.path).strip("/")
+        rev = revision
+        if "@" in repo:
+            repo, rev = repo.split("@", 1)
+        endpoint = hf_endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_HF_ENDPOINT
+        return HfSource(repo, rev, endpoint, client)
+    if scheme == "s3":
+        return S3Source(source, s3_endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"), client)
+    raise ValidationError("unsupported source scheme %r in %r" % (scheme, source), field="source",
+                          hint="use a directory, file://, http(s)://, hf://<repo>[@rev] or s3://bucket/prefix")
+
+
+def select_files(files, include=None, exclude=None):
+    """Apply fnmatch include/exclude globs (matched against the relative path)."""
+    out = []
+    for entry in files:
+        if include and not any(fnmatch.fnmatchcase(entry.path, pat) for pat in include):
+            continue
+        if exclude and any(fnmatch.fnmatchcase(entry.path, pat) for pat in exclude):
+            continue
+        out.append(entry)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# The engine
+
+
+class _Progress:
+    """Thread-safe byte counter with a periodic stderr line."""
+
+    def __init__(self, total, label, interval=5.0, stream=None):
+        self.total = total
+        self.label = label
+        self.interval = interval
+        self.stream = stream
+        self.lock = threading.Lock()
+        self.done = 0
+        self.start = time.monotonic()
+        self.last = self.start
+
+    def add(self, num):
+        with self.lock:
+            self.done += num
+            now = time.monotonic()
+            if self.stream is not None and now - self.last >= self.interval:
+                self.last = now
+                rate = self.done / max(now - self.start, 1e-6)
+                emit(self.stream, "%s: %s / %s (%.0f MiB/s)" % (self.label, human_bytes(self.done), human_bytes(self.total), rate / 1048576))
+
+
+class Syncer:  # pylint: disable=too-many-instance-attributes
+    """Copy one source listing into one destination directory."""
+
+    def __init__(self, source, dest, name=None, include=None, exclude=None, force=False, verify="auto", workers=None,
+                 buffer_size=DEFAULT_BUFFER, fsync=True, checkpoint_bytes=DEFAULT_CHECKPOINT, log=None, max_rate=0):
+        if verify not in VERIFY_MODES:
+            raise ValidationError("unknown verify mode %r" % verify, field="verify", hint="use one of %s" % ", ".join(VERIFY_MODES))
+        self.source = source
+        self.dest = os.path.abspath(dest)
+        self.name = name or source.default_name()
+        self.include = list(include or [])
+        self.exclude = list(exclude or [])
+        self.force = force
+        self.verify = verify
+        self.workers = max(1, int(workers or min(4, os.cpu_count() or 1)))
+        self.buffer_size = max(64 * 1024, int(buffer_size))
+        self.fsync = fsync
+        self.checkpoint_bytes = max(self.buffer_size, int(checkpoint_bytes))
+        self.log = log
+        self.tmp_root = os.path.join(self.dest, TMP_DIR)
+        self.manifest_path = os.path.join(self.dest, MANIFEST_NAME)
+        self.journal_path = os.path.join(self.dest, JOURNAL_NAME)
+        self.journal_lock = threading.Lock()
+        self.journal = None
+        self.journal_written = 0.0
+        self.boot = boot_id()
+        self.stats = {"copied_files": 0, "copied_bytes": 0, "resumed_bytes": 0, "skipped_files": 0, "verified_files": 0,
+                      "verified_bytes": 0}
+        self.stats_lock = threading.Lock()
+        self.recopied = []
+        self.deleted = []
+        self.progress = None
+        self.max_rate = float(max_rate or 0)
+        self.rate_lock = threading.Lock()
+        self.rate_bytes = 0
+        self.rate_start = None
+
+    # -- logging ---------------------------------------------------------------------------------
+    def _log(self, msg):
+        if self.log is not None:
+            emit(self.log, "[artifact-sync] %s" % msg)
+
+    def _count(self, **kw):
+        with self.stats_lock:
+            for key, value in kw.items():
+                self.stats[key] += value
+
+    # -- planning --------------------------------------------------------------------------------
+    def listing(self):
+        files = select_files(self.source.list_files(), self.include, self.exclude)
+        if not files:
+            raise ValidationError("the source %s has no files to stage (after include/exclude filters)" % self.source.uri, field="source",
+                                  hint="check the source path and the include/exclude patterns")
+        return files
+
+    def _dest_entries(self):
+        """Relative paths of regular files under dest (internal names excluded)."""
+        out = []
+        if not os.path.isdir(self.dest):
+            return out
+        for dirpath, dirnames, filenames in os.walk(self.dest):
+            rel_dir = os.path.relpath(dirpath, self.dest)
+            if rel_dir == ".":
+                dirnames[:] = [d for d in dirnames if d not in INTERNAL_NAMES]
+                filenames = [f for f in filenames if f not in INTERNAL_NAMES and not f.startswith(JOURNAL_NAME) and not f.startswith(MANIFEST_NAME)]
+            for name in filenames:
+                out.append(name if rel_dir == "." else "%s/%s" % (rel_dir.replace(os.sep, "/"), name))
+        return sorted(out)
+
+    def check_ownership(self, manifest, journal):
+        """Refuse a directory that holds another model, or files we did not write, unless forced."""
+        owner = None
+        for doc in (journal, manifest):
+            if doc and doc.get("name"):
+                owner = doc["name"]
+                break
+        if owner is not None and owner != self.name and not self.force:
+            raise ValidationError(
+                "%s holds the model %r, not %r" % (self.dest, owner, self.name),
+                field="dest",
+                hint="stage into another subdirectory, or pass --force (stage_pvc_force: true) to replace it",
+            )
+        if owner is None and not self.force:
+            foreign = self._dest_entries()
+            if foreign:
+                raise ValidationError(
+                    "%s already holds %d file(s) this tool did not write (e.g. %s)" % (self.dest, len(foreign), foreign[0]),
+                    field="dest",
+                    hint="stage into an empty subdirectory, or pass --force (stage_pvc_force: true) to replace its content",
+                )
+        return owner
+
+    def check_space(self, needed):
+        """Fail early when the file system cannot hold what is still to be copied."""
+        try:
+            st = os.statvfs(self.dest)
+        except OSError:
+            return
+        free = st.f_bavail * st.f_frsize
+        if needed > free:
+            raise ValidationError(
+                "%s needs %s more but only %s is free" % (self.dest, human_bytes(needed), human_bytes(free)),
+                field="dest",
+                hint="use a larger volume (stage_pvc_size / stage_pvc_headroom_percent) or free space",
+            )
+
+    # -- journal ---------------------------------------------------------------------------------
+    def _write_journal(self, force=False):
+        with self.journal_lock:
+            now = time.monotonic()
+            if not force and now - self.journal_written < 1.0:
+                return
+            atomic_write_json(self.journal_path, self.journal, fsync=self.fsync)
+            self.journal_written = now
+
+    def _record(self, entry, sha, st):
+        with self.journal_lock:
+            self.journal["files"][entry.path] = {"size": st.st_size, "sha256": sha, "mtime_ns": st.st_mtime_ns, "source": entry.fingerprint}
+        self._write_journal(force=entry.size >= 64 * 1048576)
+
+    # -- copy ------------------------------------------------------------------------------------
+    def _tmp_paths(self, rel):
+        tmp = os.path.join(self.tmp_root, rel.replace("/", os.sep) + ".part")
+        return tmp, tmp + ".ckpt"
+
+    def _resume_offset(self, entry, tmp, ckpt):
+        """How many bytes of a previous partial copy can be trusted."""
+        state = read_json(ckpt)
+        if not isinstance(state, dict) or state.get("source") != entry.fingerprint:
+            return 0
+        try:
+            size = os.stat(tmp).st_size
+        except OSError:
+            return 0
+        trusted = size if (state.get("boot_id") and state.get("boot_id") == self.boot) else int(state.get("synced", 0))
+        trusted = min(trusted, size)
+        if entry.size is not None:
+            trusted = min(trusted, entry.size)
+        return max(0, trusted)
+
+    def copy_file(self, entry, attempt=0):
+        """Copy one file (resuming a partial copy), return its manifest entry."""
+        final = os.path.join(self.dest, entry.path.replace("/", os.sep))
+        tmp, ckpt = self._tmp_paths(entry.path)
+        os.makedirs(os.path.dirname(tmp), exist_ok=True)
+        offset = self._resume_offset(entry, tmp, ckpt) if attempt == 0 else 0
+        hasher = hashlib.sha256()
+        buf = bytearray(self.buffer_size)
+        view = memoryview(buf)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            if offset:
+                os.ftruncate(fd, offset)
+                with open(tmp, "rb", buffering=0) as prefix:
+                    left = offset
+                    while left:
+                        n = prefix.readinto(view[: min(len(buf), left)])
+                        if not n:
+                            break
+                        hasher.update(view[:n])
+                        left -= n
+                if left:
+                    offset, hasher = 0, hashlib.sha256()
+            src, offset_ok = self.source.open(entry, offset)
+            if offset_ok != offset:
+                offset, hasher = 0, hashlib.sha256()
+            os.ftruncate(fd, offset)
+            os.lseek(fd, offset, os.SEEK_SET)
+            if offset:
+                self._count(resumed_bytes=offset)
+                self._log("resuming %s at %s" % (entry.path, human_bytes(offset)))
+            atomic_write_json(ckpt, {"source": entry.fingerprint, "boot_id": self.boot, "synced": offset}, fsync=False)
+            # No posix_fallocate: it would extend the file size, which is what resume trusts on the same boot.
+            written = offset
+            next_ckpt = offset + self.checkpoint_bytes
+            flushed = offset
+            with src:
+                for chunk in self._chunks(src, view, offset):
+                    hasher.update(chunk)
+                    n = len(chunk)
+                    try:
+                        w = os.write(fd, chunk)
+                        while w < n:
+                            w += os.write(fd, chunk[w:])
+                    except OSError as exc:
+                        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                            raise SyncError("no space left while writing %s (%s)" % (entry.path, human_bytes(entry.size or written)),
+                                            field="dest", hint="use a larger volume (stage_pvc_size / stage_pvc_headroom_percent)") from exc
+                        raise
+                    written += n
+                    if self.progress is not None:
+                        self.progress.add(n)
+                    if self.max_rate:
+                        self._throttle(n)
+                    if self.fsync and written - flushed >= WRITEBACK_WINDOW:
+                        # Start writeback of what was just written without waiting for it (Linux: FADV_DONTNEED
+                        # issues asynchronous writeback), so the final fsync finds little left to do.
+                        try:
+                            os.posix_fadvise(fd, flushed, written - flushed, os.POSIX_FADV_DONTNEED)
+                        except (AttributeError, OSError):
+                            pass
+                        flushed = written
+                    if written >= next_ckpt and self.fsync:
+                        os.fdatasync(fd)
+                        atomic_write_json(ckpt, {"source": entry.fingerprint, "boot_id": self.boot, "synced": written}, fsync=False)
+                        next_ckpt = written + self.checkpoint_bytes
+            os.ftruncate(fd, written)
+            if entry.size is not None and written != entry.size:
+                raise SyncError("%s: got %d bytes, expected %d" % (entry.path, written, entry.size), field="source",
+                                hint="the source changed or the transfer was cut; rerun to resume")
+            sha = hasher.hexdigest()
+            if entry.sha256 and sha != entry.sha256:
+                os.close(fd)
+                fd = -1
+                self._discard(tmp, ckpt)
+                if attempt == 0:
+                    self._log("%s: sha256 mismatch (%s != %s), copying it again" % (entry.path, sha, entry.sha256))
+                    return self.copy_file(entry, attempt=1)
+                raise SyncError("%s: sha256 %s does not match the source's %s" % (entry.path, sha, entry.sha256), field="source",
+                                hint="the mirror serves different bytes than its index says; fix the mirror")
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        if os.path.isdir(final) and not os.path.islink(final):
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        try:
+            os.unlink(ckpt)
+        except OSError:
+            pass
+        st = os.stat(final)
+        self._count(copied_files=1, copied_bytes=written - offset)
+        self._record(entry, sha, st)
+        return {"size": st.st_size, "sha256": sha, "mtime_ns": st.st_mtime_ns, "source": entry.fingerprint}
+
+    def _throttle(self, num):
+        """Keep the total copy rate under ``max_rate`` bytes/s (shared by all workers)."""
+        with self.rate_lock:
+            now = time.monotonic()
+            if self.rate_start is None:
+                self.rate_start = now
+            self.rate_bytes += num
+            delay = self.rate_start + self.rate_bytes / self.max_rate - now
+        if delay > 0:
+            time.sleep(delay)
+
+    def _chunks(self, src, view, offset):
+        """Yield memoryviews of the source from ``offset`` on.
+
+        A local regular file is memory-mapped: hashing and writing straight from the page cache saves the
+        copy into a user buffer. Anything else (HTTP bodies) is read into the one reusable buffer.
+        """
+        mapped = None
+        if isinstance(src, io.FileIO):
+            try:
+                size = os.fstat(src.fileno()).st_size
+                if size > offset:
+                    mapped = mmap.mmap(src.fileno(), 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError):
+                mapped = None
+        if mapped is not None:
+            try:
+                mapped.madvise(mmap.MADV_SEQUENTIAL)
+            except (AttributeError, OSError):
+                pass
+            mview = memoryview(mapped)
+            try:
+                end = len(mapped)
+                pos = offset
+                step = self.buffer_size
+                while pos < end:
+                    chunk = mview[pos: pos + step]
+                    try:
+                        yield chunk
+                    finally:
+                        chunk.release()
+                    pos += step
+            finally:
+                mview.release()
+                mapped.close()
+            return
+        readinto = getattr(src, "readinto", None)
+        while True:
+            if readinto is not None:
+                n = readinto(view)
+            else:
+                data = src.read(len(view))
+                n = len(data)
+                view[:n] = data
+            if not n:
+                return
+            yield view[:n]
+
+    @staticmethod
+    def _discard(*paths):
+        for path in paths:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+    def hash_file(self, rel):
+        """sha256 of a destination file."""
+        hasher = hashlib.sha256()
+        buf = bytearray(self.buffer_size)
+        view = memoryview(buf)
+        total = 0
+        with open(os.path.join(self.dest, rel.replace("/", os.sep)), "rb", buffering=0) as fh:
+            try:
+                os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            except (AttributeError, OSError):
+                pass
+            for chunk in self._chunks(fh, view, 0):
+                hasher.update(chunk)
+                total += len(chunk)
+        self._count(verified_files=1, verified_bytes=total)
+        return hasher.hexdigest()
+
+    def _parallel(self, func, items):
+        if not items:
+            return []
+        if self.workers == 1 or len(items) == 1:
+            return [func(item) for item in items]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=self.workers) as pool:
+            return list(pool.map(func, items))
+
+    # -- the run ---------------------------------------------------------------------------------
+    def run(self, files=None):  # pylint: disable=too-many-locals,too-many-branches,too-many-statements
+        start = time.monotonic()
+        files = files if files is not None else self.listing()
+        by_path = {f.path: f for f in files}
+        if len(by_path) != len(files):
+            raise ValidationError("the source lists a file twice", field="source")
+        if os.path.exists(self.dest) and not os.path.isdir(self.dest):
+            raise ValidationError("%s exists and is not a directory" % self.dest, field="dest")
+        os.makedirs(self.dest, exist_ok=True)
+        manifest = read_manifest(self.dest)
+        journal = read_json(self.journal_path)
+        if not (isinstance(journal, dict) and isinstance(journal.get("files"), dict)):
+            journal = None
+        owner = self.check_ownership(manifest, journal)
+        same_owner = owner == self.name
+        known = {}
+        if same_owner:
+            if manifest:
+                known.update(manifest["files"])
+            if journal and journal.get("name") == self.name:
+                known.update(journal["files"])
+
+        keep, to_copy = {}, []
+        for entry in files:
+            rec = known.get(entry.path)
+            path = os.path.join(self.dest, entry.path.replace("/", os.sep))
+            try:
+                st = os.stat(path)
+            except OSError:
+                st = None
+            if (rec and st is not None and st.st_size == rec.get("size") == entry.size and st.st_mtime_ns == rec.get("mtime_ns")
+                    and (rec.get("source") == entry.fingerprint or (entry.sha256 and entry.sha256 == rec.get("sha256")))):
+                keep[entry.path] = dict(rec)
+            else:
+                to_copy.append(entry)
+        stale = [p for p in self._dest_entries() if p not in by_path and (p in known or self.force or not same_owner)]
+        needed = sum(e.size or 0 for e in to_copy)
+        self.check_space(needed)
+        changing = bool(to_copy or stale)
+        self._log("%s: %d file(s), %s; %d to copy (%s), %d present, %d stale" % (
+            self.dest, len(files), human_bytes(sum(f.size or 0 for f in files)), len(to_copy), human_bytes(needed), len(keep), len(stale)))
+
+        self.journal = {"schema": MANIFEST_SCHEMA, "name": self.name, "source": self.source.uri, "files": dict(keep)}
+
+        def invalidate():
+            """Before touching data: drop the manifest (fsynced) and record ownership in the journal."""
+            if os.path.exists(self.manifest_path):
+                os.unlink(self.manifest_path)
+                if self.fsync:
+                    fsync_dir(self.dest)
+            self._write_journal(force=True)
+
+        if changing:
+            invalidate()
+            for rel in stale:
+                path = os.path.join(self.dest, rel.replace("/", os.sep))
+                try:
+                    os.unlink(path)
+                except IsADirectoryError:
+                    shutil.rmtree(path)
+                except FileNotFoundError:
+                    pass
+                self.deleted.append(rel)
+            self._copy_all(to_copy, keep)
+
+        # Verify: re-hash what was skipped (auto) or everything (full); recopy mismatches.
+        if self.verify != "quick":
+            fresh = {e.path for e in to_copy}
+            check = [p for p in sorted(keep) if self.verify == "full" or p not in fresh]
+            hashes = self._parallel(self.hash_file, check)
+            bad = [p for p, h in zip(check, hashes) if h != keep[p].get("sha256") or (by_path[p].sha256 and h != by_path[p].sha256)]
+            if bad:
+                self._log("verify: %d file(s) differ from the manifest, copying them again: %s" % (len(bad), ", ".join(bad)))
+                if not changing:
+                    invalidate()
+                    changing = True
+                self.recopied.extend(bad)
+                for p in bad:
+                    keep.pop(p, None)
+                    with self.journal_lock:
+                        self.journal["files"].pop(p, None)
+                self._copy_all([by_path[p] for p in bad], keep)
+                if self.verify == "full":
+                    again = self._parallel(self.hash_file, bad)
+                    still = [p for p, h in zip(bad, again) if h != keep[p]["sha256"]]
+                    if still:
+                        raise SyncError("files still differ after recopying: %s" % ", ".join(still), field="dest",
+                                        hint="the volume corrupts data; check the storage")
+        self._count(skipped_files=len(files) - len(to_copy))
+
+        # Final check: everything listed is present with the right size.
+        for entry in files:
+            rec = keep.get(entry.path)
+            path = os.path.join(self.dest, entry.path.replace("/", os.sep))
+            try:
+                st = os.stat(path)
+            except OSError as exc:
+                raise SyncError("%s is missing after the copy" % entry.path, field="dest") from exc
+            if rec is None or st.st_size != rec["size"] or (entry.size is not None and st.st_size != entry.size):
+                raise SyncError("%s has the wrong size after the copy" % entry.path, field="dest")
+
+        manifest_files = {p: {"size": keep[p]["size"], "sha256": keep[p]["sha256"], "mtime_ns": keep[p]["mtime_ns"],
+                              "source": keep[p]["source"]} for p in sorted(keep)}
+        digest = tree_digest(manifest_files)
+        if changing or manifest is None or manifest.get("tree_sha256") != digest or manifest.get("files") != manifest_files:
+            if self.fsync:
+                dirs = {os.path.dirname(os.path.join(self.dest, p.replace("/", os.sep))) for p in keep}
+                for d in sorted(dirs, key=len, reverse=True):
+                    fsync_dir(d)
+            doc = {
+                "schema": MANIFEST_SCHEMA,
+                "name": self.name,
+                "source": self.source.uri,
+                "tool_version": __version__,
+                "completed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "total_bytes": sum(f["size"] for f in manifest_files.values()),
+                "file_count": len(manifest_files),
+                "tree_sha256": digest,
+                "files": manifest_files,
+            }
+            atomic_write_json(self.manifest_path, doc, fsync=self.fsync)
+            if self.fsync:
+                fsync_dir(self.dest)
+            changed_manifest = True
+        else:
+            changed_manifest = False
+        self._discard(self.journal_path)
+        if os.path.isdir(self.tmp_root):
+            shutil.rmtree(self.tmp_root, ignore_errors=True)
+        seconds = time.monotonic() - start
+        return {
+            "ok": True,
+            "name": self.name,
+            "source": self.source.uri,
+            "dest": self.dest,
+            "changed": bool(changing or changed_manifest),
+            "files": len(files),
+            "bytes": sum(f["size"] for f in manifest_files.values()),
+            "tree_sha256": digest,
+            "manifest": self.manifest_path,
+            "recopied": sorted(set(self.recopied)),
+            "deleted": sorted(self.deleted),
+            "seconds": round(seconds, 3),
+            "copy_mib_s": round(self.stats["copied_bytes"] / 1048576 / seconds, 1) if seconds > 0 else 0.0,
+            **self.stats,
+        }
+
+    def _copy_all(self, entries, keep):
+        if not entries:
+            return
+        entries = sorted(entries, key=lambda e: -(e.size or 0))
+        self.progress = _Progress(sum(e.size or 0 for e in entries), "copy %s" % self.name, stream=self.log)
+        results = self._parallel(self.copy_file, entries)
+        for entry, rec in zip(entries, results):
+            keep[entry.path] = rec
+        self._write_journal(force=True)
+
+
+def check_dest(dest, name=None, rehash=True, workers=None):
+    """Verify a staged directory against its manifest: every file present, sizes and (optionally) hashes."""
+    manifest = read_manifest(dest)
+    if manifest is None:
+        raise SyncError("%s has no complete manifest (%s): the staging did not finish" % (dest, MANIFEST_NAME), field="dest",
+                        hint="run the stager again; it resumes where it stopped")
+    if name and manifest.get("name") != name:
+        raise SyncError("%s holds %r, expected %r" % (dest, manifest.get("name"), name), field="dest")
+    files = manifest["files"]
+    problems = []
+    for rel, rec in sorted(files.items()):
+        try:
+            st = os.stat(os.path.join(dest, rel))
+        except OSError:
+            problems.append("%s missing" % rel)
+            continue
+        if st.st_size != rec.get("size"):
+            problems.append("%s has %d bytes, manifest says %d" % (rel, st.st_size, rec.get("size")))
+    if not problems and rehash:
+        syncer = Syncer(LocalSource(dest), dest, workers=workers)
+        rels = sorted(files)
+        for rel, sha in zip(rels, syncer._parallel(syncer.hash_file, rels)):  # pylint: disable=protected-access
+            if sha != files[rel].get("sha256"):
+                problems.append("%s sha256 %s, manifest says %s" % (rel, sha, files[rel].get("sha256")))
+    if problems:
+        raise SyncError("%s does not match its manifest: %s" % (dest, "; ".join(problems[:10])), field="dest",
+                        hint="run the stager again; it recopies what differs")
+    return {"ok": True, "dest": os.path.abspath(dest), "name": manifest.get("name"), "files": len(files),
+            "bytes": manifest.get("total_bytes"), "tree_sha256": manifest.get("tree_sha256"), "rehashed": bool(rehash)}
+
+
+# --------------------------------------------------------------------------------------------------
+# A tiny file server for the controller-directory source (the Job pulls from it)
+
+
+def serve(root, host="127.0.0.1", port=0, ready=None, idle_exit=0):  # pragma: no cover - exercised through the CLI in tests
+    """Serve ``root`` read-only with a generated index (sizes) at /.spec-decoding-manifest.json and Range support.
+
+    With ``idle_exit`` the server stops once it has served something and then sat that many seconds
+    without a request in flight (the stager pod may take long to start; a hard limit is the caller's).
+    """
+    import http.server  # pylint: disable=import-outside-toplevel
+    import socketserver  # pylint: disable=import-outside-toplevel,unused-import
+
+    src = LocalSource(root)
+    files = {f.path: f for f in src.list_files()}
+    index = json.dumps({"schema": MANIFEST_SCHEMA, "name": src.default_name(), "source": src.uri,
+                        "files": {p: {"size": f.size, "fingerprint": f.fingerprint} for p, f in files.items()}}).encode("utf-8")
+
+    activity = {"last": time.monotonic(), "active": 0, "seen": False}
+    activity_lock = threading.Lock()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def handle_one_request(self):
+            with activity_lock:
+                activity["active"] += 1
+                activity["seen"] = True
+            try:
+                super().handle_one_request()
+            finally:
+                with activity_lock:
+                    activity["active"] -= 1
+                    activity["last"] = time.monotonic()
+
+        def log_message(self, format, *args):  # pylint: disable=redefined-builtin
+            pass
+
+        def _target(self):
+            rel = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path).lstrip("/")
+            return rel
+
+        def do_HEAD(self):  # pylint: disable=invalid-name
+            self.do_GET(head=True)
+
+        def do_GET(self, head=False):  # pylint: disable=invalid-name
+            rel = self._target()
+            if rel == MANIFEST_NAME:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(index)))
+                self.end_headers()
+                if not head:
+                    self.wfile.write(index)
+                return
+            entry = files.get(rel)
+            if entry is None:
+                self.send_error(404)
+                return
+            start = 0
+            rng = self.headers.get("Range", "")
+            if rng.startswith("bytes=") and rng[6:].split("-")[0].isdigit():
+                start = min(int(rng[6:].split("-")[0]), entry.size)
+            self.send_response(206 if start else 200)
+            self.send_header("Content-Length", str(entry.size - start))
+            self.send_header("Accept-Ranges", "bytes")
+            if start:
+                self.send_header("Content-Range", "bytes %d-%d/%d" % (start, entry.size - 1, entry.size))
+            self.end_headers()
+            if head:
+                return
+            with open(entry.local, "rb") as fh:
+                fh.seek(start)
+                shutil.copyfileobj(fh, self.wfile, 1 << 20)
+
+    server = http.server.ThreadingHTTPServer((host, port), Handler)
+    if ready is not None:
+        ready(server)
+    emit(sys.stdout, json.dumps({"serving": root, "url": "http://%s:%d/" % server.server_address[:2], "files": len(files)}))
+
+    def watchdog():
+        while idle_exit:
+            time.sleep(min(1.0, idle_exit))
+            with activity_lock:
+                idle = activity["seen"] and activity["active"] == 0 and time.monotonic() - activity["last"] >= idle_exit
+            if idle:
+                server.shutdown()
+                return
+
+    if idle_exit:
+        threading.Thread(target=watchdog, daemon=True).start()
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI
+
+
+def _truthy(value):
+    return str(value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="artifact_sync.py",
+        description="Copy model files into a directory with a sha256 manifest written last; resumable and verified.")
+    parser.add_argument("--source", help="directory, file://, http(s)://mirror/dir/, hf://<repo>[@rev] or s3://bucket/prefix")
+    parser.add_argument("--dest", help="destination directory (e.g. /mnt/pvc/Meta-Llama-3.1-8B-Instruct)")
+    parser.add_argument("--name", help="model identity recorded in the manifest (default: derived from the source)")
+    parser.add_argument("--revision", help="hub revision for hf:// sources (default main)")
+    parser.add_argument("--include", action="append", default=[], help="glob of files to copy (repeatable)")
+    parser.add_argument("--exclude", action="append", default=[], help="glob of files to skip (repeatable)")
+    parser.add_argument("--config", help="JSON file with {'items': [{source, dest, name, ...}], ...} to stage several models")
+    parser.add_argument("--air-gapped", action="store_true", default=_truthy(os.environ.get("SPEC_DECODING_AIR_GAPPED")),
+                        help="refuse public hub hosts (default from SPEC_DECODING_AIR_GAPPED)")
+    parser.add_argument("--hf-endpoint", help="Hugging Face mirror (default HF_ENDPOINT, else huggingface.co)")
+    parser.add_argument("--s3-endpoint", help="S3-compatible endpoint for s3:// sources")
+    parser.add_argument("--index-url", help="JSON file list for an http(s) mirror")
+    parser.add_argument("--insecure", action="store_true", help="skip TLS verification of the mirror")
+    parser.add_argument("--ca-bundle", help="CA bundle for the mirror's TLS certificate")
+    parser.add_argument("--force", action="store_true", help="replace a different model or foreign files in dest")
+    parser.add_argument("--verify", choices=VERIFY_MODES, default="auto",
+                        help="auto: re-hash files skipped by the size+mtime check; full: re-hash everything; quick: trust size+mtime")
+    parser.add_argument("--workers", type=int, default=None, help="files copied in parallel (default min(4, CPUs))")
+    parser.add_argument("--buffer-size", type=int, default=DEFAULT_BUFFER, help="copy buffer in bytes")
+    parser.add_argument("--checkpoint-bytes", type=int, default=DEFAULT_CHECKPOINT, help="fdatasync + resume checkpoint interval")
+    parser.add_argument("--max-rate", type=float, default=0, help="cap the copy rate in MiB/s (0: no cap), e.g. to spare shared storage")
+    parser.add_argument("--no-fsync", action="store_true", help="skip fsync (benchmarks only: a crash can lose data)")
+    parser.add_argument("--plan", action="store_true", help="list the source (files, total size) and exit")
+    parser.add_argument("--check", action="store_true", help="verify --dest (or each config item) against its manifest and exit")
+    parser.add_argument("--no-rehash", action="store_true", help="with --check: sizes only")
+    parser.add_argument("--serve", metavar="DIR", help="serve DIR over HTTP for a stager to pull (with --bind/--port)")
+    parser.add_argument("--bind", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--idle-exit", type=float, default=0, help="with --serve: stop after this many idle seconds")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    return parser
+
+
+def _items_from_args(args):
+    if args.config:
+        data = read_json(args.config)
+        if not isinstance(data, dict) or not isinstance(data.get("items"), list) or not data["items"]:
+            raise ValidationError("%s is not a JSON object with a non-empty 'items' list" % args.config, field="config")
+        defaults = {k: v for k, v in data.items() if k != "items"}
+        return [dict(defaults, **item) for item in data["items"]]
+    if not args.dest or (not args.source and not args.check):
+        raise ValidationError("--source and --dest are required (or --config)", field="source")
+    return [{"source": args.source, "dest": args.dest, "name": args.name, "revision": args.revision, "include": args.include,
+             "exclude": args.exclude}]
+
+
+def run_item(item, args, log):
+    """Stage one item (a dict with source, dest and optional settings); returns its summary."""
+    air_gapped = bool(item.get("air_gapped", False)) or args.air_gapped
+    source = make_source(
+        item.get("source"), air_gapped=air_gapped, hf_endpoint=item.get("hf_endpoint") or args.hf_endpoint,
+        revision=item.get("revision"), s3_endpoint=item.get("s3_endpoint") or args.s3_endpoint,
+        index_url=item.get("index_url") or args.index_url, token=os.environ.get(item.get("token_env") or "HF_TOKEN"),
+        insecure=bool(item.get("insecure")) or args.insecure, ca_bundle=item.get("ca_bundle") or args.ca_bundle)
+    syncer = Syncer(source, item["dest"], name=item.get("name"), include=item.get("include"), exclude=item.get("exclude"),
+                    force=bool(item.get("force")) or args.force, verify=item.get("verify") or args.verify,
+                    workers=item.get("workers") or args.workers, buffer_size=args.buffer_size, fsync=not args.no_fsync,
+                    checkpoint_bytes=args.checkpoint_bytes, log=log, max_rate=(item.get("max_rate_mib_s") or args.max_rate) * 1048576)
+    if args.plan:
+        files = syncer.listing()
+        return {"ok": True, "name": syncer.name, "source": source.uri, "dest": syncer.dest, "files": len(files),
+                "bytes": sum(f.size or 0 for f in files), "listing": [f.as_dict() for f in files]}
+    return syncer.run()
+
+
+def main(argv=None):
+    """CLI entry point; returns the exit code (0 ok, 2 bad input, 1 failure)."""
+    args = build_parser().parse_args(argv)
+    log = None if args.quiet else sys.stderr
+    if args.serve:
+        serve(args.serve, args.bind, args.port, idle_exit=args.idle_exit)
+        return 0
+    results = []
+    code = 0
+    try:
+        items = _items_from_args(args)
+        for item in items:
+            if args.check:
+                results.append(check_dest(item["dest"], name=item.get("name"), rehash=not args.no_rehash, workers=args.workers))
+            else:
+                results.append(run_item(item, args, log))
+                if not args.plan:
+                    # The layout check the role reads from this line: the manifest is complete and every file is there.
+                    results[-1]["verified_layout"] = bool(check_dest(item["dest"], name=results[-1]["name"], rehash=False)["ok"])
+                if log is not None and not args.plan:
+                    r = results[-1]
+                    emit(log, "[artifact-sync] %s: done, %d file(s) %s, copied %d (%s), skipped %d, verified %d, %.1f s" % (
+                        r["dest"], r["files"], human_bytes(r["bytes"]), r.get("copied_files", 0), human_bytes(r.get("copied_bytes", 0)),
+                        r.get("skipped_files", 0), r.get("verified_files", 0), r.get("seconds", 0)))
+    except ValidationError as exc:
+        code = 2
+        results.append({"ok": False, "error": str(exc), "field": exc.field, "kind": "validation"})
+    except SpecDecodingError as exc:
+        code = 1
+        results.append({"ok": False, "error": str(exc), "field": exc.field, "kind": "sync"})
+    except OSError as exc:
+        code = 1
+        results.append({"ok": False, "error": "%s: %s" % (getattr(exc, "filename", "") or "", exc.strerror or exc), "kind": "os"})
+    if code and log is not None:
+        emit(log, "[artifact-sync] ERROR: %s" % results[-1]["error"])
+    summary = {"ok": code == 0, "mode": "check" if args.check else ("plan" if args.plan else "sync"), "items": results}
+    root = (read_json(args.config) or {}).get("root") if args.config else None
+    if root and os.path.isdir(root):
+        summary["layout"] = sorted(n for n in os.listdir(root) if not n.startswith("."))
+    emit(sys.stdout, json.dumps({RESULT_KEY: summary}, sort_keys=True))
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,620 @@
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A/B benchmark comparison, keep/roll-back decision, and the report (Markdown, JSON, PNG plots).
+
+The report refuses to be written without the guide's required context: Hardware (GPU model and count),
+Model (identifier and dtype), Runtime (vLLM version, image), Request parameters (temperature, max_tokens,
+concurrency, sampling switches, runs per prompt), the baseline command and the speculative-decoding
+command. ``missing_fields`` lists what is absent; ``write_report`` raises ``ValidationError`` naming it.
+
+Plots use matplotlib (Agg canvas, no global pyplot state) when it is installed, else a small built-in PNG
+writer (zlib + struct) that draws the same curves without text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import struct
+import zlib
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_stats
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+
+try:
+    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    HAS_MATPLOTLIB = True
+except ImportError:  # pragma: no cover - exercised where matplotlib is absent
+    Figure = FigureCanvasAgg = None
+    HAS_MATPLOTLIB = False
+
+SCHEMA = "alauda.spec_decoding/benchmark-report/v1"
+DECISIONS = ("keep", "roll_back")
+DEFAULT_TOLERANCES = {"ttft": 0.0, "tpot": 0.0, "throughput": 0.0}
+
+# (path in report["context"], label in the guide's words, the module option that supplies it)
+REQUIRED_FIELDS = (
+    (("hardware", "gpu_model"), "Hardware: GPU model", "report_context.gpu_model (role: benchmark_gpu_model, or node label nvidia.com/gpu.product)"),
+    (("hardware", "gpu_count"), "Hardware: GPU count", "report_context.gpu_count (role: benchmark_gpu_count, or node label nvidia.com/gpu.count)"),
+    (("model", "id"), "Model: identifier", "report_context.model (role: benchmark_model_id)"),
+    (("model", "dtype"), "Model: dtype", "report_context.dtype (role: benchmark_model_dtype)"),
+    (("runtime", "vllm_version"), "Runtime: vLLM version", "report_context.vllm_version (role: read from the engine line, or benchmark_vllm_version)"),
+    (("runtime", "image"), "Runtime: image", "report_context.image (role: read from the InferenceService, or benchmark_image)"),
+    (("request", "temperature"), "Request parameters: temperature", "temperature"),
+    (("request", "max_tokens"), "Request parameters: max_tokens", "max_tokens"),
+    (("request", "concurrency"), "Request parameters: concurrency", "concurrency"),
+    (("request", "sampling"), "Request parameters: sampling switches", "extra_body / seed"),
+    (("request", "runs_per_prompt"), "Request parameters: runs per prompt", "runs_per_prompt"),
+    (("commands", "baseline"), "Baseline command", "report_context.baseline_command (role: read from the baseline InferenceService)"),
+    (("commands", "candidate"), "Speculative-decoding command", "report_context.candidate_command (role: read from the candidate InferenceService)"),
+)
+
+LATENCY_ROWS = (("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)"), ("itl_ms", "ITL (ms)"), ("e2el_ms", "E2E latency (ms)"))
+
+
+# -- context ------------------------------------------------------------------------------------------------
+def _blank(value):
+    if value is None:
+        return True
+    if isinstance(value, str):
+        return not value.strip()
+    if isinstance(value, (list, tuple)):
+        return not value or all(_blank(v) for v in value)
+    return False
+
+
+def missing_fields(context):
+    """The required fields absent from ``context`` (the report's ``context`` block), as ``(label, source)``."""
+    missing = []
+    for path, label, source in REQUIRED_FIELDS:
+        node = context if isinstance(context, dict) else {}
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if _blank(node):
+            missing.append((label, source))
+    return missing
+
+
+def require_complete(context):
+    """Raise ``ValidationError`` naming every missing required field (nothing is written then)."""
+    missing = missing_fields(context)
+    if missing:
+        names = "; ".join("%s (set %s)" % (label, source) for label, source in missing)
+        raise ValidationError(
+            "refusing to write an incomplete benchmark report, missing %d required field(s): %s" % (len(missing), names),
+            field="report_context",
+            hint="fill the named fields; the guide requires hardware, model, runtime, request parameters and both commands")
+
+
+def command_text(command):
+    """A command given as an argv list or a string, as one shell line."""
+    if isinstance(command, (list, tuple)):
+        return " ".join(shlex.quote(str(part)) for part in command)
+    return str(command)
+
+
+_SHELLS = ("bash", "sh", "/bin/bash", "/bin/sh", "/usr/bin/bash", "/usr/bin/env")
+_VAR_RE = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)")
+
+
+def command_words(command, env=None):
+    """The words of a vLLM command given as argv or text, with ``bash -c`` scripts opened and ``$VARS`` expanded.
+
+    ``env`` is the container's environment (dict, or KServe's list of ``{name, value}``). Good enough to read
+    flags for the report; the authoritative command parser is ``vllm_command``.
+    """
+    if isinstance(env, list):
+        env = {item.get("name"): item.get("value") for item in env if isinstance(item, dict)}
+    env = env or {}
+
+    def expand(word):
+        return _VAR_RE.sub(lambda m: str(env.get(m.group(1) or m.group(3), m.group(2) if m.group(2) is not None else m.group(0))), word)
+
+    def split(text):
+        try:
+            return shlex.split(text.replace("\\\n", " "), comments=True)
+        except ValueError:
+            return text.split()
+
+    argv = [str(w) for w in command] if isinstance(command, (list, tuple)) else split(str(command or ""))
+    words = []
+    index = 0
+    while index < len(argv):
+        word = argv[index]
+        if word == "-c" and index + 1 < len(argv) and words and words[-1].split("/")[-1] in [s.split("/")[-1] for s in _SHELLS]:
+            words.extend(split(argv[index + 1]))
+            index += 2
+            continue
+        words.append(word)
+        index += 1
+    return [expand(w) for w in words]
+
+
+def flag_value(words, flag):
+    """The value of the last ``--flag X`` / ``--flag=X`` in ``words``, or None."""
+    value = None
+    for index, word in enumerate(words):
+        if word == flag and index + 1 < len(words):
+            value = words[index + 1]
+        elif word.startswith(flag + "="):
+            value = word.split("=", 1)[1]
+    return value
+
+
+def build_context(report_context, request):
+    """The report's context block from the user/cluster-supplied values and the module's request parameters.
+
+    Model identifier and dtype, when not given, are read from the candidate's command (``--served-model-name``
+    or ``--model``; ``--dtype``), with ``candidate_env`` expanding ``$VARS``.
+    """
+    ctx = dict(report_context or {})
+    words = command_words(ctx.get("candidate_command"), ctx.get("candidate_env")) if not _blank(ctx.get("candidate_command")) else []
+    if _blank(ctx.get("model")):
+        ctx["model"] = flag_value(words, "--served-model-name") or flag_value(words, "--model")
+    if _blank(ctx.get("dtype")):
+        ctx["dtype"] = flag_value(words, "--dtype")
+    return {
+        "hardware": {"gpu_model": ctx.get("gpu_model"), "gpu_count": ctx.get("gpu_count"), "notes": ctx.get("hardware_notes")},
+        "model": {"id": ctx.get("model"), "dtype": ctx.get("dtype")},
+        "runtime": {"vllm_version": ctx.get("vllm_version"), "image": ctx.get("image")},
+        "request": dict(request),
+        "commands": {"baseline": ctx.get("baseline_command"), "candidate": ctx.get("candidate_command")},
+        "speculative_config": ctx.get("speculative_config"),
+        "notes": ctx.get("notes"),
+    }
+
+
+# -- comparison and decision ---------------------------------------------------------------------------------
+def _median(summary, key):
+    return ((summary or {}).get(key) or {}).get("median")
+
+
+def compare(baseline, candidate, acceptance=None):
+    """Comparison block: speedup (output tok/s ratio), wall-time delta, medians, acceptance, ceiling conversion."""
+    speedup = bench_stats.ratio(candidate.get("output_throughput"), baseline.get("output_throughput"))
+    metrics = {}
+    for key, _label in LATENCY_ROWS:
+        b_val, c_val = _median(baseline, key), _median(candidate, key)
+        metrics[key] = {"baseline": b_val, "candidate": c_val, "change": bench_stats.relative_change(b_val, c_val)}
+    for key in ("output_throughput", "request_throughput", "total_token_throughput"):
+        b_val, c_val = baseline.get(key), candidate.get(key)
+        metrics[key] = {"baseline": b_val, "candidate": c_val, "change": bench_stats.relative_change(b_val, c_val)}
+    b_wall, c_wall = baseline.get("duration_s"), candidate.get("duration_s")
+    wall = {"baseline_s": b_wall, "candidate_s": c_wall,
+            "delta_s": (c_wall - b_wall) if b_wall is not None and c_wall is not None else None,
+            "change": bench_stats.relative_change(b_wall, c_wall)}
+    mal = (acceptance or {}).get("mean_acceptance_length")
+    return {
+        "speedup": speedup,
+        "wall_time": wall,
+        "metrics": metrics,
+        "acceptance": acceptance,
+        # Of the ceiling speculative decoding offers (each verify step emits `mean acceptance length` tokens),
+        # the share that became end-to-end throughput.
+        "ceiling_conversion": bench_stats.ratio(speedup, mal) if mal else None,
+    }
+
+
+def decide(baseline, candidate, tolerances=None, load=None):
+    """``keep`` only if TTFT, per-token latency (TPOT) and output throughput all improve; else ``roll_back``.
+
+    A tolerance ``t`` lets a metric be at most ``t`` (a fraction) worse and still count: latency passes when
+    ``candidate <= baseline * (1 + t)``, throughput when ``candidate >= baseline * (1 - t)``.
+    """
+    tol = dict(DEFAULT_TOLERANCES)
+    for key, value in (tolerances or {}).items():
+        if key not in DEFAULT_TOLERANCES:
+            raise ValidationError("unknown tolerance %r" % (key,), field="tolerances", hint="use ttft, tpot and throughput")
+        if value is None:
+            continue
+        if float(value) < 0 or float(value) >= 1:
+            raise ValidationError("%s must be a fraction in [0, 1), got %r" % (key, value), field="tolerances",
+                                  hint="e.g. 0.05 allows 5% worse")
+        tol[key] = float(value)
+    checks = []
+    spec = (
+        ("ttft", "median TTFT", _median(baseline, "ttft_ms"), _median(candidate, "ttft_ms"), "lower", "ms"),
+        ("tpot", "median TPOT (per-token latency)", _median(baseline, "tpot_ms"), _median(candidate, "tpot_ms"), "lower", "ms"),
+        ("throughput", "output throughput", baseline.get("output_throughput"), candidate.get("output_throughput"), "higher", "tok/s"),
+    )
+    reasons = []
+    for key, label, b_val, c_val, better, unit in spec:
+        check = {"metric": key, "label": label, "baseline": b_val, "candidate": c_val, "better": better, "tolerance": tol[key],
+                 "change": bench_stats.relative_change(b_val, c_val)}
+        if b_val is None or c_val is None:
+            check["passed"] = False
+            reasons.append("%s was not measured on %s" % (label, "the baseline" if b_val is None else "the candidate"))
+        else:
+            if better == "lower":
+                limit = b_val * (1.0 + tol[key])
+                check["passed"] = c_val <= limit
+            else:
+                limit = b_val * (1.0 - tol[key])
+                check["passed"] = c_val >= limit
+            check["limit"] = limit
+            if not check["passed"]:
+                reasons.append("%s %s: candidate %.2f %s vs baseline %.2f %s (%+.1f%%, tolerance %.1f%%)" % (
+                    label, "got worse" if better == "lower" else "dropped", c_val, unit, b_val, unit,
+                    100.0 * check["change"] if check["change"] is not None else float("nan"), 100.0 * tol[key]))
+        checks.append(check)
+    b_fail = _failure_rate(baseline)
+    c_fail = _failure_rate(candidate)
+    if c_fail is not None and c_fail > (b_fail or 0.0):
+        reasons.append("the candidate failed %d of %d requests (baseline %d)" % (
+            candidate.get("failed", 0), candidate.get("failed", 0) + candidate.get("completed", 0), baseline.get("failed", 0)))
+    decision = "keep" if not reasons else "roll_back"
+    if decision == "keep":
+        reasons = ["TTFT, per-token latency and throughput all improved (within tolerances) at the target load"]
+    return {"decision": decision, "reasons": reasons, "checks": checks, "tolerances": tol, "load": load}
+
+
+def _failure_rate(summary):
+    total = (summary.get("completed") or 0) + (summary.get("failed") or 0)
+    return (summary.get("failed") or 0) / float(total) if total else None
+
+
+def prefix_cache_notes(baseline_cache, candidate_cache):
+    """Warnings so cache effects are not mistaken for speculative-decoding gains."""
+    notes = []
+    rates = {}
+    for name, cache in (("baseline", baseline_cache), ("candidate", candidate_cache)):
+        rate = (cache or {}).get("hit_rate")
+        rates[name] = rate
+        if cache is None or cache.get("queries") is None:
+            notes.append("prefix cache: the %s exposes no vllm:prefix_cache_* metrics; its hit rate is unknown" % name)
+    b_rate, c_rate = rates["baseline"], rates["candidate"]
+    if b_rate is not None and c_rate is not None and abs(b_rate - c_rate) > 0.05:
+        notes.append("prefix cache hit rates differ (baseline %.1f%%, candidate %.1f%%): part of the difference may be "
+                     "cache effects, not speculative decoding" % (100 * b_rate, 100 * c_rate))
+    return notes
+
+
+def build_report(baseline, candidate, context, tolerances=None, acceptance=None, title=None, generated_at=None, notes=None):
+    """The complete report dict (JSON-serialisable).
+
+    ``baseline`` / ``candidate``: ``{"url", "model", "summary" (bench_stats.summarize_run), "prefix_cache",
+    "warmup", "records"?}``; ``context``: ``build_context(...)``; ``acceptance``: the candidate's /metrics
+    deltas (``mean_acceptance_length``, ``acceptance_rate`` 0..1, ``per_position`` list, counts).
+    """
+    request = context.get("request") or {}
+    load = {"concurrency": request.get("concurrency"), "request_rate": request.get("request_rate")}
+    b_sum, c_sum = baseline["summary"], candidate["summary"]
+    comparison = compare(b_sum, c_sum, acceptance)
+    all_notes = list(notes or [])
+    all_notes += prefix_cache_notes(baseline.get("prefix_cache"), candidate.get("prefix_cache"))
+    if acceptance is None:
+        all_notes.append("no speculative-decoding metrics on the candidate's /metrics: is speculative decoding enabled there?")
+    elif not acceptance.get("num_drafts"):
+        all_notes.append("the candidate proposed no drafts during the run: speculative decoding did not act on this workload")
+    sides = {}
+    for name, side in (("baseline", baseline), ("candidate", candidate)):
+        sides[name] = {k: v for k, v in side.items() if k != "records"}
+    return {
+        "schema": SCHEMA,
+        "title": title or "Speculative decoding A/B benchmark",
+        "generated_at": generated_at,
+        "context": context,
+        "baseline": sides["baseline"],
+        "candidate": sides["candidate"],
+        "comparison": comparison,
+        "decision": decide(b_sum, c_sum, tolerances, load),
+        "notes": all_notes,
+        "plots": {},
+    }
+
+
+# -- Markdown ------------------------------------------------------------------------------------------------
+def _fmt(value, digits=2, pct=False, signed=False):
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)):
+        if pct:
+            return ("%+.1f%%" if signed else "%.1f%%") % (100.0 * value)
+        if isinstance(value, int):
+            return str(value)
+        return ("%+." + str(digits) + "f" if signed else "%." + str(digits) + "f") % value
+    return str(value)
+
+
+def _md_cell(text):
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(report):
+    """The human report. Same content as the JSON, laid out the guide's way: context first, then results."""
+    ctx = report["context"]
+    req = ctx.get("request") or {}
+    dec = report["decision"]
+    cmp_ = report["comparison"]
+    lines = ["# %s" % report["title"], ""]
+    if report.get("generated_at"):
+        lines += ["Generated: %s" % report["generated_at"], ""]
+    lines += ["**Decision: `%s`**" % dec["decision"], ""]
+    lines += ["- %s" % reason for reason in dec["reasons"]]
+    lines += ["", "Speedup (output tok/s, candidate / baseline): **%s**" % (_fmt(cmp_["speedup"], 3) + "x" if cmp_["speedup"] else "n/a"), ""]
+
+    lines += ["## Context", "", "| Field | Value |", "|---|---|"]
+    hw = ctx.get("hardware") or {}
+    rows = [
+        ("Hardware: GPU model", hw.get("gpu_model")),
+        ("Hardware: GPU count", hw.get("gpu_count")),
+        ("Model: identifier", (ctx.get("model") or {}).get("id")),
+        ("Model: dtype", (ctx.get("model") or {}).get("dtype")),
+        ("Runtime: vLLM version", (ctx.get("runtime") or {}).get("vllm_version")),
+        ("Runtime: image", (ctx.get("runtime") or {}).get("image")),
+    ]
+    if hw.get("notes"):
+        rows.insert(2, ("Hardware: notes", hw["notes"]))
+    if ctx.get("speculative_config"):
+        spec = ctx["speculative_config"]
+        rows.append(("Speculative config", json.dumps(spec, sort_keys=True) if isinstance(spec, dict) else spec))
+    for label, value in rows:
+        lines.append("| %s | %s |" % (label, _md_cell(_fmt(value))))
+    lines += ["", "### Request parameters", "", "| Parameter | Value |", "|---|---|"]
+    for key in ("api", "workload", "num_prompts", "temperature", "max_tokens", "seed", "concurrency", "request_rate", "arrival",
+                "runs_per_prompt", "warmup_requests"):
+        if key in req:
+            value = req[key]
+            if key == "request_rate" and value is None:
+                value = "inf (all at once, bounded by concurrency)"
+            lines.append("| %s | %s |" % (key, _md_cell(_fmt(value, 3))))
+    sampling = req.get("sampling")
+    lines.append("| sampling switches | %s |" % _md_cell(json.dumps(sampling, sort_keys=True) if isinstance(sampling, dict) else _fmt(sampling)))
+    lines += ["", "### Commands", "", "Baseline:", "", "```", command_text(ctx["commands"]["baseline"]), "```", "",
+              "Speculative decoding:", "", "```", command_text(ctx["commands"]["candidate"]), "```", ""]
+
+    b_sum, c_sum = report["baseline"]["summary"], report["candidate"]["summary"]
+    lines += ["## Results", "", "Medians, with p90 and p99 (`vllm bench serve` definitions; ITL is per streamed chunk).", "",
+              "| Metric | Baseline median | Candidate median | Change | Baseline p90 / p99 | Candidate p90 / p99 |",
+              "|---|---|---|---|---|---|"]
+    for key, label in LATENCY_ROWS:
+        b_dist, c_dist = b_sum.get(key) or {}, c_sum.get(key) or {}
+        change = cmp_["metrics"][key]["change"]
+        lines.append("| %s | %s | %s | %s | %s / %s | %s / %s |" % (
+            label, _fmt(b_dist.get("median")), _fmt(c_dist.get("median")), _fmt(change, pct=True, signed=True),
+            _fmt(b_dist.get("p90")), _fmt(b_dist.get("p99")), _fmt(c_dist.get("p90")), _fmt(c_dist.get("p99"))))
+    lines += ["", "| Throughput | Baseline | Candidate | Change |", "|---|---|---|---|"]
+    for key, label in (("output_throughput", "Output tokens/s"), ("request_throughput", "Requests/s"),
+                       ("total_token_throughput", "Total tokens/s")):
+        row = cmp_["metrics"][key]
+        lines.append("| %s | %s | %s | %s |" % (label, _fmt(row["baseline"]), _fmt(row["candidate"]), _fmt(row["change"], pct=True, signed=True)))
+    wall = cmp_["wall_time"]
+    lines += ["| Wall time (s) | %s | %s | %s (%s s) |" % (
+        _fmt(wall["baseline_s"]), _fmt(wall["candidate_s"]), _fmt(wall["change"], pct=True, signed=True), _fmt(wall["delta_s"], signed=True))]
+    lines += ["| Requests completed / failed | %d / %d | %d / %d | |" % (
+        b_sum.get("completed", 0), b_sum.get("failed", 0), c_sum.get("completed", 0), c_sum.get("failed", 0))]
+    lines += ["| Output tokens | %d | %d | |" % (b_sum.get("total_output_tokens", 0), c_sum.get("total_output_tokens", 0)), ""]
+
+    lines += ["## Speculative decoding (candidate /metrics, deltas over the measured run)", ""]
+    acc = cmp_.get("acceptance")
+    if acc:
+        per_pos = acc.get("per_position") or []
+        lines += ["| Quantity | Value |", "|---|---|",
+                  "| Mean acceptance length | %s |" % _fmt(acc.get("mean_acceptance_length"), 3),
+                  "| Acceptance rate | %s |" % _fmt(acc.get("acceptance_rate"), pct=True),
+                  "| Per-position acceptance | %s |" % (", ".join("%.3f" % v for v in per_pos) or "n/a"),
+                  "| Drafts / draft tokens / accepted | %s / %s / %s |" % (
+                      _fmt(acc.get("num_drafts")), _fmt(acc.get("num_draft_tokens")), _fmt(acc.get("num_accepted_tokens"))),
+                  "| Ceiling conversion (speedup / mean acceptance length) | %s |" % _fmt(cmp_.get("ceiling_conversion"), 3), ""]
+    else:
+        lines += ["No speculative-decoding counters were found on the candidate.", ""]
+
+    lines += ["## Prefix cache", "", "| Side | Hits / queries (tokens) | Hit rate |", "|---|---|---|"]
+    for name in ("baseline", "candidate"):
+        cache = report[name].get("prefix_cache") or {}
+        lines.append("| %s | %s / %s | %s |" % (
+            name, _fmt(cache.get("hits"), 0), _fmt(cache.get("queries"), 0), _fmt(cache.get("hit_rate"), pct=True)))
+    lines.append("")
+
+    lines += ["## Decision checks", "", "| Check | Baseline | Candidate | Change | Tolerance | Passed |", "|---|---|---|---|---|---|"]
+    for check in dec["checks"]:
+        lines.append("| %s | %s | %s | %s | %s | %s |" % (
+            check["label"], _fmt(check["baseline"]), _fmt(check["candidate"]), _fmt(check["change"], pct=True, signed=True),
+            _fmt(check["tolerance"], pct=True), "yes" if check["passed"] else "**no**"))
+    load = dec.get("load") or {}
+    lines += ["", "Target load: concurrency %s, request rate %s." % (
+        _fmt(load.get("concurrency")), _fmt(load.get("request_rate"), 3) if load.get("request_rate") else "inf"), ""]
+
+    plots = report.get("plots") or {}
+    if plots:
+        lines += ["## Plots", ""]
+        for key, label in (("acceptance", "Per-position acceptance"), ("latency", "Latency distributions, baseline vs candidate")):
+            if plots.get(key):
+                lines += ["![%s](%s)" % (label, plots[key]), ""]
+    if report.get("notes"):
+        lines += ["## Notes", ""] + ["- %s" % note for note in report["notes"]] + [""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+# -- writing -------------------------------------------------------------------------------------------------
+def write_report(report, report_dir, records=None, plots=True, basename="report"):
+    """Refuse an incomplete report, else write ``<basename>.md``, ``<basename>.json`` and the plots.
+
+    ``records``: ``{"baseline": [...], "candidate": [...]}`` per-request records for the latency plot.
+    Returns ``{"markdown", "json", "plots": {...}}`` (absolute paths).
+    """
+    require_complete(report.get("context"))
+    try:
+        os.makedirs(report_dir, exist_ok=True)
+    except OSError as exc:
+        raise ValidationError("cannot create %s (%s)" % (report_dir, exc.strerror or exc), field="report_dir",
+                              hint="give a writable folder")
+    paths = {"plots": {}}
+    if plots:
+        acc = (report["comparison"].get("acceptance") or {}).get("per_position")
+        if acc:
+            name = basename + "-acceptance.png"
+            plot_acceptance(acc, os.path.join(report_dir, name))
+            report["plots"]["acceptance"] = name
+            paths["plots"]["acceptance"] = os.path.join(report_dir, name)
+        if records:
+            name = basename + "-latency.png"
+            plot_latency(records.get("baseline") or [], records.get("candidate") or [], os.path.join(report_dir, name))
+            report["plots"]["latency"] = name
+            paths["plots"]["latency"] = os.path.join(report_dir, name)
+    paths["json"] = os.path.join(report_dir, basename + ".json")
+    paths["markdown"] = os.path.join(report_dir, basename + ".md")
+    _atomic_write(paths["json"], json.dumps(report, indent=2, sort_keys=True) + "\n")
+    _atomic_write(paths["markdown"], render_markdown(report))
+    return paths
+
+
+def _atomic_write(path, text):
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+# -- plots ---------------------------------------------------------------------------------------------------
+def latency_series(records):
+    """Per-metric samples in ms from request records: ``{"ttft": [...], "tpot": [...], "itl": [...]}``."""
+    ok = [r for r in records if r.get("success")]
+    return {
+        "ttft": [r["ttft"] * 1000.0 for r in ok],
+        "tpot": [t * 1000.0 for t in (bench_stats.tpot_of(r) for r in ok) if t is not None],
+        "itl": [g * 1000.0 for r in ok for g in (r.get("itl") or [])],
+    }
+
+
+def _ecdf(values):
+    data = sorted(values)
+    n = len(data)
+    return data, [(i + 1) / float(n) for i in range(n)]
+
+
+COLORS = {"baseline": (0x1F, 0x77, 0xB4), "candidate": (0xD6, 0x27, 0x28)}
+
+
+def plot_latency(baseline_records, candidate_records, path):
+    """Empirical CDFs of TTFT, TPOT and ITL, baseline vs candidate, side by side."""
+    series = {"baseline": latency_series(baseline_records), "candidate": latency_series(candidate_records)}
+    metrics = (("ttft", "TTFT (ms)"), ("tpot", "TPOT (ms)"), ("itl", "ITL per chunk (ms)"))
+    if HAS_MATPLOTLIB:
+        fig = Figure(figsize=(13, 4.2), dpi=100)
+        FigureCanvasAgg(fig)
+        axes = fig.subplots(1, 3)
+        for axis, (key, label) in zip(axes, metrics):
+            for side in ("baseline", "candidate"):
+                values = series[side][key]
+                if values:
+                    xs, ys = _ecdf(values)
+                    axis.step(xs, ys, where="post", label="%s (median %.2f)" % (side, bench_stats.median(values)),
+                              color="#%02x%02x%02x" % COLORS[side])
+            axis.set_xlabel(label)
+            axis.set_ylabel("fraction of samples")
+            axis.set_ylim(0, 1.02)
+            axis.grid(True, alpha=0.3)
+            axis.legend(loc="lower right", fontsize=8)
+        fig.suptitle("Latency distributions (empirical CDF): baseline vs candidate")
+        fig.tight_layout()
+        fig.savefig(path, format="png")
+        return path
+    canvas = _Canvas(900, 300)
+    for index, (key, _label) in enumerate(metrics):
+        box = (index * 300 + 30, 20, index * 300 + 290, 270)
+        values_all = series["baseline"][key] + series["candidate"][key]
+        canvas.frame(box)
+        if not values_all:
+            continue
+        lo, hi = min(values_all), max(values_all)
+        span = (hi - lo) or 1.0
+        for side in ("baseline", "candidate"):
+            values = series[side][key]
+            if not values:
+                continue
+            xs, ys = _ecdf(values)
+            points = [(box[0] + (x - lo) / span * (box[2] - box[0]), box[3] - y * (box[3] - box[1])) for x, y in zip(xs, ys)]
+            canvas.polyline([(points[0][0], box[3])] + points, COLORS[side])
+    canvas.save(path)
+    return path
+
+
+def plot_acceptance(per_position, path):
+    """Per-position acceptance rate curve (position 1..k on x, rate 0..1 on y)."""
+    positions = list(range(1, len(per_position) + 1))
+    if HAS_MATPLOTLIB:
+        fig = Figure(figsize=(6.4, 4.2), dpi=100)
+        FigureCanvasAgg(fig)
+        axis = fig.subplots()
+        axis.plot(positions, per_position, marker="o", color="#%02x%02x%02x" % COLORS["candidate"])
+        for x_val, y_val in zip(positions, per_position):
+            axis.annotate("%.3f" % y_val, (x_val, y_val), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8)
+        axis.set_xticks(positions)
+        axis.set_xlabel("draft position")
+        axis.set_ylabel("acceptance rate")
+        axis.set_ylim(0, 1.05)
+        axis.grid(True, alpha=0.3)
+        axis.set_title("Per-position acceptance rate (candidate)")
+        fig.tight_layout()
+        fig.savefig(path, format="png")
+        return path
+    canvas = _Canvas(480, 300)
+    box = (40, 20, 460, 270)
+    canvas.frame(box)
+    count = max(len(per_position) - 1, 1)
+    points = [(box[0] + i * (box[2] - box[0]) / count, box[3] - v * (box[3] - box[1])) for i, v in enumerate(per_position)]
+    canvas.polyline(points, COLORS["candidate"])
+    for x_val, y_val in points:
+        canvas.dot(x_val, y_val, COLORS["candidate"])
+    canvas.save(path)
+    return path
+
+
+class _Canvas:
+    """A tiny RGB raster with lines and a PNG encoder (used when matplotlib is not installed)."""
+
+    def __init__(self, width, height):
+        self.width, self.height = width, height
+        self.pixels = bytearray(b"\xff" * (width * height * 3))
+
+    def set(self, x_pos, y_pos, color):
+        x_pos, y_pos = int(round(x_pos)), int(round(y_pos))
+        if 0 <= x_pos < self.width and 0 <= y_pos < self.height:
+            offset = (y_pos * self.width + x_pos) * 3
+            self.pixels[offset:offset + 3] = bytes(color)
+
+    def line(self, start, end, color):
+        (x0, y0), (x1, y1) = start, end
+        steps = int(max(abs(x1 - x0), abs(y1 - y0), 1))
+        for i in range(steps + 1):
+            frac = i / float(steps)
+            self.set(x0 + (x1 - x0) * frac, y0 + (y1 - y0) * frac, color)
+
+    def polyline(self, points, color):
+        for start, end in zip(points, points[1:]):
+            self.line(start, end, color)
+            self.line((start[0], start[1] + 1), (end[0], end[1] + 1), color)
+
+    def dot(self, x_pos, y_pos, color, radius=3):
+        for d_x in range(-radius, radius + 1):
+            for d_y in range(-radius, radius + 1):
+                if d_x * d_x + d_y * d_y <= radius * radius:
+                    self.set(x_pos + d_x, y_pos + d_y, color)
+
+    def frame(self, box, color=(0x40, 0x40, 0x40)):
+        left, top, right, bottom = box
+        for i in range(5):  # grid
+            y_pos = top + i * (bottom - top) / 4.0
+            self.line((left, y_pos), (right, y_pos), (0xDD, 0xDD, 0xDD))
+        self.line((left, top), (left, bottom), color)
+        self.line((left, bottom), (right, bottom), color)
+
+    def png(self):
+        raw = b"".join(b"\x00" + bytes(self.pixels[y * self.width * 3:(y + 1) * self.width * 3]) for y in range(self.height))
+
+        def chunk(kind, data):
+            return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+        header = struct.pack(">IIBBBBB", self.width, self.height, 8, 2, 0, 0, 0)
+        return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
+
+    def save(self, path):
+        with open(path, "wb") as handle:
+            handle.write(self.png())

@@ -1,0 +1,554 @@
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Find vLLM's engine-config line and the speculative-decoding warnings in a log, in bounded memory.
+
+vLLM prints, once per engine start (see ../shared/reference/facts.md section 1)::
+
+    (EngineCore pid=2539) INFO 11-29 07:44:56 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config:
+    model='/mnt/models/tiny-llama', speculative_config=SpeculativeConfig(method='eagle3',
+    model='/mnt/models/tiny-eagle3', num_spec_tokens=3), tokenizer=...
+
+(one physical line). The V0 engine says ``Initializing a V0 LLM engine``; builds before 0.8 said
+``Initializing an LLM engine``. A process prefix, a timestamp from the log collector or colour codes may
+come first, so the scanner searches instead of anchoring.
+
+The scanner works on byte chunks of any size (a file read, an HTTP stream from the API server, a string)
+and keeps only the unfinished last line between chunks, so a multi-gigabyte log costs a few MiB of memory.
+It looks for a handful of fixed byte needles with ``bytes.find`` (C speed) and decodes only the lines that
+contain one.
+
+Plain Python, no Ansible imports.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+
+ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+ENGINE_NEEDLE = b"LLM engine (v"
+WARNING_NEEDLE = b"WARNING"
+ENGINE_RE = re.compile(
+    r"Initializing an? (?:(?P<engine>V\d+) )?LLM engine \(v?(?P<version>[^)\s]*)\) with config:\s?(?P<config>.*)$"
+)
+
+# Lines worth reporting: (kind, needle searched in the raw bytes, regex on the cleaned line).
+# Only WARNING/ERROR/CRITICAL lines are reported (vLLM also prints INFO lines that mention speculation).
+WARNING_RULES = (
+    ("async_scheduling_disabled", b"Async scheduling",
+     re.compile(r"Async scheduling (?:not supported with .*speculative decoding|is disabled because .*speculative decoding)")),
+    ("min_p_logit_bias", b"min_p and logit_bias", re.compile(r"min_p and logit_bias")),
+    ("method_deprecated", b"is deprecated and replaced with",
+     re.compile(r"method [`'\"]?(?P<old>[\w.-]+)[`'\"]? is deprecated and replaced with [`'\"]?(?P<new>[\w.-]+)")),
+    ("speculative_other", b"peculative", re.compile(r"[Ss]peculative")),
+    ("speculative_other", b"draft model", re.compile(r"[Dd]raft model")),
+)
+LEVEL_RE = re.compile(r"(?<![\w-])(?P<level>WARNING|ERROR|CRITICAL)(?![\w-])")
+# After the level: "MM-DD HH:MM:SS[.fff] [file.py:123] message" (vLLM's format); else take the rest.
+MESSAGE_RE = re.compile(r"(?:WARNING|ERROR|CRITICAL)\s+(?:\d\d-\d\d\s+\d\d:\d\d:\d\d(?:[.,]\d+)?\s+)?(?:\[[^\]]*\]\s*)?(?P<msg>.*)$")
+
+MTP_ALIAS_RE = re.compile(r"^[a-z0-9_.-]+_mtp$")
+DEFAULT_MAX_LINE = 1 << 20          # longer lines are cut (the engine line is a few KiB)
+DEFAULT_MAX_WARNINGS = 50           # distinct warning messages kept
+DEFAULT_CHUNK = 1 << 20
+
+METHOD_GUESS_HINT = (
+    "vLLM guesses the method when --speculative-config omits \"method\": a draft path containing 'eagle3' gives eagle3, "
+    "'eagle-' gives eagle, anything else draft_model (so /mnt/models/draft silently becomes draft_model); "
+    "set \"method\" explicitly in --speculative-config"
+)
+
+
+def strip_ansi(text):
+    """Remove terminal colour/control sequences."""
+    if "\x1b" not in text:
+        return text
+    return ANSI_RE.sub("", text)
+
+
+def normalize_method(method):
+    """Lower-case a method name and map every ``*_mtp`` alias to ``mtp`` as vLLM prints it."""
+    if method is None:
+        return None
+    text = str(method).strip().lower()
+    if not text or text in ("none", "null"):
+        return None
+    if MTP_ALIAS_RE.match(text):
+        return "mtp"
+    return text
+
+
+def _normalize_model(model):
+    if model is None:
+        return None
+    text = str(model).strip()
+    if text in ("", "None"):
+        return None
+    if len(text) > 1:
+        text = text.rstrip("/")
+    return text
+
+
+def _literal(raw):
+    raw = raw.strip()
+    if not raw:
+        return None
+    if raw[0] in "'\"":
+        try:
+            return ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            return raw.strip("'\"")
+    if raw == "None":
+        return None
+    if raw in ("True", "False"):
+        return raw == "True"
+    try:
+        return int(raw)
+    except ValueError:
+        pass
+    try:
+        return float(raw)
+    except ValueError:
+        return raw
+
+
+def _split_top_level(text):
+    """Split ``a='x, y', b=Foo(c=1, d=2), e=3`` at top-level commas, honouring quotes and brackets."""
+    parts, depth, quote, start, i = [], 0, None, 0, 0
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 2
+                continue
+            if ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+        i += 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _matching_paren(text, open_index):
+    """Index of the ``)`` closing the ``(`` at open_index, or -1 (the line was cut)."""
+    depth, quote, i = 0, None, open_index
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 2
+                continue
+            if ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return -1
+
+
+def parse_speculative_repr(config_text):
+    """Parse the ``speculative_config=...`` field out of the engine line's config text.
+
+    Returns ``(present, config)``: present is False when the field is missing (a build that does not
+    print it); config is None for ``speculative_config=None`` else a dict with ``method``, ``model`` and
+    ``num_spec_tokens`` (None where the repr omits them).
+    """
+    marker = "speculative_config="
+    idx = config_text.find(marker)
+    if idx < 0:
+        return False, None
+    rest = config_text[idx + len(marker):]
+    if rest.startswith("None"):
+        return True, None
+    paren = rest.find("(")
+    if paren < 0 or paren > 64:
+        return True, {"method": None, "model": None, "num_spec_tokens": None, "raw": rest[:200]}
+    end = _matching_paren(rest, paren)
+    inner = rest[paren + 1:end if end >= 0 else len(rest)]
+    fields = {}
+    for part in _split_top_level(inner):
+        if "=" not in part:
+            continue
+        key, _sep, value = part.partition("=")
+        fields[key.strip()] = _literal(value)
+    model = fields.get("model", fields.get("draft_model"))
+    method = fields.get("method")
+    # vLLM 0.6/0.7 printed ngram as draft_model='[ngram]'.
+    if method is None and isinstance(model, str) and model.strip("[]").lower() == "ngram":
+        method, model = "ngram", None
+    num = fields.get("num_spec_tokens", fields.get("num_speculative_tokens"))
+    return True, {
+        "method": normalize_method(method) if method is not None else None,
+        "model": _normalize_model(model),
+        "num_spec_tokens": num if isinstance(num, int) else (int(num) if isinstance(num, float) else num),
+    }
+
+
+def parse_engine_line(line):
+    """Parse one log line; returns a dict or None when it is not an engine-config line."""
+    text = strip_ansi(line).rstrip("\r\n")
+    match = ENGINE_RE.search(text)
+    if not match:
+        return None
+    present, spec = parse_speculative_repr(match.group("config"))
+    return {
+        "engine": match.group("engine") or "V0",
+        "vllm_version": match.group("version") or None,
+        "speculative_config": spec,
+        "speculative_config_printed": present,
+        "line": text,
+    }
+
+
+def classify_warning(line):
+    """Return ``(kind, level, message)`` for a speculative-decoding warning line, else None."""
+    text = strip_ansi(line).rstrip("\r\n")
+    level = LEVEL_RE.search(text)
+    if not level:
+        return None
+    for kind, _needle, regex in WARNING_RULES:
+        if regex.search(text):
+            msg = MESSAGE_RE.search(text, level.start())
+            message = (msg.group("msg") if msg else text).strip()
+            return kind, level.group("level"), message
+    return None
+
+
+class EngineLogScanner:
+    """Streaming scanner: ``feed()`` chunks (bytes or str), then ``result()``.
+
+    Memory is bounded by ``max_line`` (the unfinished line carried between chunks) plus the lines that
+    matched. Every engine-config line is parsed; the last one describes the engine that runs now (a
+    restarted process logs a new one).
+    """
+
+    def __init__(self, max_line=DEFAULT_MAX_LINE, max_warnings=DEFAULT_MAX_WARNINGS, collect_warnings=True):
+        self.max_line = max_line
+        self.max_warnings = max_warnings
+        self.collect_warnings = collect_warnings
+        self._carry = b""
+        self.engines = []           # parsed engine lines, in order
+        self._warnings = {}         # (kind, message) -> dict
+        self.warnings_dropped = 0
+        self.bytes_scanned = 0
+        self.lines_cut = 0
+        # Two passes of bytes.find per chunk: the engine line and WARNING-level lines (rare in a serving log);
+        # the warning rules are then checked on those lines only.
+        self._needles = (ENGINE_NEEDLE, WARNING_NEEDLE) if collect_warnings else (ENGINE_NEEDLE,)
+
+    def feed(self, chunk, end=None):
+        """Scan the next piece of the log (bytes, bytearray or str); ``end`` limits a reused buffer."""
+        if isinstance(chunk, str):
+            chunk = chunk.encode("utf-8", "surrogateescape")
+        if end is None:
+            end = len(chunk)
+        if end <= 0:
+            return
+        self.bytes_scanned += end
+        start = 0
+        if self._carry:
+            # Finish the line cut at the previous chunk's end (a short copy, not the whole chunk).
+            first_nl = chunk.find(b"\n", 0, end)
+            if first_nl < 0:
+                self._carry += bytes(chunk[:end])
+                self._check_carry()
+                return
+            boundary = self._carry + bytes(chunk[:first_nl + 1])
+            self._carry = b""
+            self._scan_region(boundary, 0, len(boundary))
+            start = first_nl + 1
+        last_nl = chunk.rfind(b"\n", start, end)
+        if last_nl < 0:
+            self._carry = bytes(chunk[start:end])
+            self._check_carry()
+            return
+        self._scan_region(chunk, start, last_nl + 1)
+        self._carry = bytes(chunk[last_nl + 1:end])
+        self._check_carry()
+
+    def _check_carry(self):
+        if len(self._carry) > self.max_line:
+            # A line longer than max_line: scan what we have and go on (the rest of that line is cut).
+            self.lines_cut += 1
+            self._scan_region(self._carry, 0, len(self._carry))
+            self._carry = b""
+
+    def _scan_region(self, buf, region_start, region_end):
+        """Handle every line of buf[region_start:region_end] holding a needle; the region holds whole lines."""
+        seen_starts = set()
+        for needle in self._needles:
+            pos = buf.find(needle, region_start, region_end)
+            while pos >= 0:
+                start = buf.rfind(b"\n", region_start, pos) + 1 if pos > region_start else region_start
+                start = max(start, region_start)
+                end = buf.find(b"\n", pos, region_end)
+                if end < 0:
+                    end = region_end
+                if start not in seen_starts:
+                    seen_starts.add(start)
+                    self._handle_line(bytes(buf[start:min(end, start + self.max_line)]))
+                pos = buf.find(needle, end, region_end)
+
+    def _handle_line(self, raw):
+        if len(raw) > self.max_line:
+            raw = raw[:self.max_line]
+        line = raw.decode("utf-8", "replace")
+        if ENGINE_NEEDLE in raw:
+            parsed = parse_engine_line(line)
+            if parsed:
+                self.engines.append(parsed)
+                return
+        if self.collect_warnings and any(rule[1] in raw for rule in WARNING_RULES):
+            found = classify_warning(line)
+            if found:
+                kind, level, message = found
+                key = (kind, message)
+                entry = self._warnings.get(key)
+                if entry:
+                    entry["count"] += 1
+                elif len(self._warnings) < self.max_warnings:
+                    self._warnings[key] = {"kind": kind, "level": level, "message": message, "count": 1}
+                else:
+                    self.warnings_dropped += 1
+
+    def close(self):
+        if self._carry:
+            self._scan_region(self._carry, 0, len(self._carry))
+            self._carry = b""
+
+    @property
+    def warnings(self):
+        return list(self._warnings.values())
+
+    def result(self):
+        """Close and summarise: the keys the engine_config module returns."""
+        self.close()
+        last = self.engines[-1] if self.engines else None
+        distinct = []
+        for eng in self.engines:
+            if eng["speculative_config"] not in distinct:
+                distinct.append(eng["speculative_config"])
+        return {
+            "found": last is not None,
+            "vllm_version": last["vllm_version"] if last else None,
+            "engine": last["engine"] if last else None,
+            "speculative_config": last["speculative_config"] if last else None,
+            "line": last["line"] if last else None,
+            "engine_lines_seen": len(self.engines),
+            "configs_seen": distinct if len(distinct) > 1 else [],
+            "log_warnings": self.warnings,
+            "bytes_scanned": self.bytes_scanned,
+        }
+
+
+def scan_chunks(chunks, **kwargs):
+    """Scan an iterable of byte/str chunks (or lines) and return the result dict."""
+    scanner = EngineLogScanner(**kwargs)
+    for chunk in chunks:
+        scanner.feed(chunk)
+    return scanner.result()
+
+
+def scan_text(text, **kwargs):
+    """Scan a whole log held in memory (str or bytes), chunk by chunk."""
+    scanner = EngineLogScanner(**kwargs)
+    for i in range(0, len(text), DEFAULT_CHUNK):
+        scanner.feed(text[i:i + DEFAULT_CHUNK])
+    return scanner.result()
+
+
+def scan_file(path, chunk_size=DEFAULT_CHUNK, **kwargs):
+    """Scan a log file in fixed-size chunks read into one reused buffer (bounded memory whatever its size)."""
+    scanner = EngineLogScanner(**kwargs)
+    buf = bytearray(chunk_size)
+    try:
+        with open(path, "rb", buffering=0) as handle:
+            while True:
+                count = handle.readinto(buf)
+                if not count:
+                    break
+                scanner.feed(buf, count)
+    except OSError as exc:
+        raise ValidationError("cannot read %s: %s" % (path, exc.strerror or exc), field="log_path",
+                              hint="give a readable log file on the host that runs the module") from exc
+    return scanner.result()
+
+
+def iter_needle_lines(chunks, needles, max_line=DEFAULT_MAX_LINE):
+    """Yield the decoded lines (without newline) of a chunk stream that contain any of the byte needles.
+
+    Same bounded-memory splitting as EngineLogScanner (only the unfinished last line is carried); order kept.
+    """
+    carry = b""
+    for chunk in chunks:
+        if not chunk:
+            continue
+        if isinstance(chunk, str):
+            chunk = chunk.encode("utf-8", "surrogateescape")
+        start, end = 0, len(chunk)
+        if carry:
+            first_nl = chunk.find(b"\n")
+            if first_nl < 0:
+                carry += chunk
+                if len(carry) > max_line:
+                    yield from _lines_with(carry, 0, len(carry), needles, max_line)
+                    carry = b""
+                continue
+            boundary = carry + chunk[:first_nl + 1]
+            carry = b""
+            yield from _lines_with(boundary, 0, len(boundary), needles, max_line)
+            start = first_nl + 1
+        last_nl = chunk.rfind(b"\n", start, end)
+        if last_nl < 0:
+            carry = chunk[start:]
+        else:
+            yield from _lines_with(chunk, start, last_nl + 1, needles, max_line)
+            carry = chunk[last_nl + 1:]
+        if len(carry) > max_line:
+            yield from _lines_with(carry, 0, len(carry), needles, max_line)
+            carry = b""
+    if carry:
+        yield from _lines_with(carry, 0, len(carry), needles, max_line)
+
+
+def _lines_with(buf, region_start, region_end, needles, max_line):
+    starts = {}
+    for needle in needles:
+        pos = buf.find(needle, region_start, region_end)
+        while pos >= 0:
+            start = max(buf.rfind(b"\n", region_start, pos) + 1, region_start)
+            end = buf.find(b"\n", pos, region_end)
+            if end < 0:
+                end = region_end
+            starts[start] = end
+            pos = buf.find(needle, end, region_end)
+    for start in sorted(starts):
+        yield bytes(buf[start:min(starts[start], start + max_line)]).decode("utf-8", "replace").rstrip("\r")
+
+
+def iter_file_chunks(path, chunk_size=DEFAULT_CHUNK, field="log_path"):
+    """Yield a file's bytes in chunks; a clear ValidationError when it cannot be read."""
+    try:
+        with open(path, "rb") as handle:
+            while True:
+                chunk = handle.read(chunk_size)
+                if not chunk:
+                    return
+                yield chunk
+    except OSError as exc:
+        raise ValidationError("cannot read %s: %s" % (path, exc.strerror or exc), field=field,
+                              hint="give a readable file on the host that runs the module") from exc
+
+
+def iter_text_chunks(text, chunk_size=DEFAULT_CHUNK):
+    """Yield an in-memory str/bytes in chunks."""
+    for i in range(0, len(text), chunk_size):
+        yield text[i:i + chunk_size]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Comparing with what was requested
+
+def expected_from_flag(config):
+    """Map a parsed ``--speculative-config`` dict (keys as the user wrote them) to an ``expected`` dict."""
+    if config is None:
+        return {"enabled": False}
+    cfg = {str(k).replace("-", "_"): v for k, v in dict(config).items()}
+    expected = {"enabled": True}
+    if cfg.get("method") is not None:
+        expected["method"] = cfg["method"]
+    if cfg.get("model") is not None:
+        expected["model"] = cfg["model"]
+    if cfg.get("num_speculative_tokens") is not None:
+        expected["num_speculative_tokens"] = cfg["num_speculative_tokens"]
+    expected["method_given"] = cfg.get("method") is not None
+    return expected
+
+
+def compare_expected(found, expected):
+    """Compare a parsed speculative_config (or None) with an ``expected`` dict.
+
+    expected keys (all optional): ``enabled`` (False: the engine must run without speculative decoding),
+    ``method``, ``model``, ``num_speculative_tokens``, ``method_given`` (False when the request omitted
+    ``method``, so a vLLM guess is explained rather than blamed).
+    Returns a list of human-readable differences (empty: it matches) and a list of notes.
+    """
+    diffs, notes = [], []
+    expected = dict(expected or {})
+    want_method = normalize_method(expected.get("method"))
+    want_model = _normalize_model(expected.get("model"))
+    want_num = expected.get("num_speculative_tokens")
+    enabled = expected.get("enabled")
+    if enabled is None:
+        enabled = any(v is not None for v in (want_method, want_model, want_num)) or None
+    if enabled is False:
+        if found is not None:
+            diffs.append("expected no speculative decoding (speculative_config=None), engine runs %s" % format_config(found))
+        return diffs, notes
+    if enabled is None:
+        return diffs, notes
+    if found is None:
+        diffs.append("expected %s, engine runs without speculative decoding (speculative_config=None)" % format_expected(expected))
+        return diffs, notes
+    got_method = normalize_method(found.get("method"))
+    if want_method is not None and got_method != want_method:
+        msg = "method: expected %r, engine runs %r" % (want_method, got_method)
+        if got_method in ("draft_model", "eagle", "eagle3") and expected.get("method_given") is False:
+            msg += " (%s)" % METHOD_GUESS_HINT
+        diffs.append(msg)
+    elif (want_method is None and expected.get("method_given") is False and got_method in ("draft_model", "eagle", "eagle3")):
+        notes.append("the request omitted \"method\" and vLLM chose %r: %s" % (got_method, METHOD_GUESS_HINT))
+    if expected.get("method") is not None and want_method != str(expected.get("method")).strip().lower():
+        notes.append("method %r is an alias that vLLM normalises to %r" % (expected.get("method"), want_method))
+    if want_model is not None and _normalize_model(found.get("model")) != want_model:
+        diffs.append("model: expected %r, engine runs %r" % (want_model, found.get("model")))
+    if want_num is not None:
+        try:
+            want_int = int(want_num)
+        except (TypeError, ValueError):
+            raise ValidationError("must be an integer, got %r" % (want_num,), field="expected.num_speculative_tokens",
+                                  hint="give the number of speculative tokens, e.g. 3") from None
+        if found.get("num_spec_tokens") != want_int:
+            diffs.append("num_speculative_tokens: expected %d, engine runs %r" % (want_int, found.get("num_spec_tokens")))
+    return diffs, notes
+
+
+def format_config(cfg):
+    if cfg is None:
+        return "speculative_config=None"
+    return "SpeculativeConfig(method=%r, model=%r, num_spec_tokens=%r)" % (cfg.get("method"), cfg.get("model"), cfg.get("num_spec_tokens"))
+
+
+def format_expected(expected):
+    parts = []
+    for key in ("method", "model", "num_speculative_tokens"):
+        if expected.get(key) is not None:
+            value = normalize_method(expected[key]) if key == "method" else expected[key]
+            parts.append("%s=%r" % (key, value))
+    return "{%s}" % ", ".join(parts) if parts else "speculative decoding enabled"
+
+
+NOT_FOUND_HINT = (
+    "the engine may still be starting (the line appears once the engine core starts, after the API server's "
+    "first lines), the log may be from the wrong container (vLLM runs in kserve-container by default; set "
+    "container), or the log window was cut (raise tail_lines/since_seconds, or set previous for a restarted "
+    "container). From vLLM 0.24 only data-parallel rank 0 prints it"
+)

@@ -1,0 +1,827 @@
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Find, strip and set vLLM's speculative-decoding flags in a container's command or args list.
+
+A list element is either one argv word (``--speculative-config``, its value, ``--speculative-config=<json>``,
+``-sc``, ``--spec-method``...) or a shell script (the element after ``bash -c``/``sh -c``, or any element that
+contains a flag as a shell word among other words). Scripts are edited at the byte level with a small
+bash-compatible lexer: only the flag and its value go, plus the whitespace/continuation that held them, so
+the script stays valid (no dangling ``\\``, no blank line that ends the command early) and every other
+byte is unchanged.
+
+Forms recognised (vLLM 0.10 to 0.33):
+
+* ``--speculative-config <json>`` / ``--speculative-config=<json>`` (also ``--speculative_config``),
+  the short alias ``-sc <json>`` / ``-sc=<json>``;
+* dotted keys ``--speculative-config.<key> <value>`` / ``--speculative-config.<key>=<value>``;
+* 0.24+ ``--spec-method``, ``--spec-model``, ``--spec-tokens`` (space or ``=`` form, ``_`` spelling too).
+
+Plain Python, no Ansible imports.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+
+# Flag name (as vLLM's argparse sees it after the shell) -> JSON key it sets (None: the whole JSON object).
+_JSON_FLAGS = ("--speculative-config", "--speculative_config", "-sc")
+_SPLIT_FLAGS = {
+    "--spec-method": "method",
+    "--spec_method": "method",
+    "--spec-model": "model",
+    "--spec_model": "model",
+    "--spec-tokens": "num_speculative_tokens",
+    "--spec_tokens": "num_speculative_tokens",
+}
+_DOTTED_PREFIXES = ("--speculative-config.", "--speculative_config.")
+_FLAG_HINT = "--speculative-config"
+_SCRIPT_SHELLS = ("bash", "sh", "dash", "zsh", "ksh", "ash")
+_VLLM_MODULE_RE = re.compile(r"(^|/)vllm(\.entrypoints\.[A-Za-z0-9_.]*api_server)?$")
+
+
+def classify_flag(word):
+    """Return (kind, key, inline_value) for an argv word that is a speculative flag, else None.
+
+    kind is ``json`` (whole config), ``dotted`` (one key of the config) or ``split`` (0.24+ flags);
+    inline_value is the text after ``=`` or None when the value is the next word.
+    """
+    if not isinstance(word, str) or not word.startswith("-"):
+        return None
+    name, sep, value = word.partition("=")
+    inline = value if sep else None
+    if name in _JSON_FLAGS:
+        return ("json", None, inline)
+    if name in _SPLIT_FLAGS:
+        return ("split", _SPLIT_FLAGS[name], inline)
+    for prefix in _DOTTED_PREFIXES:
+        if name.startswith(prefix) and len(name) > len(prefix):
+            return ("dotted", name[len(prefix):].replace("-", "_"), inline)
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# A small bash lexer that keeps byte offsets.
+# --------------------------------------------------------------------------------------------------
+
+_OPERATORS = sorted(
+    [";;&", ";;", ";&", "&&", "||", "|&", "&>>", "&>", ">>", "<<<", "<<-", "<<", "<>", ">&", "<&", ">|",
+     ";", "&", "|", "(", ")", "<", ">"],
+    key=len, reverse=True)
+_CONTROL_OPS = {";;&", ";;", ";&", "&&", "||", "|&", ";", "&", "|", "(", ")", "\n"}
+_META = set(" \t\n;&|()<>")
+
+
+class Token:
+    """A lexed shell token with its byte span in the script."""
+
+    __slots__ = ("kind", "start", "end", "value", "literal", "quote")
+
+    def __init__(self, kind, start, end, value=None, literal=True, quote=""):
+        self.kind = kind  # "word", "op", "comment"
+        self.start = start
+        self.end = end
+        self.value = value  # unquoted value for words, operator text for ops
+        self.literal = literal  # False when the word holds an expansion ($x, $(..), `..`)
+        self.quote = quote  # first quoting style used in the word: "'", '"', "$'", "\\" or ""
+
+    def __repr__(self):  # pragma: no cover - debugging aid
+        return "Token(%s, %d, %d, %r)" % (self.kind, self.start, self.end, self.value)
+
+
+class ShellSyntaxError(ValueError):
+    """The script has an unterminated quote or substitution."""
+
+
+def _skip_balanced(text, pos, opener, closer):
+    """Return the index just after the ``closer`` matching an already consumed ``opener``.
+
+    Quotes, escapes and nested substitutions inside are honoured (well enough for vLLM start scripts).
+    """
+    depth = 1
+    n = len(text)
+    while pos < n:
+        ch = text[pos]
+        if ch == "\\":
+            pos += 2
+            continue
+        if ch == "'":
+            end = text.find("'", pos + 1)
+            if end < 0:
+                raise ShellSyntaxError("unterminated single quote")
+            pos = end + 1
+            continue
+        if ch == '"':
+            pos = _skip_double(text, pos + 1)[0]
+            continue
+        if ch == "`":
+            pos = _skip_backtick(text, pos + 1)
+            continue
+        if ch == opener:
+            depth += 1
+        elif ch == closer:
+            depth -= 1
+            if depth == 0:
+                return pos + 1
+        pos += 1
+    raise ShellSyntaxError("unterminated %s...%s" % (opener, closer))
+
+
+def _skip_backtick(text, pos):
+    n = len(text)
+    while pos < n:
+        ch = text[pos]
+        if ch == "\\":
+            pos += 2
+            continue
+        if ch == "`":
+            return pos + 1
+        pos += 1
+    raise ShellSyntaxError("unterminated backquote")
+
+
+def _skip_dollar(text, pos):
+    """``text[pos] == '$'``: return (end, literal_value_or_None)."""
+    nxt = text[pos + 1:pos + 2]
+    if nxt == "(":
+        return _skip_balanced(text, pos + 2, "(", ")"), None
+    if nxt == "{":
+        return _skip_balanced(text, pos + 2, "{", "}"), None
+    m = re.match(r"\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!-])", text[pos:])
+    if m:
+        return pos + m.end(), None
+    return pos + 1, "$"  # a lone dollar is literal
+
+
+def _skip_double(text, pos):
+    """Inside double quotes from ``pos``; return (index after closing quote, value, literal)."""
+    out = []
+    literal = True
+    n = len(text)
+    while pos < n:
+        ch = text[pos]
+        if ch == '"':
+            return pos + 1, "".join(out), literal
+        if ch == "\\" and pos + 1 < n:
+            nxt = text[pos + 1]
+            if nxt == "\n":
+                pos += 2
+                continue
+            if nxt in '"\\$`':
+                out.append(nxt)
+                pos += 2
+                continue
+            out.append(ch)
+            pos += 1
+            continue
+        if ch == "$":
+            end, val = _skip_dollar(text, pos)
+            if val is None:
+                literal = False
+            else:
+                out.append(val)
+            pos = end
+            continue
+        if ch == "`":
+            pos = _skip_backtick(text, pos + 1)
+            literal = False
+            continue
+        out.append(ch)
+        pos += 1
+    raise ShellSyntaxError("unterminated double quote")
+
+
+_ANSI_C = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"', "a": "\a", "b": "\b",
+           "e": "\x1b", "E": "\x1b", "f": "\f", "v": "\v", "?": "?"}
+
+
+def _skip_ansi_c(text, pos):
+    """Inside ``$'...'`` from ``pos``; return (index after the closing quote, value)."""
+    out = []
+    n = len(text)
+    while pos < n:
+        ch = text[pos]
+        if ch == "'":
+            return pos + 1, "".join(out)
+        if ch == "\\" and pos + 1 < n:
+            nxt = text[pos + 1]
+            out.append(_ANSI_C.get(nxt, "\\" + nxt))
+            pos += 2
+            continue
+        out.append(ch)
+        pos += 1
+    raise ShellSyntaxError("unterminated $'...' quote")
+
+
+def tokenize(text):
+    """Lex a bash script into word/op/comment tokens with byte spans.
+
+    Backslash-newline outside quotes is a line continuation (removed, as bash does). Heredoc bodies are
+    skipped. Raises ShellSyntaxError on unterminated quotes.
+    """
+    tokens = []
+    pos = 0
+    n = len(text)
+    heredocs = []  # pending (delimiter, strip_tabs)
+    while pos < n:
+        ch = text[pos]
+        if ch in " \t":
+            pos += 1
+            continue
+        if ch == "\\" and text[pos + 1:pos + 2] == "\n":
+            pos += 2
+            continue
+        if ch == "\n":
+            tokens.append(Token("op", pos, pos + 1, "\n"))
+            pos += 1
+            if heredocs:
+                pos = _skip_heredocs(text, pos, heredocs)
+                heredocs = []
+            continue
+        if ch == "#":
+            end = text.find("\n", pos)
+            end = n if end < 0 else end
+            tokens.append(Token("comment", pos, end, text[pos:end]))
+            pos = end
+            continue
+        op = _match_operator(text, pos)
+        if op:
+            tokens.append(Token("op", pos, pos + len(op), op))
+            pos += len(op)
+            if op in ("<<", "<<-"):
+                heredocs.append((None, op == "<<-"))
+            continue
+        pos = _lex_word(text, pos, tokens)
+        # a word right after << is the heredoc delimiter
+        if len(tokens) >= 2 and tokens[-2].kind == "op" and tokens[-2].value in ("<<", "<<-") and heredocs \
+                and heredocs[-1][0] is None:
+            heredocs[-1] = (tokens[-1].value, heredocs[-1][1])
+    return tokens
+
+
+def _match_operator(text, pos):
+    for op in _OPERATORS:
+        if text.startswith(op, pos):
+            return op
+    return None
+
+
+def _lex_word(text, pos, tokens):
+    start = pos
+    out = []
+    literal = True
+    quote = ""
+    n = len(text)
+    while pos < n:
+        ch = text[pos]
+        if ch in _META:
+            if ch in "<>" and out and "".join(out).isdigit() and literal and not quote:
+                # ``2>`` style redirection: the digits belong to the operator
+                op = _match_operator(text, pos)
+                tokens.append(Token("op", start, pos + len(op), text[start:pos] + op))
+                return pos + len(op)
+            break
+        if ch == "\\":
+            if text[pos + 1:pos + 2] == "\n":
+                pos += 2
+                continue
+            if pos + 1 < n:
+                out.append(text[pos + 1])
+                quote = quote or "\\"
+                pos += 2
+                continue
+            out.append(ch)
+            pos += 1
+            continue
+        if ch == "'":
+            end = text.find("'", pos + 1)
+            if end < 0:
+                raise ShellSyntaxError("unterminated single quote at offset %d" % pos)
+            out.append(text[pos + 1:end])
+            quote = quote or "'"
+            pos = end + 1
+            continue
+        if ch == '"':
+            pos, val, lit = _skip_double(text, pos + 1)
+            out.append(val)
+            literal = literal and lit
+            quote = quote or '"'
+            continue
+        if ch == "$" and text[pos + 1:pos + 2] == "'":
+            pos, val = _skip_ansi_c(text, pos + 2)
+            out.append(val)
+            quote = quote or "$'"
+            continue
+        if ch == "$":
+            end, val = _skip_dollar(text, pos)
+            if val is None:
+                literal = False
+            else:
+                out.append(val)
+            pos = end
+            continue
+        if ch == "`":
+            pos = _skip_backtick(text, pos + 1)
+            literal = False
+            continue
+        out.append(ch)
+        pos += 1
+    tokens.append(Token("word", start, pos, "".join(out), literal, quote))
+    return pos
+
+
+def _skip_heredocs(text, pos, heredocs):
+    for delim, strip_tabs in heredocs:
+        if delim is None:
+            continue
+        while pos < len(text):
+            end = text.find("\n", pos)
+            line_end = len(text) if end < 0 else end
+            line = text[pos:line_end]
+            pos = line_end + 1 if end >= 0 else len(text)
+            if (line.lstrip("\t") if strip_tabs else line) == delim:
+                break
+    return pos
+
+
+def simple_commands(tokens):
+    """Group word tokens into simple commands: list of lists of (token, is_argument).
+
+    Redirection targets are marked is_argument=False; so is the command word itself.
+    """
+    commands = []
+    current = []
+    expect_target = False
+    for tok in tokens:
+        if tok.kind == "comment":
+            continue
+        if tok.kind == "op":
+            if tok.value in _CONTROL_OPS:
+                if current:
+                    commands.append(current)
+                current = []
+                expect_target = False
+            else:
+                expect_target = True
+                current.append((tok, False))
+            continue
+        if expect_target:
+            current.append((tok, False))
+            expect_target = False
+            continue
+        current.append((tok, True))
+    if current:
+        commands.append(current)
+    return commands
+
+
+# --------------------------------------------------------------------------------------------------
+# Occurrences
+# --------------------------------------------------------------------------------------------------
+
+class Occurrence:
+    """One speculative flag found in a list: where it is and what it says."""
+
+    __slots__ = ("index", "kind", "key", "raw", "form", "flag_token", "value_token", "has_value", "literal")
+
+    def __init__(self, index, kind, key, raw, form, flag_token=None, value_token=None, has_value=True, literal=True):
+        self.index = index  # list element holding the flag
+        self.kind = kind  # json | dotted | split
+        self.key = key
+        self.raw = raw  # the value text as vLLM receives it (None: no value)
+        self.form = form  # argv | argv_inline | script | script_inline
+        self.flag_token = flag_token
+        self.value_token = value_token
+        self.has_value = has_value
+        self.literal = literal  # False: the value is a shell expansion ($VAR, $(...)) known only at run time
+
+    def as_dict(self):
+        return {"index": self.index, "kind": self.kind, "key": self.key, "value": self.raw, "form": self.form}
+
+
+def _is_script_index(items, index):
+    """True when items[index] is the script of a ``<shell> -c`` invocation in the same list."""
+    if index >= 2 and items[index - 1] == "-c":
+        shell = str(items[index - 2]).rsplit("/", 1)[-1]
+        return shell in _SCRIPT_SHELLS or shell.startswith("bash")
+    return False
+
+
+def _looks_like_script(text):
+    return isinstance(text, str) and any(c in text for c in " \t\n;&|")
+
+
+def _script_occurrences(text, index):
+    try:
+        tokens = tokenize(text)
+    except ShellSyntaxError:
+        return None
+    found = []
+    for cmd in simple_commands(tokens):
+        words = list(cmd)
+        i = 0
+        while i < len(words):
+            tok, is_arg = words[i]
+            info = classify_flag(tok.value) if (tok.kind == "word" and is_arg) else None
+            if info and not tok.literal:
+                # `--speculative-config="$SPEC"`: fine when the expansion is only in the value
+                rawtok = text[tok.start:tok.end]
+                if info[2] is None or "=" not in rawtok or any(c in rawtok[:rawtok.index("=")] for c in "$`"):
+                    info = None
+            if info:
+                kind, key, inline = info
+                if inline is not None:
+                    if not tok.literal:
+                        rawtok = text[tok.start:tok.end]
+                        inline = rawtok[rawtok.index("=") + 1:]
+                    found.append(Occurrence(index, kind, key, inline, "script_inline", tok, None, literal=tok.literal))
+                    i += 1
+                    continue
+                nxt = words[i + 1] if i + 1 < len(words) else None
+                if nxt is not None and nxt[1] and nxt[0].kind == "word":
+                    raw = nxt[0].value if nxt[0].literal else _expansion_text(text, nxt[0])
+                    found.append(Occurrence(index, kind, key, raw, "script", tok, nxt[0], literal=nxt[0].literal))
+                    i += 2
+                    continue
+                found.append(Occurrence(index, kind, key, None, "script", tok, None, has_value=False))
+            i += 1
+    return found
+
+
+def _expansion_text(text, tok):
+    return text[tok.start:tok.end]
+
+
+def find_occurrences(items):
+    """Every speculative flag in a command/args list, in order."""
+    if not items:
+        return []
+    found = []
+    i = 0
+    items = list(items)
+    while i < len(items):
+        word = items[i]
+        if not isinstance(word, str):
+            i += 1
+            continue
+        if _is_script_index(items, i) or (classify_flag(word) is None and _FLAG_HINT_IN(word) and _looks_like_script(word)):
+            occ = _script_occurrences(word, i)
+            if occ:
+                found.extend(occ)
+            i += 1
+            continue
+        info = classify_flag(word)
+        if info:
+            kind, key, inline = info
+            if inline is not None:
+                found.append(Occurrence(i, kind, key, inline, "argv_inline"))
+                i += 1
+                continue
+            if i + 1 < len(items):
+                found.append(Occurrence(i, kind, key, str(items[i + 1]), "argv"))
+                i += 2
+                continue
+            found.append(Occurrence(i, kind, key, None, "argv", has_value=False))
+        i += 1
+    return found
+
+
+def _FLAG_HINT_IN(word):  # pylint: disable=invalid-name
+    return "--spec" in word or "-sc" in word
+
+
+def has_speculative_config(items):
+    return bool(find_occurrences(items))
+
+
+def _parse_value(raw):
+    try:
+        return json.loads(raw)
+    except (TypeError, ValueError):
+        return raw
+
+
+def config_from_occurrences(occurrences, field="command"):
+    """Merge occurrences the way vLLM does (JSON object, then dotted keys and split flags override)."""
+    if not occurrences:
+        return None
+    config = {}
+    for occ in occurrences:
+        if occ.raw is None:
+            raise ValidationError("%s has no value" % _describe(occ), field=field,
+                                  hint="give the flag a JSON value or remove it")
+        if not occ.literal:
+            raise ValidationError(
+                "the %s value is a shell expansion (%s), known only inside the running container" % (_describe(occ), occ.raw[:200]),
+                field=field, hint="write the JSON inline in the command, or read what the engine runs with the engine_config module")
+        if occ.kind == "json":
+            try:
+                value = json.loads(occ.raw)
+            except ValueError as exc:
+                raise ValidationError(
+                    "the --speculative-config value is not JSON (%s): %r" % (exc, occ.raw[:200]), field=field,
+                    hint="write the value as a JSON object, e.g. '{\"method\":\"ngram\",\"num_speculative_tokens\":5}'"
+                ) from None
+            if not isinstance(value, dict):
+                raise ValidationError("the --speculative-config value is not a JSON object: %r" % occ.raw[:200],
+                                      field=field, hint="use a JSON object such as {\"method\": \"ngram\", ...}")
+            config = dict(value)
+        elif occ.kind == "split" and occ.key == "num_speculative_tokens":
+            try:
+                config[occ.key] = int(occ.raw)
+            except ValueError:
+                config[occ.key] = occ.raw
+        elif occ.kind == "split":
+            config[occ.key] = occ.raw
+        else:
+            config[occ.key] = _parse_value(occ.raw)
+    return {str(k).replace("-", "_"): v for k, v in config.items()}
+
+
+def _describe(occ):
+    return {"json": "--speculative-config", "split": "--spec-*", "dotted": "--speculative-config.<key>"}[occ.kind]
+
+
+def find_speculative_config(command_list, args_list=None):
+    """Return the speculative config a vLLM command line passes (a dict), or None when it has none.
+
+    ``command_list`` may be a container's command and ``args_list`` its args (both are searched, in
+    the order the container sees them). Raises ValidationError when the flag is present but its value
+    cannot be read (not JSON, or missing).
+    """
+    occ = find_occurrences(command_list or []) + find_occurrences(args_list or [])
+    return config_from_occurrences(occ)
+
+
+# --------------------------------------------------------------------------------------------------
+# Stripping
+# --------------------------------------------------------------------------------------------------
+
+def _removal_span(text, start, end):
+    """Span to delete for a flag (+value) at text[start:end] so the script stays valid and tidy."""
+    # left context
+    left = start
+    while left > 0 and text[left - 1] in " \t":
+        left -= 1
+    at_line_start = left == 0 or text[left - 1] == "\n"
+    continued_from_above = at_line_start and left >= 2 and text[left - 2] == "\\" and _escaped_newline(text, left - 1)
+    # right context
+    right = end
+    while right < len(text) and text[right] in " \t":
+        right += 1
+    cont_after = text.startswith("\\\n", right)
+    line_ends_after = right >= len(text) or text[right] == "\n" or text[right] == "#"
+
+    if at_line_start and cont_after:
+        # `  --flag value \` on its own continued line: drop the whole line, the previous `\` carries on
+        return left, right + 2
+    if continued_from_above and (line_ends_after or not cont_after):
+        if line_ends_after:
+            # last line of a continued command: drop it together with the previous line's ` \`
+            p = left - 2
+            while p > 0 and text[p - 1] in " \t":
+                p -= 1
+            return p, end
+        # followed by more words on the same line: keep the line, drop flag + value + following blanks
+        return start, right
+    if at_line_start:
+        if right >= len(text):
+            # the last line holds only the flag: remove it with the newline before it
+            return (left - 1 if left > 0 else left), right
+        if text[right] == "\n":
+            return left, right + 1
+        return start, right
+    # mid-line: drop the blanks before the flag, keep what follows
+    return left, end
+
+
+def _escaped_newline(text, nl_index):
+    """True when the newline at nl_index is preceded by an odd number of backslashes (a continuation)."""
+    count = 0
+    i = nl_index - 1
+    while i >= 0 and text[i] == "\\":
+        count += 1
+        i -= 1
+    return count % 2 == 1
+
+
+def strip_script(text, keep_anchor=False):
+    """Remove every speculative flag (and its value) from a shell script. Returns the new text.
+
+    With keep_anchor, the first ``--speculative-config <value>`` stays (set_speculative_config replaces it).
+    """
+    for _attempt in range(10000):
+        occ = _script_occurrences(text, 0)
+        if occ is None:
+            return text
+        if keep_anchor:
+            anchor = _anchor(occ)
+            occ = [o for o in occ if o is not anchor]
+        if not occ:
+            return text
+        last = occ[-1]
+        start = last.flag_token.start
+        end = last.value_token.end if last.value_token is not None else last.flag_token.end
+        a, b = _removal_span(text, start, end)
+        text = text[:a] + text[b:]
+    return text  # pragma: no cover
+
+
+def _anchor(occurrences):
+    return next((o for o in occurrences if o.kind == "json" and o.has_value), None)
+
+
+def strip_speculative_config(items, keep_anchor=False):
+    """Return a copy of a command/args list without any speculative flag; a no-op when there is none."""
+    if items is None:
+        return None
+    items = list(items)
+    occ = find_occurrences(items)
+    anchor = _anchor(occ) if keep_anchor else None
+    if not occ or occ == [anchor]:
+        return items
+    drop = set()
+    scripts = set()
+    for o in occ:
+        if o.form.startswith("script"):
+            scripts.add(o.index)
+        elif o is anchor:
+            continue
+        elif o.form == "argv":
+            drop.add(o.index)
+            if o.has_value:
+                drop.add(o.index + 1)
+        else:
+            drop.add(o.index)
+    result = []
+    for i, word in enumerate(items):
+        if i in drop:
+            continue
+        if i in scripts:
+            keep_here = anchor is not None and anchor.index == i
+            new = strip_script(word, keep_anchor=keep_here)
+            if not new.strip() and not _is_script_index(items, i):
+                continue  # the element held nothing but the flag and its value
+            result.append(new)
+            continue
+        result.append(word)
+    return result
+
+
+# --------------------------------------------------------------------------------------------------
+# Setting
+# --------------------------------------------------------------------------------------------------
+
+def shell_quote(value, style="'"):
+    """Quote a value for a bash script in the given style (``'`` or ``"``)."""
+    if style == '"':
+        return '"' + re.sub(r'(["\\$`])', r"\\\1", value) + '"'
+    return "'" + value.replace("'", "'\\''") + "'"
+
+
+def _is_vllm_invocation(words):
+    """True when the simple command's words invoke vLLM's API server (python -m ... or ``vllm serve``)."""
+    values = [w.value for w in words]
+    for i, val in enumerate(values):
+        if val == "-m" and i + 1 < len(values) and values[i + 1].startswith("vllm.entrypoints"):
+            return True
+        if _VLLM_MODULE_RE.search(val or "") and val.endswith("vllm") and i + 1 < len(values) and values[i + 1] == "serve":
+            return True
+        if val and "vllm.entrypoints" in val and val.endswith(".py"):
+            return True
+    return False
+
+
+def _argv_is_vllm(items):
+    words = [str(w) for w in items]
+    for i, val in enumerate(words):
+        if val == "-m" and i + 1 < len(words) and words[i + 1].startswith("vllm.entrypoints"):
+            return True
+        if val.rsplit("/", 1)[-1] == "vllm" and i + 1 < len(words) and words[i + 1] == "serve":
+            return True
+    return False
+
+
+def _script_insert(text, canonical_json):
+    """Insert ``--speculative-config '<json>'`` after the last argument of the vLLM invocation in a script."""
+    try:
+        tokens = tokenize(text)
+    except ShellSyntaxError:
+        return None
+    for cmd in simple_commands(tokens):
+        words = [tok for tok, _is_arg in cmd if tok.kind == "word"]
+        if not _is_vllm_invocation(words):
+            continue
+        args = [tok for tok, is_arg in cmd if is_arg and tok.kind == "word"]
+        last = args[-1]
+        flag = "--speculative-config " + shell_quote(canonical_json, "'")
+        # continued-line style: the invocation spans lines joined by `\`
+        first = cmd[0][0]
+        rest = text[last.end:].lstrip(" \t")
+        if "\\\n" in text[first.start:last.end] and (not rest or rest[0] in "\n#"):
+            line_start = text.rfind("\n", 0, last.start) + 1
+            indent = re.match(r"[ \t]*", text[line_start:]).group(0)
+            prev_cont = text.rfind("\\\n", first.start, last.start)
+            sep = " \\\n" if text[prev_cont - 1:prev_cont] in (" ", "\t") else "\\\n"
+            return text[:last.end] + sep + indent + flag + text[last.end:]
+        return text[:last.end] + " " + flag + text[last.end:]
+    return None
+
+
+def _replace_value_in_script(text, occ, canonical_json):
+    """Replace one script occurrence's value, keeping its quoting style (single quotes when unquoted)."""
+    tok = occ.flag_token if occ.form == "script_inline" else occ.value_token
+    style = '"' if tok.quote == '"' else "'"
+    new = shell_quote(canonical_json, style)
+    if occ.form == "script_inline":
+        new = tok.value.partition("=")[0] + "=" + new
+    return text[:tok.start] + new + text[tok.end:]
+
+
+def set_speculative_config(command_list, canonical_json):
+    """Set the speculative config in one command (or args) list; returns the new list.
+
+    See set_speculative_config_in for the rules; use that one when the container has both command and args.
+    """
+    return set_speculative_config_in(command_list, None, canonical_json)[0]
+
+
+def set_speculative_config_in(command_list, args_list, canonical_json):
+    """Set the speculative config to ``canonical_json`` in a container's command and args.
+
+    Replaces the first ``--speculative-config`` value (keeping its form and quoting style) and removes every
+    other speculative flag (``--spec-*`` and dotted keys would override or conflict with the JSON); when
+    there is none, inserts ``--speculative-config '<json>'`` after the vLLM invocation's last argument in a
+    ``bash -c`` script, or appends ``--speculative-config <json>`` to an argv list (to args when the
+    container has args). Returns ``(command, args)``; lists come back unchanged when the same config (as
+    parsed JSON) is already the only speculative flag.
+    """
+    try:
+        wanted = json.loads(canonical_json)
+    except (TypeError, ValueError):
+        raise ValidationError("is not JSON: %r" % (canonical_json,), field="config",
+                              hint="pass the canonical JSON from the speculative_config module") from None
+    command = list(command_list) if command_list is not None else None
+    args = list(args_list) if args_list is not None else None
+    occ_cmd = find_occurrences(command or [])
+    occ_args = find_occurrences(args or [])
+    occ_all = occ_cmd + occ_args
+    if not occ_all:
+        return _insert(command, args, canonical_json)
+    try:
+        current = config_from_occurrences(occ_all)
+    except ValidationError:
+        current = None
+    if current == wanted and len(occ_all) == 1 and occ_all[0].kind == "json":
+        return command, args
+    anchor = _anchor(occ_all)
+    if anchor is None:
+        command = strip_speculative_config(command)
+        args = strip_speculative_config(args)
+        return _insert(command, args, canonical_json)
+    if anchor in occ_cmd:
+        command = _set_anchor(command, canonical_json)
+        args = strip_speculative_config(args)
+    else:
+        command = strip_speculative_config(command)
+        args = _set_anchor(args, canonical_json)
+    return command, args
+
+
+def _set_anchor(items, canonical_json):
+    """Strip every flag but the first JSON one, then give that one the new value (same form and quoting)."""
+    items = strip_speculative_config(items, keep_anchor=True)
+    anchor = _anchor(find_occurrences(items))
+    if anchor.form == "argv":
+        items[anchor.index + 1] = canonical_json
+    elif anchor.form == "argv_inline":
+        items[anchor.index] = items[anchor.index].partition("=")[0] + "=" + canonical_json
+    else:
+        items[anchor.index] = _replace_value_in_script(items[anchor.index], anchor, canonical_json)
+    return items
+
+
+def _insert(command, args, canonical_json):
+    for name, items in (("command", command), ("args", args)):
+        if not items:
+            continue
+        for i, word in enumerate(items):
+            if isinstance(word, str) and (_is_script_index(items, i) or (name == "args" and _looks_like_script(word) and "vllm" in word)):
+                new = _script_insert(word, canonical_json)
+                if new is not None:
+                    items = list(items)
+                    items[i] = new
+                    return (items, args) if name == "command" else (command, items)
+    # argv style: append to args when there are args, else to the command
+    if args:
+        return command, list(args) + ["--speculative-config", canonical_json]
+    if command:
+        if not _argv_is_vllm(command) and not any("vllm" in str(w) for w in command):
+            raise ValidationError("no vLLM invocation found to add --speculative-config to", field="command",
+                                  hint="the predictor must run `python3 -m vllm.entrypoints.openai.api_server` or `vllm serve`")
+        return list(command) + ["--speculative-config", canonical_json], args
+    raise ValidationError("the container has neither command nor args to add --speculative-config to", field="command",
+                          hint="set the vLLM command in spec.predictor.model.command or args first")

@@ -1,0 +1,588 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: spec_benchmark
+short_description: A/B benchmark of a baseline and a speculative-decoding vLLM endpoint, with a keep/roll-back decision
+version_added: 0.1.0
+description:
+  - Sends the same fixed list of prompts, in the same order and with identical request parameters, to a baseline
+    and a candidate (speculative decoding) OpenAI-compatible endpoint, streaming with usage, and measures every
+    request the way C(vllm bench serve) does. TTFT is the first streamed chunk, ITL the gap between chunks (per
+    chunk, not per token), E2EL the last chunk, and TPOT = (E2EL - TTFT) / (output tokens - 1) with output tokens
+    from C(usage.completion_tokens).
+  - Follows the guide's protocol. Temperature 0, a fixed seed and O(max_tokens) (default 1024). At least 3 warmup
+    requests per side are discarded. Each prompt runs 5 to 10 times. The report gives medians (not means)
+    with p90 and p99, output tokens/s and requests/s. Concurrency and a target request rate are configurable.
+  - Reads the candidate's C(/metrics) before and after the measured requests. From the deltas it reports mean
+    acceptance length, acceptance rate and per-position rates, and the ceiling conversion
+    (speedup / mean acceptance length). It also reports both sides' prefix cache hit rates, so cache effects
+    are not mistaken for speculative-decoding gains.
+  - Decides V(keep) only if median TTFT, median TPOT (per-token latency) and output throughput all improve at
+    the target load (within O(tolerances)), else V(roll_back) with the reasons.
+  - Writes a Markdown and a JSON report and PNG plots (per-position acceptance curve; latency distributions
+    baseline vs candidate) to O(report_dir). It refuses, before sending any request, to produce a report
+    missing any of the guide's required fields. Those are Hardware (GPU model and count), Model (identifier
+    and dtype), Runtime (vLLM version, image), Request parameters, and the baseline and speculative-decoding
+    commands.
+  - One endpoint can be measured in two phases around a rollout. Run O(phase=baseline) before it (this saves
+    the measurements to O(baseline_results)), roll out, then run O(phase=candidate).
+  - A module cannot stream output. Progress goes to O(progress_file), one line per request (C(tail -f) it).
+author:
+  - Alauda Platform Team (@alauda)
+options:
+  baseline_url:
+    description:
+      - Base URL of the baseline server (no speculative decoding), for example V(http://llama.ns.svc:8080).
+        A trailing C(/v1) is accepted.
+      - Required unless O(phase=candidate).
+    type: str
+  candidate_url:
+    description:
+      - Base URL of the speculative-decoding server. Required unless O(phase=baseline).
+    type: str
+  phase:
+    description:
+      - V(both) measures O(baseline_url) and then O(candidate_url) and writes the report.
+      - V(baseline) measures O(baseline_url) only and saves the measurements to O(baseline_results).
+      - V(candidate) measures O(candidate_url), loads the baseline measurements from O(baseline_results), and
+        writes the report. The request parameters must equal those of the baseline phase.
+    type: str
+    choices: [both, baseline, candidate]
+    default: both
+  baseline_results:
+    description:
+      - File holding the baseline phase's measurements. Defaults to C(baseline-results.json) in O(report_dir).
+    type: path
+  baseline_model:
+    description:
+      - Served model name of the baseline. Defaults to the first id of the server's C(GET /v1/models).
+    type: str
+  candidate_model:
+    description:
+      - Served model name of the candidate. Defaults to the first id of the server's C(GET /v1/models).
+    type: str
+  api:
+    description:
+      - OpenAI API to call. V(chat) sends C(messages) to C(/v1/chat/completions). V(completions) sends
+        C(prompt) to C(/v1/completions).
+    type: str
+    choices: [chat, completions]
+    default: chat
+  workload:
+    description:
+      - Built-in workload. V(code_refactor) asks to add docstrings and type hints to a 30-line Python class and
+        return it whole. V(general_chat) asks to explain a concept in at least 800 words.
+      - Ignored when O(prompts_file) is given.
+    type: str
+    choices: [code_refactor, general_chat]
+    default: code_refactor
+  prompts_file:
+    description:
+      - JSONL file of prompts, one per line. Each line is a JSON string, or an object with C(prompt) or
+        C(messages) and an optional C(id). The file order is kept.
+    type: path
+  num_prompts:
+    description:
+      - Use only the first N prompts of the workload or file.
+    type: int
+  runs_per_prompt:
+    description:
+      - Measured runs of each prompt (the guide asks for 5 to 10). Rounds go over the prompts in order.
+    type: int
+    default: 5
+  warmup:
+    description:
+      - Warmup requests per side, discarded (at least 3).
+    type: int
+    default: 3
+  concurrency:
+    description:
+      - Requests in flight at once (the target load).
+    type: int
+    default: 1
+  request_rate:
+    description:
+      - Target requests per second. Requests are released at this rate and still bounded by O(concurrency).
+        Unset means all at once.
+    type: float
+  arrival:
+    description:
+      - Arrival process for O(request_rate). V(poisson) gives exponential gaps, V(fixed) equal gaps. Both are
+        seeded by O(seed).
+    type: str
+    choices: [poisson, fixed]
+    default: poisson
+  temperature:
+    description: Sampling temperature (the guide uses 0).
+    type: float
+    default: 0.0
+  max_tokens:
+    description: Maximum output tokens per request.
+    type: int
+    default: 1024
+  seed:
+    description: Seed sent with every request and used for the arrival times.
+    type: int
+    default: 0
+  extra_body:
+    description:
+      - Further request fields sent to both sides, for example C(ignore_eos) or C(top_p). The report lists them
+        as sampling switches. They cannot override the fields the module sets.
+    type: dict
+    default: {}
+  bearer_token:
+    description: Bearer token for both endpoints (C(Authorization) header).
+    type: str
+  headers:
+    description: Extra HTTP headers for both endpoints.
+    type: dict
+    default: {}
+  validate_certs:
+    description: Verify TLS certificates of https endpoints.
+    type: bool
+    default: true
+  ca_path:
+    description: CA bundle for https endpoints.
+    type: path
+  timeout:
+    description: Seconds to wait for each response chunk before the request counts as failed.
+    type: float
+    default: 600
+  scrape_metrics:
+    description:
+      - Read C(/metrics) of both sides before and after the measured requests (acceptance and prefix cache).
+    type: bool
+    default: true
+  report_dir:
+    description: Folder for the report, plots, raw per-request measurements and the progress log.
+    type: path
+    required: true
+  report_name:
+    description: Base name of the report files.
+    type: str
+    default: report
+  report_context:
+    description:
+      - The report's context. Fields the module cannot measure are read from the cluster by the
+        C(alauda.spec_decoding.benchmark) role or given by the user.
+      - Keys are C(gpu_model), C(gpu_count), C(model) (identifier), C(dtype), C(vllm_version), C(image),
+        C(baseline_command) and C(candidate_command) (string or argv list). These are required.
+      - Without C(model) or C(dtype), they are read from C(candidate_command) (C(--served-model-name) or C(--model);
+        C(--dtype)), also inside C(bash -c) scripts, with C($VARS) expanded from C(candidate_env) (a dict or
+        KServe's list of C(name)/C(value)).
+      - Optional keys are C(candidate_env), C(hardware_notes), C(speculative_config) and C(notes).
+    type: dict
+    default: {}
+  tolerances:
+    description:
+      - How much worse a metric may be and still count as improved, as a fraction. Keys are C(ttft) and
+        C(tpot) (median latency may be up to that fraction higher) and C(throughput) (output tokens/s may be up
+        to that fraction lower). Each defaults to 0.
+    type: dict
+    default: {}
+  plots:
+    description: Write the PNG plots.
+    type: bool
+    default: true
+  title:
+    description: Report title.
+    type: str
+  progress_file:
+    description: Progress log path. Defaults to C(<report_name>-progress.log) in O(report_dir).
+    type: path
+extends_documentation_fragment:
+  - alauda.spec_decoding.attributes.READ_ONLY
+  - alauda.spec_decoding.attributes.ACTION_GROUP
+notes:
+  - C(changed) is always false. The module only sends inference requests and writes its own report files.
+  - Plots use matplotlib (Agg) when it is installed on the host that runs the module. Otherwise a built-in PNG
+    writer draws the same curves without axis labels.
+  - Prefix caching is on by default in vLLM V1. Either turn it off on both sides (C(--no-enable-prefix-caching))
+    or read the hit rates in the report.
+seealso:
+  - name: vllm bench serve
+    description: The reference benchmark whose metric definitions this module follows.
+    link: https://docs.vllm.ai/en/latest/cli/bench/serve.html
+"""
+
+EXAMPLES = r"""
+- name: A/B the deployed pair and decide
+  alauda.spec_decoding.spec_benchmark:
+    baseline_url: http://llama-baseline.models.svc.cluster.local
+    candidate_url: http://llama-eagle3.models.svc.cluster.local
+    workload: code_refactor
+    concurrency: 4
+    report_dir: /tmp/spec-bench
+    report_context:
+      gpu_model: NVIDIA-A100-SXM4-80GB
+      gpu_count: 1
+      model: meta-llama/Llama-3.1-8B-Instruct
+      dtype: bfloat16
+      vllm_version: 0.32.0
+      image: vllm/vllm-openai:v0.32.0
+      baseline_command: "python3 -m vllm.entrypoints.openai.api_server --model /mnt/models"
+      candidate_command: "python3 -m vllm.entrypoints.openai.api_server --model /mnt/models --speculative-config '{...}'"
+  register: bench
+
+- name: Show the decision
+  ansible.builtin.debug:
+    msg: "{{ bench.decision }}: {{ bench.reasons | join('; ') }} (report {{ bench.report_markdown }})"
+
+- name: One endpoint, two phases - before the rollout
+  alauda.spec_decoding.spec_benchmark:
+    phase: baseline
+    baseline_url: http://llama.models.svc
+    report_dir: /tmp/spec-bench
+
+- name: One endpoint, two phases - after the rollout
+  alauda.spec_decoding.spec_benchmark:
+    phase: candidate
+    candidate_url: http://llama.models.svc
+    report_dir: /tmp/spec-bench
+    report_context: "{{ my_context }}"
+"""
+
+RETURN = r"""
+decision:
+  description: V(keep) or V(roll_back). Not returned for O(phase=baseline).
+  returned: when a report was written
+  type: str
+  sample: keep
+reasons:
+  description: Why the decision came out as it did.
+  returned: when a report was written
+  type: list
+  elements: str
+speedup:
+  description: Output tokens/s of the candidate divided by the baseline's.
+  returned: when a report was written
+  type: float
+  sample: 1.62
+comparison:
+  description: Medians and changes, wall-time delta, acceptance numbers and ceiling conversion.
+  returned: when a report was written
+  type: dict
+acceptance:
+  description:
+    - The candidate's speculative-decoding numbers over the measured run, from C(/metrics) deltas. The keys
+      are C(mean_acceptance_length), C(acceptance_rate) (a fraction), C(per_position) and the counts.
+  returned: when a report was written and the candidate exposes the counters
+  type: dict
+baseline:
+  description: Baseline summary (medians, p90, p99, throughputs), prefix cache and warmup info.
+  returned: always
+  type: dict
+candidate:
+  description: Candidate summary, as for RV(baseline).
+  returned: when the candidate was measured
+  type: dict
+report_markdown:
+  description: Path of the Markdown report.
+  returned: when a report was written
+  type: str
+report_json:
+  description: Path of the JSON report.
+  returned: when a report was written
+  type: str
+plots:
+  description: Paths of the PNG plots (C(acceptance), C(latency)).
+  returned: when a report was written
+  type: dict
+requests_file:
+  description: Path of the raw per-request measurements (JSON).
+  returned: always
+  type: str
+baseline_results:
+  description: Path of the saved baseline measurements.
+  returned: when O(phase=baseline)
+  type: str
+progress_file:
+  description: Path of the progress log.
+  returned: always
+  type: str
+"""
+
+import datetime
+import json
+import os
+import threading
+import time
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_client, bench_report, bench_stats, bench_workloads
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import spec_metrics
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+
+RESULTS_SCHEMA = "alauda.spec_decoding/benchmark-side/v1"
+
+
+class Progress:
+    """Appends one line per event to the progress file (the module cannot stream to the terminal)."""
+
+    def __init__(self, path):
+        self.path = path
+        self.lock = threading.Lock()
+        self.started = time.monotonic()
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write("%s spec_benchmark started\n" % _now())
+
+    def line(self, text):
+        with self.lock, open(self.path, "a", encoding="utf-8") as handle:
+            handle.write("%s +%7.1fs %s\n" % (_now(), time.monotonic() - self.started, text))
+
+    def request(self, label, done, total, record):
+        if record.get("success"):
+            detail = "ttft=%.1fms e2el=%.1fms tokens=%s" % (record["ttft"] * 1000, record["latency"] * 1000, record.get("output_tokens"))
+        else:
+            detail = "FAILED %s" % (record.get("error") or "")[:200]
+        self.line("%s %d/%d %s %s" % (label, done, total, record.get("prompt_id"), detail))
+
+
+def _now():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def request_parameters(params, prompts):
+    return {
+        "api": params["api"],
+        "workload": params["prompts_file"] or params["workload"],
+        "num_prompts": len(prompts),
+        "temperature": params["temperature"],
+        "max_tokens": params["max_tokens"],
+        "seed": params["seed"],
+        "concurrency": params["concurrency"],
+        "request_rate": params["request_rate"],
+        "arrival": params["arrival"] if params["request_rate"] else None,
+        "runs_per_prompt": params["runs_per_prompt"],
+        "warmup_requests": params["warmup"],
+        "sampling": dict(params["extra_body"] or {}, seed=params["seed"], temperature=params["temperature"]),
+    }
+
+
+def check_protocol(params):
+    if not 5 <= params["runs_per_prompt"] <= 10:
+        raise ValidationError("must be between 5 and 10, got %d" % params["runs_per_prompt"], field="runs_per_prompt",
+                              hint="the guide's protocol runs each prompt 5-10 times and reports medians")
+    if params["warmup"] < 3:
+        raise ValidationError("must be at least 3, got %d" % params["warmup"], field="warmup",
+                              hint="the guide discards at least 3 warmup requests per service")
+    if params["max_tokens"] < 1:
+        raise ValidationError("must be at least 1", field="max_tokens")
+    if params["request_rate"] is not None and params["request_rate"] <= 0:
+        raise ValidationError("must be positive", field="request_rate", hint="leave it unset to send all requests at once")
+
+
+def _scrape(endpoint, enabled):
+    if not enabled:
+        return None
+    try:
+        return endpoint.metrics_text()
+    except SpecDecodingError:
+        return None
+
+
+def _acceptance(before_text, after_text, model_name):
+    if before_text is None or after_text is None or not spec_metrics.HAS_PROMETHEUS_CLIENT:
+        return None
+    after = spec_metrics.parse_prometheus(after_text)
+    name = model_name if model_name in after.all_model_names else None
+    after = spec_metrics.parse_prometheus(after_text, model_name=name)
+    before = spec_metrics.parse_prometheus(before_text, model_name=name)
+    if not after.found:
+        return None
+    summary = spec_metrics.summarize(after.delta(before))
+    return {
+        "mean_acceptance_length": summary["mean_acceptance_length"],
+        "acceptance_rate": summary["draft_acceptance_rate"],
+        "per_position": summary["per_position_acceptance_rate"],
+        "num_drafts": summary["num_drafts"],
+        "num_draft_tokens": summary["num_draft_tokens"],
+        "num_accepted_tokens": summary["num_accepted_tokens"],
+        "accepted_tokens_per_position": summary["accepted_tokens_per_position"],
+        "diagnosis": summary["diagnosis"]["status"],
+        "counter_reset": summary["counter_reset"],
+    }
+
+
+def measure(name, endpoint, prompts, params, request, progress):
+    """Warm up, scrape, measure, scrape; returns the side dict (summary, records, metrics deltas)."""
+    progress.line("%s: %s (%s API), %d warmup + %d measured requests" % (
+        name, endpoint.url, endpoint.api, params["warmup"], len(prompts) * params["runs_per_prompt"]))
+    scrapes = {}
+
+    def before():
+        scrapes["before"] = _scrape(endpoint, params["scrape_metrics"])
+
+    result = bench_client.measure_side(
+        endpoint, prompts, request["params"], runs_per_prompt=params["runs_per_prompt"], warmup=params["warmup"],
+        concurrency=params["concurrency"], request_rate=params["request_rate"], arrival=params["arrival"], seed=params["seed"],
+        progress=progress.request, label=name, before_measure=before)
+    after = _scrape(endpoint, params["scrape_metrics"])
+    cache = bench_client.prefix_cache_delta(
+        bench_client.prefix_cache_counters(scrapes.get("before"), endpoint.model),
+        bench_client.prefix_cache_counters(after, endpoint.model))
+    summary = bench_stats.summarize_run(result["records"], result["duration_s"])
+    progress.line("%s done: %d ok, %d failed, %.1f s, median TTFT %s ms, median TPOT %s ms, %.1f output tok/s" % (
+        name, summary["completed"], summary["failed"], summary["duration_s"], _r(summary["ttft_ms"]["median"]),
+        _r(summary["tpot_ms"]["median"]), summary["output_throughput"] or 0))
+    return {
+        "url": endpoint.url,
+        "model": endpoint.model,
+        "api": endpoint.api,
+        "summary": summary,
+        "prefix_cache": cache,
+        "warmup": result["warmup"],
+        "acceptance": _acceptance(scrapes.get("before"), after, endpoint.model),
+        "records": result["records"],
+    }
+
+
+def _r(value):
+    return "n/a" if value is None else "%.2f" % value
+
+
+def _endpoint(params, side):
+    return bench_client.Endpoint(
+        params["%s_url" % side], model=params["%s_model" % side], api=params["api"], token=params["bearer_token"],
+        headers=params["headers"], timeout=params["timeout"], validate_certs=params["validate_certs"], ca_path=params["ca_path"],
+        field="%s_url" % side)
+
+
+def _write_json(path, data):
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def public_side(side):
+    return {k: v for k, v in side.items() if k != "records"}
+
+
+def run(params):
+    check_protocol(params)
+    report_dir = params["report_dir"]
+    os.makedirs(report_dir, exist_ok=True)
+    name = params["report_name"]
+    progress = Progress(params["progress_file"] or os.path.join(report_dir, "%s-progress.log" % name))
+    prompts = bench_workloads.load_workload(params["workload"], params["prompts_file"], params["num_prompts"])
+    request = request_parameters(params, prompts)
+    request["params"] = {"max_tokens": params["max_tokens"], "temperature": params["temperature"], "seed": params["seed"],
+                         "extra_body": dict(params["extra_body"] or {})}
+    public_request = {k: v for k, v in request.items() if k != "params"}
+    phase = params["phase"]
+    baseline_results = params["baseline_results"] or os.path.join(report_dir, "baseline-results.json")
+    context = None
+    if phase != "baseline":
+        context = bench_report.build_context(params["report_context"], public_request)
+        bench_report.require_complete(context)  # refuse before spending time on requests
+    out = {"changed": False, "progress_file": progress.path}
+
+    if phase in ("both", "baseline"):
+        baseline = measure("baseline", _endpoint(params, "baseline"), prompts, params, request, progress)
+    else:
+        baseline = load_baseline(baseline_results, public_request, prompts)
+    if phase == "baseline":
+        _write_json(baseline_results, {"schema": RESULTS_SCHEMA, "request": public_request,
+                                       "prompt_ids": [p["id"] for p in prompts], "side": baseline})
+        out.update(baseline=public_side(baseline), baseline_results=baseline_results, requests_file=baseline_results)
+        progress.line("baseline saved to %s" % baseline_results)
+        return out
+
+    candidate = measure("candidate", _endpoint(params, "candidate"), prompts, params, request, progress)
+    acceptance = candidate.get("acceptance")
+    report = bench_report.build_report(
+        public_side(baseline), public_side(candidate), context, tolerances=params["tolerances"], acceptance=acceptance,
+        title=params["title"], generated_at=_now())
+    paths = bench_report.write_report(report, report_dir, records={"baseline": baseline["records"], "candidate": candidate["records"]},
+                                      plots=params["plots"], basename=name)
+    requests_file = os.path.join(report_dir, "%s-requests.json" % name)
+    _write_json(requests_file, {"baseline": baseline["records"], "candidate": candidate["records"]})
+    progress.line("decision %s; report %s" % (report["decision"]["decision"], paths["markdown"]))
+    out.update(
+        decision=report["decision"]["decision"], reasons=report["decision"]["reasons"], speedup=report["comparison"]["speedup"],
+        comparison=report["comparison"], acceptance=acceptance, baseline=public_side(baseline), candidate=public_side(candidate),
+        report_markdown=paths["markdown"], report_json=paths["json"], plots=paths["plots"], requests_file=requests_file,
+        notes=report["notes"])
+    return out
+
+
+def load_baseline(path, request, prompts):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise ValidationError("cannot read the baseline measurements %s (%s)" % (path, exc), field="baseline_results",
+                              hint="run the module with phase=baseline first (same report_dir), or point baseline_results at its file")
+    if data.get("schema") != RESULTS_SCHEMA:
+        raise ValidationError("%s is not a spec_benchmark baseline file" % path, field="baseline_results")
+    differ = sorted(k for k in set(request) | set(data.get("request") or {}) if request.get(k) != (data.get("request") or {}).get(k))
+    if differ or data.get("prompt_ids") != [p["id"] for p in prompts]:
+        raise ValidationError("request parameters differ from the baseline phase (%s)" % (", ".join(differ) or "prompts"),
+                              field="baseline_results", hint="both phases must use identical parameters and prompts")
+    return data["side"]
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            baseline_url=dict(type="str"),
+            candidate_url=dict(type="str"),
+            phase=dict(type="str", choices=["both", "baseline", "candidate"], default="both"),
+            baseline_results=dict(type="path"),
+            baseline_model=dict(type="str"),
+            candidate_model=dict(type="str"),
+            api=dict(type="str", choices=list(bench_client.APIS), default="chat"),
+            workload=dict(type="str", choices=list(bench_workloads.WORKLOADS), default="code_refactor"),
+            prompts_file=dict(type="path"),
+            num_prompts=dict(type="int"),
+            runs_per_prompt=dict(type="int", default=5),
+            warmup=dict(type="int", default=3),
+            concurrency=dict(type="int", default=1),
+            request_rate=dict(type="float"),
+            arrival=dict(type="str", choices=list(bench_client.ARRIVALS), default="poisson"),
+            temperature=dict(type="float", default=0.0),
+            max_tokens=dict(type="int", default=1024, no_log=False),
+            seed=dict(type="int", default=0),
+            extra_body=dict(type="dict", default={}),
+            bearer_token=dict(type="str", no_log=True),
+            headers=dict(type="dict", default={}, no_log=True),
+            validate_certs=dict(type="bool", default=True),
+            ca_path=dict(type="path"),
+            timeout=dict(type="float", default=600.0),
+            scrape_metrics=dict(type="bool", default=True),
+            report_dir=dict(type="path", required=True),
+            report_name=dict(type="str", default="report"),
+            report_context=dict(type="dict", default={}),
+            tolerances=dict(type="dict", default={}),
+            plots=dict(type="bool", default=True),
+            title=dict(type="str"),
+            progress_file=dict(type="path"),
+        ),
+        required_if=[
+            ("phase", "both", ("baseline_url", "candidate_url")),
+            ("phase", "baseline", ("baseline_url",)),
+            ("phase", "candidate", ("candidate_url",)),
+        ],
+        supports_check_mode=True,
+    )
+    if module.params["scrape_metrics"] and not spec_metrics.HAS_PROMETHEUS_CLIENT:
+        module.fail_json(msg=missing_required_lib("prometheus_client"), exception=str(spec_metrics.PROMETHEUS_IMPORT_ERROR))
+    try:
+        result = run(module.params)
+    except SpecDecodingError as exc:
+        module.fail_json(msg=str(exc), field=exc.field)
+    except OSError as exc:
+        module.fail_json(msg="spec_benchmark: %s" % exc)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

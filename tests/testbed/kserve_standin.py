@@ -1,0 +1,492 @@
+"""A KServe controller stand-in for the loopback test bed (Standard / raw-deployment mode only).
+
+It reconciles `serving.kserve.io/v1beta1` InferenceServices the way KServe v0.20's raw-deployment path does,
+so product code sees the same objects and status it would see on a real cluster:
+
+- adds the `inferenceservice.finalizers` finalizer and removes it when the InferenceService is deleted
+  (owned objects then go through the controller manager's garbage collector, as on a real cluster);
+- creates/updates Deployment `<isvc>-predictor` and Service `<isvc>-predictor` (owner reference to the
+  InferenceService). Labels as KServe sets them: `app: isvc.<isvc>-predictor` (selector),
+  `component: predictor`, `serving.kserve.io/inferenceservice: <isvc>`, plus the InferenceService's own
+  labels; the main container is `kserve-container`, built from the ServingRuntime/ClusterServingRuntime
+  container with the predictor.model fields (image, command, args, env, resources, ...) laid over it, or from
+  `predictor.containers[0]`. Storage: `pvc://claim/path` (storageUri or storageUris) becomes a PVC volume
+  mount with subPath; other URIs get a `storage-initializer` init container and an emptyDir; `oci://` gets
+  the Modelcar sidecar `modelcar` and init container `modelcar-init`;
+- the controller manager then makes ReplicaSets and Pods (a new spec => new ReplicaSet => new pods, a real
+  rolling update), and the kubelet stand-in binds and runs them;
+- status: `PredictorReady` from the Deployment's Available/Progressing/ReplicaFailure conditions with
+  KServe's PropagateRawStatus rules (Progressing=True with reason NewReplicaSetAvailable => True, another
+  reason => Unknown; Available=False or ReplicaFailure=True => False), `IngressReady` True (no ingress
+  class here), `Ready` = both True (knative living condition set), `url`, `address.url`,
+  `components.predictor.url`, `modelStatus` (Pending/Loaded, copies), `deploymentMode`, the runtime name, and
+  `observedGeneration` = metadata.generation once the Deployment for that generation has been observed by
+  the Deployment controller. (KServe itself copies the Deployment's observedGeneration there, which can lag
+  or differ in number; tests get the value they can compare with metadata.generation.)
+
+Test controls (never visible to product code):
+    standin.set_behaviour(namespace, name, ready_after=2.0, logs={"kserve-container": "text"})
+    standin.set_behaviour(namespace, name, never_ready=True)
+    standin.set_behaviour(namespace, name, crash_loop=True, previous_logs={...})
+`generation=N` limits a behaviour to pods of that InferenceService generation (pods carry the annotation
+`testbed.alauda.io/isvc-generation`). `strict_runtimes=True` reports a missing runtime the way KServe does
+(modelStatus InvalidSpec / RuntimeNotRecognized, no Deployment); by default a missing runtime is treated as a
+generic vLLM runtime so manifests that name a runtime of the real cluster work unchanged.
+"""
+from __future__ import annotations
+
+import copy
+import datetime
+import hashlib
+import json
+import threading
+import time
+
+from .kubelet import PodBehaviour
+
+GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
+FINALIZER = "inferenceservice.finalizers"
+GEN_ANNOTATION = "testbed.alauda.io/isvc-generation"
+HASH_ANNOTATION = "testbed.alauda.io/spec-hash"
+DEFAULT_RUNTIME_IMAGE = "registry.invalid/kserve/vllm-standin:latest"
+STORAGE_INITIALIZER_IMAGE = "kserve/storage-initializer:v0.20.0"
+INGRESS_DOMAIN = "example.com"
+MODEL_FIELDS = ("image", "command", "args", "env", "envFrom", "resources", "ports", "securityContext",
+                "volumeMounts", "livenessProbe", "readinessProbe", "startupProbe", "workingDir", "imagePullPolicy",
+                "lifecycle")
+COMPONENT_FIELDS = {"model", "containers", "minReplicas", "maxReplicas", "scaleTarget", "scaleMetric",
+                    "scaleMetricType", "containerConcurrency", "timeout", "canaryTrafficPercent", "logger",
+                    "batcher", "labels", "annotations", "deploymentStrategy", "autoScaling", "storageUri",
+                    "storageUris", "storage", "workerSpec", "sklearn", "xgboost", "tensorflow", "pytorch",
+                    "triton", "onnx", "huggingface", "pmml", "lightgbm", "paddle", "initContainers", "volumes"}
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _normalise_mode(value: str | None) -> str:
+    return {"RawDeployment": "Standard", "Serverless": "Knative"}.get(value or "Standard", value or "Standard")
+
+
+class KServeStandIn:
+    """Reconciles InferenceServices in a background thread. start()/stop() or a context manager."""
+
+    def __init__(self, controlplane, kubelet=None, poll_interval: float = 0.1, strict_runtimes: bool = False,
+                 progress_deadline_seconds: int | None = None, idle_interval: float = 0.5):
+        self.cp = controlplane
+        self.kubelet = kubelet
+        self.poll_interval = poll_interval
+        self.idle_interval = idle_interval
+        self.strict_runtimes = strict_runtimes
+        self.progress_deadline_seconds = progress_deadline_seconds
+        self._stop = threading.Event()
+        self._thread = None
+        self.errors = []
+        self.reconciles = 0
+
+    # ---------------------------------------------------------------------------------------------
+    # test controls
+
+    def set_behaviour(self, namespace: str, name: str, ready_after: float | None = 0.0, never_ready: bool = False,
+                      logs: dict | None = None, log_text: str | None = None, previous_logs: dict | None = None,
+                      crash_loop: bool = False, generation: int | None = None, pod_ip: str = "127.0.0.1") -> None:
+        """How predictor pods of namespace/name behave (delegated to the kubelet stand-in)."""
+        if self.kubelet is None:
+            raise RuntimeError("set_behaviour needs the kubelet stand-in (KServeStandIn(cp, kubelet=...))")
+        logs = dict(logs or {})
+        if log_text is not None:
+            logs["kserve-container"] = log_text
+        behaviour = PodBehaviour(ready_after=None if never_ready else ready_after, logs=logs,
+                                 previous_logs=dict(previous_logs or {}), crash_loop=crash_loop, pod_ip=pod_ip)
+
+        def match(pod):
+            meta = pod["metadata"]
+            if meta["namespace"] != namespace or \
+                    (meta.get("labels") or {}).get("serving.kserve.io/inferenceservice") != name:
+                return False
+            return generation is None or (meta.get("annotations") or {}).get(GEN_ANNOTATION) == str(generation)
+        self.kubelet.set_behaviour(match, behaviour)
+
+    # ---------------------------------------------------------------------------------------------
+    # lifecycle
+
+    def start(self) -> "KServeStandIn":
+        self._thread = threading.Thread(target=self._loop, name="kserve-standin", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def _loop(self) -> None:
+        from .rest import ApiError  # pylint: disable=import-outside-toplevel
+        api = self.cp.rest()
+        try:
+            last_rv, last_change = None, time.monotonic()
+            while not self._stop.is_set():
+                try:
+                    isvcs = api.get(f"/apis/{GROUP}/{VERSION}/{PLURAL}")
+                    deps = api.get("/apis/apps/v1/deployments", labelSelector="component=predictor")
+                    rv = (isvcs["metadata"].get("resourceVersion"), deps["metadata"].get("resourceVersion"))
+                    if rv != last_rv:
+                        last_rv, last_change = rv, time.monotonic()
+                    for isvc in isvcs["items"]:
+                        try:
+                            self.reconcile(api, isvc)
+                        except ApiError as exc:
+                            if exc.status not in (404, 409):
+                                self.errors.append(f"reconcile {isvc['metadata']['namespace']}/"
+                                                   f"{isvc['metadata']['name']}: {exc}")
+                except Exception as exc:  # pylint: disable=broad-except
+                    if not self._stop.is_set():
+                        self.errors.append(f"kserve stand-in loop: {exc!r}")
+                # Poll fast while InferenceServices or predictor Deployments change, slowly when idle.
+                busy = time.monotonic() - last_change < 3
+                self._stop.wait(self.poll_interval if busy else self.idle_interval)
+        finally:
+            api.close()
+
+    # ---------------------------------------------------------------------------------------------
+    # reconcile
+
+    def reconcile(self, api, isvc: dict) -> None:
+        meta = isvc["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}/{name}"
+        finalizers = meta.get("finalizers") or []
+        if meta.get("deletionTimestamp"):
+            if FINALIZER in finalizers:
+                api.patch(path, {"metadata": {"finalizers": [f for f in finalizers if f != FINALIZER],
+                                              "resourceVersion": meta["resourceVersion"]}})
+            return
+        if FINALIZER not in finalizers:
+            api.patch(path, {"metadata": {"finalizers": finalizers + [FINALIZER],
+                                          "resourceVersion": meta["resourceVersion"]}})
+            return  # the next poll sees the new resourceVersion
+        self.reconciles += 1
+        predictor = (isvc.get("spec") or {}).get("predictor") or {}
+        runtime, runtime_kind = self._resolve_runtime(api, predictor, ns)
+        status = copy.deepcopy(isvc.get("status") or {})
+        status["deploymentMode"] = _normalise_mode((meta.get("annotations") or {}).get(
+            "serving.kserve.io/deploymentMode"))
+        if runtime is None:
+            want = (predictor.get("model") or {}).get("runtime")
+            status.update(self._invalid_runtime_status(status, want))
+            status["observedGeneration"] = meta.get("generation")
+            self._write_status(api, isvc, status)
+            return
+        if runtime_kind:
+            status.pop("servingRuntimeName", None)
+            status.pop("clusterServingRuntimeName", None)
+            status["servingRuntimeName" if runtime_kind == "ServingRuntime" else "clusterServingRuntimeName"] = \
+                runtime["metadata"]["name"]
+        deployment = self._desired_deployment(isvc, predictor, runtime)
+        live = self._apply_deployment(api, deployment)
+        self._apply_service(api, isvc)
+        status = self._status(isvc, status, live)
+        self._write_status(api, isvc, status)
+
+    def _resolve_runtime(self, api, predictor: dict, ns: str):
+        """Return (runtime object or a generic one, kind or None); (None, None) if strict and missing."""
+        from .rest import ApiError  # pylint: disable=import-outside-toplevel
+        model = predictor.get("model")
+        if model is None:
+            return {"spec": {"containers": []}, "metadata": {"name": ""}}, None
+        wanted = model.get("runtime")
+        sources = (("ServingRuntime", f"/apis/{GROUP}/v1alpha1/namespaces/{ns}/servingruntimes"),
+                   ("ClusterServingRuntime", f"/apis/{GROUP}/v1alpha1/clusterservingruntimes"))
+        if wanted:
+            for kind, base in sources:
+                try:
+                    return api.get(f"{base}/{wanted}"), kind
+                except ApiError as exc:
+                    if exc.status != 404:
+                        raise
+        else:
+            fmt = (model.get("modelFormat") or {}).get("name")
+            for kind, base in sources:
+                for rt in api.get(base)["items"]:
+                    formats = [f.get("name") for f in (rt.get("spec") or {}).get("supportedModelFormats") or []
+                               if f.get("autoSelect")]
+                    if fmt in formats and not (rt.get("spec") or {}).get("disabled"):
+                        return rt, kind
+        if self.strict_runtimes:
+            return None, None
+        generic = {"metadata": {"name": wanted or "kserve-vllm-standin"},
+                   "spec": {"containers": [{"name": "kserve-container", "image": DEFAULT_RUNTIME_IMAGE,
+                                            "ports": [{"containerPort": 8080, "protocol": "TCP"}]}]}}
+        return generic, None
+
+    @staticmethod
+    def _invalid_runtime_status(status: dict, wanted: str | None) -> dict:
+        now = _now()
+        msg = f"Specified runtime {wanted} does not exist" if wanted else "No runtime found to support the model"
+        reason = "RuntimeNotRecognized" if wanted else "NoSupportingRuntime"
+        conditions = [
+            {"type": "IngressReady", "status": "Unknown", "lastTransitionTime": now},
+            {"type": "PredictorReady", "status": "Unknown", "lastTransitionTime": now},
+            {"type": "Ready", "status": "Unknown", "lastTransitionTime": now},
+        ]
+        return {"conditions": _merge_conditions(status.get("conditions"), conditions),
+                "modelStatus": {"transitionStatus": "InvalidSpec",
+                                "states": {"activeModelState": "", "targetModelState": "FailedToLoad"},
+                                "lastFailureInfo": {"reason": reason, "message": msg}}}
+
+    # -- objects ----------------------------------------------------------------------------------
+
+    def _labels(self, isvc: dict) -> dict:
+        name = isvc["metadata"]["name"]
+        labels = dict(isvc["metadata"].get("labels") or {})
+        labels.update({"app": f"isvc.{name}-predictor", "component": "predictor",
+                       "serving.kserve.io/inferenceservice": name})
+        return labels
+
+    def _owner(self, isvc: dict) -> list:
+        return [{"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService", "name": isvc["metadata"]["name"],
+                 "uid": isvc["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
+
+    def _container(self, predictor: dict, runtime: dict) -> dict:
+        if predictor.get("model") is None and predictor.get("containers"):
+            container = copy.deepcopy(predictor["containers"][0])
+            container["name"] = "kserve-container"
+            return container
+        base = {}
+        for c in (runtime.get("spec") or {}).get("containers") or []:
+            if c.get("name") == "kserve-container":
+                base = copy.deepcopy(c)
+        if not base and (runtime.get("spec") or {}).get("containers"):
+            base = copy.deepcopy(runtime["spec"]["containers"][0])
+        base["name"] = "kserve-container"
+        base.setdefault("image", DEFAULT_RUNTIME_IMAGE)
+        model = predictor.get("model") or {}
+        for field in MODEL_FIELDS:
+            if field not in model:
+                continue
+            if field == "env":
+                merged = {e["name"]: e for e in base.get("env") or []}
+                for e in model["env"]:
+                    merged[e["name"]] = e
+                base["env"] = list(merged.values())
+            else:
+                base[field] = copy.deepcopy(model[field])
+        return base
+
+    def _desired_deployment(self, isvc: dict, predictor: dict, runtime: dict) -> dict:
+        meta = isvc["metadata"]
+        name = meta["name"]
+        labels = self._labels(isvc)
+        annotations = {k: v for k, v in (meta.get("annotations") or {}).items()
+                       if k != "kubectl.kubernetes.io/last-applied-configuration"}
+        container = self._container(predictor, runtime)
+        pod_spec = {k: copy.deepcopy(v) for k, v in predictor.items() if k not in COMPONENT_FIELDS}
+        pod_spec["containers"] = [container] + [copy.deepcopy(c) for c in (predictor.get("containers") or [])[1:]]
+        if predictor.get("initContainers"):
+            pod_spec["initContainers"] = copy.deepcopy(predictor["initContainers"])
+        if predictor.get("volumes"):
+            pod_spec["volumes"] = copy.deepcopy(predictor["volumes"])
+        model = predictor.get("model") or {}
+        uris = []
+        if model.get("storageUri") or predictor.get("storageUri"):
+            uris.append({"uri": model.get("storageUri") or predictor.get("storageUri"), "mountPath": "/mnt/models"})
+        for entry in predictor.get("storageUris") or []:
+            uris.append({"uri": entry["uri"], "mountPath": entry.get("mountPath") or "/mnt/models"})
+        self._add_storage(pod_spec, container, uris)
+        template_annotations = dict(annotations)
+        template_annotations[GEN_ANNOTATION] = str(meta.get("generation"))
+        replicas = max(1, int(predictor.get("minReplicas") or 1))
+        spec = {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": f"isvc.{name}-predictor"}},
+            "template": {"metadata": {"labels": labels, "annotations": template_annotations}, "spec": pod_spec},
+        }
+        if self.progress_deadline_seconds:
+            spec["progressDeadlineSeconds"] = self.progress_deadline_seconds
+        digest = hashlib.sha256(json.dumps({"spec": spec, "labels": labels}, sort_keys=True).encode()).hexdigest()
+        dep_annotations = dict(annotations)
+        dep_annotations[HASH_ANNOTATION] = digest[:16]
+        return {"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": f"{name}-predictor", "namespace": meta["namespace"], "labels": labels,
+                             "annotations": dep_annotations, "ownerReferences": self._owner(isvc)},
+                "spec": spec}
+
+    @staticmethod
+    def _add_storage(pod_spec: dict, container: dict, uris: list) -> None:
+        volumes = pod_spec.setdefault("volumes", [])
+        mounts = container.setdefault("volumeMounts", [])
+        init = pod_spec.setdefault("initContainers", [])
+        for i, entry in enumerate(uris):
+            uri, mount = entry["uri"], entry["mountPath"]
+            if uri.startswith("pvc://"):
+                claim, _sep, sub = uri[len("pvc://"):].partition("/")
+                vol = f"kserve-pvc-source-{i}" if i else "kserve-pvc-source"
+                volumes.append({"name": vol, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+                m = {"name": vol, "mountPath": mount, "readOnly": True}
+                if sub:
+                    m["subPath"] = sub
+                mounts.append(m)
+            elif uri.startswith("oci://"):
+                image = uri[len("oci://"):]
+                pod_spec["shareProcessNamespace"] = True
+                pod_spec["containers"].append({
+                    "name": "modelcar" if i == 0 else f"modelcar-{i}", "image": image,
+                    "args": ["sh", "-c", f"ln -sf /proc/$$/root/models {mount} && sleep infinity"],
+                    "volumeMounts": [{"name": "kserve-provision-location", "mountPath": mount.rsplit("/", 1)[0] or "/"}],
+                })
+                init.append({"name": "modelcar-init" if i == 0 else f"modelcar-init-{i}", "image": image,
+                             "args": ["sh", "-c", '[ -d /models ] && [ "$(ls -A /models)" ]']})
+                if not any(v["name"] == "kserve-provision-location" for v in volumes):
+                    volumes.append({"name": "kserve-provision-location", "emptyDir": {}})
+                    mounts.append({"name": "kserve-provision-location", "mountPath": mount.rsplit("/", 1)[0] or "/",
+                                   "readOnly": True})
+            else:
+                if not any(v["name"] == "kserve-provision-location" for v in volumes):
+                    volumes.append({"name": "kserve-provision-location", "emptyDir": {}})
+                    mounts.append({"name": "kserve-provision-location", "mountPath": "/mnt/models",
+                                   "readOnly": True})
+                init.append({"name": "storage-initializer" if i == 0 else f"storage-initializer-{i}",
+                             "image": STORAGE_INITIALIZER_IMAGE, "args": [uri, mount],
+                             "volumeMounts": [{"name": "kserve-provision-location", "mountPath": "/mnt/models"}]})
+        if not volumes:
+            pod_spec.pop("volumes")
+        if not mounts:
+            container.pop("volumeMounts")
+        if not init:
+            pod_spec.pop("initContainers")
+
+    @staticmethod
+    def _apply_deployment(api, desired: dict) -> dict:
+        from .rest import ApiError  # pylint: disable=import-outside-toplevel
+        meta = desired["metadata"]
+        base = f"/apis/apps/v1/namespaces/{meta['namespace']}/deployments"
+        try:
+            live = api.get(f"{base}/{meta['name']}")
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            return api.post(base, desired)
+        if (live["metadata"].get("annotations") or {}).get(HASH_ANNOTATION) == meta["annotations"][HASH_ANNOTATION]:
+            return live
+        live["metadata"]["labels"] = meta["labels"]
+        live["metadata"]["annotations"] = meta["annotations"]
+        live["spec"]["template"] = desired["spec"]["template"]
+        live["spec"]["replicas"] = desired["spec"]["replicas"]
+        if "progressDeadlineSeconds" in desired["spec"]:
+            live["spec"]["progressDeadlineSeconds"] = desired["spec"]["progressDeadlineSeconds"]
+        return api.put(f"{base}/{meta['name']}", live)
+
+    def _apply_service(self, api, isvc: dict) -> None:
+        from .rest import ApiError  # pylint: disable=import-outside-toplevel
+        name, ns = isvc["metadata"]["name"], isvc["metadata"]["namespace"]
+        try:
+            api.get(f"/api/v1/namespaces/{ns}/services/{name}-predictor")
+            return
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+        api.post(f"/api/v1/namespaces/{ns}/services", {
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": f"{name}-predictor", "namespace": ns, "labels": self._labels(isvc),
+                         "ownerReferences": self._owner(isvc)},
+            "spec": {"selector": {"app": f"isvc.{name}-predictor"},
+                     "ports": [{"name": f"{name}-predictor", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}})
+
+    # -- status -----------------------------------------------------------------------------------
+
+    def _status(self, isvc: dict, status: dict, deployment: dict) -> dict:
+        meta = isvc["metadata"]
+        name, ns = meta["name"], meta["namespace"]
+        dstatus = deployment.get("status") or {}
+        conds = {c["type"]: c for c in dstatus.get("conditions") or []}
+        observed = dstatus.get("observedGeneration", 0) >= deployment["metadata"].get("generation", 1)
+        # KServe PropagateRawStatus
+        pred = {"type": "PredictorReady", "status": "False", "reason": ""}
+        avail = conds.get("Available")
+        if avail and avail["status"] == "True":
+            pred = {"type": "PredictorReady", "status": "True", "reason": avail.get("reason", ""),
+                    "message": avail.get("message", "")}
+        prog = conds.get("Progressing")
+        if prog:
+            if prog["status"] == "False":
+                if prog.get("message"):
+                    pred = {"type": "PredictorReady", "status": "False", "reason": prog.get("reason", ""),
+                            "message": prog["message"]}
+            elif prog["status"] == "True":
+                pred = {"type": "PredictorReady", "status": "True" if prog.get("reason") == "NewReplicaSetAvailable"
+                        else "Unknown", "reason": prog.get("reason", ""), "message": prog.get("message", "")}
+        if avail and avail["status"] == "False":
+            pred = {"type": "PredictorReady", "status": "False", "reason": avail.get("reason", ""),
+                    "message": avail.get("message", "")}
+        failure = conds.get("ReplicaFailure")
+        if failure and failure["status"] == "True":
+            pred = {"type": "PredictorReady", "status": "False", "reason": failure.get("reason", ""),
+                    "message": failure.get("message", "")}
+        if not observed:
+            pred = {"type": "PredictorReady", "status": "Unknown", "reason": "DeploymentNotObserved",
+                    "message": "waiting for the Deployment controller to observe the new spec"}
+        if pred["status"] == "True":
+            # knative MarkTrue keeps neither reason nor message
+            pred = {"type": "PredictorReady", "status": "True"}
+        ingress = {"type": "IngressReady", "status": "True"}
+        if pred["status"] == "True":
+            ready = {"type": "Ready", "status": "True"}
+        else:
+            ready = {k: v for k, v in pred.items() if k != "type" and v}
+            ready["type"] = "Ready"
+        status["conditions"] = _merge_conditions(status.get("conditions"), [ingress, pred, ready])
+        component = dict((status.get("components") or {}).get("predictor") or {})
+        if pred["status"] == "True":
+            component["url"] = f"http://{name}-predictor-{ns}.{INGRESS_DOMAIN}"
+        status["components"] = dict(status.get("components") or {}, predictor=component)
+        status["url"] = f"http://{name}-{ns}.{INGRESS_DOMAIN}"
+        status["address"] = {"url": f"http://{name}-predictor.{ns}.svc.cluster.local"}
+        ready_copies = int(dstatus.get("readyReplicas") or 0)
+        model_state = "Loaded" if ready["status"] == "True" else "Pending"
+        prev_active = ((status.get("modelStatus") or {}).get("states") or {}).get("activeModelState") or "Pending"
+        status["modelStatus"] = {
+            "transitionStatus": "UpToDate" if model_state == "Loaded" else "InProgress",
+            "states": {"activeModelState": "Loaded" if model_state == "Loaded" else prev_active,
+                       "targetModelState": model_state},
+            "copies": {"failedCopies": 0, "totalCopies": ready_copies},
+        }
+        if observed:
+            status["observedGeneration"] = meta.get("generation")
+        return status
+
+    @staticmethod
+    def _write_status(api, isvc: dict, status: dict) -> None:
+        old = isvc.get("status") or {}
+        if _strip_times(old) == _strip_times(status):
+            return
+        meta = isvc["metadata"]
+        body = {"apiVersion": isvc["apiVersion"], "kind": isvc["kind"], "metadata": meta, "spec": isvc.get("spec"),
+                "status": status}
+        api.put(f"/apis/{GROUP}/{VERSION}/namespaces/{meta['namespace']}/{PLURAL}/{meta['name']}/status", body)
+
+
+def _strip_times(status: dict) -> str:
+    status = copy.deepcopy(status)
+    for cond in status.get("conditions") or []:
+        cond.pop("lastTransitionTime", None)
+    return json.dumps(status, sort_keys=True)
+
+
+def _merge_conditions(old, new) -> list:
+    """Knative-style: keep lastTransitionTime when the status did not change; sorted by type."""
+    old_by_type = {c["type"]: c for c in old or []}
+    merged = []
+    for cond in new:
+        cond = {k: v for k, v in cond.items() if v not in (None, "")}
+        prev = old_by_type.get(cond["type"])
+        cond["lastTransitionTime"] = prev.get("lastTransitionTime") if prev and prev.get("status") == cond["status"] \
+            and prev.get("lastTransitionTime") else _now()
+        merged.append(cond)
+    return sorted(merged, key=lambda c: c["type"])

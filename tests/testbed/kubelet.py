@@ -1,0 +1,440 @@
+"""A kubelet stand-in for the loopback control plane: one Node, pod binding, pod status, and container logs.
+
+What it does, and why:
+- Registers a Node (address InternalIP 127.0.0.1, `status.daemonEndpoints.kubeletEndpoint.port` = its HTTPS
+  port) so the API server's real `pods/log` endpoint proxies to it (the API server is started with
+  `--kubelet-preferred-address-types=InternalIP`, `--kubelet-client-certificate/-key` and
+  `--kubelet-certificate-authority`; this server requires that client certificate).
+- Serves `GET /containerLogs/<namespace>/<pod>/<container>` with `tailLines`, `sinceSeconds`, `sinceTime`,
+  `timestamps`, `limitBytes`, `previous` and a simple `follow`, from files written with `write_log()` (CRI
+  log format, like the real kubelet's files, so each line keeps its time). That makes `kubectl logs`,
+  `kubernetes.core.k8s_log` and `CoreV1Api.read_namespaced_pod_log` return real text.
+- Plays scheduler + kubelet for pods: binds Pending pods without a node to this node (pods/binding), then
+  marks them Running (podIP 127.0.0.1) and Ready according to a behaviour (ready after N seconds, never
+  ready, crash-looping), and finishes graceful deletion (delete with grace period 0) like a kubelet does
+  once the containers stopped. Behaviours are chosen per pod by `set_behaviour(match, PodBehaviour(...))`.
+
+Not served: exec/attach/port-forward, /metrics, /stats. `pods/proxy` cannot reach a loopback pod IP
+because the API server refuses to proxy to loopback addresses (IsProxyableIP), so test HTTP endpoints
+("/metrics" of a fake vLLM) must be reached directly on 127.0.0.1.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import http.server
+import os
+import shutil
+import socketserver
+import ssl
+import tempfile
+import threading
+import time
+import urllib.parse
+import uuid
+
+from .controlplane import free_port
+
+NODE_NAME = "testbed-node"
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def _rfc3339(ts: datetime.datetime) -> str:
+    return ts.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _rfc3339nano(ts: datetime.datetime) -> str:
+    return ts.strftime("%Y-%m-%dT%H:%M:%S.%f") + "000Z"
+
+
+def _parse_time(text: str) -> datetime.datetime:
+    text = text.strip()
+    if text.endswith("Z"):
+        text = text[:-1]
+    if "." in text:
+        main, frac = text.split(".", 1)
+        text = f"{main}.{frac[:6]}"
+    return datetime.datetime.fromisoformat(text).replace(tzinfo=datetime.timezone.utc)
+
+
+@dataclasses.dataclass
+class PodBehaviour:
+    """How the stand-in kubelet runs a matching pod.
+
+    ready_after: seconds from start until the Ready condition turns True; None = never ready.
+    logs: container name -> text written as that container's log when the pod starts.
+    previous_logs: container name -> text of the previous (crashed) instance; restartCount becomes 1.
+    crash_loop: containers stay waiting in CrashLoopBackOff (never ready), restartCount grows.
+    pod_ip: the podIP reported in status.
+    """
+    ready_after: float | None = 0.0
+    logs: dict = dataclasses.field(default_factory=dict)
+    previous_logs: dict = dataclasses.field(default_factory=dict)
+    crash_loop: bool = False
+    pod_ip: str = "127.0.0.1"
+
+
+class _LogServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = False
+
+
+class KubeletStandIn:
+    """Kubelet + scheduler stand-in for one node. Use start()/stop() or a context manager."""
+
+    def __init__(self, controlplane, node_name: str = NODE_NAME, log_dir: str | None = None,
+                 poll_interval: float = 0.1, idle_interval: float = 0.5):
+        self.cp = controlplane
+        self.node_name = node_name
+        self.log_dir = log_dir
+        self._own_log_dir = log_dir is None
+        self.poll_interval = poll_interval
+        self.idle_interval = idle_interval
+        self._pending_readiness = False
+        self.port = None
+        self._server = None
+        self._threads = []
+        self._stop = threading.Event()
+        self._behaviours = []  # list of (match callable, PodBehaviour), newest first
+        self._lock = threading.Lock()
+        self._started = {}  # pod uid -> monotonic start time
+        self.errors = []
+
+    # ---------------------------------------------------------------------------------------------
+    # logs
+
+    def _log_path(self, namespace: str, pod: str, container: str, previous: bool = False) -> str:
+        suffix = ".previous.log" if previous else ".log"
+        return os.path.join(self.log_dir, namespace, pod, container + suffix)
+
+    def write_log(self, namespace: str, pod: str, container: str, text: str, previous: bool = False,
+                  append: bool = True, timestamp: datetime.datetime | None = None) -> str:
+        """Write container log text (one CRI record per line, stamped `timestamp` or now). Returns the file."""
+        path = self._log_path(namespace, pod, container, previous)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        stamp = _rfc3339nano(timestamp or _now())
+        lines = text.splitlines()
+        with open(path, "a" if append else "w", encoding="utf-8") as fh:
+            for line in lines:
+                fh.write(f"{stamp} stdout F {line}\n")
+        return path
+
+    def clear_logs(self, namespace: str, pod: str) -> None:
+        shutil.rmtree(os.path.join(self.log_dir, namespace, pod), ignore_errors=True)
+
+    def read_records(self, namespace, pod, container, previous=False):
+        path = self._log_path(namespace, pod, container, previous)
+        records = []
+        try:
+            with open(path, encoding="utf-8") as fh:
+                for raw in fh:
+                    stamp, _stream, _tag, line = raw.rstrip("\n").split(" ", 3)
+                    records.append((stamp, line))
+        except FileNotFoundError:
+            return None
+        return records
+
+    # ---------------------------------------------------------------------------------------------
+    # behaviours
+
+    def set_behaviour(self, match, behaviour: PodBehaviour) -> None:
+        """Register `behaviour` for pods where match(pod_dict) is true (newest registration wins)."""
+        with self._lock:
+            self._behaviours.insert(0, (match, behaviour))
+
+    def clear_behaviours(self) -> None:
+        with self._lock:
+            self._behaviours.clear()
+
+    def behaviour_for(self, pod: dict) -> PodBehaviour:
+        with self._lock:
+            for match, behaviour in self._behaviours:
+                try:
+                    if match(pod):
+                        return behaviour
+                except Exception:  # pylint: disable=broad-except
+                    continue
+        return PodBehaviour()
+
+    # ---------------------------------------------------------------------------------------------
+    # lifecycle
+
+    def start(self) -> "KubeletStandIn":
+        if self.log_dir is None:
+            self.log_dir = tempfile.mkdtemp(prefix="kubelet-logs-", dir=self.cp.state_dir)
+        os.makedirs(self.log_dir, exist_ok=True)
+        self._start_server()
+        self._register_node()
+        thread = threading.Thread(target=self._loop, name=f"kubelet-{self.node_name}", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._own_log_dir and self.log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def _start_server(self) -> None:
+        standin = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # keep pytest output clean
+                return
+
+            def _send(self, code, body: bytes, ctype="text/plain; charset=utf-8"):
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):  # noqa: N802
+                url = urllib.parse.urlsplit(self.path)
+                parts = [urllib.parse.unquote(p) for p in url.path.split("/") if p]
+                if parts == ["healthz"]:
+                    return self._send(200, b"ok")
+                if len(parts) == 4 and parts[0] == "containerLogs":
+                    return standin._serve_logs(self, parts[1], parts[2], parts[3],
+                                               urllib.parse.parse_qs(url.query))
+                return self._send(404, b"404 page not found\n")
+
+        self.port = free_port()
+        server = _LogServer(("127.0.0.1", self.port), Handler)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        cert, key = self.cp.kubelet_serving_cert
+        ctx.load_cert_chain(cert, key)
+        ctx.load_verify_locations(self.cp.ca.cert_path)
+        ctx.verify_mode = ssl.CERT_REQUIRED  # only the API server's kubelet-client certificate gets in
+        server.socket = ctx.wrap_socket(server.socket, server_side=True)
+        self._server = server
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                                  name=f"kubelet-http-{self.node_name}", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _serve_logs(self, handler, namespace, pod, container, query):
+        def q(name, default=None):
+            return query.get(name, [default])[0]
+        previous = q("previous", "false") == "true"
+        records = self.read_records(namespace, pod, container, previous)
+        if records is None:
+            if previous:
+                msg = f'previous terminated container "{container}" in pod "{pod}" not found'
+                return handler._send(400, msg.encode())
+            records = []
+        since = None
+        if q("sinceSeconds"):
+            since = _now() - datetime.timedelta(seconds=int(q("sinceSeconds")))
+        elif q("sinceTime"):
+            since = _parse_time(q("sinceTime"))
+        if since is not None:
+            records = [r for r in records if _parse_time(r[0]) >= since]
+        tail = q("tailLines")
+        if tail is not None and int(tail) >= 0:
+            records = records[-int(tail):] if int(tail) else []
+        timestamps = q("timestamps", "false") == "true"
+        body = "".join(f"{s} {line}\n" if timestamps else f"{line}\n" for s, line in records).encode()
+        limit = q("limitBytes")
+        if limit is not None:
+            body = body[:int(limit)]
+        if q("follow", "false") != "true":
+            return handler._send(200, body)
+        # follow: stream what exists, then new records until the client goes away or we stop.
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/plain; charset=utf-8")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+        seen = len(self.read_records(namespace, pod, container, previous) or [])
+
+        def chunk(data: bytes):
+            handler.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            handler.wfile.flush()
+        try:
+            if body:
+                chunk(body)
+            while not self._stop.is_set():
+                time.sleep(0.1)
+                now = self.read_records(namespace, pod, container, previous) or []
+                if len(now) > seen:
+                    new = now[seen:]
+                    seen = len(now)
+                    chunk("".join(f"{s} {l}\n" if timestamps else f"{l}\n" for s, l in new).encode())
+            handler.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError, ssl.SSLError, OSError):
+            return None
+        return None
+
+    # ---------------------------------------------------------------------------------------------
+    # node and pods
+
+    def _register_node(self) -> None:
+        from .rest import ApiError  # pylint: disable=import-outside-toplevel
+        api = self.cp.rest()
+        now = _rfc3339(_now())
+        node = {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": self.node_name, "labels": {
+                "kubernetes.io/hostname": self.node_name, "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64", "alauda.io/testbed": "kubelet-standin"}},
+            "spec": {},
+        }
+        status = {
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.port}},
+            "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "8"},
+            "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "8"},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "kubelet stand-in is posting ready status", "lastHeartbeatTime": now,
+                            "lastTransitionTime": now}],
+            "nodeInfo": {"kubeletVersion": "v1.20.2", "kubeProxyVersion": "v1.20.2", "operatingSystem": "linux",
+                         "architecture": "amd64", "containerRuntimeVersion": "standin://0",
+                         "kernelVersion": os.uname().release, "osImage": "testbed", "machineID": "",
+                         "systemUUID": "", "bootID": ""},
+        }
+        try:
+            try:
+                api.delete(f"/api/v1/nodes/{self.node_name}")
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+            api.post("/api/v1/nodes", node)
+            api.patch(f"/api/v1/nodes/{self.node_name}/status", {"status": status})
+        finally:
+            api.close()
+
+    def _loop(self) -> None:
+        from .rest import ApiError  # pylint: disable=import-outside-toplevel
+        api = self.cp.rest()
+        try:
+            last_rv, last_change = None, time.monotonic()
+            while not self._stop.is_set():
+                self._pending_readiness = False
+                try:
+                    pods = api.get("/api/v1/pods")
+                    if pods["metadata"].get("resourceVersion") != last_rv:
+                        last_rv, last_change = pods["metadata"].get("resourceVersion"), time.monotonic()
+                    for pod in pods["items"]:
+                        try:
+                            self._handle_pod(api, pod)
+                        except ApiError as exc:
+                            if exc.status not in (404, 409):
+                                self.errors.append(f"kubelet: {exc}")
+                except Exception as exc:  # pylint: disable=broad-except
+                    if not self._stop.is_set():
+                        self.errors.append(f"kubelet loop: {exc!r}")
+                # Poll fast while pods change (or wait for a timed readiness), slowly when idle.
+                busy = time.monotonic() - last_change < 3 or self._pending_readiness
+                self._stop.wait(self.poll_interval if busy else self.idle_interval)
+        finally:
+            api.close()
+
+    def _handle_pod(self, api, pod: dict) -> None:
+        from .rest import ApiError  # pylint: disable=import-outside-toplevel
+        meta, spec = pod["metadata"], pod["spec"]
+        ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        base = f"/api/v1/namespaces/{ns}/pods/{name}"
+        node = spec.get("nodeName")
+        if not node:
+            if meta.get("deletionTimestamp") or spec.get("schedulerName", "default-scheduler") != "default-scheduler":
+                return
+            api.post(f"{base}/binding", {
+                "apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "uid": uid},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": self.node_name}})
+            return
+        if node != self.node_name:
+            return
+        if meta.get("deletionTimestamp"):
+            # Containers "stopped": finish the graceful deletion like a kubelet does.
+            try:
+                api.delete(base, {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
+                                  "preconditions": {"uid": uid}})
+            except ApiError as exc:
+                if exc.status not in (404, 409):
+                    raise
+            self._started.pop(uid, None)
+            return
+        behaviour = self.behaviour_for(pod)
+        if uid not in self._started:
+            self._started[uid] = (time.monotonic(), _now())
+            for container, text in behaviour.previous_logs.items():
+                self.write_log(ns, name, container, text, previous=True, append=False)
+            for container, text in behaviour.logs.items():
+                self.write_log(ns, name, container, text, append=False)
+        started_mono, started_at = self._started[uid]
+        ready = (not behaviour.crash_loop and behaviour.ready_after is not None
+                 and time.monotonic() - started_mono >= behaviour.ready_after)
+        if not ready and not behaviour.crash_loop and behaviour.ready_after is not None:
+            self._pending_readiness = True
+        status = pod.get("status") or {}
+        current_ready = {c["type"]: c["status"] for c in status.get("conditions") or []}.get("Ready")
+        if status.get("phase") == "Running" and current_ready == ("True" if ready else "False") and \
+                status.get("podIP") == behaviour.pod_ip:
+            return
+        desired = self._pod_status(pod, behaviour, ready, started_at)
+        if status.get("qosClass"):
+            desired["qosClass"] = status["qosClass"]
+        pod = dict(pod, apiVersion="v1", kind="Pod", status=desired)
+        api.put(f"{base}/status", pod)
+
+    def _pod_status(self, pod: dict, behaviour: PodBehaviour, ready: bool, started_at) -> dict:
+        spec = pod["spec"]
+        start = _rfc3339(started_at)
+        now = _rfc3339(_now())
+        rs = "True" if ready else "False"
+        restarts = 1 if behaviour.previous_logs else 0
+
+        def container_status(c, init=False):
+            cid = "standin://" + uuid.uuid5(uuid.NAMESPACE_URL, pod["metadata"]["uid"] + c["name"]).hex
+            base = {"name": c["name"], "image": c.get("image") or "", "imageID": "", "containerID": cid,
+                    "restartCount": restarts, "ready": True if init else ready}
+            if init:
+                base["state"] = {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": start,
+                                                "finishedAt": start, "containerID": cid}}
+                base["ready"] = True
+                return base
+            if behaviour.crash_loop:
+                base["state"] = {"waiting": {"reason": "CrashLoopBackOff",
+                                             "message": f"back-off restarting failed container {c['name']}"}}
+                base["lastState"] = {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": start,
+                                                    "finishedAt": now, "containerID": cid}}
+                base["restartCount"] = max(1, restarts)
+                base["started"] = False
+            else:
+                base["state"] = {"running": {"startedAt": start}}
+                base["started"] = True
+                if restarts:
+                    base["lastState"] = {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": start,
+                                                        "finishedAt": start, "containerID": cid}}
+            return base
+
+        reason = {} if ready else {"reason": "ContainersNotReady", "message": "containers with unready status"}
+        return {
+            "phase": "Running", "hostIP": "127.0.0.1", "podIP": behaviour.pod_ip,
+            "podIPs": [{"ip": behaviour.pod_ip}], "startTime": start,
+            "conditions": [
+                {"type": "Initialized", "status": "True", "lastTransitionTime": start},
+                dict({"type": "Ready", "status": rs, "lastTransitionTime": now}, **reason),
+                dict({"type": "ContainersReady", "status": rs, "lastTransitionTime": now}, **reason),
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": start},
+            ],
+            "initContainerStatuses": [container_status(c, init=True) for c in spec.get("initContainers") or []],
+            "containerStatuses": [container_status(c) for c in spec.get("containers") or []],
+        }

@@ -1,0 +1,201 @@
+"""Streaming client: SSE parsing and timing over a real loopback HTTP exchange, arrivals, workloads, /metrics."""
+import json
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_client, bench_workloads
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+
+CAPTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), *([".."] * 5), "shared", "vllm-captures")
+GAP = 0.05
+
+
+class ScriptedSSE(BaseHTTPRequestHandler):
+    """Streams: role chunk, 3 content chunks GAP apart (the 2nd carries 3 tokens), finish, usage, [DONE]."""
+    protocol_version = "HTTP/1.1"
+    gap = GAP
+    bodies = []
+    active = 0
+    max_active = 0
+    lock = threading.Lock()
+
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+    def do_GET(self):
+        if self.path == "/v1/models":
+            payload = json.dumps({"data": [{"id": "tiny"}]}).encode()
+        else:
+            payload = b"vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"tiny\"} 100.0\n" \
+                      b"vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"tiny\"} 25.0\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        ScriptedSSE.bodies.append((self.path, body, self.headers.get("Authorization")))
+        if body.get("max_completion_tokens", body.get("max_tokens")) == 400:
+            payload = b'{"error": "min_p is not supported with speculative decoding"}'
+            self.send_response(400)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+            return
+        chat = self.path.endswith("/chat/completions")
+        with ScriptedSSE.lock:
+            ScriptedSSE.active += 1
+            ScriptedSSE.max_active = max(ScriptedSSE.max_active, ScriptedSSE.active)
+        try:
+            self._stream(chat)
+        finally:
+            with ScriptedSSE.lock:
+                ScriptedSSE.active -= 1
+
+    def _stream(self, chat):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def event(obj):
+            data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        def choice(text):
+            return {"choices": [{"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}]}
+
+        time.sleep(self.gap)
+        if chat:
+            event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+        else:
+            event(choice("a"))
+        for text in ("b", "cde", "f"):
+            time.sleep(self.gap)
+            event(choice(text))
+        ping = b": ping\n\n"  # an SSE comment (keep-alive): not a chunk
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(ping), ping))
+        event({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 6}})
+        event(b"[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+
+@pytest.fixture(scope="module")
+def server():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), ScriptedSSE)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield "http://127.0.0.1:%d" % httpd.server_address[1]
+    httpd.shutdown()
+    httpd.server_close()
+
+
+PARAMS = {"max_tokens": 64, "temperature": 0.0, "seed": 7, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_stream_timing_and_body(server, api):
+    endpoint = bench_client.Endpoint(server + "/v1", api=api, token="s3cret")
+    assert endpoint.resolve_model() == "tiny"
+    prompt = bench_workloads.builtin_workload("general_chat")[0]
+    record, conn = endpoint.stream_request(prompt, PARAMS)
+    assert record["success"], record
+    assert record["output_tokens"] == 6 and record["prompt_tokens"] == 7
+    assert record["chunks"] == 4 and len(record["itl"]) == 3
+    # The server sleeps GAP before every chunk: each measured interval is at least that (minus timer slack),
+    # and well under a second even on a busy machine.
+    assert GAP * 0.9 <= record["ttft"] < GAP + 1.0
+    for gap in record["itl"]:
+        assert GAP * 0.9 <= gap < GAP + 1.0
+    assert record["latency"] == pytest.approx(record["ttft"] + sum(record["itl"]), rel=1e-9)
+    path, body, auth = ScriptedSSE.bodies[-1]
+    assert auth == "Bearer s3cret"
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["temperature"] == 0.0 and body["seed"] == 7 and body["ignore_eos"] is True and body["model"] == "tiny"
+    if api == "chat":
+        assert path == "/v1/chat/completions" and body["messages"] == prompt["messages"] and body["max_completion_tokens"] == 64
+    else:
+        assert path == "/v1/completions" and body["prompt"] == prompt["prompt"] and body["max_tokens"] == 64
+    # The keep-alive connection is reusable for the next request.
+    record2, _conn = endpoint.stream_request(prompt, PARAMS, conn)
+    assert record2["success"]
+
+
+def test_run_requests_concurrency_and_errors(server):
+    endpoint = bench_client.Endpoint(server, api="completions", model="tiny")
+    prompts = bench_workloads.builtin_workload("code_refactor")
+    seen = []
+    ScriptedSSE.max_active = 0
+    records, duration = bench_client.run_requests(endpoint, bench_client.schedule(prompts, 3), PARAMS, concurrency=3,
+                                                  progress=lambda *a: seen.append(a[1]))
+    assert ScriptedSSE.max_active == 3  # three in flight at once, never more
+    assert len(records) == 6 and all(r["success"] for r in records) and sorted(seen) == list(range(1, 7))
+    assert [r["prompt_id"] for r in records] == [p["id"] for p in prompts] * 3
+    assert duration > 0
+    bad, _conn = endpoint.stream_request(prompts[0], dict(PARAMS, max_tokens=400))
+    assert not bad["success"] and bad["error"].startswith("HTTP 400") and "min_p" in bad["error"]
+    with pytest.raises(bench_client.BenchmarkRequestError, match="every warmup request"):
+        bench_client.measure_side(endpoint, prompts, dict(PARAMS, max_tokens=400), warmup=3)
+
+
+def test_unreachable_and_reserved_keys():
+    endpoint = bench_client.Endpoint("http://127.0.0.1:9", field="baseline_url", timeout=2)
+    with pytest.raises(bench_client.BenchmarkRequestError, match="baseline_url: cannot reach"):
+        endpoint.resolve_model()
+    with pytest.raises(ValidationError, match="extra_body"):
+        bench_client.Endpoint("http://x", model="m").body({"prompt": "p", "messages": []}, dict(PARAMS, extra_body={"stream": False}))
+    with pytest.raises(ValidationError, match="baseline_url"):
+        bench_client.Endpoint("ftp://x", field="baseline_url")
+
+
+def test_arrivals_are_seeded():
+    assert bench_client.arrival_offsets(3) == [0.0, 0.0, 0.0]
+    assert bench_client.arrival_offsets(4, 2.0, "fixed") == [0.0, 0.5, 1.0, 1.5]
+    first = bench_client.arrival_offsets(200, 5.0, "poisson", seed=3)
+    assert first == bench_client.arrival_offsets(200, 5.0, "poisson", seed=3)
+    assert first != bench_client.arrival_offsets(200, 5.0, "poisson", seed=4)
+    gaps = [b - a for a, b in zip(first, first[1:])]
+    assert sum(gaps) / len(gaps) == pytest.approx(0.2, rel=0.25)
+
+
+def test_metrics_prefix_cache(server):
+    endpoint = bench_client.Endpoint(server, model="tiny")
+    after = bench_client.prefix_cache_counters(endpoint.metrics_text(), "tiny")
+    assert after == {"hits": 25.0, "queries": 100.0}
+    delta = bench_client.prefix_cache_delta({"hits": 5.0, "queries": 20.0}, after)
+    assert delta == {"hits": 20, "queries": 80, "hit_rate": 0.25}
+    assert bench_client.prefix_cache_delta({"hits": 50.0, "queries": 500.0}, after)["queries"] == 100  # restarted
+    assert bench_client.prefix_cache_counters("# nothing\n") is None
+    path = os.path.join(CAPTURES, "ngram", "metrics.txt")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as handle:
+            assert bench_client.prefix_cache_counters(handle.read(), "t-ngram") == {"hits": 0.0, "queries": 589.0}
+
+
+def test_workloads_and_jsonl():
+    refactor = bench_workloads.builtin_workload("code_refactor")
+    for prompt in refactor:
+        code = prompt["prompt"].split("```python\n", 1)[1].split("```", 1)[0]
+        assert 28 <= len(code.strip().splitlines()) <= 36 and "def " in code and '"""' not in code
+        compile(code, "<class>", "exec")
+    chat = bench_workloads.builtin_workload("general_chat")
+    assert all("at least 800 words" in p["prompt"] for p in chat)
+    assert bench_workloads.builtin_workload("general_chat") == chat  # fixed order
+    text = '# comment\n"plain"\n{"prompt": "p2", "id": "x"}\n\n{"messages": [{"role": "user", "content": "m"}]}\n'
+    parsed = bench_workloads.parse_prompts_jsonl(text, "f.jsonl")
+    assert [p["prompt"] for p in parsed] == ["plain", "p2", "m"] and parsed[1]["id"] == "x"
+    for bad, msg in (("{nope", "line 1 is not valid JSON"), ('{"x": 1}', "neither"), ("[1]", "string or object"),
+                     ('""', "empty prompt"), ("", "holds no prompts"), ('{"messages": []}', "messages must")):
+        with pytest.raises(ValidationError, match=msg):
+            bench_workloads.parse_prompts_jsonl(bad, "f.jsonl")
+    with pytest.raises(ValidationError, match="workload"):
+        bench_workloads.builtin_workload("nope")
+    assert len(bench_workloads.load_workload("general_chat", num_prompts=2)) == 2
+    assert json.loads(bench_workloads.to_jsonl(parsed).splitlines()[0]) == {"prompt": "plain"}

@@ -1,0 +1,82 @@
+"""Statistics with `vllm bench serve`'s definitions: numpy-linear percentiles, TPOT, pooled ITL, throughputs."""
+import math
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_stats
+
+np = pytest.importorskip("numpy")  # matplotlib (requirements.txt) brings numpy into the project venv
+
+
+def test_percentile_known_values():
+    data = [4.0, 1.0, 3.0, 2.0]
+    assert bench_stats.percentile(data, 50) == 2.5
+    assert bench_stats.percentile(data, 90) == pytest.approx(3.7)
+    assert bench_stats.percentile(data, 99) == pytest.approx(3.97)
+    assert bench_stats.percentile(data, 0) == 1.0
+    assert bench_stats.percentile(data, 100) == 4.0
+    assert bench_stats.median([5.0]) == 5.0
+    assert bench_stats.median([1, 2, 3]) == 2
+    assert bench_stats.percentile([], 50) is None
+    with pytest.raises(ValueError):
+        bench_stats.percentile(data, 101)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(min_value=-1e6, max_value=1e6, allow_nan=False), min_size=1, max_size=60),
+       st.sampled_from([0, 1, 5, 10, 25, 50, 75, 90, 95, 99, 99.9, 100]))
+def test_percentile_matches_numpy_linear(values, pct):
+    ours = bench_stats.percentile(values, pct)
+    ref = float(np.percentile(values, pct))
+    assert ours == pytest.approx(ref, rel=1e-12, abs=1e-9)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(min_value=0, max_value=1e4, allow_nan=False), min_size=1, max_size=40))
+def test_mean_std_median_match_numpy(values):
+    assert bench_stats.median(values) == pytest.approx(float(np.median(values)), rel=1e-12, abs=1e-9)
+    assert bench_stats.mean(values) == pytest.approx(float(np.mean(values)), rel=1e-9, abs=1e-9)
+    assert bench_stats.std(values) == pytest.approx(float(np.std(values)), rel=1e-6, abs=1e-6)
+
+
+def _record(ttft, itl, tokens, prompt_tokens=10, success=True):
+    return {"success": success, "ttft": ttft, "itl": list(itl), "latency": ttft + sum(itl), "output_tokens": tokens,
+            "prompt_tokens": prompt_tokens}
+
+
+def test_summarize_run_uses_bench_serve_definitions():
+    # Request A: 5 tokens in 3 chunks (speculative decoding bundles tokens): TPOT uses tokens, ITL uses chunks.
+    a = _record(0.100, [0.020, 0.040], tokens=5)
+    b = _record(0.200, [0.010] * 9, tokens=10)
+    one = _record(0.050, [], tokens=1)            # no TPOT for a single output token
+    failed = {"success": False, "error": "HTTP 500", "itl": []}
+    summary = bench_stats.summarize_run([a, b, one, failed], duration=2.0)
+    assert summary["completed"] == 3 and summary["failed"] == 1
+    tpot_a = (0.160 - 0.100) / 4
+    tpot_b = (0.290 - 0.200) / 9
+    assert summary["tpot_ms"]["count"] == 2
+    assert summary["tpot_ms"]["median"] == pytest.approx(1000 * (tpot_a + tpot_b) / 2)
+    assert summary["itl_ms"]["count"] == 11
+    assert summary["itl_ms"]["median"] == pytest.approx(10.0)
+    assert summary["ttft_ms"]["median"] == pytest.approx(100.0)
+    assert summary["ttft_ms"]["p99"] == pytest.approx(1000 * float(np.percentile([0.1, 0.2, 0.05], 99)))
+    assert summary["e2el_ms"]["max"] == pytest.approx(290.0)
+    assert summary["total_output_tokens"] == 16
+    assert summary["output_throughput"] == pytest.approx(8.0)
+    assert summary["request_throughput"] == pytest.approx(1.5)
+    assert summary["total_token_throughput"] == pytest.approx((16 + 30) / 2.0)
+
+
+def test_summarize_empty_and_zero_duration():
+    summary = bench_stats.summarize_run([], duration=0)
+    assert summary["ttft_ms"]["median"] is None and summary["output_throughput"] is None
+
+
+def test_relative_change_ratio_spread():
+    assert bench_stats.relative_change(10.0, 8.0) == pytest.approx(-0.2)
+    assert bench_stats.relative_change(0, 8.0) is None
+    assert bench_stats.ratio(3.0, 2.0) == 1.5 and bench_stats.ratio(1.0, 0) is None
+    assert bench_stats.spread([10.0, 11.0, 12.0]) == pytest.approx(2.0 / 11.0)
+    assert bench_stats.spread([1.0]) is None
+    assert math.isclose(bench_stats.percentile([1e-3, 2e-3], 50), 1.5e-3)

@@ -1,0 +1,108 @@
+"""The engine_config module, run through real ansible-playbook on the real captures (local sources).
+
+Cluster reads are covered by tests/integration/test_verify.py on the API-server test bed.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+CAPTURES = os.environ.get("VLLM_CAPTURES", "/work/shared/vllm-captures")
+if not os.path.isdir(CAPTURES):  # pragma: no cover
+    pytest.skip("vLLM captures not found", allow_module_level=True)
+
+
+def run_playbook(tmp_path, tasks, check=False):
+    play = "- hosts: localhost\n  gather_facts: false\n  tasks:\n" + textwrap.indent(textwrap.dedent(tasks), "    ")
+    path = tmp_path / "play.yml"
+    path.write_text(play)
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
+               ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false")
+    cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,", "-c", "local",
+           "-e", "ansible_python_interpreter=%s" % sys.executable, str(path)]
+    if check:
+        cmd.append("--check")
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
+    try:
+        out = json.loads(proc.stdout)
+    except ValueError:
+        pytest.fail("ansible-playbook printed no JSON:\n%s\n%s" % (proc.stdout, proc.stderr))
+    return proc.returncode, [t["hosts"]["localhost"] for p in out["plays"] for t in p["tasks"]]
+
+
+def test_matches_expected_on_real_eagle3_log(tmp_path):
+    rc, res = run_playbook(tmp_path, """
+        - alauda.spec_decoding.engine_config:
+            log_path: %s/eagle3/startup.log
+            expected: {method: eagle3, model: /mnt/models/tiny-eagle3, num_speculative_tokens: 3}
+        """ % CAPTURES, check=True)
+    assert rc == 0
+    r = res[0]
+    assert r["changed"] is False and r["found"] is True
+    assert r["speculative_config"] == {"method": "eagle3", "model": "/mnt/models/tiny-eagle3", "num_spec_tokens": 3}
+    assert (r["vllm_version"], r["engine"]) == ("0.32.0", "V1")
+    assert r["differences"] == []
+    assert [w["kind"] for w in r["log_warnings"]].count("min_p_logit_bias") == 1
+
+
+def test_mismatch_prints_both_sides(tmp_path):
+    rc, res = run_playbook(tmp_path, """
+        - alauda.spec_decoding.engine_config:
+            log_path: %s/ngram/startup.log
+            expected: {method: eagle3, num_speculative_tokens: 3}
+        """ % CAPTURES)
+    assert rc != 0 and res[0]["failed"] is True and res[0]["changed"] is False
+    msg = res[0]["msg"]
+    assert "method: expected 'eagle3', engine runs 'ngram'" in msg
+    assert "num_speculative_tokens: expected 3, engine runs 5" in msg
+    assert "SpeculativeConfig(method='ngram', model=None, num_spec_tokens=5)" in msg
+
+
+def test_baseline_after_rollback_expect_disabled(tmp_path):
+    with open(os.path.join(CAPTURES, "baseline", "startup.log"), encoding="utf-8") as handle:
+        text = handle.read()
+    path = tmp_path / "vars.json"
+    path.write_text(json.dumps({"log": text}))
+    rc, res = run_playbook(tmp_path, """
+        - ansible.builtin.include_vars: {file: %s, name: cap}
+        - alauda.spec_decoding.engine_config:
+            log_text: "{{ cap.log }}"
+            expected: {enabled: false}
+        - alauda.spec_decoding.engine_config:
+            log_text: "{{ cap.log }}"
+            expected: {method: ngram}
+        """ % path)
+    assert res[1]["found"] is True and res[1]["speculative_config"] is None
+    assert rc != 0 and "engine runs without speculative decoding" in res[2]["msg"]
+
+
+def test_missing_line_fails_with_hint(tmp_path):
+    rc, res = run_playbook(tmp_path, """
+        - alauda.spec_decoding.engine_config:
+            log_text: "(APIServer pid=1) INFO 11-29 07:38:32 [api_server.py:1] vLLM API server version 0.32.0"
+        """)
+    assert rc != 0
+    assert "no engine-config line" in res[0]["msg"] and "still be starting" in res[0]["msg"] and "container" in res[0]["msg"]
+    assert res[0]["found"] is False
+
+
+def test_missing_file_names_the_field(tmp_path):
+    rc, res = run_playbook(tmp_path, """
+        - alauda.spec_decoding.engine_config:
+            log_path: /nonexistent/vllm.log
+        """)
+    assert rc != 0 and res[0]["msg"].startswith("log_path: cannot read")
+
+
+def test_sources_are_exclusive(tmp_path):
+    rc, res = run_playbook(tmp_path, """
+        - alauda.spec_decoding.engine_config:
+            log_text: x
+            name: svc
+        """)
+    assert rc != 0 and "mutually exclusive" in res[0]["msg"]

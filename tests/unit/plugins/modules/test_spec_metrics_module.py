@@ -1,0 +1,149 @@
+"""The spec_metrics module through real ansible-playbook: a loopback HTTP server serves the captured /metrics pages."""
+
+import http.server
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+CAPTURES = os.environ.get("VLLM_CAPTURES", "/work/shared/vllm-captures")
+if not os.path.isdir(CAPTURES):  # pragma: no cover
+    pytest.skip("vLLM captures not found", allow_module_level=True)
+
+
+def run_playbook(tmp_path, tasks, check=False):
+    play = "- hosts: localhost\n  gather_facts: false\n  tasks:\n" + textwrap.indent(textwrap.dedent(tasks), "    ")
+    path = tmp_path / "play.yml"
+    path.write_text(play)
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
+               ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false")
+    cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,", "-c", "local",
+           "-e", "ansible_python_interpreter=%s" % sys.executable, str(path)]
+    if check:
+        cmd.append("--check")
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
+    try:
+        out = json.loads(proc.stdout)
+    except ValueError:
+        pytest.fail("ansible-playbook printed no JSON:\n%s\n%s" % (proc.stdout, proc.stderr))
+    return proc.returncode, [t["hosts"]["localhost"] for p in out["plays"] for t in p["tasks"]], proc.stdout
+
+
+def read(folder, name):
+    with open(os.path.join(CAPTURES, folder, name), encoding="utf-8") as handle:
+        return handle.read()
+
+
+@pytest.fixture
+def metrics_server():
+    """Serves a sequence of /metrics pages (the last repeats); requires `Authorization: Bearer s3cret`."""
+    state = {"pages": [], "hits": 0, "auth": []}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            state["auth"].append(self.headers.get("Authorization"))
+            if self.headers.get("Authorization") != "Bearer s3cret":
+                self.send_response(401)
+                self.end_headers()
+                return
+            page = state["pages"][min(state["hits"], len(state["pages"]) - 1)]
+            state["hits"] += 1
+            body = page.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    state["url"] = "http://127.0.0.1:%d/metrics" % server.server_address[1]
+    yield state
+    server.shutdown()
+    server.server_close()
+
+
+def test_url_with_bearer_token_and_diagnosis(tmp_path, metrics_server):
+    metrics_server["pages"] = [read("eagle3", "metrics.txt")]
+    rc, res, stdout = run_playbook(tmp_path, """
+        - alauda.spec_decoding.spec_metrics:
+            url: %s
+            bearer_token: s3cret
+            method: eagle3
+            model_name: t-eagle3
+        """ % metrics_server["url"])
+    assert rc == 0, res
+    r = res[0]
+    assert r["source"] == "prometheus" and r["has_data"] is True and r["changed"] is False
+    # eagle3/metrics.txt: drafts 1026, draft tokens 3078, accepted 0
+    assert (r["num_drafts"], r["num_draft_tokens"], r["num_accepted_tokens"]) == (1026, 3078, 0)
+    assert r["accepted_tokens_per_position"] == [0, 0, 0]
+    assert r["mean_acceptance_length"] == 1.0 and r["draft_acceptance_rate"] == 0.0
+    assert r["diagnosis"]["status"] == "likely_draft_mismatch"
+    assert metrics_server["auth"] == ["Bearer s3cret"]
+    assert "s3cret" not in stdout
+
+
+def test_interval_reports_the_window(tmp_path, metrics_server):
+    # first scrape: ngram counters; second: ngram_eager's (all higher): the window is the difference
+    metrics_server["pages"] = [read("ngram", "metrics.txt"), read("ngram_eager", "metrics.txt").replace("t-ngram_eager", "t-ngram")]
+    rc, res, _out = run_playbook(tmp_path, """
+        - alauda.spec_decoding.spec_metrics:
+            url: %s
+            headers: {Authorization: Bearer s3cret}
+            interval: 0.5
+        """ % metrics_server["url"])
+    assert rc == 0, res
+    r = res[0]
+    # 260-254 drafts, 1065-1024 draft tokens, 434-403 accepted, per position 164-155 98-94 77-75 50-41 45-38
+    assert (r["num_drafts"], r["num_draft_tokens"], r["num_accepted_tokens"]) == (6, 41, 31)
+    assert r["accepted_tokens_per_position"] == [9, 4, 2, 9, 7]
+    assert r["interval"] == 0.5 and metrics_server["hits"] == 2
+
+
+def test_thresholds_fail_and_no_data_does_not(tmp_path):
+    rc, res, _out = run_playbook(tmp_path, """
+        - alauda.spec_decoding.spec_metrics:
+            metrics_path: %(c)s/baseline/metrics.txt
+        - alauda.spec_decoding.spec_metrics:
+            metrics_path: %(c)s/ngram/metrics.txt
+            min_mean_acceptance_length: 2.0
+            min_acceptance_rate: 0.5
+        """ % {"c": CAPTURES})
+    assert res[0]["has_data"] is False and res[0]["diagnosis"]["status"] == "no_data" and not res[0].get("failed")
+    assert rc != 0 and res[1]["failed"] is True
+    assert res[1]["failures"] == ["draft_acceptance_rate 0.3936 is below min_acceptance_rate 0.5"]
+
+
+def test_log_fallback_and_windows(tmp_path):
+    rc, res, _out = run_playbook(tmp_path, """
+        - alauda.spec_decoding.spec_metrics:
+            metrics_path: %(c)s/baseline/metrics.txt
+            log_path: %(c)s/ngram/startup.log
+            method: ngram
+        """ % {"c": CAPTURES})
+    assert rc == 0
+    r = res[0]
+    assert r["source"] == "log" and r["windows_total"] == 2 and len(r["windows"]) == 2
+    # the two windows of ngram/startup.log: 146/295 and 257/729
+    assert [(w["num_accepted_tokens"], w["num_draft_tokens"]) for w in r["windows"]] == [(146, 295), (257, 729)]
+    assert (r["num_draft_tokens"], r["num_accepted_tokens"], r["num_drafts"]) == (1024, 403, 254)
+    assert r["notes"] and "no spec_decode counters" in r["notes"][0]
+
+
+def test_interval_needs_a_live_source(tmp_path):
+    rc, res, _out = run_playbook(tmp_path, """
+        - alauda.spec_decoding.spec_metrics:
+            metrics_path: %s/ngram/metrics.txt
+            interval: 5
+        """ % CAPTURES)
+    assert rc != 0 and res[0]["msg"].startswith("interval:")

@@ -12,7 +12,7 @@ version_added: 0.1.0
 description:
   - Takes the credential settings (a dict) and returns the manifests to apply (O(target=cluster)) or to commit
     (O(target=gitops)).
-  - C(cluster) returns Secrets with their values (base64 in C(data)): keep the task that uses them behind
+  - C(cluster) returns Secrets with their values (base64 in C(data)), so keep the task that uses them behind
     C(no_log). An C(HF_TOKEN) Secret for C(hf://), an C(AWS_ACCESS_KEY_ID)/C(AWS_SECRET_ACCESS_KEY) Secret
     with the C(serving.kserve.io/s3-*) annotations for C(s3://), a C(kubernetes.io/dockerconfigjson) Secret for
     registries, and a ServiceAccount listing the storage Secrets in C(secrets) and the pull Secret in

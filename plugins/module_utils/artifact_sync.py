@@ -264,7 +264,8 @@ class LocalSource:
         for dirpath, dirnames, filenames in os.walk(self.root, followlinks=True):
             rel_dir = os.path.relpath(dirpath, self.root)
             if rel_dir == ".":
-                dirnames[:] = [d for d in dirnames if d not in INTERNAL_NAMES and d != ".git"]
+                # .git and the huggingface-cli download metadata (.cache/huggingface) are not model files.
+                dirnames[:] = [d for d in dirnames if d not in INTERNAL_NAMES and d not in (".git", ".cache")]
             dirnames.sort()
             for name in sorted(filenames):
                 rel = name if rel_dir == "." else "%s/%s" % (rel_dir.replace(os.sep, "/"), name)

@@ -97,7 +97,7 @@ def command_text(command):
     return str(command)
 
 
-_SHELLS = ("bash", "sh", "/bin/bash", "/bin/sh", "/usr/bin/bash", "/usr/bin/env")
+_SHELLS = ("bash", "sh", "dash", "zsh")
 _VAR_RE = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)")
 
 
@@ -125,7 +125,7 @@ def command_words(command, env=None):
     index = 0
     while index < len(argv):
         word = argv[index]
-        if word == "-c" and index + 1 < len(argv) and words and words[-1].split("/")[-1] in [s.split("/")[-1] for s in _SHELLS]:
+        if word == "-c" and index + 1 < len(argv) and words and os.path.basename(words[-1]) in _SHELLS:
             words.extend(split(argv[index + 1]))
             index += 2
             continue
@@ -507,7 +507,9 @@ def plot_latency(baseline_records, candidate_records, path):
                     xs, ys = _ecdf(values)
                     axis.step(xs, ys, where="post", label="%s (median %.2f)" % (side, bench_stats.median(values)),
                               color="#%02x%02x%02x" % COLORS[side])
-            axis.set_xlabel(label)
+            if key == "itl" and all(v > 0 for side in ("baseline", "candidate") for v in series[side][key]) and any(series[s][key] for s in series):
+                axis.set_xscale("log")  # per-chunk gaps span orders of magnitude (bundled tokens, stalls)
+            axis.set_xlabel(label + (" (log scale)" if axis.get_xscale() == "log" else ""))
             axis.set_ylabel("fraction of samples")
             axis.set_ylim(0, 1.02)
             axis.grid(True, alpha=0.3)

@@ -289,6 +289,8 @@ def build_gitops_plan(params):
 
 def gitops_yaml(manifests, notes):
     """One multi-document YAML file, notes as comments on top; deterministic so reruns are byte-identical."""
+    # A JSON round trip turns the caller's str/dict subclasses (Ansible's tagged values) into plain types yaml can dump.
+    manifests = json.loads(json.dumps(manifests))
     head = ["# Credentials for private artifact sources (alauda.spec_decoding): references only, never values."]
     head += ["# - %s" % note for note in notes]
     if not HAS_YAML:
@@ -403,6 +405,8 @@ def redact_obj(obj, secrets=None):
             for key in ("data", "stringData"):
                 if isinstance(obj.get(key), dict):
                     obj[key] = {k: REDACTED for k in obj[key]}
+        if any(isinstance(obj.get(k), list) for k in ("args", "command", "env")):
+            obj = redact_container(obj, secrets)   # containers, and the InferenceService's predictor.model
         out = {}
         for key, value in obj.items():
             if key in ("containers", "initContainers", "ephemeralContainers") and isinstance(value, list):

@@ -287,7 +287,7 @@ def plan(params):  # pylint: disable=too-many-locals,too-many-branches,too-many-
 
     return {
         "pvc_name": name,
-        "action": action,
+        "pvc_action": action,
         "size": size_quantity,
         "required_bytes": required,
         "data_bytes": data_bytes,

@@ -358,7 +358,7 @@ def _rules_for_container(pod, cs, init, pod_events, clog, draft, findings):
         return
     if re.search(r"Permission denied: '?/mnt/models", text_prev + text_cur):
         findings.append(_finding("permission_denied", "error", "%s cannot read the model files" % where,
-                                 [l.strip() for l in (text_prev + "\n" + text_cur).splitlines() if "Permission denied" in l][-1:],
+                                 [ln.strip() for ln in (text_prev + "\n" + text_cur).splitlines() if "Permission denied" in ln][-1:],
                                  "the vLLM container runs as a user that cannot read /mnt/models (Modelcar: KServe issue 4995): "
                                  "set runAsUser to the image's user or make the files world-readable"))
         return
@@ -373,7 +373,7 @@ def _rules_for_container(pod, cs, init, pod_events, clog, draft, findings):
         if line:
             evidence.append(line[:400])
         else:
-            evidence += ["previous log tail: " + l[:200] for l in _tail(text_prev, 3)]
+            evidence += ["previous log tail: " + ln[:200] for ln in _tail(text_prev, 3)]
         fix = "fix the startup error shown above (the full previous log is in the bundle)"
         if line and re.search(r"speculative|num_speculative_tokens|prompt_lookup|draft", line, re.I):
             fix = ("the speculative config is rejected by this vLLM version: check the method and keys against the vLLM version "
@@ -491,9 +491,9 @@ def _rule_acceptance(snap, spec_cfg, logs, findings):
         else:
             fix = ("the workload gives the proposer little to predict (high temperature, little prompt/output overlap): lower "
                    "num_speculative_tokens, switch method, or roll back; see docs/when-it-pays.md")
-        findings.append(_finding("acceptance_near_zero", "error" if (rate is not None and rate <= 0.05) else "warning",
-                                 "speculation is %s: %s" % ("almost never accepted" if (rate or 0) <= 0.05 else "poorly accepted",
-                                                           diag.get("reason") or ""), evidence, fix))
+        severity = "error" if (rate is not None and rate <= 0.05) else "warning"
+        how = "almost never accepted" if (rate or 0) <= 0.05 else "poorly accepted"
+        findings.append(_finding("acceptance_near_zero", severity, "speculation is %s: %s" % (how, diag.get("reason") or ""), evidence, fix))
 
 
 def _rule_engine(snap, findings):
@@ -527,7 +527,7 @@ def _rule_not_ready(isvc, pods, logs, draft, findings):
             evidence.append("pod %s phase %s, not ready: %s" % (_pod_name(pod), (pod.get("status") or {}).get("phase"), ", ".join(unready)))
             if not any(s in cur for s in STARTUP_DONE):
                 still_loading = True
-                evidence += ["log tail: " + l[:200] for l in _tail(cur, 2)]
+                evidence += ["log tail: " + ln[:200] for ln in _tail(cur, 2)]
     if still_loading:
         findings.append(_finding("starting", "warning",
                                  "the engine is still starting%s" % (" (target + draft cold start)" if draft else ""), evidence,
@@ -571,8 +571,8 @@ def describe(snap):
     if not events:
         lines.append("  <none>")
     for ev in events:
-        lines.append("  %-8s %-24s %s x%s  %s" % (ev.get("type"), ev.get("reason"), ev.get("lastTimestamp") or ev.get("eventTime") or "",
-                                                ev.get("count") or 1, (ev.get("message") or "").strip()))
+        when = ev.get("lastTimestamp") or ev.get("eventTime") or ""
+        lines.append("  %-8s %-24s %s x%s  %s" % (ev.get("type"), ev.get("reason"), when, ev.get("count") or 1, (ev.get("message") or "").strip()))
     return "\n".join(lines) + "\n"
 
 
@@ -608,9 +608,11 @@ def service_summary(snap, findings):
     if eng is not None:
         lines.append("- Engine-config line: speculative_config=%s" % json.dumps(eng, sort_keys=True))
     cfg = snap.get("storage_initializer")
-    lines.append("- Modelcar: %s" % (("on" if str(cfg.get("enableModelcar", True)).lower() != "false" else "off")
-                                      + " (inferenceservice-config storageInitializer)" if isinstance(cfg, dict)
-                                      else "unknown (inferenceservice-config not readable)"))
+    if isinstance(cfg, dict):
+        modelcar = ("on" if str(cfg.get("enableModelcar", True)).lower() != "false" else "off") + " (inferenceservice-config storageInitializer)"
+    else:
+        modelcar = "unknown (inferenceservice-config not readable)"
+    lines.append("- Modelcar: %s" % modelcar)
     used = snap.get("metrics_used") or (snap.get("metrics") if isinstance(snap.get("metrics"), dict) else None)
     if used and used.get("has_data"):
         lines.append("- Acceptance: %s" % (used.get("msg") or metrics_mod.describe(used)))

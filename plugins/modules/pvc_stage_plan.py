@@ -145,7 +145,7 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-action:
+pvc_action:
   description: C(create), C(reuse) or C(expand).
   returned: planning
   type: str

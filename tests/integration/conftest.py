@@ -5,6 +5,7 @@ import os
 import pytest
 
 from tests.testbed.fixtures import *  # noqa: F401,F403  pylint: disable=wildcard-import,unused-wildcard-import
+from tests.testbed.fixtures import prebuild
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -13,3 +14,8 @@ def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argu
     for item in items:
         if str(item.fspath).startswith(_HERE + os.sep):
             item.add_marker(pytest.mark.integration)
+
+
+def pytest_collection_finish(session):
+    """Build the Kubernetes binaries (first run on a machine only) before the first test's timeout starts."""
+    prebuild(session)

@@ -2,15 +2,27 @@
 mode, each artifact mode, the generation-aware wait, and bad input that must not write anything."""
 from __future__ import annotations
 
-import json
+import os
 
 import pytest
 
-from tests.ansible_run import run_playbook
+from tests.ansible_run import REPO, run_playbook
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
 
+CAPTURE = os.path.join(REPO, "..", "shared", "vllm-captures", "eagle3", "startup.log")
+
+
+def engine_log(target, draft, tokens=3, method="eagle3"):
+    """The real vLLM 0.32 startup log of the eagle3 capture, with this deployment's paths."""
+    with open(CAPTURE) as handle:
+        text = handle.read()
+    return (text.replace("/mnt/models/tiny-eagle3", draft).replace("/mnt/models/tiny-llama", target)
+            .replace("method='eagle3'", "method='%s'" % method).replace("num_spec_tokens=3", "num_spec_tokens=%d" % tokens))
+
+
 BASE_VARS = {
+    "spec_decoding_verify": False,
     "spec_decoding_hosts": "localhost",
     "spec_decoding_target": "cluster",
     "spec_decoding_runtime": "aml-vllm-0.32.0",
@@ -45,9 +57,13 @@ def _script(isvc):
     return isvc["spec"]["predictor"]["model"]["command"][2]
 
 
-def test_deploy_eagle3_creates_waits_and_reruns_unchanged(tmp_path, kubeconfig, k8s_client, kserve, namespace):
-    kserve.set_behaviour(namespace, "llama-eagle3", ready_after=1.0)
-    run = run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", extra_vars=_vars(namespace, "llama-eagle3"), kubeconfig=kubeconfig)
+TARGET, DRAFT = "/mnt/models/Meta-Llama-3.1-8B-Instruct", "/mnt/models/EAGLE3-LLaMA3.1-Instruct-8B"
+
+
+def test_deploy_eagle3_creates_waits_verifies_and_reruns_unchanged(tmp_path, kubeconfig, k8s_client, kserve, namespace):
+    kserve.set_behaviour(namespace, "llama-eagle3", ready_after=1.0, log_text=engine_log(TARGET, DRAFT))
+    run = run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", kubeconfig=kubeconfig,
+                       extra_vars=_vars(namespace, "llama-eagle3", spec_decoding_verify=True))
     assert run.rc == 0, run.output
     isvc = _get(k8s_client, namespace, "llama-eagle3")
     script = _script(isvc)
@@ -63,11 +79,24 @@ def test_deploy_eagle3_creates_waits_and_reruns_unchanged(tmp_path, kubeconfig, 
     waited = run.result("Wait for Ready")
     assert waited["ready"] is True and waited["generation"] == isvc["metadata"]["generation"]
     assert run.result("Apply the InferenceService")["changed"] is True
+    engine = run.result("engine-config line")
+    assert engine["speculative_config"] == {"method": "eagle3", "model": DRAFT, "num_spec_tokens": 3}
+    assert [p["found"] for p in engine["pods"]] == [True]
 
     rerun = run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", extra_vars=_vars(namespace, "llama-eagle3"), kubeconfig=kubeconfig)
     assert rerun.rc == 0, rerun.output
     assert rerun.changed == 0, rerun.output
     assert _get(k8s_client, namespace, "llama-eagle3")["metadata"]["resourceVersion"] == isvc["metadata"]["resourceVersion"]
+
+
+def test_deploy_fails_when_the_engine_runs_another_config(tmp_path, kubeconfig, k8s_client, kserve, namespace):
+    # The pod came up with 2 speculative tokens although 3 were applied (e.g. an image that overrides the command).
+    kserve.set_behaviour(namespace, "llama-eagle3", ready_after=0.5, log_text=engine_log(TARGET, DRAFT, tokens=2))
+    run = run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", kubeconfig=kubeconfig,
+                       extra_vars=_vars(namespace, "llama-eagle3", spec_decoding_verify=True))
+    assert run.rc != 0
+    failed = run.failed[-1]
+    assert "num_spec" in failed["msg"] and "3" in failed["msg"] and "2" in failed["msg"], failed["msg"]
 
 
 def test_check_mode_writes_nothing_and_diff_shows_the_change(tmp_path, kubeconfig, k8s_client, kserve, namespace):
@@ -86,8 +115,8 @@ def test_check_mode_writes_nothing_and_diff_shows_the_change(tmp_path, kubeconfi
     assert diff.rc == 0, diff.output
     applied = diff.result("Apply the InferenceService")
     assert applied["changed"] is True
-    assert '"num_speculative_tokens":3' in json.dumps(applied["diff"]["after"])
-    assert '"num_speculative_tokens":5' in json.dumps(applied["diff"]["before"])
+    assert '"num_speculative_tokens":3' in _script(applied["diff"]["after"])
+    assert '"num_speculative_tokens":5' in _script(applied["diff"]["before"])
     after = _get(k8s_client, namespace, "llama-ngram")
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
 

@@ -285,6 +285,18 @@ def test_stage_target_and_draft_then_rerun_is_idempotent(tmp_path, kubeconfig, k
     assert _batch(k8s_client).read_namespaced_job(job_name, namespace).metadata.uid == job.metadata.uid
     assert len(_batch(k8s_client).list_namespaced_job(namespace).items) == 1
 
+    # A changed plan (full re-hash) is a new Job; it copies nothing, and the old Job is cleaned up.
+    with StagerPod(k8s_client, kubelet, namespace, pvc_dir) as pod3:
+        third = _run_role(tmp_path, kubeconfig, dict(extra, stage_pvc_verify="full"))
+    assert third.rc == 0, third.output
+    (new_job, (rc3, out3)), = pod3.played.items()  # pylint: disable=unbalanced-dict-unpacking
+    assert new_job != job_name and rc3 == 0
+    summary = json.loads(out3.strip().splitlines()[-1])["spec_decoding_sync"]
+    assert [i["copied_files"] for i in summary["items"]] == [0, 0]
+    assert [i["verified_files"] for i in summary["items"]] == [3, 2]
+    jobs = [j.metadata.name for j in _batch(k8s_client).list_namespaced_job(namespace).items if not j.metadata.deletion_timestamp]
+    assert jobs == [new_job]
+
 
 def test_failed_job_reports_its_log_and_the_next_run_retries(tmp_path, kubeconfig, k8s_client, kubelet, namespace, mirror):
     pvc_dir = str(tmp_path / "pvc")
@@ -339,7 +351,7 @@ def test_storage_class_absent_fails_before_anything_is_written(tmp_path, kubecon
 
 @pytest.fixture
 def make_pvc(k8s_client, tmp_path):
-    """A PVC, optionally bound to a static PV (the PV controller binds them; only bound claims can expand)."""
+    """A PVC, optionally bound to a static PV (only bound claims can expand)."""
     volumes = []
 
     def make(namespace, name, size, sc, annotations=None, bound=False):
@@ -355,13 +367,12 @@ def make_pvc(k8s_client, tmp_path):
             spec["volumeName"] = pv
         _core(k8s_client).create_namespaced_persistent_volume_claim(namespace, {
             "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "annotations": annotations or {}}, "spec": spec})
-        deadline = time.monotonic() + 60
-        while True:
-            pvc = _core(k8s_client).read_namespaced_persistent_volume_claim(name, namespace)
-            if not bound or pvc.status.phase == "Bound":
-                return pvc
-            assert time.monotonic() < deadline, "the PV controller did not bind %s" % name
-            time.sleep(0.3)
+        if bound:
+            # The test bed runs no PV binder: play it (PV and claim Bound, capacity reported).
+            _core(k8s_client).patch_persistent_volume_status(pv, {"status": {"phase": "Bound"}})
+            _core(k8s_client).patch_namespaced_persistent_volume_claim_status(name, namespace, {"status": {
+                "phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": size}}})
+        return _core(k8s_client).read_namespaced_persistent_volume_claim(name, namespace)
 
     yield make
     for pv in volumes:

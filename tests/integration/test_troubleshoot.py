@@ -152,3 +152,21 @@ def test_never_ready_with_draft_runs_out_of_its_deadline(tmp_path, k8s_client, k
     assert "Modelcar: off" in files["summary.md"]
     assert "logs/%s/kserve-container.previous.log" % running_pods(k8s_client, namespace, "slow")[0].metadata.name not in \
         " ".join(files)   # no restart, no previous log
+
+
+def test_ready_but_draft_never_accepted(tmp_path, k8s_client, kubeconfig, kserve, namespace):
+    kserve.set_behaviour(namespace, "mismatch", logs={"kserve-container": capture("eagle3")})
+    create_isvc(k8s_client, namespace, "mismatch")
+    wait_for(lambda: running_pods(k8s_client, namespace, "mismatch"), "the ready pod")
+    run = run_playbook(tmp_path, "playbooks/troubleshoot.yml", kubeconfig=kubeconfig, extra_vars={
+        "troubleshoot_names": ["%s/mismatch" % namespace], "troubleshoot_dest": str(tmp_path / "out"),
+        "troubleshoot_kserve_namespaces": [namespace]})
+    assert run.rc == 0, run.output
+    metrics = run.result("Read the acceptance metrics")["results"][0]
+    assert metrics["has_data"] is True and metrics["num_accepted_tokens"] == 0   # from the pods' SpecDecoding lines
+    service = run.result("Collect the bundle")["services"][0]
+    assert service["likely_cause"] == "acceptance_near_zero", run.result("Collect the bundle")["summary"]
+    assert "does not match the target" in service["findings"][0]["fix"]
+    files = read_archive(run.result("Collect the bundle")["archive"])
+    assert '"has_data": true' in files["%s/mismatch/spec_metrics.json" % namespace]
+    assert "speculative_config" in files["%s/mismatch/engine_config.json" % namespace]

@@ -23,7 +23,21 @@ from .kserve_standin import KServeStandIn
 from .kubelet import KubeletStandIn
 
 __all__ = ["k8s_binaries", "kserve_crd_dir", "controlplane", "kubeconfig", "k8s_client", "kubelet", "kserve",
-           "namespace"]
+           "namespace", "prebuild"]
+
+_BUILD = {}
+
+
+def prebuild(session) -> None:
+    """Call from a conftest's `pytest_collection_finish`: when a selected test needs the control plane, build
+    (or find) the binaries before the first test starts, so the one-time build (minutes) is not charged to
+    that test's pytest-timeout. A failure is remembered and reported by the `k8s_binaries` fixture."""
+    if _BUILD or not any("k8s_binaries" in getattr(item, "fixturenames", ()) for item in session.items):
+        return
+    try:
+        _BUILD["path"] = _build.build()
+    except _build.BuildError as exc:
+        _BUILD["error"] = str(exc)
 
 
 @pytest.fixture(scope="session")
@@ -37,6 +51,10 @@ def kserve_crd_dir():
 
 @pytest.fixture(scope="session")
 def k8s_binaries():
+    if "error" in _BUILD:
+        pytest.fail(f"building kube-apiserver/kube-controller-manager failed: {_BUILD['error']}", pytrace=False)
+    if "path" in _BUILD:
+        return _BUILD["path"]
     try:
         return _build.build()
     except _build.BuildError as exc:

@@ -611,3 +611,55 @@ def test_unsafe_paths_in_an_index_are_rejected():
 def test_public_hub_host_matching():
     assert sync.is_public_hub("huggingface.co") and sync.is_public_hub("cdn-lfs-us-1.hf.co") and sync.is_public_hub("HF-Mirror.com.")
     assert not sync.is_public_hub("hf.internal.example") and not sync.is_public_hub("myhuggingface.co")
+
+
+def test_s3_compatible_bucket_anonymous(model, tmp_path, monkeypatch):
+    """ListObjectsV2 (paged) + GET on a loopback stand-in of an S3-compatible endpoint (path-style, anonymous)."""
+    keys = sorted(tree(model))
+    calls = []
+
+    class S3(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            calls.append(self.path)
+
+        def do_GET(self):  # pylint: disable=invalid-name
+            split = urllib.parse.urlsplit(self.path)
+            query = urllib.parse.parse_qs(split.query)
+            if split.path == "/models" and query.get("list-type") == ["2"]:
+                prefix = query["prefix"][0]
+                start = int(query.get("continuation-token", ["0"])[0])
+                page = keys[start:start + 3]
+                more = start + 3 < len(keys)
+                body = ['<?xml version="1.0" encoding="UTF-8"?>',
+                        '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Name>models</Name>',
+                        "<IsTruncated>%s</IsTruncated>" % ("true" if more else "false")]
+                if more:
+                    body.append("<NextContinuationToken>%d</NextContinuationToken>" % (start + 3))
+                for key in page:
+                    body.append("<Contents><Key>%s%s</Key><Size>%d</Size><ETag>&quot;%s&quot;</ETag></Contents>" % (
+                        prefix, key, os.path.getsize(os.path.join(model, key)), "e" * 32))
+                body.append("</ListBucketResult>")
+                data = "".join(body).encode()
+            elif split.path.startswith("/models/llama/"):
+                with open(os.path.join(model, urllib.parse.unquote(split.path[len("/models/llama/"):])), "rb") as fh:
+                    data = fh.read()
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    srv = _Server(S3)
+    try:
+        rc, summary = cli("--source", "s3://models/llama", "--s3-endpoint", srv.url, "--dest", str(tmp_path / "d"), "--air-gapped")
+    finally:
+        srv.close()
+    assert rc == 0 and summary["items"][0]["name"] == "llama"
+    assert tree(str(tmp_path / "d")) == tree(model)
+    assert sum(1 for c in calls if "list-type=2" in c) == -(-len(keys) // 3)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    with pytest.raises(ValidationError, match="s3_endpoint: s3 sources need an endpoint"):
+        sync.make_source("s3://models/llama", s3_endpoint=None)

@@ -65,8 +65,8 @@ def test_custom_key_names_and_anonymous_bucket():
                                  "s3": {"access_key_id": "id1", "secret_access_key": "key12345", "access_key_id_name": "awsAccessKeyID",
                                         "secret_access_key_name": "awsSecretAccessKey"}})
     assert sorted(plan["secrets"][0]["data"]) == ["awsAccessKeyID", "awsSecretAccessKey"]
-    anon = c.build_cluster_plan({"namespace": "m", "service_account_name": "sa", "s3": {"use_anonymous_credential": True,
-                                                                                          "endpoint": "s3.example"}})
+    anon = c.build_cluster_plan({"namespace": "m", "service_account_name": "sa",
+                                 "s3": {"use_anonymous_credential": True, "endpoint": "s3.example"}})
     assert anon["secrets"][0]["data"] == {}
     assert anon["secrets"][0]["metadata"]["annotations"]["serving.kserve.io/s3-useanoncredential"] == "true"
 

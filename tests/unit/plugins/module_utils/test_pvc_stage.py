@@ -58,7 +58,7 @@ def test_size_is_files_plus_headroom_rounded_up_to_gi(tmp_path):
     total = 15 * GI + GI // 2 + 4
     assert out["data_bytes"] == total
     assert out["required_bytes"] == int(-(-total * 1.1 // 1))
-    assert out["size"] == "18Gi" and out["action"] == "create"
+    assert out["size"] == "18Gi" and out["pvc_action"] == "create"
     assert [(i["subdir"], i["files"], i["kind"]) for i in out["items"]] == [("T", 2, "controller"), ("D", 2, "controller")]
     assert [s["port"] for s in out["serve"]] == [8765, 8766]
     assert [i["source"] for i in out["plan"]["items"]] == ["http://10.0.0.5:8765/", "http://10.0.0.5:8766/"]
@@ -69,13 +69,13 @@ def test_size_is_files_plus_headroom_rounded_up_to_gi(tmp_path):
 def test_existing_pvc_reused_expanded_or_refused(tmp_path):
     t = _model(str(tmp_path / "t"), 5 * GI)
     items = [{"name": "a/t", "subdir": "T", "source": t}]
-    assert pvc_stage.plan(_params(items, existing_pvc=_pvc("20Gi")))["action"] == "reuse"
+    assert pvc_stage.plan(_params(items, existing_pvc=_pvc("20Gi")))["pvc_action"] == "reuse"
     assert pvc_stage.plan(_params(items, existing_pvc=_pvc("20Gi")))["size"] == "20Gi"
     with pytest.raises(ValidationError, match=r"PVC models is 2Gi but the models need 6Gi .* does not allow expansion"):
         pvc_stage.plan(_params(items, existing_pvc=_pvc("2Gi")))
     expandable = {"metadata": {"name": "fast"}, "allowVolumeExpansion": True}
     grown = pvc_stage.plan(_params(items, existing_pvc=_pvc("2Gi"), existing_storage_class=expandable))
-    assert grown["action"] == "expand" and grown["size"] == "6Gi"
+    assert grown["pvc_action"] == "expand" and grown["size"] == "6Gi"
     pending = dict(_pvc("2Gi"), status={"phase": "Pending"})
     with pytest.raises(ValidationError, match="it is Pending: Kubernetes expands only bound claims"):
         pvc_stage.plan(_params(items, existing_pvc=pending, existing_storage_class={"allowVolumeExpansion": True}))
@@ -89,7 +89,7 @@ def test_storage_class_must_exist(tmp_path):
     items = [{"name": "a/t", "subdir": "T", "source": _model(str(tmp_path / "t"), 10)}]
     with pytest.raises(ValidationError, match="stage_pvc_storage_class: StorageClass 'gold' does not exist"):
         pvc_stage.plan(_params(items, storage_class_name="gold", storage_class=None))
-    assert pvc_stage.plan(_params(items, storage_class_name="gold", storage_class={"metadata": {"name": "gold"}}))["action"] == "create"
+    assert pvc_stage.plan(_params(items, storage_class_name="gold", storage_class={"metadata": {"name": "gold"}}))["pvc_action"] == "create"
 
 
 def test_subdirectory_with_another_model_needs_force(tmp_path):

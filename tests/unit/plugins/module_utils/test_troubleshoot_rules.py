@@ -74,8 +74,8 @@ def test_oom_killed_and_cuda_oom():
             "pods": [pod(statuses=[cstatus(waiting={"reason": "CrashLoopBackOff"}, last={"exitCode": 137, "reason": "OOMKilled"}, restarts=2)])]}
     assert t.diagnose(snap)[0]["cause"] == "oom"
     snap["pods"] = [pod(statuses=[cstatus(waiting={"reason": "CrashLoopBackOff"}, last={"exitCode": 1, "reason": "Error"}, restarts=2)])]
-    snap["logs"] = {"llama-predictor-abc": {"kserve-container": {"previous": "INFO loading\ntorch.OutOfMemoryError: CUDA out of memory. "
-                                                                               "Tried to allocate 2.00 GiB\n"}}}
+    oom_log = "INFO loading\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    snap["logs"] = {"llama-predictor-abc": {"kserve-container": {"previous": oom_log}}}
     first = t.diagnose(snap)[0]
     assert first["cause"] == "oom" and "accelerator memory" in first["title"] and "draft" in first["fix"]
 

@@ -4,8 +4,10 @@
 """Benchmark workloads: the guide's two built-in ones and user prompt files (JSONL).
 
 A workload is a fixed list of prompts in a fixed order; both sides of an A/B get exactly the same list.
-Each prompt is ``{"id": str, "messages": [{"role": "user", "content": str}], "prompt": str}``: the chat
-API sends ``messages``, the completions API sends ``prompt`` (the same text).
+Each prompt is ``{"id": str, "messages": [...], "prompt": str}``: the chat API sends ``messages``, the
+completions API sends ``prompt`` (the same text). A plain prompt becomes one user message whose content is a
+list with one text part, ``[{"type": "text", "text": prompt}]``: the exact request shape ``vllm bench serve
+--backend openai-chat`` sends, so both tools put the same requests to the server.
 
 JSONL files: one JSON value per line, blank lines and lines starting with ``#`` ignored. A line is either
 a string (the prompt), or an object with ``prompt`` (string) or ``messages`` (a list of
@@ -113,7 +115,12 @@ WORKLOADS = ("code_refactor", "general_chat")
 
 
 def _prompt(prompt_id, text):
-    return {"id": prompt_id, "prompt": text, "messages": [{"role": "user", "content": text}]}
+    return {"id": prompt_id, "prompt": text, "messages": user_message(text)}
+
+
+def user_message(text):
+    """One user message with one text part (what ``vllm bench serve`` sends for a plain prompt)."""
+    return [{"role": "user", "content": [{"type": "text", "text": text}]}]
 
 
 def builtin_workload(name):
@@ -145,7 +152,7 @@ def parse_prompts_jsonl(text, source="prompts_file"):
         prompt_id = "%s:%d" % (source, lineno)
         if isinstance(value, str):
             text_value = value
-            messages = [{"role": "user", "content": value}]
+            messages = user_message(value)
         elif isinstance(value, dict):
             prompt_id = str(value.get("id", prompt_id))
             if "messages" in value:
@@ -157,7 +164,7 @@ def parse_prompts_jsonl(text, source="prompts_file"):
                 text_value = value.get("prompt") if isinstance(value.get("prompt"), str) else "\n\n".join(m["content"] for m in messages)
             elif isinstance(value.get("prompt"), str):
                 text_value = value["prompt"]
-                messages = [{"role": "user", "content": text_value}]
+                messages = user_message(text_value)
             else:
                 raise ValidationError("%s has neither a string 'prompt' nor 'messages'" % where, field="prompts_file",
                                       hint='write {"prompt": "..."} or {"messages": [...]} on each line')

@@ -69,8 +69,9 @@ options:
     type: str
   api:
     description:
-      - OpenAI API to call. V(chat) sends C(messages) to C(/v1/chat/completions). V(completions) sends
-        C(prompt) to C(/v1/completions).
+      - OpenAI API to call. V(chat) sends C(messages) to C(/v1/chat/completions); a plain prompt is one user
+        message with one text part, the request shape of C(vllm bench serve --backend openai-chat).
+        V(completions) sends C(prompt) to C(/v1/completions).
     type: str
     choices: [chat, completions]
     default: chat

@@ -118,8 +118,8 @@ class BenchServe:
 def prompts():
     """The module's own built-in workload prompts plus one short prompt, written as a custom dataset for both tools.
 
-    Chat API, one user message per prompt: the module sends ``messages``, ``vllm bench serve --backend
-    openai-chat --skip-chat-template`` wraps the same text in the same single user message.
+    Chat API, one user message per prompt: the module and ``vllm bench serve --backend openai-chat
+    --skip-chat-template`` both send ``[{"role": "user", "content": [{"type": "text", "text": prompt}]}]``.
     """
     return [
         "Refactor this Python function, add type hints and a docstring, and return it whole:\n\n"

@@ -12,7 +12,7 @@ import yaml
 
 from tests.ansible_run import PlaybookRun, run_playbook
 
-CAPTURES = os.environ.get("VLLM_CAPTURES", "/work/shared/vllm-captures")
+from tests.paths import CAPTURES  # noqa: E402  pylint: disable=wrong-import-position
 CANARY_HF = "hf_CANARYhfTokenDoNotPrint0123456789"
 CANARY_S3 = "CANARYs3SecretKeyDoNotPrint/abc+987"
 CANARY_REG = "CANARYregistryPasswordDoNotPrint42"

@@ -6,11 +6,12 @@ import os
 
 import pytest
 
-from tests.ansible_run import REPO, run_playbook
+from tests.ansible_run import run_playbook
+from tests.paths import CAPTURES
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
 
-CAPTURE = os.path.join(REPO, "..", "shared", "vllm-captures", "eagle3", "startup.log")
+CAPTURE = os.path.join(CAPTURES, "eagle3", "startup.log")
 
 
 def engine_log(target, draft, tokens=3, method="eagle3"):

@@ -13,7 +13,7 @@ import yaml
 
 from tests.ansible_run import PlaybookRun, run_playbook
 
-CAPTURES = os.environ.get("VLLM_CAPTURES", "/work/shared/vllm-captures")
+from tests.paths import CAPTURES  # noqa: E402  pylint: disable=wrong-import-position
 if not os.path.isdir(CAPTURES):  # pragma: no cover
     pytest.skip("vLLM captures not found", allow_module_level=True)
 

@@ -121,6 +121,8 @@ def test_stream_timing_and_body(server, api):
     assert body["temperature"] == 0.0 and body["seed"] == 7 and body["ignore_eos"] is True and body["model"] == "tiny"
     if api == "chat":
         assert path == "/v1/chat/completions" and body["messages"] == prompt["messages"] and body["max_completion_tokens"] == 64
+        # the request shape of `vllm bench serve --backend openai-chat`: one user message, one text part
+        assert body["messages"] == [{"role": "user", "content": [{"type": "text", "text": prompt["prompt"]}]}]
     else:
         assert path == "/v1/completions" and body["prompt"] == prompt["prompt"] and body["max_tokens"] == 64
     # The keep-alive connection is reusable for the next request.

@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import engine_log as el
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
-CAPTURES = os.environ.get("VLLM_CAPTURES", "/work/shared/vllm-captures")
+from tests.paths import CAPTURES  # noqa: E402  pylint: disable=wrong-import-position
 if not os.path.isdir(CAPTURES):  # pragma: no cover - the captures are part of the shared reference
     pytest.skip("vLLM captures not found at %s" % CAPTURES, allow_module_level=True)
 

@@ -8,9 +8,9 @@ import yaml
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from tests.paths import SHARED
 
-CRD = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "..", "shared", "kserve-crds",
-                   "serving.kserve.io_inferenceservices.yaml")
+CRD = os.path.join(SHARED, "kserve-crds", "serving.kserve.io_inferenceservices.yaml")
 
 P = dict(name="llama-eagle3", namespace="models", method="eagle3", artifact_mode="pvc",
          artifacts={"pvc_name": "store"}, runtime="aml-vllm-0.32.0", vllm_version="0.32.0", kserve_version="0.20.0",

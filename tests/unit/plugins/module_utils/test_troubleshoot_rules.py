@@ -9,7 +9,7 @@ import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import troubleshoot as t
 
-CAPTURES = os.environ.get("VLLM_CAPTURES", "/work/shared/vllm-captures")
+from tests.paths import CAPTURES  # noqa: E402  pylint: disable=wrong-import-position
 EAGLE3 = '{"method":"eagle3","model":"/mnt/models/draft","num_speculative_tokens":3}'
 NGRAM = '{"method":"ngram","num_speculative_tokens":5,"prompt_lookup_max":4,"prompt_lookup_min":2}'
 

@@ -5,34 +5,21 @@ Cluster reads are covered by tests/integration/test_verify.py on the API-server 
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
-CAPTURES = os.environ.get("VLLM_CAPTURES", "/work/shared/vllm-captures")
+from tests.ansible_run import run_playbook as _run_playbook
+
+from tests.paths import CAPTURES  # noqa: E402  pylint: disable=wrong-import-position
 if not os.path.isdir(CAPTURES):  # pragma: no cover
     pytest.skip("vLLM captures not found", allow_module_level=True)
 
 
 def run_playbook(tmp_path, tasks, check=False):
-    play = "- hosts: localhost\n  gather_facts: false\n  tasks:\n" + textwrap.indent(textwrap.dedent(tasks), "    ")
-    path = tmp_path / "play.yml"
-    path.write_text(play)
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
-               ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false")
-    cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,", "-c", "local",
-           "-e", "ansible_python_interpreter=%s" % sys.executable, str(path)]
-    if check:
-        cmd.append("--check")
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
-    try:
-        out = json.loads(proc.stdout)
-    except ValueError:
-        pytest.fail("ansible-playbook printed no JSON:\n%s\n%s" % (proc.stdout, proc.stderr))
-    return proc.returncode, [t["hosts"]["localhost"] for p in out["plays"] for t in p["tasks"]]
+    """(rc, per-task results) of an ad-hoc play run by real ansible-playbook."""
+    run = _run_playbook(tmp_path, tasks=tasks, check=check)
+    assert run.tasks, "ansible-playbook ran no task:\n" + run.output
+    return run.rc, [res for _name, _host, res in run.tasks]
 
 
 def test_matches_expected_on_real_eagle3_log(tmp_path):

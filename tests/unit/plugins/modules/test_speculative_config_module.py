@@ -1,33 +1,18 @@
 """The speculative_config module and filter, run through real ansible-playbook."""
 
-import json
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+from tests.ansible_run import run_playbook as _run_playbook
+
 
 
 def run_playbook(tmp_path, tasks, check=False):
-    play = "- hosts: localhost\n  gather_facts: false\n  tasks:\n" + textwrap.indent(textwrap.dedent(tasks), "    ")
-    path = tmp_path / "play.yml"
-    path.write_text(play)
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
-               ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false")
-    cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,", "-c", "local",
-           "-e", "ansible_python_interpreter=%s" % sys.executable, str(path)]
-    if check:
-        cmd.append("--check")
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
-    try:
-        out = json.loads(proc.stdout)
-    except ValueError:
-        pytest.fail("ansible-playbook printed no JSON:\n%s\n%s" % (proc.stdout, proc.stderr))
-    results = [t["hosts"]["localhost"] for p in out["plays"] for t in p["tasks"]]
-    return proc.returncode, results
+    """(rc, per-task results) of an ad-hoc play run by real ansible-playbook."""
+    run = _run_playbook(tmp_path, tasks=tasks, check=check)
+    assert run.tasks, "ansible-playbook ran no task:\n" + run.output
+    return run.rc, [res for _name, _host, res in run.tasks]
 
 
 def test_module_returns_canonical_json_warnings_and_is_never_changed(tmp_path):

@@ -22,8 +22,11 @@ class PlaybookRun:
         self.rc = proc.returncode
         self.stdout = proc.stdout
         self.stderr = proc.stderr
+        # At -v and above ansible prints a few lines (config file, ...) before the json callback's document.
+        start = proc.stdout.find("\n{")
+        text = proc.stdout if proc.stdout.startswith("{") else proc.stdout[start + 1:] if start >= 0 else ""
         try:
-            data = json.loads(proc.stdout)
+            data = json.loads(text)
         except ValueError:
             data = {"plays": [], "stats": {}}
         self.tasks = [(t["task"]["name"], host, res) for p in data.get("plays", []) for t in p["tasks"]

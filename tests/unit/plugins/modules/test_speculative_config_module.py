@@ -1,11 +1,8 @@
 """The speculative_config module and filter, run through real ansible-playbook."""
 
-import os
-
 import pytest
 
 from tests.ansible_run import run_playbook as _run_playbook
-
 
 
 def run_playbook(tmp_path, tasks, check=False):

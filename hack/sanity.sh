@@ -33,7 +33,7 @@ dest="$work/ansible_collections/alauda/spec_decoding"
 mkdir -p "$dest"
 git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do
   [[ -e $f ]] && printf '%s\0' "$f"
-done | rsync -a --from0 --files-from=- ./ "$dest/"
+done | tar --null --no-recursion -T - -cf - | tar -xf - -C "$dest"
 # Collections this one builds on (doc fragments, module_utils) sit beside it, as ansible-test expects.
 kc=$(python -c 'import ansible_collections.kubernetes.core as m, os; print(list(m.__path__)[0])')
 mkdir -p "$work/ansible_collections/kubernetes"

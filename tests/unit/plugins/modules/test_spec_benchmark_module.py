@@ -1,27 +1,20 @@
 """spec_benchmark's flow on a loopback streaming server: two phases, refusal before requests, protocol checks."""
 import json
 import os
-import threading
-from http.server import ThreadingHTTPServer
 
 import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.modules import spec_benchmark
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
-from tests.unit.plugins.module_utils.test_bench_client import ScriptedSSE
+from tests.unit.plugins.module_utils.test_bench_client import ScriptedSSE, server  # noqa: F401  pylint: disable=unused-import
 
 CONTEXT = {"gpu_model": "L4", "gpu_count": 1, "model": "tiny", "dtype": "float32", "vllm_version": "0.32.0",
            "image": "vllm/vllm-openai:v0.32.0", "baseline_command": "vllm serve /m", "candidate_command": "vllm serve /m --speculative-config {}"}
 
 
 @pytest.fixture(scope="module")
-def url():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), ScriptedSSE)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield "http://127.0.0.1:%d" % httpd.server_address[1]
-    httpd.shutdown()
-    httpd.server_close()
+def url(server):  # the scripted SSE server of the client tests
+    return server
 
 
 def params(tmp_path, **over):

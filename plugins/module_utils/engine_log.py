@@ -116,9 +116,9 @@ def _literal(raw):
         return raw
 
 
-def _split_top_level(text):
-    """Split ``a='x, y', b=Foo(c=1, d=2), e=3`` at top-level commas, honouring quotes and brackets."""
-    parts, depth, quote, start, i = [], 0, None, 0, 0
+def _unquoted(text, start=0):
+    """Yield ``(index, char)`` for the characters outside '...' and "..." quotes (backslash escapes inside)."""
+    quote, i = None, start
     while i < len(text):
         ch = text[i]
         if quote:
@@ -129,38 +129,36 @@ def _split_top_level(text):
                 quote = None
         elif ch in "'\"":
             quote = ch
-        elif ch in "([{":
+        else:
+            yield i, ch
+        i += 1
+
+
+def _split_top_level(text):
+    """Split ``a='x, y', b=Foo(c=1, d=2), e=3`` at top-level commas, honouring quotes and brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in _unquoted(text):
+        if ch in "([{":
             depth += 1
         elif ch in ")]}":
             depth -= 1
         elif ch == "," and depth == 0:
             parts.append(text[start:i])
             start = i + 1
-        i += 1
     parts.append(text[start:])
     return [p.strip() for p in parts if p.strip()]
 
 
 def _matching_paren(text, open_index):
     """Index of the ``)`` closing the ``(`` at open_index, or -1 (the line was cut)."""
-    depth, quote, i = 0, None, open_index
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == "\\":
-                i += 2
-                continue
-            if ch == quote:
-                quote = None
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "(":
+    depth = 0
+    for i, ch in _unquoted(text, open_index):
+        if ch == "(":
             depth += 1
         elif ch == ")":
             depth -= 1
             if depth == 0:
                 return i
-        i += 1
     return -1
 
 

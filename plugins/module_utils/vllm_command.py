@@ -177,21 +177,27 @@ def _skip_double(text, pos):
             out.append(ch)
             pos += 1
             continue
-        if ch == "$":
-            end, val = _skip_dollar(text, pos)
-            if val is None:
-                literal = False
-            else:
-                out.append(val)
-            pos = end
-            continue
-        if ch == "`":
-            pos = _skip_backtick(text, pos + 1)
-            literal = False
+        if ch in "$`":
+            pos, lit = _skip_substitution(text, pos, out)
+            literal = literal and lit
             continue
         out.append(ch)
         pos += 1
     raise ShellSyntaxError("unterminated double quote")
+
+
+def _skip_substitution(text, pos, out):
+    """A ``$...`` or backtick at ``pos``: append its value to ``out`` when it is a known literal.
+
+    Returns (index after it, literal) where literal is False for a runtime substitution.
+    """
+    if text[pos] == "$":
+        end, val = _skip_dollar(text, pos)
+        if val is None:
+            return end, False
+        out.append(val)
+        return end, True
+    return _skip_backtick(text, pos + 1), False
 
 
 _ANSI_C = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"', "a": "\a", "b": "\b",
@@ -315,17 +321,9 @@ def _lex_word(text, pos, tokens):
             out.append(val)
             quote = quote or "$'"
             continue
-        if ch == "$":
-            end, val = _skip_dollar(text, pos)
-            if val is None:
-                literal = False
-            else:
-                out.append(val)
-            pos = end
-            continue
-        if ch == "`":
-            pos = _skip_backtick(text, pos + 1)
-            literal = False
+        if ch in "$`":
+            pos, lit = _skip_substitution(text, pos, out)
+            literal = literal and lit
             continue
         out.append(ch)
         pos += 1

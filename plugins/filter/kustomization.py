@@ -35,11 +35,21 @@ _value:
   type: str
 """
 
+from ansible.errors import AnsibleFilterError
+
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+
+
+def kustomization(resource_files):
+    try:
+        return isvc.kustomization(resource_files)
+    except SpecDecodingError as exc:
+        raise AnsibleFilterError("kustomization: %s" % exc) from exc
 
 
 class FilterModule:
     """GitOps helpers."""
 
     def filters(self):
-        return {"kustomization": isvc.kustomization}
+        return {"kustomization": kustomization}

@@ -9,7 +9,10 @@ with the vLLM runtime image's python3, so it must work as a single script (``pyt
 
 What a run guarantees
 - Every file is copied to ``<dest>/.spec-decoding-tmp/<path>.part``, hashed (sha256) while it is copied
-  (one read, one hash, one write per buffer), fsynced and renamed into place.
+  (one read into a private 256 KiB buffer, the hash of that buffer, the write of that same buffer: the
+  bytes written are the bytes hashed), fsynced, journaled and renamed into place. Several files are
+  copied at once (``--workers``); the fsyncs run on a flusher thread so the disk writes while the CPUs
+  hash; memory stays bounded (a few buffers per worker, no memory maps).
 - ``<dest>/.spec-decoding-manifest.json`` (per-file size and sha256) is written last, after every file
   and directory is durable, and is removed first when a run is about to change anything: a directory
   with a manifest is always complete.
@@ -41,9 +44,9 @@ import hashlib
 import html.parser
 import io
 import json
-import mmap
 import os
 import posixpath
+import queue
 import shutil
 import ssl
 import sys
@@ -85,8 +88,9 @@ INTERNAL_NAMES = (MANIFEST_NAME, JOURNAL_NAME, TMP_DIR)
 MANIFEST_SCHEMA = "alauda.spec_decoding/artifact-manifest/v1"
 RESULT_KEY = "spec_decoding_sync"
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
-DEFAULT_BUFFER = 1 << 20
+DEFAULT_BUFFER = 256 << 10  # fits the L2 cache: hashed, then written while still hot
 DEFAULT_CHECKPOINT = 1 << 30
+PIPELINE_DEPTH = 4
 WRITEBACK_WINDOW = 64 << 20
 VERIFY_MODES = ("auto", "full", "quick")
 
@@ -194,6 +198,18 @@ def fsync_dir(path):
         pass
     finally:
         os.close(fd)
+
+
+def peak_rss_mib():
+    """This process's peak resident memory in MiB (VmHWM; None where /proc is missing)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024.0, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def read_json(path):
@@ -639,6 +655,77 @@ def select_files(files, include=None, exclude=None):
 # The engine
 
 
+def _advise(fd, advice, offset=0, length=0):
+    """posix_fadvise where the platform has it; advice is a name such as ``POSIX_FADV_SEQUENTIAL``."""
+    try:
+        os.posix_fadvise(fd, offset, length, getattr(os, advice))
+    except (AttributeError, OSError):
+        pass
+
+
+def _read_ahead(readinto, size, depth):
+    """Yield memoryviews filled by a reader thread, ``depth`` buffers of ``size`` bytes in flight at most.
+
+    A view handed out is not refilled before the consumer asks for the next one. The reader stops (and is
+    joined) when the generator is closed, also on errors; a reader error is raised in the consumer.
+    """
+    views = [memoryview(bytearray(size)) for _ in range(depth)]
+    free = queue.Queue()
+    full = queue.Queue()
+    stop = threading.Event()
+    for i in range(depth):
+        free.put(i)
+
+    def reader():
+        try:
+            while True:
+                i = free.get()
+                if i is None or stop.is_set():
+                    return
+                num = readinto(views[i])
+                full.put((i, num, None))
+                if not num:
+                    return
+        except BaseException as exc:  # pylint: disable=broad-exception-caught
+            full.put((None, 0, exc))
+
+    thread = threading.Thread(target=reader, name="artifact-sync-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            i, num, exc = full.get()
+            if exc is not None:
+                raise exc
+            if not num:
+                return
+            chunk = views[i][:num]
+            try:
+                yield chunk
+            finally:
+                chunk.release()
+            free.put(i)
+    finally:
+        stop.set()
+        free.put(None)
+        thread.join()
+
+
+class _InlineExecutor:  # pylint: disable=too-few-public-methods
+    """The flusher when no flusher thread runs (a copy_file call outside a run): each flush runs at once."""
+
+    @staticmethod
+    def submit(func, *args):
+        future = concurrent.futures.Future()
+        try:
+            future.set_result(func(*args))
+        except Exception as exc:  # pylint: disable=broad-exception-caught
+            future.set_exception(exc)
+        return future
+
+
+_INLINE = _InlineExecutor()
+
+
 class _Progress:
     """Thread-safe byte counter with a periodic stderr line."""
 
@@ -666,7 +753,8 @@ class Syncer:  # pylint: disable=too-many-instance-attributes
     """Copy one source listing into one destination directory."""
 
     def __init__(self, source, dest, name=None, include=None, exclude=None, force=False, verify="auto", workers=None,
-                 buffer_size=DEFAULT_BUFFER, fsync=True, checkpoint_bytes=DEFAULT_CHECKPOINT, log=None, max_rate=0):
+                 buffer_size=DEFAULT_BUFFER, fsync=True, checkpoint_bytes=DEFAULT_CHECKPOINT, log=None, max_rate=0,
+                 read_ahead=None):
         if verify not in VERIFY_MODES:
             raise ValidationError("unknown verify mode %r" % verify, field="verify", hint="use one of %s" % ", ".join(VERIFY_MODES))
         self.source = source
@@ -678,6 +766,11 @@ class Syncer:  # pylint: disable=too-many-instance-attributes
         self.verify = verify
         self.workers = max(1, int(workers or min(4, os.cpu_count() or 1)))
         self.buffer_size = max(64 * 1024, int(buffer_size))
+        if read_ahead is None:
+            # Local files: the kernel reads ahead asynchronously already, a thread would only add hand-offs.
+            read_ahead = 0 if isinstance(source, LocalSource) else PIPELINE_DEPTH
+        self.read_ahead = max(0, int(read_ahead))
+        self._flusher = None
         self.fsync = fsync
         self.checkpoint_bytes = max(self.buffer_size, int(checkpoint_bytes))
         self.log = log
@@ -780,7 +873,9 @@ class Syncer:  # pylint: disable=too-many-instance-attributes
     def _record(self, entry, sha, st):
         with self.journal_lock:
             self.journal["files"][entry.path] = {"size": st.st_size, "sha256": sha, "mtime_ns": st.st_mtime_ns, "source": entry.fingerprint}
-        self._write_journal(force=entry.size >= 64 * 1048576)
+        # Every finished file is journaled at once (a few hundred microseconds), so a kill right after it never
+        # makes the rerun copy it again.
+        self._write_journal(force=True)
 
     # -- copy ------------------------------------------------------------------------------------
     def _tmp_paths(self, rel):
@@ -803,22 +898,30 @@ class Syncer:  # pylint: disable=too-many-instance-attributes
         return max(0, trusted)
 
     def copy_file(self, entry, attempt=0):
-        """Copy one file (resuming a partial copy), return its manifest entry."""
-        final = os.path.join(self.dest, entry.path.replace("/", os.sep))
+        """Copy one file (resuming a partial copy); return its manifest entry, or a Future of it with fsync.
+
+        Durability never blocks the copying thread: with fsync, the writeback kicks, the fdatasync
+        checkpoints and the final fsync + journal + rename of each file run in order on one flusher
+        thread (``self._flusher``) through a duplicate of the file descriptor, while this thread goes on
+        reading, hashing and writing. The manifest is written only after every flush has finished.
+        """
         tmp, ckpt = self._tmp_paths(entry.path)
         os.makedirs(os.path.dirname(tmp), exist_ok=True)
         offset = self._resume_offset(entry, tmp, ckpt) if attempt == 0 else 0
         hasher = hashlib.sha256()
-        buf = bytearray(self.buffer_size)
-        view = memoryview(buf)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT, 0o644)
+        flusher = (self._flusher or _INLINE) if self.fsync else None
+        sync_fd = os.dup(fd) if flusher is not None else -1
         try:
             if offset:
                 os.ftruncate(fd, offset)
+                # The partial file's bytes are hashed as they are on disk now, so the final hash covers
+                # exactly the bytes the file holds.
+                view = memoryview(bytearray(self.buffer_size))
                 with open(tmp, "rb", buffering=0) as prefix:
                     left = offset
                     while left:
-                        n = prefix.readinto(view[: min(len(buf), left)])
+                        n = prefix.readinto(view[: min(len(view), left)])
                         if not n:
                             break
                         hasher.update(view[:n])
@@ -839,65 +942,88 @@ class Syncer:  # pylint: disable=too-many-instance-attributes
             next_ckpt = offset + self.checkpoint_bytes
             flushed = offset
             with src:
-                for chunk in self._chunks(src, view, offset):
-                    hasher.update(chunk)
-                    n = len(chunk)
-                    try:
-                        w = os.write(fd, chunk)
-                        while w < n:
-                            w += os.write(fd, chunk[w:])
-                    except OSError as exc:
-                        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                            raise SyncError("no space left while writing %s (%s)" % (entry.path, human_bytes(entry.size or written)),
-                                            field="dest", hint="use a larger volume (stage_pvc_size / stage_pvc_headroom_percent)") from exc
-                        raise
-                    written += n
-                    if self.progress is not None:
-                        self.progress.add(n)
-                    if self.max_rate:
-                        self._throttle(n)
-                    if self.fsync and written - flushed >= WRITEBACK_WINDOW:
-                        # Start writeback of what was just written without waiting for it (Linux: FADV_DONTNEED
-                        # issues asynchronous writeback), so the final fsync finds little left to do.
+                chunks = self._chunks(src)
+                try:
+                    for chunk in chunks:
+                        # Hash, then write the very same private buffer: the bytes written are the bytes hashed.
+                        hasher.update(chunk)
+                        n = len(chunk)
                         try:
-                            os.posix_fadvise(fd, flushed, written - flushed, os.POSIX_FADV_DONTNEED)
-                        except (AttributeError, OSError):
-                            pass
-                        flushed = written
-                    if written >= next_ckpt and self.fsync:
-                        os.fdatasync(fd)
-                        atomic_write_json(ckpt, {"source": entry.fingerprint, "boot_id": self.boot, "synced": written}, fsync=False)
-                        next_ckpt = written + self.checkpoint_bytes
+                            w = os.write(fd, chunk)
+                            while w < n:
+                                w += os.write(fd, chunk[w:])
+                        except OSError as exc:
+                            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                                raise SyncError("no space left while writing %s (%s)" % (entry.path, human_bytes(entry.size or written)),
+                                                field="dest", hint="use a larger volume (stage_pvc_size / stage_pvc_headroom_percent)") from exc
+                            raise
+                        written += n
+                        if self.progress is not None:
+                            self.progress.add(n)
+                        if self.max_rate:
+                            self._throttle(n)
+                        if flusher is not None and written - flushed >= WRITEBACK_WINDOW:
+                            # Start writeback of what was just written (Linux: FADV_DONTNEED on dirty pages issues
+                            # asynchronous writeback), so the disk is busy from the start and the final fsync is short.
+                            flusher.submit(_advise, sync_fd, "POSIX_FADV_DONTNEED", flushed, written - flushed)
+                            flushed = written
+                        if flusher is not None and written >= next_ckpt:
+                            flusher.submit(self._checkpoint, sync_fd, tmp, ckpt, entry, written)
+                            next_ckpt = written + self.checkpoint_bytes
+                finally:
+                    chunks.close()  # joins a reader thread before the source is closed
             os.ftruncate(fd, written)
             if entry.size is not None and written != entry.size:
                 raise SyncError("%s: got %d bytes, expected %d" % (entry.path, written, entry.size), field="source",
                                 hint="the source changed or the transfer was cut; rerun to resume")
             sha = hasher.hexdigest()
             if entry.sha256 and sha != entry.sha256:
-                os.close(fd)
-                fd = -1
                 self._discard(tmp, ckpt)
                 if attempt == 0:
                     self._log("%s: sha256 mismatch (%s != %s), copying it again" % (entry.path, sha, entry.sha256))
                     return self.copy_file(entry, attempt=1)
                 raise SyncError("%s: sha256 %s does not match the source's %s" % (entry.path, sha, entry.sha256), field="source",
                                 hint="the mirror serves different bytes than its index says; fix the mirror")
-            if self.fsync:
-                os.fsync(fd)
+            done = (entry, sha, tmp, ckpt, written - offset)
+            if flusher is not None:
+                result = flusher.submit(self._finish, sync_fd, *done)
+                sync_fd = -1  # _finish closes it
+                return result
+            return self._finish(-1, *done)
         finally:
-            if fd >= 0:
-                os.close(fd)
+            os.close(fd)
+            if sync_fd >= 0:
+                flusher.submit(os.close, sync_fd)  # after the flushes already queued for it
+
+    def _checkpoint(self, sync_fd, tmp, ckpt, entry, written):
+        """Flusher: make the first ``written`` bytes durable and record it, so a resume after a reboot trusts them."""
+        try:
+            os.fdatasync(sync_fd)
+            if os.fstat(sync_fd).st_ino != os.stat(tmp).st_ino:
+                return  # the partial file was discarded and started again meanwhile: this offset is not its own
+        except OSError:
+            return  # the final fsync reports the error
+        atomic_write_json(ckpt, {"source": entry.fingerprint, "boot_id": self.boot, "synced": written}, fsync=False)
+
+    def _finish(self, sync_fd, entry, sha, tmp, ckpt, copied):
+        """fsync (when ``sync_fd`` is given), journal, move into place; return the manifest entry."""
+        if sync_fd >= 0:
+            try:
+                os.fsync(sync_fd)
+            finally:
+                os.close(sync_fd)
+        # Journal the file before it moves into place (a rename keeps size and mtime): a kill after the rename
+        # can never leave a finished file the rerun does not know. A kill between the two leaves the complete
+        # .part file, which the rerun resumes at its full length (nothing copied) and renames.
+        st = os.stat(tmp)
+        self._record(entry, sha, st)
+        final = os.path.join(self.dest, entry.path.replace("/", os.sep))
         os.makedirs(os.path.dirname(final), exist_ok=True)
         if os.path.isdir(final) and not os.path.islink(final):
             shutil.rmtree(final)
         os.replace(tmp, final)
-        try:
-            os.unlink(ckpt)
-        except OSError:
-            pass
-        st = os.stat(final)
-        self._count(copied_files=1, copied_bytes=written - offset)
-        self._record(entry, sha, st)
+        self._discard(ckpt)
+        self._count(copied_files=1, copied_bytes=copied)
         return {"size": st.st_size, "sha256": sha, "mtime_ns": st.st_mtime_ns, "source": entry.fingerprint}
 
     def _throttle(self, num):
@@ -911,52 +1037,41 @@ class Syncer:  # pylint: disable=too-many-instance-attributes
         if delay > 0:
             time.sleep(delay)
 
-    def _chunks(self, src, view, offset):
-        """Yield memoryviews of the source from ``offset`` on.
+    def _chunks(self, src):
+        """Yield memoryviews of the (already positioned) source, each valid until the next one is asked for.
 
-        A local regular file is memory-mapped: hashing and writing straight from the page cache saves the
-        copy into a user buffer. Anything else (HTTP bodies) is read into the one reusable buffer.
+        The bytes come in private buffers owned by this generator: the caller hashes a buffer and writes
+        that same buffer, so what is hashed is exactly what is written (a source file changed meanwhile
+        cannot make them differ, as it could with a memory map). With ``self.read_ahead`` a reader thread
+        fills the next buffers (that many, so memory stays bounded) while the caller
+        hashes and writes the current one: read(), hashlib's update() and write() release the GIL, so
+        reading (disk or network) overlaps hashing and writing.
         """
-        mapped = None
         if isinstance(src, io.FileIO):
-            try:
-                size = os.fstat(src.fileno()).st_size
-                if size > offset:
-                    mapped = mmap.mmap(src.fileno(), 0, access=mmap.ACCESS_READ)
-            except (OSError, ValueError):
-                mapped = None
-        if mapped is not None:
-            try:
-                mapped.madvise(mmap.MADV_SEQUENTIAL)
-            except (AttributeError, OSError):
-                pass
-            mview = memoryview(mapped)
-            try:
-                end = len(mapped)
-                pos = offset
-                step = self.buffer_size
-                while pos < end:
-                    chunk = mview[pos: pos + step]
-                    try:
-                        yield chunk
-                    finally:
-                        chunk.release()
-                    pos += step
-            finally:
-                mview.release()
-                mapped.close()
-            return
-        readinto = getattr(src, "readinto", None)
-        while True:
-            if readinto is not None:
-                n = readinto(view)
-            else:
+            fd = src.fileno()
+
+            def readinto(view):
+                return os.readv(fd, [view])
+        else:
+            raw_readinto = getattr(src, "readinto", None)
+
+            def readinto(view):
+                if raw_readinto is not None:
+                    return raw_readinto(view) or 0
                 data = src.read(len(view))
-                n = len(data)
-                view[:n] = data
-            if not n:
-                return
-            yield view[:n]
+                view[: len(data)] = data
+                return len(data)
+
+        size = self.buffer_size
+        if self.read_ahead < 1:
+            view = memoryview(bytearray(size))
+            while True:
+                num = readinto(view)
+                if not num:
+                    return
+                yield view[:num]
+        else:
+            yield from _read_ahead(readinto, size, self.read_ahead)
 
     @staticmethod
     def _discard(*paths):
@@ -966,20 +1081,39 @@ class Syncer:  # pylint: disable=too-many-instance-attributes
             except OSError:
                 pass
 
+    def _orphan_temp_files(self):
+        """Temp files of journal/manifest writes by runs that were killed (``<name>.tmp.<pid>``, that pid gone)."""
+        found = []
+        try:
+            names = os.listdir(self.dest)
+        except OSError:
+            return found
+        for fname in names:
+            base, sep, pid = fname.rpartition(".tmp.")
+            if not sep or base not in (JOURNAL_NAME, MANIFEST_NAME) or not pid.isdigit() or int(pid) == os.getpid():
+                continue
+            try:
+                os.kill(int(pid), 0)
+                continue  # a live process of that pid may be writing it
+            except ProcessLookupError:
+                found.append(os.path.join(self.dest, fname))
+            except OSError:
+                continue
+        return found
+
     def hash_file(self, rel):
         """sha256 of a destination file."""
         hasher = hashlib.sha256()
-        buf = bytearray(self.buffer_size)
-        view = memoryview(buf)
         total = 0
         with open(os.path.join(self.dest, rel.replace("/", os.sep)), "rb", buffering=0) as fh:
+            _advise(fh.fileno(), "POSIX_FADV_SEQUENTIAL")
+            chunks = self._chunks(fh)
             try:
-                os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-            except (AttributeError, OSError):
-                pass
-            for chunk in self._chunks(fh, view, 0):
-                hasher.update(chunk)
-                total += len(chunk)
+                for chunk in chunks:
+                    hasher.update(chunk)
+                    total += len(chunk)
+            finally:
+                chunks.close()
         self._count(verified_files=1, verified_bytes=total)
         return hasher.hexdigest()
 
@@ -1037,12 +1171,16 @@ class Syncer:  # pylint: disable=too-many-instance-attributes
         self.journal = {"schema": MANIFEST_SCHEMA, "name": self.name, "source": self.source.uri, "files": dict(keep)}
 
         def invalidate():
-            """Before touching data: drop the manifest (fsynced) and record ownership in the journal."""
+            """Before touching data: record ownership in the journal, then drop the manifest (fsynced).
+
+            In this order a kill at any point leaves either the old (still true) manifest or the journal, so the
+            rerun always recognises the directory as its own (the other order left neither: "files this tool did
+            not write")."""
+            self._write_journal(force=True)
             if os.path.exists(self.manifest_path):
                 os.unlink(self.manifest_path)
                 if self.fsync:
                     fsync_dir(self.dest)
-            self._write_journal(force=True)
 
         if changing:
             invalidate()
@@ -1118,7 +1256,7 @@ class Syncer:  # pylint: disable=too-many-instance-attributes
             changed_manifest = True
         else:
             changed_manifest = False
-        self._discard(self.journal_path)
+        self._discard(self.journal_path, *self._orphan_temp_files())
         if os.path.isdir(self.tmp_root):
             shutil.rmtree(self.tmp_root, ignore_errors=True)
         seconds = time.monotonic() - start
@@ -1135,6 +1273,7 @@ class Syncer:  # pylint: disable=too-many-instance-attributes
             "recopied": sorted(set(self.recopied)),
             "deleted": sorted(self.deleted),
             "seconds": round(seconds, 3),
+            "peak_rss_mib": peak_rss_mib(),
             "copy_mib_s": round(self.stats["copied_bytes"] / 1048576 / seconds, 1) if seconds > 0 else 0.0,
             **self.stats,
         }
@@ -1144,7 +1283,14 @@ class Syncer:  # pylint: disable=too-many-instance-attributes
             return
         entries = sorted(entries, key=lambda e: -(e.size or 0))
         self.progress = _Progress(sum(e.size or 0 for e in entries), "copy %s" % self.name, stream=self.log)
-        results = self._parallel(self.copy_file, entries)
+        self._flusher = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="artifact-sync-flush") if self.fsync else None
+        try:
+            results = self._parallel(self.copy_file, entries)
+            results = [r.result() if isinstance(r, concurrent.futures.Future) else r for r in results]
+        finally:
+            if self._flusher is not None:
+                self._flusher.shutdown(wait=True)  # every queued flush (and fd close) has run
+                self._flusher = None
         for entry, rec in zip(entries, results):
             keep[entry.path] = rec
         self._write_journal(force=True)
@@ -1309,6 +1455,9 @@ def build_parser():
                         help="auto: re-hash files skipped by the size+mtime check; full: re-hash everything; quick: trust size+mtime")
     parser.add_argument("--workers", type=int, default=None, help="files copied in parallel (default min(4, CPUs))")
     parser.add_argument("--buffer-size", type=int, default=DEFAULT_BUFFER, help="copy buffer in bytes")
+    parser.add_argument("--read-ahead", type=int, default=None,
+                        help="buffers a reader thread fills ahead of hashing and writing, per file (0: read in the copying thread; "
+                        "default %d for network sources, 0 for local files, where the kernel's readahead already overlaps)" % PIPELINE_DEPTH)
     parser.add_argument("--checkpoint-bytes", type=int, default=DEFAULT_CHECKPOINT, help="fdatasync + resume checkpoint interval")
     parser.add_argument("--max-rate", type=float, default=0, help="cap the copy rate in MiB/s (0: no cap), e.g. to spare shared storage")
     parser.add_argument("--no-fsync", action="store_true", help="skip fsync (benchmarks only: a crash can lose data)")
@@ -1347,7 +1496,8 @@ def run_item(item, args, log):
     syncer = Syncer(source, item["dest"], name=item.get("name"), include=item.get("include"), exclude=item.get("exclude"),
                     force=bool(item.get("force")) or args.force, verify=item.get("verify") or args.verify,
                     workers=item.get("workers") or args.workers, buffer_size=args.buffer_size, fsync=not args.no_fsync,
-                    checkpoint_bytes=args.checkpoint_bytes, log=log, max_rate=(item.get("max_rate_mib_s") or args.max_rate) * 1048576)
+                    checkpoint_bytes=args.checkpoint_bytes, log=log, max_rate=(item.get("max_rate_mib_s") or args.max_rate) * 1048576,
+                    read_ahead=args.read_ahead)
     if args.plan:
         files = syncer.listing()
         return {"ok": True, "name": syncer.name, "source": source.uri, "dest": syncer.dest, "files": len(files),
@@ -1392,6 +1542,158 @@ def main(argv=None):
         emit(log, "[artifact-sync] ERROR: %s" % results[-1]["error"])
     summary = {"ok": code == 0, "mode": "check" if args.check else ("plan" if args.plan else "sync"), "items": results}
     root = (read_json(args.config) or {}).get("root") if args.config else None
+    if root and os.path.isdir(root):
+        summary["layout"] = sorted(n for n in os.listdir(root) if not n.startswith("."))
+    emit(sys.stdout, json.dumps({RESULT_KEY: summary}, sort_keys=True))
+    return code
+
+
+# --------------------------------------------------------------------------------------------------
+# Removing a staged subdirectory (the rollback role's draft-remover Job). Separate from the copy engine:
+# the Job runs it with ``python3 -c "import runpy, sys; ..." artifact_sync.py --config plan.json`` (see
+# REMOVE_LAUNCHER), so this file's CLI stays as it is.
+
+REMOVE_LAUNCHER = "import runpy, sys; sys.exit(runpy.run_path(sys.argv[1])['remove_subdir_main'](sys.argv[2:]))"
+
+
+def _remove_relpath(path, field):
+    """A clean relative path below the root: no absolute path, no '..', '.', empty or internal names."""
+    if not isinstance(path, str) or not path.strip("/").strip():
+        raise ValidationError("is empty (that would be the whole volume)", field=field, hint="give the draft's subdirectory, e.g. draft")
+    if path.startswith("/") or "\\" in path or "\0" in path:
+        raise ValidationError("%r is not a relative path inside the volume" % path, field=field, hint="give a path such as draft")
+    parts = path.rstrip("/").split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise ValidationError("%r leaves the volume or is not normalised ('..', '.', '//')" % path, field=field,
+                              hint="give a plain path such as draft or models/draft")
+    if any(p in INTERNAL_NAMES for p in parts):
+        raise ValidationError("%r names the sync engine's own files" % path, field=field)
+    return "/".join(parts)
+
+
+def _drop_from_record(path, rel_prefix, fsync=True):
+    """Drop the entries under ``rel_prefix`` from the manifest or journal at ``path``; True when it changed."""
+    data = read_json(path)
+    if not isinstance(data, dict) or data.get("schema") != MANIFEST_SCHEMA or not isinstance(data.get("files"), dict):
+        return False
+    files = data["files"]
+    keep = {p: e for p, e in files.items() if not (p == rel_prefix or p.startswith(rel_prefix + "/"))}
+    if len(keep) == len(files):
+        return False
+    data["files"] = keep
+    if os.path.basename(path) == MANIFEST_NAME:
+        data["tree_sha256"] = tree_digest(keep)
+        data["total_bytes"] = sum(int(e.get("size") or 0) for e in keep.values())
+        data["file_count"] = len(keep)
+    atomic_write_json(path, data, fsync=fsync)
+    return True
+
+
+def remove_staged(root, subdir, keep=(), name=None, fsync=True, log=None):
+    """Remove ``root/subdir`` (a staged model directory) so that no manifest claims it any more.
+
+    Order: the subdirectory's own manifest goes first (fsynced), then its journal and files; manifests and
+    journals of enclosing directories (a tree staged as one item) lose the entries below it. Refuses paths
+    outside ``root``, symlinked components, a directory holding (or equal to) one of ``keep`` (what the
+    serving command still uses), and, with ``name``, a directory whose manifest names another model.
+    Idempotent: an absent directory is reported with ``removed: false``.
+    """
+    rel = _remove_relpath(subdir, "subdir")
+    root_real = os.path.realpath(root)
+    if not os.path.isdir(root_real):
+        raise ValidationError("%s is not a directory (is the volume mounted?)" % root, field="root")
+    for kept in keep or ():
+        kept_rel = _remove_relpath(kept, "keep")
+        if kept_rel == rel or kept_rel.startswith(rel + "/"):
+            raise ValidationError("%s holds %s, which the serving command still uses" % (rel, kept_rel), field="subdir",
+                                  hint="remove only the draft's own directory")
+    parts = rel.split("/")
+    for i in range(1, len(parts) + 1):
+        if os.path.islink(os.path.join(root_real, *parts[:i])):
+            raise ValidationError("%s is a symlink; refusing to follow it out of the draft's directory" % "/".join(parts[:i]),
+                                  field="subdir", hint="remove the link by hand after checking where it points")
+    dest = os.path.join(root_real, *parts)
+    if not os.path.realpath(dest).startswith(root_real.rstrip(os.sep) + os.sep):
+        raise ValidationError("%s resolves outside %s" % (rel, root), field="subdir")
+    result = {"ok": True, "dest": dest, "subdir": rel, "removed": False, "files": 0, "bytes": 0, "records_updated": []}
+    if os.path.lexists(dest) and not os.path.isdir(dest):
+        raise ValidationError("%s is not a directory" % dest, field="subdir", hint="remove it by hand if it is the draft")
+    if os.path.isdir(dest):
+        manifest = read_manifest(dest)
+        if name and manifest is not None and manifest.get("name") and manifest.get("name") != name:
+            raise ValidationError("%s holds %r, not the draft %r" % (dest, manifest.get("name"), name), field="subdir",
+                                  hint="check which model the directory holds before removing it")
+        result["name"] = (manifest or {}).get("name")
+        for dirpath, _dirs, filenames in os.walk(dest):
+            for fname in filenames:
+                if fname.startswith((MANIFEST_NAME, JOURNAL_NAME)) or TMP_DIR in dirpath:
+                    continue
+                try:
+                    result["bytes"] += os.lstat(os.path.join(dirpath, fname)).st_size
+                except OSError:
+                    pass
+                result["files"] += 1
+        for internal in (MANIFEST_NAME, JOURNAL_NAME):
+            path = os.path.join(dest, internal)
+            if os.path.lexists(path):
+                os.unlink(path)
+                if fsync:
+                    fsync_dir(dest)
+        shutil.rmtree(dest)
+        if fsync:
+            fsync_dir(os.path.dirname(dest))
+        result["removed"] = True
+    for i in range(len(parts)):
+        ancestor = os.path.join(root_real, *parts[:i]) if i else root_real
+        prefix = "/".join(parts[i:])
+        for record in (MANIFEST_NAME, JOURNAL_NAME):
+            path = os.path.join(ancestor, record)
+            if os.path.isfile(path) and _drop_from_record(path, prefix, fsync=fsync):
+                result["records_updated"].append(path)
+    if log is not None:
+        emit(log, "[artifact-sync] %s: %s, %d file(s) %s; %d manifest/journal record(s) updated" % (
+            dest, "removed" if result["removed"] else "already absent", result["files"], human_bytes(result["bytes"]),
+            len(result["records_updated"])))
+    return result
+
+
+def remove_subdir_main(argv=None):
+    """CLI of the remover: ``--config plan.json`` ({root, remove: [{subdir, name, keep}]}) or ``--root/--subdir``."""
+    parser = argparse.ArgumentParser(prog="artifact_sync.py (remove)", description="Remove staged subdirectories of a volume.")
+    parser.add_argument("--config", help="JSON file with {'root': DIR, 'remove': [{'subdir': ..., 'name': ..., 'keep': [...]}]}")
+    parser.add_argument("--root", help="the volume's mount point")
+    parser.add_argument("--subdir", action="append", default=[], help="subdirectory to remove (repeatable)")
+    parser.add_argument("--keep", action="append", default=[], help="subdirectory that must survive (repeatable)")
+    parser.add_argument("--no-fsync", action="store_true")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    log = None if args.quiet else sys.stderr
+    results = []
+    code = 0
+    root = args.root
+    try:
+        if args.config:
+            data = read_json(args.config)
+            if not isinstance(data, dict) or not isinstance(data.get("remove"), list) or not data["remove"]:
+                raise ValidationError("%s is not a JSON object with a non-empty 'remove' list" % args.config, field="config")
+            root = data.get("root") or root
+            todo = [dict(item) for item in data["remove"] if isinstance(item, dict)]
+        else:
+            todo = [{"subdir": s, "keep": args.keep} for s in args.subdir]
+        if not root or not todo:
+            raise ValidationError("--root and --subdir are required (or --config)", field="root")
+        for item in todo:
+            results.append(remove_staged(root, item.get("subdir"), keep=item.get("keep") or (), name=item.get("name"),
+                                         fsync=not args.no_fsync, log=log))
+    except ValidationError as exc:
+        code = 2
+        results.append({"ok": False, "error": str(exc), "field": exc.field, "kind": "validation"})
+    except OSError as exc:
+        code = 1
+        results.append({"ok": False, "error": "%s: %s" % (getattr(exc, "filename", "") or "", exc.strerror or exc), "kind": "os"})
+    if code and log is not None:
+        emit(log, "[artifact-sync] ERROR: %s" % results[-1]["error"])
+    summary = {"ok": code == 0, "mode": "remove", "items": results}
     if root and os.path.isdir(root):
         summary["layout"] = sorted(n for n in os.listdir(root) if not n.startswith("."))
     emit(sys.stdout, json.dumps({RESULT_KEY: summary}, sort_keys=True))

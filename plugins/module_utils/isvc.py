@@ -25,6 +25,7 @@ except ImportError:  # pragma: no cover - reported by the calling module
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import speculative_config as spec_core
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import oci_registry
 
 API_VERSION = "serving.kserve.io/v1beta1"
 KIND = "InferenceService"
@@ -226,6 +227,7 @@ def resolve_artifacts(mode, art, needs_draft, kserve_version=(0, 20, 0), modelca
         if not image:
             raise ValidationError("is required for artifact_mode modelcar", field="artifacts.modelcar_image",
                                   hint="set the image reference, e.g. registry.local/models/llama-eagle3:v1")
+        oci_registry.ImageRef.parse(image, field="artifacts.modelcar_image")
         uri = image if image.startswith("oci://") else "oci://" + image
         result = Artifacts(mode, posixpath.join(DEFAULT_MOUNT, layout_target),
                            posixpath.join(DEFAULT_MOUNT, layout_draft) if needs_draft else None, storage_uri=uri, reason=reason)
@@ -462,5 +464,11 @@ def manifest_filename(manifest):
 
 def kustomization(resource_files):
     """A kustomization.yaml listing the manifests, sorted so reruns are byte-identical."""
-    return to_yaml({"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-                    "resources": sorted(set(resource_files))})
+    names = []
+    for i, name in enumerate(resource_files or []):
+        name = str(name)
+        if not name or name.startswith("/") or ".." in name.split("/"):
+            raise ValidationError("%r is not a file name inside the GitOps directory" % name, field="resources[%d]" % i,
+                                  hint="list manifest files relative to kustomization.yaml, e.g. models-llama.yaml")
+        names.append(name)
+    return to_yaml({"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": sorted(set(names))})

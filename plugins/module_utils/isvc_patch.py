@@ -99,13 +99,24 @@ def current_config(isvc):
     return None
 
 
-def plan_strip(isvc):
-    """Strip every speculative flag from every predictor container."""
+def _named_container(containers, container_name):
+    chosen = [c for c in containers if c.name == container_name]
+    if not chosen:
+        raise ValidationError("no predictor container named %r (found: %s)" % (container_name, ", ".join(c.name for c in containers) or "none"),
+                              field="container", hint="use one of the names listed, or omit container")
+    return chosen[0]
+
+
+def plan_strip(isvc, container_name=None):
+    """Strip every speculative flag from every predictor container (or only from the one named)."""
     changes = []
     previous = None
     raw = None
     names = []
-    for container in predictor_containers(isvc):
+    containers = predictor_containers(isvc)
+    if container_name:
+        containers = [_named_container(containers, container_name)]
+    for container in containers:
         touched = False
         for field in ("command", "args"):
             old = getattr(container, field)
@@ -147,11 +158,7 @@ def plan_set(isvc, canonical_json, container_name=None):
     """Set ``canonical_json`` as the speculative config of the vLLM container (others are left alone)."""
     containers = predictor_containers(isvc)
     if container_name:
-        chosen = [c for c in containers if c.name == container_name]
-        if not chosen:
-            raise ValidationError("no predictor container named %r (found: %s)" % (container_name, ", ".join(c.name for c in containers) or "none"),
-                                  field="container", hint="use one of the names listed, or omit container")
-        target = chosen[0]
+        target = _named_container(containers, container_name)
     else:
         target = _vllm_container(containers)
     if target is None:

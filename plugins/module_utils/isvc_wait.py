@@ -44,11 +44,45 @@ def describe(isvc, pods):
         state["generation"], state["observed_generation"], ", ".join(conds) or "none", "; ".join(pod_text) or "none")
 
 
+# An API server that restarts or sheds load answers with these (or not at all): worth waiting out, not a failure.
+TRANSIENT_STATUS = (429, 500, 502, 503, 504)
+
+
+def transient_error(exc):
+    """A short reason when ``exc`` (or what caused it) is an API server outage worth waiting out, else None.
+
+    Connection errors (refused, reset, timed out: ``OSError`` or urllib3's errors, which the kubernetes client
+    raises as they are) and HTTP 429/5xx count; a 404, 403 or 422 does not."""
+    cause, depth = exc, 0
+    while cause is not None and depth < 6:
+        status = getattr(cause, "status", None)
+        if isinstance(status, int) and status in TRANSIENT_STATUS:
+            return "the API server answered HTTP %d" % status
+        if isinstance(cause, OSError) or (type(cause).__module__ or "").split(".")[0] == "urllib3":
+            return "cannot reach the API server: %s" % (getattr(cause, "reason", None) or cause)
+        cause, depth = cause.__cause__ or cause.__context__, depth + 1
+    return None
+
+
 def wait_ready(api_client, namespace, name, timeout=1200, interval=5, clock=time.monotonic, sleep=time.sleep):
-    """Poll until Ready at the current generation. Returns (isvc, elapsed seconds); raises WaitTimeout."""
+    """Poll until Ready at the current generation. Returns (isvc, elapsed seconds); raises WaitTimeout.
+
+    An API server outage during the wait (restart, overload) is waited out until the timeout; if the server
+    is still unreachable then, the error names the connection problem."""
     start = clock()
     while True:
-        isvc = k8s_pods.get_inference_service(api_client, namespace, name)
+        try:
+            isvc = k8s_pods.get_inference_service(api_client, namespace, name)
+        except Exception as exc:  # pylint: disable=broad-except
+            why = transient_error(exc)
+            if why is None:
+                raise
+            elapsed = clock() - start
+            if elapsed >= timeout:
+                raise SpecDecodingError("waiting for InferenceService %s/%s: %s (still after %ds)" % (namespace, name, why, int(elapsed)),
+                                        field="name", hint="check that the API server is up and reachable, then rerun") from exc
+            sleep(min(interval, max(0.1, timeout - elapsed)))
+            continue
         state = k8s_pods.readiness(isvc)
         if state["ready"] and state["up_to_date"]:
             return isvc, clock() - start

@@ -16,6 +16,7 @@ Plain Python, no Ansible imports; ``kubernetes`` is imported guardedly.
 from __future__ import annotations
 
 import json
+import shlex
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
@@ -32,11 +33,22 @@ except ImportError:  # pragma: no cover - the calling module reports it with mis
 
     HAS_KUBERNETES = False
 
+try:
+    from urllib3.exceptions import HTTPError as TransportError
+except ImportError:  # pragma: no cover - urllib3 comes with kubernetes
+    class TransportError(Exception):
+        """Stand-in so except clauses work without the library."""
+
 ISVC_LABEL = "serving.kserve.io/inferenceservice"
 DEFAULT_CONTAINER = "kserve-container"
 KSERVE_GROUP = "serving.kserve.io"
 KSERVE_VERSION = "v1beta1"
 LOG_CHUNK = 1 << 16
+DEFAULT_HTTP_PORT = 8080  # KServe's runtimes (and its vLLM examples) serve HTTP on 8080
+# vLLM's own flag first; KServe's model servers (huggingfaceserver) use --http_port.
+PORT_FLAGS = ("--port", "--http_port", "--http-port")
+TLS_FLAGS = ("--ssl-certfile", "--ssl_certfile")
+HTTP_PORT_NAMES = ("http", "http1", "h2c", "http-server", "metrics", "http-metrics")
 
 
 class PodAccessError(SpecDecodingError):
@@ -217,18 +229,128 @@ def stream_pod_log(api_client, namespace, pod, container=DEFAULT_CONTAINER, sinc
         resp.release_conn()
 
 
-def proxy_get(api_client, namespace, pod, port=8080, path="metrics", scheme="http", timeout=30):
+def proxy_get(api_client, namespace, pod, port=DEFAULT_HTTP_PORT, path="metrics", scheme="http", timeout=30):
     """GET ``path`` on a pod's port through the API server's pod proxy; returns the body as text."""
     target = "%s:%s" % (pod, port) if scheme == "http" else "%s:%s:%s" % (scheme, pod, port)
     try:
         resp = CoreV1Api(api_client).connect_get_namespaced_pod_proxy_with_path(
             target, namespace, path.lstrip("/"), _preload_content=False, _request_timeout=timeout)
     except ApiException as exc:
-        raise PodAccessError("GET /%s on pod %s/%s port %s through the API server proxy failed: %s"
-                             % (path.lstrip("/"), namespace, pod, port, api_error_message(exc)), field="port",
-                             hint="check the pod is Running and serves /%s on that port (vLLM's default in KServe is 8080); "
+        raise PodAccessError("GET /%s on pod %s/%s port %s (%s) through the API server proxy failed: %s"
+                             % (path.lstrip("/"), namespace, pod, port, scheme, api_error_message(exc)), field="port",
+                             hint="check the pod is Running and serves /%s on that port (vLLM's default in KServe is 8080) "
+                                  "with that scheme (https when vLLM runs with --ssl-certfile); "
                                   "the identity needs get on pods/proxy" % path.lstrip("/")) from exc
+    except (TransportError, OSError) as exc:
+        raise PodAccessError("GET /%s on pod %s/%s port %s (%s) through the API server proxy failed: %s"
+                             % (path.lstrip("/"), namespace, pod, port, scheme, exc), field="timeout",
+                             hint="the API server or the pod did not answer in time; raise timeout or check the pod") from exc
     try:
         return resp.data.decode("utf-8", "replace")
     finally:
         resp.release_conn()
+
+
+def read_pod(api_client, namespace, pod):
+    """A pod as a plain dict (the API's camelCase keys)."""
+    try:
+        obj = CoreV1Api(api_client).read_namespaced_pod(pod, namespace)
+    except ApiException as exc:
+        if getattr(exc, "status", None) == 404:
+            raise ValidationError("pod %s/%s not found" % (namespace, pod), field="pod",
+                                  hint="check pod and namespace (kubectl get pods -n %s)" % namespace) from exc
+        raise PodAccessError("reading pod %s/%s failed: %s" % (namespace, pod, api_error_message(exc)), field="pod",
+                             hint="the identity needs get on pods to find the HTTP port and scheme; or give port (a number) "
+                                  "and scheme") from exc
+    return api_client.sanitize_for_serialization(obj)
+
+
+def _argv_tokens(argv):
+    """command+args as tokens; an element holding a shell line (``sh -c "vllm serve ... --port 8000"``) is split too."""
+    tokens = []
+    for item in argv or []:
+        item = str(item)
+        if any(ch.isspace() for ch in item.strip()):
+            try:
+                tokens.extend(shlex.split(item))
+            except ValueError:
+                tokens.extend(item.split())
+        else:
+            tokens.append(item)
+    return tokens
+
+
+def argv_option(argv, flags):
+    """Value of the last ``--flag V`` / ``--flag=V`` in argv for any of ``flags`` (None when absent)."""
+    tokens = _argv_tokens(argv)
+    value = None
+    for i, token in enumerate(tokens):
+        for flag in flags:
+            if token == flag and i + 1 < len(tokens):
+                value = tokens[i + 1]
+            elif token.startswith(flag + "="):
+                value = token[len(flag) + 1:]
+    return value
+
+
+def pod_http_target(pod, container=DEFAULT_CONTAINER, port=None, scheme=None):
+    """Where vLLM's HTTP server listens in a pod (a dict with the API's camelCase keys).
+
+    Returns ``{"scheme", "port", "container", "how"}``. ``port`` as given: a number is used as is; a name is
+    looked up among the pod's container ports (the pod proxy only takes numbers). Without it: ``--port`` (or
+    KServe's ``--http_port``) in the container's command/args, which is what the server binds; else the
+    container's port named http/http1/h2c/metrics, else its first TCP port; else 8080. ``scheme`` without a
+    value: https when the container passes ``--ssl-certfile`` to vLLM, else http.
+    """
+    spec = (pod or {}).get("spec") or {}
+    pod_name = ((pod or {}).get("metadata") or {}).get("name") or "?"
+    containers = [c for c in spec.get("containers") or [] if isinstance(c, dict)]
+    chosen = None
+    for item in containers:
+        if item.get("name") == container:
+            chosen = item
+    how = []
+    if chosen is None:
+        chosen = containers[0] if containers else {}
+        if containers:
+            how.append("pod has no container %r, used %r" % (container, chosen.get("name")))
+    argv = list(chosen.get("command") or []) + list(chosen.get("args") or [])
+    ports = [p for p in chosen.get("ports") or [] if isinstance(p, dict) and p.get("containerPort")]
+    resolved = None
+    text = None if port is None else str(port).strip()
+    if text:
+        if text.isdigit():
+            resolved, source = int(text), "given"
+        else:
+            named = [(c.get("name"), p) for c in [chosen] + [c for c in containers if c is not chosen]
+                     for p in c.get("ports") or [] if isinstance(p, dict) and p.get("name") == text]
+            if not named:
+                names = sorted({p.get("name") for c in containers for p in c.get("ports") or [] if isinstance(p, dict) and p.get("name")})
+                raise ValidationError("pod %s has no container port named %r (named ports: %s)"
+                                      % (pod_name, text, ", ".join(names) or "none"), field="port",
+                                      hint="give the port number, or one of the pod's port names")
+            resolved, source = int(named[0][1]["containerPort"]), "from the port named %r of container %s" % (text, named[0][0])
+    if resolved is None:
+        flag_value = argv_option(argv, PORT_FLAGS)
+        if flag_value is not None and str(flag_value).isdigit():
+            resolved, source = int(flag_value), "from %s in the command/args of %s" % (
+                [f for f in PORT_FLAGS if argv_option(argv, (f,)) == flag_value][0], chosen.get("name"))
+    if resolved is None and ports:
+        tcp = [p for p in ports if str(p.get("protocol") or "TCP").upper() == "TCP"]
+        named = [p for p in tcp if str(p.get("name") or "").lower() in HTTP_PORT_NAMES]
+        plain = [p for p in tcp if "grpc" not in str(p.get("name") or "").lower()]
+        pick = (named or plain or tcp or ports)[0]
+        resolved, source = int(pick["containerPort"]), "from containerPort%s of %s" % (
+            " %r" % pick["name"] if pick.get("name") else "", chosen.get("name"))
+    if resolved is None:
+        resolved, source = DEFAULT_HTTP_PORT, "by default (no --port and no containerPort on %s)" % (chosen.get("name") or "the pod")
+    how.append("port %s %s" % (resolved, source))
+    if scheme:
+        chosen_scheme = scheme
+        how.append("scheme %s given" % scheme)
+    elif argv_option(argv, TLS_FLAGS):
+        chosen_scheme = "https"
+        how.append("https because %s passes --ssl-certfile" % chosen.get("name"))
+    else:
+        chosen_scheme = "http"
+    return {"scheme": chosen_scheme, "port": resolved, "container": chosen.get("name"), "how": "; ".join(how)}

@@ -30,6 +30,8 @@ _QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|
 _FACTORS = {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60,
             "k": 10 ** 3, "K": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9, "T": 10 ** 12, "P": 10 ** 15, "E": 10 ** 18, "m": 0.001}
 _SUBDIR = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
+_PVC_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+ACCESS_MODES = ("ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod")
 
 
 def parse_quantity(value, field="size"):
@@ -95,7 +97,10 @@ def normalize_items(items):
                 raise ValidationError("%r and %r (item %d) nest inside each other" % (subdir, other, j), field=_item_field(i, "subdir"))
         subdirs[subdir] = i
         item["subdir"] = subdir
-        item["kind"] = source_kind(item["source"])
+        try:
+            item["kind"] = source_kind(item["source"])
+        except ValidationError as exc:
+            raise ValidationError("unsupported source %r" % item["source"], field=_item_field(i, "source"), hint=exc.hint) from exc
         for key in ("include", "exclude"):
             item[key] = list(item.get(key) or [])
         out.append(item)
@@ -133,9 +138,28 @@ def staged_annotation(pvc):
     return data if isinstance(data, dict) else {}
 
 
+def check_inputs(params):
+    """The PVC name, access modes and mirror endpoints, checked before anything is listed or written."""
+    name = params.get("pvc_name")
+    if not isinstance(name, str) or len(name) > 44 or not _PVC_NAME.match(name):
+        raise ValidationError("%r is not a valid PVC name (a DNS-1123 label of at most 44 characters, so the stager Job's name fits)"
+                              % (name,), field="stage_pvc_name",
+                              hint="use lowercase letters, digits and '-', e.g. '%s'" % (re.sub(r"[^a-z0-9-]+", "-", str(name).lower()).strip("-")[:44]
+                                                                                        or "model-store"))
+    for mode in params.get("access_modes") or []:
+        if mode not in ACCESS_MODES:
+            raise ValidationError("%r is not a PVC access mode" % (mode,), field="stage_pvc_access_modes", hint="use %s" % ", ".join(ACCESS_MODES))
+    for key in ("hf_endpoint", "s3_endpoint"):
+        value = params.get(key)
+        if value and urllib.parse.urlsplit(value).scheme not in ("http", "https"):
+            raise ValidationError("%r is not an http(s) URL" % (value,), field="stage_pvc_" + key,
+                                  hint="give the mirror's URL with its scheme, e.g. https://%s" % value.split("://")[-1])
+
+
 def plan(params):  # pylint: disable=too-many-locals,too-many-branches,too-many-statements
     """Compute everything the role needs; raise ValidationError on bad input. ``params`` mirrors the module options."""
     name = params["pvc_name"]
+    check_inputs(params)
     items = normalize_items(params.get("items"))
     air_gapped = bool(params.get("air_gapped"))
     force = bool(params.get("force"))

@@ -55,6 +55,8 @@ _MTP_ALIASES_024 = (
 for _alias in _MTP_ALIASES_024:
     _METHODS.setdefault(_alias, ((0, 24, 0), (0, 11, 99), None))
 
+METHOD_NAMES = frozenset(_METHODS)
+
 # Methods that load separate draft weights from `model`.
 DRAFT_WEIGHT_METHODS = frozenset(("eagle", "eagle3", "draft_model", "medusa", "mlp_speculator", "dflash", "dspark"))
 # Methods that need no `model` at all (the proposer is the prompt, the target itself, or a suffix tree).

@@ -202,7 +202,8 @@ from ansible_collections.kubernetes.core.plugins.module_utils.args_common import
 from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import engine_log
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import speculative_config
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 
 def argument_spec():
@@ -230,9 +231,18 @@ def argument_spec():
 
 
 def _clean_expected(expected):
+    """Drop unset keys and refuse expectations no engine can meet, before any log is read."""
     if not expected:
         return None
     out = {k: v for k, v in expected.items() if v is not None}
+    method = out.get("method")
+    if method is not None and method not in speculative_config.METHOD_NAMES and not method.endswith("_mtp"):
+        raise ValidationError("%r is not a vLLM speculative method" % method, field="expected.method",
+                              hint="use one of %s (as in --speculative-config)" % ", ".join(sorted(speculative_config.METHOD_NAMES)[:12] + ["..."]))
+    tokens = out.get("num_speculative_tokens")
+    if tokens is not None and tokens < 1:
+        raise ValidationError("must be greater than zero, got %d" % tokens, field="expected.num_speculative_tokens",
+                              hint="give the num_speculative_tokens of the deployed --speculative-config, e.g. 3")
     return out or None
 
 
@@ -244,11 +254,11 @@ def check_one(result, expected):
 
 
 def run_local(params):
+    expected = _clean_expected(params["expected"])
     if params["log_text"] is not None:
         result = engine_log.scan_text(params["log_text"])
     else:
         result = engine_log.scan_file(params["log_path"])
-    expected = _clean_expected(params["expected"])
     diffs, notes = check_one(result, expected)
     if result["configs_seen"]:
         notes.append("the log holds %d engine starts with different speculative configs; the last one is reported"
@@ -262,13 +272,13 @@ def run_cluster(module, params):
     from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
     from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
 
+    expected = _clean_expected(params["expected"])
     module.requires("kubernetes")
     api_client = get_api_client(module=module).client.client
     ns, name = params["namespace"], params["name"]
     isvc = k8s_pods.get_inference_service(api_client, ns, name)
     flags = k8s_pods.isvc_speculative_flags(isvc)
     isvc_info = dict(k8s_pods.readiness(isvc), flags=flags, speculative_flag_present=any(f["present"] for f in flags))
-    expected = _clean_expected(params["expected"])
     if expected is None and params["expected_from_inference_service"]:
         with_flag = [f for f in flags if f["present"]]
         if with_flag and with_flag[0]["config"] is not None:

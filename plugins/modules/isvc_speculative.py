@@ -93,7 +93,8 @@ options:
     description:
       - After a rollback (O(state=absent)), once the rolled-back revision is Ready at its generation, remove the
         draft's C(spec.predictor.storageUris) entry. Draft weights on a PVC subdirectory or inside a Modelcar
-        image are not touched; the result says what to do instead.
+        image are not touched by this option; M(alauda.spec_decoding.draft_artifacts) removes those (the rollback
+        role runs it after the engine line proves C(speculative_config=None)).
       - Draft artifacts stay mounted by default, as the guide says, so a roll-forward needs no new download.
     type: bool
     default: false
@@ -122,6 +123,7 @@ notes:
 seealso:
   - module: alauda.spec_decoding.speculative_config
   - module: alauda.spec_decoding.engine_config
+  - module: alauda.spec_decoding.draft_artifacts
 """
 
 EXAMPLES = r"""
@@ -223,6 +225,7 @@ from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import An
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_patch
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ConflictError, SpecDecodingError, ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ssa_conflicts import ROLLBACK_FIELD_MANAGER
 
 GROUP = "serving.kserve.io"
 VERSION = "v1beta1"
@@ -251,6 +254,9 @@ def argument_spec():
     return spec
 
 
+FIELD_MANAGER = ROLLBACK_FIELD_MANAGER
+
+
 class Cluster:
     """The three API calls the module makes, over kubernetes.core's authenticated ApiClient."""
 
@@ -266,7 +272,10 @@ class Cluster:
         return k8s_pods.get_inference_service(self.api_client, self.namespace, self.name)
 
     def patch(self, ops, dry_run):
-        kwargs = {"dry_run": "All"} if dry_run else {}
+        # A named field manager: a later server-side apply (the deploy) that conflicts with this edit names the rollback.
+        kwargs = {"field_manager": FIELD_MANAGER}
+        if dry_run:
+            kwargs["dry_run"] = "All"
         try:
             return self.api.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name, ops,
                                                            _content_type="application/json-patch+json", **kwargs)

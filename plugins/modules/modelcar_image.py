@@ -312,8 +312,9 @@ class _ProgressSink:
 
 def run(module):
     p = module.params
-    if p["jobs"] < 1 or p["retries"] < 0 or p["timeout"] < 1:
-        module.fail_json(msg="jobs and timeout must be at least 1, retries at least 0")
+    for key, low in (("jobs", 1), ("timeout", 1), ("retries", 0)):
+        if p[key] < low:
+            module.fail_json(msg="%s: must be at least %d, got %d. Fix: use the default (%s)" % (key, low, p[key], _argument_spec()[key]["default"]))
     if p["target_dir"] and not (p["image"] or p["archive"]):
         module.fail_json(msg="image: give image (registry/repository:tag) to push to, or archive to only write an OCI archive")
     if p["from_archive"] and not p["image"]:

@@ -45,9 +45,19 @@ options:
     type: str
     default: default
   port:
-    description: Port of vLLM's HTTP server in the pod.
-    type: int
-    default: 8080
+    description:
+      - Port of vLLM's HTTP server in the pod, a number or the name of a container port (the pod proxy needs the
+        number, so a name is looked up in the pod's spec).
+      - Without it, each pod's port is found from its spec - the C(--port) value in the command/args of O(container)
+        (what vLLM binds; KServe's C(--http_port) too), else that container's port named C(http)/C(http1)/C(h2c)/C(metrics)
+        or its first TCP containerPort, else V(8080) (KServe's default).
+    type: str
+  scheme:
+    description:
+      - Scheme the API server uses to reach the pod (C(https:<pod>:<port>) in the proxy path).
+      - Without it, V(https) when O(container) runs vLLM with C(--ssl-certfile), else V(http).
+    type: str
+    choices: [http, https]
   proxy_path:
     description: Path of the metrics page on the pod.
     type: str
@@ -65,7 +75,7 @@ options:
     type: bool
     default: true
   container:
-    description: Container whose log is read by O(log_fallback).
+    description: Container running vLLM, whose spec gives the port and scheme and whose log is read by O(log_fallback).
     type: str
     default: kserve-container
   since_seconds:
@@ -114,7 +124,9 @@ extends_documentation_fragment:
   - kubernetes.core.k8s_auth_options
 notes:
   - O(validate_certs) applies to O(url) too.
-  - The kube auth options are used only with O(name) or O(pod); these need get on pods/proxy (and list on pods).
+  - The kube auth options are used only with O(name) or O(pod); these need get on pods/proxy, list on pods (O(name))
+    and get on pods (to find the port and scheme; not needed when both O(port) as a number and O(scheme) are given).
+  - The pod proxy of the API server reaches the pod's own IP; the counters of all predictor pods are summed.
   - Needs the C(prometheus_client) Python library for /metrics sources.
   - Log windows do not print the number of drafts; it is derived from the printed rates (RV(num_drafts_estimated)).
 seealso:
@@ -129,6 +141,13 @@ EXAMPLES = r"""
     interval: 60
     min_mean_acceptance_length: 1.5
   register: acceptance
+
+- name: One pod whose vLLM serves TLS on a named container port
+  alauda.spec_decoding.spec_metrics:
+    pod: llama-predictor-5d9c8b7f6-x2x7q
+    namespace: models
+    port: https
+    scheme: https
 
 - name: From a local vLLM
   alauda.spec_decoding.spec_metrics:
@@ -207,6 +226,13 @@ pods:
   returned: with name
   type: list
   elements: dict
+endpoints:
+  description: Per pod scraped through the pod proxy, where /metrics was read and why that port and scheme.
+  returned: with name or pod, when /metrics was read through the pod proxy
+  type: list
+  elements: dict
+  sample: [{"pod": "llama-predictor-5d9c8b7f6-x2x7q", "scheme": "http", "port": 8080, "path": "/metrics",
+            "how": "port 8080 from containerPort of kserve-container"}]
 interval:
   description: Seconds between the two scrapes (0 for totals since start).
   returned: always
@@ -250,7 +276,8 @@ def argument_spec():
         name=dict(type="str"),
         pod=dict(type="str"),
         namespace=dict(type="str", default="default"),
-        port=dict(type="int", default=8080),
+        port=dict(type="str"),
+        scheme=dict(type="str", choices=["http", "https"]),
         proxy_path=dict(type="str", default="/metrics"),
         log_text=dict(type="str"),
         log_path=dict(type="path"),
@@ -280,6 +307,7 @@ class Scraper:
         self.params = params
         self.api_client = None
         self.pods = None
+        self.targets = None
         self.isvc_method = None
         if params["name"] or params["pod"]:
             from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
@@ -317,12 +345,29 @@ class Scraper:
         total.source = "log"
         return total, windows[-1000:], count, pods
 
+    def endpoints(self):
+        """Per pod: scheme and port of vLLM's HTTP server (read from the pod's spec unless port and scheme are given)."""
+        params = self.params
+        if self.targets is None:
+            port = params["port"]
+            targets = {}
+            for pod in self.pods:
+                if port is not None and str(port).strip().isdigit() and params["scheme"]:
+                    targets[pod] = {"scheme": params["scheme"], "port": int(str(port).strip()), "container": params["container"],
+                                    "how": "port and scheme given"}
+                else:
+                    spec = self.k8s_pods.read_pod(self.api_client, params["namespace"], pod)
+                    targets[pod] = self.k8s_pods.pod_http_target(spec, container=params["container"], port=port, scheme=params["scheme"])
+            self.targets = targets
+        return [dict(pod=pod, scheme=t["scheme"], port=t["port"], path="/" + params["proxy_path"].lstrip("/"), how=t["how"])
+                for pod, t in self.targets.items()]
+
     def scrape(self):
         """``{source_name: text}``: one entry per pod, or a single entry."""
         params = self.params
         if self.pods is not None:
-            return {pod: self.k8s_pods.proxy_get(self.api_client, params["namespace"], pod, port=params["port"],
-                                                 path=params["proxy_path"], timeout=params["timeout"]) for pod in self.pods}
+            return {e["pod"]: self.k8s_pods.proxy_get(self.api_client, params["namespace"], e["pod"], port=e["port"], scheme=e["scheme"],
+                                                      path=params["proxy_path"], timeout=params["timeout"]) for e in self.endpoints()}
         if params["url"]:
             headers = dict(params["headers"] or {})
             if params["bearer_token"]:
@@ -357,6 +402,8 @@ def prometheus_result(scraper, params, method):
         total = total + counters
     total.all_model_names = sorted({m for c in first.values() for m in c.all_model_names})
     summary = spec_metrics.summarize(total, method=method, mismatch_rate=params["mismatch_rate"], collapse_rate=params["collapse_rate"])
+    if scraper.pods is not None:
+        summary["endpoints"] = scraper.endpoints()
     if scraper.pods is not None and params["name"]:
         summary["pods"] = [dict(spec_metrics.summarize(c, method=method, mismatch_rate=params["mismatch_rate"],
                                                        collapse_rate=params["collapse_rate"]), name=k) for k, c in per_source.items()]
@@ -428,8 +475,8 @@ def main():
                     notes.append("the /metrics page has no spec_decode counters; read the log instead")
                     summary = None
             except SpecDecodingError as exc:
-                if not fallback:
-                    raise
+                if not fallback or (isinstance(exc, ValidationError) and exc.field in ("port", "pod")):
+                    raise  # a wrong port name or pod is the user's to fix, not a reason to read the log
                 notes.append("reading /metrics failed (%s); read the log instead" % exc)
         if summary is None:
             summary = log_result(params, method, log_scraper)

@@ -141,6 +141,7 @@ services:
 
 import json
 import os
+import re
 import time
 
 from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
@@ -149,7 +150,7 @@ from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import An
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import credentials
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import engine_log
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import troubleshoot
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 KSERVE_CONFIGMAP = "inferenceservice-config"
 ISVC_LABEL = "serving.kserve.io/inferenceservice"
@@ -366,9 +367,34 @@ def _files_for(snap, findings, secrets):
     return files
 
 
+_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def check_inputs(params):
+    """Refuse bad names and paths before the API server is asked or anything is written."""
+    for i, item in enumerate(params["names"]):
+        parts = str(item).split("/")
+        if len(parts) > 2 or not all(len(p) <= 63 and _DNS1123.match(p) for p in parts):
+            raise ValidationError("%r is not an InferenceService name or namespace/name" % (item,), field="names[%d]" % i,
+                                  hint="give lowercase DNS-1123 names, e.g. llama-eagle3 or models/llama-eagle3")
+    for key in ("tail_lines", "timeout"):
+        if params[key] < 1:
+            raise ValidationError("must be at least 1, got %d" % params[key], field=key, hint="use the default (%s)" % argument_spec()[key]["default"])
+    name = params["archive_name"]
+    if name is not None and (not name or name != os.path.basename(name) or name.startswith(".")):
+        raise ValidationError("%r is not a plain file name" % name, field="archive_name",
+                              hint="give a file name such as troubleshoot-llama.tar.gz; the directory is dest")
+    if os.path.exists(params["dest"]) and not os.path.isdir(params["dest"]):
+        raise ValidationError("%s exists and is not a directory" % params["dest"], field="dest", hint="give a directory for the bundle")
+
+
 def main():
     module = AnsibleK8SModule(argument_spec=argument_spec(), supports_check_mode=True)
     params = module.params
+    try:
+        check_inputs(params)
+    except SpecDecodingError as exc:
+        module.fail_json(msg=str(exc), field=exc.field)
     module.requires("kubernetes")
     from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
     api_client = get_api_client(module=module).client.client

@@ -303,4 +303,8 @@ def test_remove_draft_artifacts_after_ready(tmp_path, kubeconfig, k8s_client, ea
     assert run.rc == 0, run.output
     isvc = _get(k8s_client, namespace)
     assert isvc["spec"]["predictor"]["storageUris"] == [copy.deepcopy(eagle3_service["spec"]["predictor"]["storageUris"][0])]
-    assert run.result("Strip the speculative config")["draft_artifacts"]["removed"]["mountPath"] == "/mnt/models/draft"
+    # removed only after the rolled-back revision was Ready and proven by the engine line
+    assert run.result("Prove the engine runs without a proposer")["speculative_config"] is None
+    removed = run.result("Remove the draft (storageUris entry or Modelcar layers)")
+    assert removed["mode"] == "storage_uris" and removed["removed"]["mountPath"] == "/mnt/models/draft"
+    assert isvc["status"]["observedGeneration"] == isvc["metadata"]["generation"]

@@ -26,10 +26,12 @@ def capture(folder, name="startup.log"):
         return handle.read()
 
 
-def isvc_manifest(name, args, replicas=1, command=None):
+def isvc_manifest(name, args, replicas=1, command=None, ports=None):
     model = {"modelFormat": {"name": "vllm"}, "args": list(args)}
     if command:
         model["command"] = list(command)
+    if ports:
+        model["ports"] = list(ports)
     return {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
             "metadata": {"name": name, "annotations": {"serving.kserve.io/deploymentMode": "Standard"}},
             "spec": {"predictor": {"minReplicas": replicas, "model": model}}}
@@ -41,12 +43,12 @@ def predictor_pods(k8s_client, ns, name):
     return [p for p in pods.items if p.metadata.deletion_timestamp is None]
 
 
-def deploy(k8s_client, kserve, ns, name, args, log_text, replicas=1, command=None, wait_ready=True, **behaviour):
+def deploy(k8s_client, kserve, ns, name, args, log_text, replicas=1, command=None, wait_ready=True, ports=None, **behaviour):
     """Create the InferenceService with pods whose kserve-container log is log_text; wait for its pods (and Ready)."""
     from kubernetes import client
     kserve.set_behaviour(ns, name, logs={"kserve-container": log_text}, **behaviour)
     client.CustomObjectsApi(k8s_client).create_namespaced_custom_object(
-        "serving.kserve.io", "v1beta1", ns, "inferenceservices", isvc_manifest(name, args, replicas, command))
+        "serving.kserve.io", "v1beta1", ns, "inferenceservices", isvc_manifest(name, args, replicas, command, ports))
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         pods = predictor_pods(k8s_client, ns, name)

@@ -548,6 +548,50 @@ class ControlPlane:
         return names
 
     # ---------------------------------------------------------------------------------------------
+    # restart (fault tests)
+
+    def stop_apiserver(self) -> None:
+        """Stop only kube-apiserver (SIGTERM, then SIGKILL); etcd and the controller manager keep running."""
+        proc = self.procs.get("kube-apiserver")
+        if proc is None:
+            raise ControlPlaneError("kube-apiserver is not running under this ControlPlane object")
+        stop_process_group(proc.pid)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        del self.procs["kube-apiserver"]
+
+    def start_apiserver(self, timeout: float = 240.0) -> None:
+        """Start kube-apiserver again on the same port, certificates, tokens and etcd data; wait for /readyz."""
+        if "kube-apiserver" in self.procs:
+            raise ControlPlaneError("kube-apiserver is already running; call stop_apiserver() first")
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._start_apiserver()
+                self._wait_apiserver(deadline)
+                break
+            except ControlPlaneError as exc:
+                # The old socket may linger for a moment after the stop: retry on the same port until the deadline.
+                if "address already in use" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                self.procs.pop("kube-apiserver", None)
+                time.sleep(0.2)
+        self._save_state()
+
+    def restart(self, down_seconds: float = 0.0, timeout: float = 240.0) -> float:
+        """Stop kube-apiserver, stay down `down_seconds`, start it on the same port/certs/etcd data, wait until ready.
+        Clients keep their kubeconfigs (same server URL and tokens). Returns the seconds the API was unavailable."""
+        t0 = time.monotonic()
+        self.stop_apiserver()
+        if down_seconds > 0:
+            time.sleep(down_seconds)
+        self.start_apiserver(timeout=timeout)
+        self.timings["last_restart"] = time.monotonic() - t0
+        return self.timings["last_restart"]
+
+    # ---------------------------------------------------------------------------------------------
     # stop
 
     def pids(self) -> list[int]:

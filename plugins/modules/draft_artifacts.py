@@ -1,0 +1,293 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: draft_artifacts
+short_description: Remove a rolled-back InferenceService's draft model (storageUris entry, PVC subdirectory or Modelcar layers)
+version_added: 0.1.0
+description:
+  - The guide keeps the draft mounted after a rollback so a roll-forward needs no download. This module removes it,
+    only once the rolled-back revision is Ready at its generation and the predictor runs no speculative config.
+  - The draft's path is O(draft_path), else the C(model) of the previous speculative config (O(previous_config), else
+    the rollback's C(spec-decoding.alauda.io/previous-speculative-config) annotation).
+  - A C(spec.predictor.storageUris) entry of its own is removed with a guarded JSON patch.
+  - A subdirectory of the PVC behind C(storageUri=pvc://<claim>/<prefix>) is planned here and removed by a short Job
+    (the M(alauda.spec_decoding.draft_artifacts) result C(pvc_job) feeds the rollback role's Job); run the module again
+    with O(remover_log) to check the Job's summary and drop the subdirectory from the PVC's
+    C(spec-decoding.alauda.io/staged) record.
+  - Inside a Modelcar image (C(storageUri=oci://...)) a new manifest is pushed that reuses the image's blobs (same
+    repository, or a cross-repository mount) without the draft's layers, under O(tag) (default C(<tag>-nodraft), or
+    C(nodraft-<digest>) for a digest-pinned URI), manifest last; C(storageUri) then moves to the new digest.
+  - Refuses to remove what the rolled-back command, args or env still name, the directory holding them (the target),
+    the whole volume, and paths with C(..). Idempotent - a rerun finds nothing left to remove.
+author:
+  - Alauda Platform Team (@alauda)
+options:
+  name:
+    description: InferenceService name.
+    type: str
+    required: true
+  namespace:
+    description: Namespace of the InferenceService.
+    type: str
+    required: true
+  previous_config:
+    description: The speculative config the rollback removed (the C(previous_config) that M(alauda.spec_decoding.isvc_speculative) returns).
+    type: dict
+  draft_path:
+    description: The draft's path in the predictor container (for example V(/mnt/models/draft)); overrides the config's C(model).
+    type: str
+  remover_log:
+    description:
+      - Log of the remover Job for a PVC subdirectory. When given, the module checks the Job's summary and records the
+        removal on the PVC instead of planning.
+    type: str
+  remover_job:
+    description: Name of the remover Job (recorded on the PVC with O(remover_log)).
+    type: str
+  script_sha256:
+    description: sha256 of the shipped C(artifact_sync.py), so a new script gives a new Job name.
+    type: str
+  tag:
+    description: Tag for the Modelcar image without the draft.
+    type: str
+  repository:
+    description: Repository (same registry) for the image without the draft; blobs are mounted from the original one.
+    type: str
+  username:
+    description: Registry user for the Modelcar image.
+    type: str
+  password:
+    description: Registry password or token. Never logged or returned.
+    type: str
+  auth_file:
+    description: Docker C(config.json) or containers C(auth.json) holding the registry's credentials.
+    type: path
+  tls_verify:
+    description: Verify the registry's TLS certificate (false also accepts plain HTTP).
+    type: bool
+    default: true
+  ca_file:
+    description: PEM file with the registry's CA.
+    type: path
+  registry_timeout:
+    description: Socket timeout in seconds for each registry operation.
+    type: int
+    default: 120
+  wait:
+    description: After changing the InferenceService, wait until it is Ready at its new generation.
+    type: bool
+    default: true
+  wait_timeout:
+    description: Seconds to wait.
+    type: int
+    default: 1200
+  wait_sleep:
+    description: Seconds between readiness polls.
+    type: int
+    default: 5
+extends_documentation_fragment:
+  - kubernetes.core.k8s_auth_options
+  - alauda.spec_decoding.attributes.WRITES
+  - alauda.spec_decoding.attributes.ACTION_GROUP
+requirements:
+  - kubernetes >= 24.2.0
+notes:
+  - Needs C(get)/C(patch) on C(inferenceservices) and, in PVC mode, C(get)/C(patch) on C(persistentvolumeclaims).
+seealso:
+  - module: alauda.spec_decoding.isvc_speculative
+  - module: alauda.spec_decoding.modelcar_image
+"""
+
+EXAMPLES = r"""
+- name: Remove the draft once the rollback is Ready and proven
+  alauda.spec_decoding.draft_artifacts:
+    name: llama31-8b-eagle3
+    namespace: llm-demo
+    previous_config: "{{ rollback.previous_config }}"
+  register: draft
+
+- name: Modelcar image in a registry with credentials, pushed under a tag of your choice
+  alauda.spec_decoding.draft_artifacts:
+    name: llama31-8b-eagle3
+    namespace: llm-demo
+    tag: v1-rolled-back
+    auth_file: ~/.config/containers/auth.json
+"""
+
+RETURN = r"""
+mode:
+  description: Where the draft lived - V(storage_uris), V(pvc), V(modelcar) or V(none) (nothing to remove).
+  returned: always
+  type: str
+draft_path:
+  description: The draft's path in the container.
+  returned: always
+  type: str
+note:
+  description: What was (or will be) done, or why nothing was.
+  returned: always
+  type: str
+removed:
+  description: The storageUris entry, the remover's summary of the PVC subdirectory, or the image path removed.
+  returned: when something was removed
+  type: dict
+pvc_job:
+  description: PVC mode - the remover Job's name, ConfigMap, plan (JSON), PVC, subdirectory and kept paths.
+  returned: in pvc mode
+  type: dict
+run_job:
+  description: PVC mode - whether the remover Job still has to run (false when an earlier run removed the subdirectory).
+  returned: in pvc mode
+  type: bool
+image:
+  description: Modelcar mode - source and new image, digest, new storage_uri, layers dropped/rewritten/kept, blobs reused.
+  returned: in modelcar mode
+  type: dict
+patch:
+  description: The JSON patch sent to the InferenceService.
+  returned: when the InferenceService changed
+  type: list
+  elements: dict
+resource:
+  description: The InferenceService after the change.
+  returned: when the InferenceService changed
+  type: dict
+"""
+
+from ansible.module_utils.common.text.converters import to_text
+from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
+from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+
+
+def argument_spec():
+    spec = dict(
+        name=dict(type="str", required=True),
+        namespace=dict(type="str", required=True),
+        previous_config=dict(type="dict"),
+        draft_path=dict(type="str"),
+        remover_log=dict(type="str"),
+        remover_job=dict(type="str"),
+        script_sha256=dict(type="str"),
+        tag=dict(type="str"),
+        repository=dict(type="str"),
+        username=dict(type="str"),
+        password=dict(type="str", no_log=True),
+        auth_file=dict(type="path"),
+        tls_verify=dict(type="bool", default=True),
+        ca_file=dict(type="path"),
+        registry_timeout=dict(type="int", default=120),
+        wait=dict(type="bool", default=True),
+        wait_timeout=dict(type="int", default=1200),
+        wait_sleep=dict(type="int", default=5),
+    )
+    spec.update(AUTH_ARG_SPEC)
+    return spec
+
+
+class Cluster:
+    """The API calls draft_removal.execute makes, over kubernetes.core's authenticated ApiClient."""
+
+    def __init__(self, api_client, params):
+        self.api_client = api_client
+        self.params = params
+
+    def _error(self, what, exc):
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
+        return SpecDecodingError("%s failed: %s" % (what, k8s_pods.api_error_message(exc)), field="name")
+
+    def get_isvc(self):
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
+        return k8s_pods.get_inference_service(self.api_client, self.params["namespace"], self.params["name"])
+
+    def patch_isvc(self, ops, dry_run=False):
+        from kubernetes.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
+        api = CustomObjectsApi(self.api_client)
+        kwargs = {"dry_run": "All"} if dry_run else {}
+        try:
+            return api.patch_namespaced_custom_object("serving.kserve.io", "v1beta1", self.params["namespace"], "inferenceservices",
+                                                      self.params["name"], ops, _content_type="application/json-patch+json", **kwargs)
+        except Exception as exc:  # pylint: disable=broad-except
+            if getattr(exc, "status", None) is None:
+                raise
+            raise self._error("patching InferenceService %s/%s" % (self.params["namespace"], self.params["name"]), exc) from exc
+
+    def wait_ready(self):
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_wait  # pylint: disable=import-outside-toplevel
+        isvc, _elapsed = isvc_wait.wait_ready(self.api_client, self.params["namespace"], self.params["name"],
+                                              timeout=self.params["wait_timeout"], interval=self.params["wait_sleep"])
+        return isvc
+
+    def get_pvc(self, name):
+        from kubernetes.client import CoreV1Api  # pylint: disable=import-outside-toplevel
+        try:
+            return self.api_client.sanitize_for_serialization(
+                CoreV1Api(self.api_client).read_namespaced_persistent_volume_claim(name, self.params["namespace"]))
+        except Exception as exc:  # pylint: disable=broad-except
+            if getattr(exc, "status", None) == 404:
+                return None
+            if getattr(exc, "status", None) is None:
+                raise
+            raise self._error("reading PVC %s" % name, exc) from exc
+
+    def patch_pvc_annotations(self, name, annotations):
+        from kubernetes.client import CoreV1Api  # pylint: disable=import-outside-toplevel
+        try:
+            CoreV1Api(self.api_client).patch_namespaced_persistent_volume_claim(
+                name, self.params["namespace"], {"metadata": {"annotations": annotations}})
+        except Exception as exc:  # pylint: disable=broad-except
+            if getattr(exc, "status", None) is None:
+                raise
+            raise self._error("recording the removal on PVC %s" % name, exc) from exc
+
+
+def registry_opener(module):
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils import oci_registry  # pylint: disable=import-outside-toplevel
+    RegistryClient, read_auth_file = oci_registry.RegistryClient, oci_registry.read_auth_file
+    params = module.params
+
+    def open_registry(ref):
+        username, password = params["username"], params["password"]
+        if params["auth_file"]:
+            username, password = read_auth_file(params["auth_file"], ref.registry)
+        if password:  # also a password read from auth_file stays out of every output
+            getattr(module, "_module", module).no_log_values.add(password)
+        return RegistryClient(ref, username, password, tls_verify=params["tls_verify"], ca_file=params["ca_file"],
+                              timeout=params["registry_timeout"])
+    return open_registry
+
+
+def main():
+    module = AnsibleK8SModule(
+        argument_spec=argument_spec(),
+        supports_check_mode=True,
+        mutually_exclusive=[("auth_file", "username"), ("auth_file", "password")],
+        required_together=[("username", "password")],
+    )
+    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils import draft_removal, isvc_wait  # pylint: disable=import-outside-toplevel
+
+    try:
+        cluster = Cluster(get_api_client(module=module).client.client, module.params)
+        result = draft_removal.execute(module.params, cluster, registry_opener(module), check_mode=module.check_mode)
+    except isvc_wait.WaitTimeout as exc:
+        module.fail_json(msg=str(exc), changed=True, resource=exc.isvc, pods=exc.pods)
+    except SpecDecodingError as exc:
+        module.fail_json(msg=str(exc))
+    except Exception as exc:  # pylint: disable=broad-except
+        module.fail_json(msg="draft_artifacts: %s" % to_text(exc))
+    if module._diff and result.get("patch"):  # pylint: disable=protected-access
+        result["diff"] = {"before": {"draft_path": result.get("draft_path"), "mode": result.get("mode")},
+                          "after": {"removed": result.get("removed")}}
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""k8s_pods.pod_http_target: which port and scheme the pod proxy must use to reach vLLM in a predictor pod.
+
+The pod proxy takes only a port number (a name is not resolved for pods), so the spec is read the way
+KServe lays it out: the `kserve-container` with the runtime's ports and the predictor's args.
+"""
+
+import pytest
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+
+
+def pod(args=None, ports=None, command=None, name="kserve-container", others=()):
+    container = {"name": name}
+    if args is not None:
+        container["args"] = args
+    if command is not None:
+        container["command"] = command
+    if ports is not None:
+        container["ports"] = ports
+    return {"metadata": {"name": "p-0"}, "spec": {"containers": [container] + list(others)}}
+
+
+@pytest.mark.parametrize("spec, port, how", [
+    (pod(["--port", "8000"], [{"containerPort": 8080}]), 8000, "port 8000 from --port in the command/args of kserve-container"),
+    (pod(["--model", "/mnt/models", "--port=9000"]), 9000, "port 9000 from --port in the command/args of kserve-container"),
+    (pod(command=["sh", "-c", "python3 -m vllm.entrypoints.openai.api_server --model /mnt/models --port 8001"]), 8001,
+     "port 8001 from --port in the command/args of kserve-container"),
+    (pod(["--http_port=8082"]), 8082, "port 8082 from --http_port in the command/args of kserve-container"),
+    (pod(["--model_name=x"], [{"name": "grpc", "containerPort": 8081}, {"name": "http1", "containerPort": 8080}]), 8080,
+     "port 8080 from containerPort 'http1' of kserve-container"),
+    (pod([], [{"containerPort": 5000, "protocol": "UDP"}, {"containerPort": 8000, "protocol": "TCP"}]), 8000,
+     "port 8000 from containerPort of kserve-container"),
+    (pod([]), 8080, "port 8080 by default (no --port and no containerPort on kserve-container)"),
+])
+def test_port_discovery(spec, port, how):
+    assert k8s_pods.pod_http_target(spec) == {"scheme": "http", "port": port, "container": "kserve-container", "how": how}
+
+
+def test_given_port_number_or_name():
+    spec = pod(["--port", "8000"], [{"name": "metrics", "containerPort": 9090}],
+               others=[{"name": "sidecar", "ports": [{"name": "admin", "containerPort": 15000}]}])
+    assert k8s_pods.pod_http_target(spec, port="7000")["port"] == 7000
+    assert k8s_pods.pod_http_target(spec, port=7001)["port"] == 7001
+    named = k8s_pods.pod_http_target(spec, port="admin")
+    assert named["port"] == 15000 and named["how"] == "port 15000 from the port named 'admin' of container sidecar"
+    with pytest.raises(ValidationError, match=r"^port: pod p-0 has no container port named 'web' \(named ports: admin, metrics\)"):
+        k8s_pods.pod_http_target(spec, port="web")
+
+
+def test_scheme_follows_vllm_tls_flags():
+    tls = pod(["--port", "8443", "--ssl-keyfile", "/tls/key", "--ssl-certfile", "/tls/crt"])
+    target = k8s_pods.pod_http_target(tls)
+    assert (target["scheme"], target["port"]) == ("https", 8443) and "https because kserve-container passes --ssl-certfile" in target["how"]
+    assert k8s_pods.pod_http_target(tls, scheme="http")["scheme"] == "http"
+    assert k8s_pods.pod_http_target(pod(["--port", "8000"]), scheme="https")["scheme"] == "https"
+
+
+def test_other_container_name_falls_back_to_the_first():
+    target = k8s_pods.pod_http_target(pod(["--port", "8000"], name="vllm"))
+    assert target["port"] == 8000 and target["container"] == "vllm"
+    assert target["how"].startswith("pod has no container 'kserve-container', used 'vllm'")
+    assert k8s_pods.pod_http_target(pod(["--port", "8000"], name="vllm"), container="vllm")["how"] == \
+        "port 8000 from --port in the command/args of vllm"
+
+
+def test_argv_option_last_wins_and_ignores_lookalikes():
+    assert k8s_pods.argv_option(["--port", "1", "--port=2"], ("--port",)) == "2"
+    assert k8s_pods.argv_option(["--portx", "1", "--ports=3"], ("--port",)) is None
+    assert k8s_pods.argv_option(["--port"], ("--port",)) is None

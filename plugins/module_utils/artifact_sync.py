@@ -669,7 +669,7 @@ def _read_ahead(readinto, size, depth):
     A view handed out is not refilled before the consumer asks for the next one. The reader stops (and is
     joined) when the generator is closed, also on errors; a reader error is raised in the consumer.
     """
-    views = [memoryview(bytearray(size)) for _ in range(depth)]
+    views = [memoryview(bytearray(size)) for _slot in range(depth)]
     free = queue.Queue()
     full = queue.Queue()
     stop = threading.Event()

@@ -144,8 +144,8 @@ def check_inputs(params):
     if not isinstance(name, str) or len(name) > 44 or not _PVC_NAME.match(name):
         raise ValidationError("%r is not a valid PVC name (a DNS-1123 label of at most 44 characters, so the stager Job's name fits)"
                               % (name,), field="stage_pvc_name",
-                              hint="use lowercase letters, digits and '-', e.g. '%s'" % (re.sub(r"[^a-z0-9-]+", "-", str(name).lower()).strip("-")[:44]
-                                                                                        or "model-store"))
+                              hint="use lowercase letters, digits and '-', e.g. '%s'" % (
+                                  re.sub(r"[^a-z0-9-]+", "-", str(name).lower()).strip("-")[:44] or "model-store"))
     for mode in params.get("access_modes") or []:
         if mode not in ACCESS_MODES:
             raise ValidationError("%r is not a PVC access mode" % (mode,), field="stage_pvc_access_modes", hint="use %s" % ", ".join(ACCESS_MODES))

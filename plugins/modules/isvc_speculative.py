@@ -60,8 +60,10 @@ options:
     default: false
   container:
     description:
-      - For O(state=present), the predictor container to set the flag in (C(model) for C(spec.predictor.model),
-        else a container name). Default - the container that already has a flag, else the one running vLLM.
+      - The predictor container to set the flag in (O(state=present)) or to strip it from (O(state=absent)) -
+        C(model) for C(spec.predictor.model), else a container name. An unknown name fails before anything is patched.
+      - Default - O(state=present) sets it in the container that already has a flag, else the one running vLLM;
+        O(state=absent) strips it from every predictor container.
     type: str
   backup:
     description:
@@ -340,7 +342,7 @@ def plan_once(module, isvc, warnings):
     params = module.params
     canonical = None
     if params["state"] == "absent":
-        plan = isvc_patch.plan_strip(isvc)
+        plan = isvc_patch.plan_strip(isvc, container_name=params["container"])
     elif params["restore_backup"]:
         doc = _read_backup(module, isvc)
         if doc.get("config"):

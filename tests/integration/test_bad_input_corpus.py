@@ -166,12 +166,12 @@ CASES = [
     ("mc-dotdot-layout", "module", "modelcar_image", _with(MODELCAR, layout={"target": "..", "draft": "draft"}), "layout.target", "Fix:"),
     ("mc-wrong-password", "module", "modelcar_image", _with(MODELCAR, password="not-the-password"), "password", "Fix:"),
     ("mc-user-no-password", "module", "modelcar_image", {"target_dir": "@MODEL@", "image": "@REG@/corpus/llama:v1", "username": "@USER@",
-                                                        "tls_verify": False, "cache_dir": "@OUT@/cache"}, "password", "required together"),
+                                                         "tls_verify": False, "cache_dir": "@OUT@/cache"}, "password", "required together"),
     ("mc-missing-ca", "module", "modelcar_image", _with(MODELCAR, tls_verify=True, ca_file="@OUT@/ca.pem"), "ca_file", "Fix:"),
     ("mc-zero-jobs", "module", "modelcar_image", _with(MODELCAR, jobs=0), "jobs", "Fix:"),
     ("mc-one-layer", "module", "modelcar_image", _with(MODELCAR, max_layers=1), "max_layers", "Fix:"),
     ("mc-bad-auth-file", "module", "modelcar_image", {"target_dir": "@MODEL@", "image": "@REG@/corpus/llama:v1", "auth_file": "@FILE@",
-                                                     "tls_verify": False, "cache_dir": "@OUT@/cache"}, "auth_file", "Fix:"),
+                                                      "tls_verify": False, "cache_dir": "@OUT@/cache"}, "auth_file", "Fix:"),
     # --- pvc_stage_plan (module) -----------------------------------------------------------------------------------
     ("ps-bad-pvc-name", "module", "pvc_stage_plan", _with(PLAN, pvc_name="Model_Store"), "pvc_name", "Fix:"),
     ("ps-no-items", "module", "pvc_stage_plan", _with(PLAN, items=[]), "items", "Fix:"),
@@ -201,7 +201,7 @@ CASES = [
     ("tb-zero-tail", "module", "troubleshoot_bundle", {"names": ["@LIVE@"], "namespace": "@NS@", "dest": "@OUT@", "tail_lines": 0},
      "tail_lines", "Fix:"),
     ("tb-archive-path", "module", "troubleshoot_bundle", {"names": ["@LIVE@"], "namespace": "@NS@", "dest": "@OUT@",
-                                                         "archive_name": "../escape.tar.gz"}, "archive_name", "Fix:"),
+                                                          "archive_name": "../escape.tar.gz"}, "archive_name", "Fix:"),
     ("tb-dest-is-file", "module", "troubleshoot_bundle", {"names": ["@LIVE@"], "namespace": "@NS@", "dest": "@FILE@"}, "dest", "Fix:"),
     # --- filters ---------------------------------------------------------------------------------------------------
     ("f-sc-json-zero", "filter", "corpus_in | alauda.spec_decoding.speculative_config_json", _with(SPEC, num_speculative_tokens=0),
@@ -522,8 +522,8 @@ def test_bad_input_corpus(tmp_path, kubeconfig, k8s_client, controlplane, kserve
     entries = {}
     for row in rows:
         entries[row[1]] = entries.get(row[1], 0) + 1
-    print("\nbad-input corpus: %d cases (%s) in %.0f s" % (len(rows), ", ".join("%s %d" % kv for kv in sorted(entries.items())),
-                                                         time.monotonic() - started))
+    kinds = ", ".join("%s %d" % kv for kv in sorted(entries.items()))
+    print("\nbad-input corpus: %d cases (%s) in %.0f s" % (len(rows), kinds, time.monotonic() - started))
     print("%-34s %-8s %-22s %-40s %s" % ("case", "entry", "target", "field", "result"))
     for row in rows:
         print("%-34s %-8s %-22s %-40s %s" % row)

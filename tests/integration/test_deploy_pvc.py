@@ -88,7 +88,7 @@ def test_pvc_mode_stages_first_then_applies_with_the_staged_paths(tmp_path, kube
     job_name, (rc, output) = list(pod.played.items())[0]
     assert rc == 0, output
     assert isvc_while_staging == [None]
-    assert _first(run, "Wait for the stager Job to complete or fail") < _first(run, "Apply the InferenceService")
+    assert _first(run, "Wait for the stager Job to complete or fail") < _first(run, "Wait for Ready")
 
     # PVC, ConfigMap and Job on the API server: the two subdirectories and the stager's command.
     pvc = _core(k8s_client).read_namespaced_persistent_volume_claim(PVC, namespace)
@@ -137,7 +137,7 @@ def test_pvc_mode_stages_first_then_applies_with_the_staged_paths(tmp_path, kube
     msg = failed_run.failed[-1]["msg"]
     assert "The stager Job %s/%s failed" % (namespace, failed_job) in msg, msg
     assert "[artifact-sync] ERROR: dest: %s/%s exists and is not a directory" % (pvc_dir, DRAFT_SUBDIR) in msg, msg
-    assert not [n for n, _h, _r in failed_run.tasks if "Apply the InferenceService" in n]
+    assert not [n for n, _h, _r in failed_run.tasks if "Wait for Ready" in n]
     after = _get(k8s_client, namespace, NAME)
     assert after["metadata"]["resourceVersion"] == isvc["metadata"]["resourceVersion"]
     assert '"num_speculative_tokens":3' in _script(after)

@@ -23,7 +23,9 @@ EAGLE3 = {"method": "eagle3", "model": DRAFT, "num_spec_tokens": 3}
 
 def _docs(filename):
     with open(os.path.join(RBAC_DIR, filename), encoding="utf-8") as fh:
-        return [d for d in yaml.safe_load_all(fh) if d]
+        docs = [d for d in yaml.safe_load_all(fh) if d]
+    # each file is one `kind: List` (ansible-test yamllint wants a single document per file)
+    return [item for d in docs for item in (d["items"] if d.get("kind") == "List" else [d])]
 
 
 def _path(doc):

@@ -35,7 +35,7 @@ SA = "canary-artifacts"
 OPERATOR = "canary-operator"
 TARGET_MOUNT, DRAFT_MOUNT = "/mnt/models/target", "/mnt/models/draft"
 NAMESPACED = ["/api/v1/namespaces/{ns}/%s" % r for r in ("configmaps", "pods", "serviceaccounts", "services", "events",
-                                                          "persistentvolumeclaims", "endpoints")]
+                                                         "persistentvolumeclaims", "endpoints")]
 NAMESPACED += ["/apis/apps/v1/namespaces/{ns}/deployments", "/apis/apps/v1/namespaces/{ns}/replicasets",
                "/apis/batch/v1/namespaces/{ns}/jobs", "/apis/batch/v1beta1/namespaces/{ns}/cronjobs",
                "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",

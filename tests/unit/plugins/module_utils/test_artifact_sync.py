@@ -790,7 +790,7 @@ def test_every_file_is_fsynced_before_its_rename_and_the_manifest(tmp_path, monk
     monkeypatch.setattr(os, "fsync", spy_fsync)
     monkeypatch.setattr(os, "replace", spy_replace)
     run(src, dest, workers=3, checkpoint_bytes=2 * MIB, buffer_size=64 * 1024)
-    data = {p for p in tree(src)}
+    data = set(tree(src))
     synced_at = {}
     for i, step in enumerate(order):
         if step[0] == "fsync" and step[1].endswith(".part"):

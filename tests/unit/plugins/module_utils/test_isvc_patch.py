@@ -139,3 +139,14 @@ def test_remove_draft_storage_entry():
         ip.plan_remove_draft_storage(isvc, "/mnt/models/draft")  # still referenced by the command
     ops, removed, note = ip.plan_remove_draft_storage(load("guide_example1_ngram.yaml"), None)
     assert ops == [] and removed is None and "no draft" in note
+
+
+def test_strip_limited_to_a_named_container_and_unknown_names_refused():
+    isvc = {"spec": {"predictor": {
+        "model": {"command": ["vllm", "serve", "m", "--speculative-config", '{"method":"ngram","num_speculative_tokens":3}']},
+        "containers": [{"name": "sidecar", "args": ["--speculative-config", '{"method":"ngram","num_speculative_tokens":2}']}]}}}
+    only_sidecar = ip.plan_strip(isvc, container_name="sidecar")
+    assert [c.path for c in only_sidecar.changes] == ["/spec/predictor/containers/0/args"]
+    with pytest.raises(ValidationError) as err:
+        ip.plan_strip(isvc, container_name="sidecar-x")
+    assert err.value.field == "container" and "sidecar" in str(err.value)

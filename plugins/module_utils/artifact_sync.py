@@ -1505,6 +1505,15 @@ def run_item(item, args, log):
     return syncer.run()
 
 
+def _failed_item(exc):
+    """(exit code, result item) of an error that ends a CLI run: 2 for bad input, 1 for anything else."""
+    if isinstance(exc, ValidationError):
+        return 2, {"ok": False, "error": str(exc), "field": exc.field, "kind": "validation"}
+    if isinstance(exc, SpecDecodingError):
+        return 1, {"ok": False, "error": str(exc), "field": exc.field, "kind": "sync"}
+    return 1, {"ok": False, "error": "%s: %s" % (getattr(exc, "filename", "") or "", exc.strerror or exc), "kind": "os"}
+
+
 def main(argv=None):
     """CLI entry point; returns the exit code (0 ok, 2 bad input, 1 failure)."""
     args = build_parser().parse_args(argv)
@@ -1529,15 +1538,9 @@ def main(argv=None):
                     emit(log, "[artifact-sync] %s: done, %d file(s) %s, copied %d (%s), skipped %d, verified %d, %.1f s" % (
                         r["dest"], r["files"], human_bytes(r["bytes"]), r.get("copied_files", 0), human_bytes(r.get("copied_bytes", 0)),
                         r.get("skipped_files", 0), r.get("verified_files", 0), r.get("seconds", 0)))
-    except ValidationError as exc:
-        code = 2
-        results.append({"ok": False, "error": str(exc), "field": exc.field, "kind": "validation"})
-    except SpecDecodingError as exc:
-        code = 1
-        results.append({"ok": False, "error": str(exc), "field": exc.field, "kind": "sync"})
-    except OSError as exc:
-        code = 1
-        results.append({"ok": False, "error": "%s: %s" % (getattr(exc, "filename", "") or "", exc.strerror or exc), "kind": "os"})
+    except (SpecDecodingError, OSError) as exc:
+        code, item = _failed_item(exc)
+        results.append(item)
     if code and log is not None:
         emit(log, "[artifact-sync] ERROR: %s" % results[-1]["error"])
     summary = {"ok": code == 0, "mode": "check" if args.check else ("plan" if args.plan else "sync"), "items": results}
@@ -1685,12 +1688,9 @@ def remove_subdir_main(argv=None):
         for item in todo:
             results.append(remove_staged(root, item.get("subdir"), keep=item.get("keep") or (), name=item.get("name"),
                                          fsync=not args.no_fsync, log=log))
-    except ValidationError as exc:
-        code = 2
-        results.append({"ok": False, "error": str(exc), "field": exc.field, "kind": "validation"})
-    except OSError as exc:
-        code = 1
-        results.append({"ok": False, "error": "%s: %s" % (getattr(exc, "filename", "") or "", exc.strerror or exc), "kind": "os"})
+    except (SpecDecodingError, OSError) as exc:
+        code, item = _failed_item(exc)
+        results.append(item)
     if code and log is not None:
         emit(log, "[artifact-sync] ERROR: %s" % results[-1]["error"])
     summary = {"ok": code == 0, "mode": "remove", "items": results}

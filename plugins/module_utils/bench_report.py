@@ -199,22 +199,32 @@ def compare(baseline, candidate, acceptance=None):
     }
 
 
-def decide(baseline, candidate, tolerances=None, load=None):
-    """``keep`` only if TTFT, per-token latency (TPOT) and output throughput all improve; else ``roll_back``.
-
-    A tolerance ``t`` lets a metric be at most ``t`` (a fraction) worse and still count: latency passes when
-    ``candidate <= baseline * (1 + t)``, throughput when ``candidate >= baseline * (1 - t)``.
-    """
+def check_tolerances(tolerances):
+    """The tolerances to decide with (defaults filled in); a ValidationError for an unknown key or a value outside [0, 1)."""
     tol = dict(DEFAULT_TOLERANCES)
     for key, value in (tolerances or {}).items():
         if key not in DEFAULT_TOLERANCES:
             raise ValidationError("unknown tolerance %r" % (key,), field="tolerances", hint="use ttft, tpot and throughput")
         if value is None:
             continue
-        if float(value) < 0 or float(value) >= 1:
-            raise ValidationError("%s must be a fraction in [0, 1), got %r" % (key, value), field="tolerances",
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            value = -1.0
+        if value < 0 or value >= 1:
+            raise ValidationError("%s must be a fraction in [0, 1), got %r" % (key, tolerances[key]), field="tolerances",
                                   hint="e.g. 0.05 allows 5% worse")
-        tol[key] = float(value)
+        tol[key] = value
+    return tol
+
+
+def decide(baseline, candidate, tolerances=None, load=None):
+    """``keep`` only if TTFT, per-token latency (TPOT) and output throughput all improve; else ``roll_back``.
+
+    A tolerance ``t`` lets a metric be at most ``t`` (a fraction) worse and still count: latency passes when
+    ``candidate <= baseline * (1 + t)``, throughput when ``candidate >= baseline * (1 - t)``.
+    """
+    tol = check_tolerances(tolerances)
     checks = []
     spec = (
         ("ttft", "median TTFT", _median(baseline, "ttft_ms"), _median(candidate, "ttft_ms"), "lower", "ms"),

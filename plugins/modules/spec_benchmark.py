@@ -378,6 +378,17 @@ def check_protocol(params):
         raise ValidationError("must be at least 1", field="max_tokens")
     if params["request_rate"] is not None and params["request_rate"] <= 0:
         raise ValidationError("must be positive", field="request_rate", hint="leave it unset to send all requests at once")
+    if params["concurrency"] < 1:
+        raise ValidationError("must be at least 1, got %d" % params["concurrency"], field="concurrency",
+                              hint="1 measures one request at a time; use the load you serve in production")
+    if params["temperature"] < 0:
+        raise ValidationError("must not be negative, got %s" % params["temperature"], field="temperature",
+                              hint="the guide's protocol uses 0 (greedy) on both sides")
+    name = params["report_name"]
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise ValidationError("must be a plain file name, got %r" % (name,), field="report_name",
+                              hint="put the folder in report_dir and give only the base name here, e.g. 'llama-eagle3'")
+    bench_report.check_tolerances(params["tolerances"])
 
 
 def _scrape(endpoint, enabled):
@@ -468,26 +479,29 @@ def public_side(side):
 
 
 def run(params):
+    # Everything that can be refused is checked before the first file is written.
     check_protocol(params)
-    report_dir = params["report_dir"]
-    os.makedirs(report_dir, exist_ok=True)
-    name = params["report_name"]
-    progress = Progress(params["progress_file"] or os.path.join(report_dir, "%s-progress.log" % name))
+    phase = params["phase"]
+    sides = {"both": ("baseline", "candidate"), "baseline": ("baseline",)}.get(phase, ("candidate",))
+    endpoints = {side: _endpoint(params, side) for side in sides}
     prompts = bench_workloads.load_workload(params["workload"], params["prompts_file"], params["num_prompts"])
     request = request_parameters(params, prompts)
     request["params"] = {"max_tokens": params["max_tokens"], "temperature": params["temperature"], "seed": params["seed"],
                          "extra_body": dict(params["extra_body"] or {})}
     public_request = {k: v for k, v in request.items() if k != "params"}
-    phase = params["phase"]
+    report_dir = params["report_dir"]
+    name = params["report_name"]
     baseline_results = params["baseline_results"] or os.path.join(report_dir, "baseline-results.json")
     context = None
     if phase != "baseline":
         context = bench_report.build_context(params["report_context"], public_request)
         bench_report.require_complete(context)  # refuse before spending time on requests
+    os.makedirs(report_dir, exist_ok=True)
+    progress = Progress(params["progress_file"] or os.path.join(report_dir, "%s-progress.log" % name))
     out = {"changed": False, "progress_file": progress.path}
 
     if phase in ("both", "baseline"):
-        baseline = measure("baseline", _endpoint(params, "baseline"), prompts, params, request, progress)
+        baseline = measure("baseline", endpoints["baseline"], prompts, params, request, progress)
     else:
         baseline = load_baseline(baseline_results, public_request, prompts)
     if phase == "baseline":
@@ -497,7 +511,7 @@ def run(params):
         progress.line("baseline saved to %s" % baseline_results)
         return out
 
-    candidate = measure("candidate", _endpoint(params, "candidate"), prompts, params, request, progress)
+    candidate = measure("candidate", endpoints["candidate"], prompts, params, request, progress)
     acceptance = candidate.get("acceptance")
     report = bench_report.build_report(
         public_side(baseline), public_side(candidate), context, tolerances=params["tolerances"], acceptance=acceptance,

@@ -259,9 +259,6 @@ def test_redeploy_after_rollback_takes_fields_back_but_refuses_foreign_edits(tmp
     assert redeploy.rc == 0, redeploy.output
     isvc = _get(k8s_client, namespace, name)
     assert "--speculative-config '{\"method\":\"eagle3\"" in _script(isvc)
-    owners = [entry["manager"] for entry in isvc["metadata"]["managedFields"]
-              if "f:command" in str(entry.get("fieldsV1", {}))]
-    assert owners == ["alauda-spec-decoding"], isvc["metadata"]["managedFields"]
 
     # someone edits the command by hand (an Update under another manager)
     edited = _script(isvc).replace("--max-num-seqs", "--max-num-seqs 4 --max-num-seqs")

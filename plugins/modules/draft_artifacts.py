@@ -165,6 +165,7 @@ from ansible_collections.kubernetes.core.plugins.module_utils.args_common import
 from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ssa_conflicts import ROLLBACK_FIELD_MANAGER
 
 
 def argument_spec():
@@ -210,7 +211,10 @@ class Cluster:
     def patch_isvc(self, ops, dry_run=False):
         from kubernetes.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
         api = CustomObjectsApi(self.api_client)
-        kwargs = {"dry_run": "All"} if dry_run else {}
+        # The rollback's field manager: a later deploy takes these fields back instead of refusing a foreign edit.
+        kwargs = {"field_manager": ROLLBACK_FIELD_MANAGER}
+        if dry_run:
+            kwargs["dry_run"] = "All"
         try:
             return api.patch_namespaced_custom_object("serving.kserve.io", "v1beta1", self.params["namespace"], "inferenceservices",
                                                       self.params["name"], ops, _content_type="application/json-patch+json", **kwargs)

@@ -20,6 +20,10 @@ options:
     description: The failure message of the apply task.
     type: str
     required: true
+  foreign:
+    description: Leave out the collection's own rollback manager (C(alauda-spec-decoding-rollback)), whose fields a deploy takes back.
+    type: bool
+    default: false
 """
 
 EXAMPLES = r"""
@@ -35,11 +39,12 @@ _value:
   elements: str
 """
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.ssa_conflicts import conflict_managers
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ssa_conflicts import ROLLBACK_FIELD_MANAGER, conflict_managers
 
 
-def ssa_conflict_managers(message):
-    return conflict_managers(message)
+def ssa_conflict_managers(message, foreign=False):
+    managers = conflict_managers(message)
+    return [m for m in managers if m != ROLLBACK_FIELD_MANAGER] if foreign else managers
 
 
 class FilterModule:

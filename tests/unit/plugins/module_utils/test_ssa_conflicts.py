@@ -36,3 +36,10 @@ def test_json_and_bytes_escaped_bodies_as_kubernetes_core_reports_them():
 def test_not_a_conflict():
     assert conflict_managers("Failed to apply object: Unauthorized") == []
     assert conflict_managers(None) == []
+
+
+def test_filter_leaves_out_the_collections_rollback_when_asked():
+    from ansible_collections.alauda.spec_decoding.plugins.filter.ssa_conflict_managers import ssa_conflict_managers  # pylint: disable=import-outside-toplevel
+    assert ssa_conflict_managers(MANY, foreign=True) == ["kubectl-edit"]
+    assert ssa_conflict_managers(ONE, foreign=True) == []
+    assert ssa_conflict_managers(ONE) == [ROLLBACK_FIELD_MANAGER]

@@ -897,6 +897,40 @@ class Syncer:  # pylint: disable=too-many-instance-attributes
             trusted = min(trusted, entry.size)
         return max(0, trusted)
 
+    def _hash_prefix(self, tmp, offset, hasher):
+        """Feed the first ``offset`` bytes of a partial file to ``hasher`` as they are on disk now, so the final
+        hash covers exactly the bytes the file holds; False when the file is shorter than that."""
+        view = memoryview(bytearray(self.buffer_size))
+        left = offset
+        with open(tmp, "rb", buffering=0) as prefix:
+            while left:
+                num = prefix.readinto(view[: min(len(view), left)])
+                if not num:
+                    return False
+                hasher.update(view[:num])
+                left -= num
+        return True
+
+    @classmethod
+    def _open_part(cls, tmp, offset):
+        """The partial file, positioned at ``offset`` and holding exactly that many bytes.
+
+        Starting over means a new file, never a truncation to zero: ext4 (auto_da_alloc) flushes a file that
+        was truncated to zero when it is closed, synchronously in close(), which cost a third of a second per
+        shard and left the disk idle meanwhile.
+        """
+        if not offset:
+            cls._discard(tmp)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size != offset:
+                os.ftruncate(fd, offset)
+            os.lseek(fd, offset, os.SEEK_SET)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
     def copy_file(self, entry, attempt=0):
         """Copy one file (resuming a partial copy); return its manifest entry, or a Future of it with fsync.
 
@@ -909,30 +943,19 @@ class Syncer:  # pylint: disable=too-many-instance-attributes
         os.makedirs(os.path.dirname(tmp), exist_ok=True)
         offset = self._resume_offset(entry, tmp, ckpt) if attempt == 0 else 0
         hasher = hashlib.sha256()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT, 0o644)
+        if offset and not self._hash_prefix(tmp, offset, hasher):
+            offset, hasher = 0, hashlib.sha256()
+        src, offset_ok = self.source.open(entry, offset)
+        if offset_ok != offset:
+            offset, hasher = 0, hashlib.sha256()
+        try:
+            fd = self._open_part(tmp, offset)
+        except BaseException:
+            src.close()
+            raise
         flusher = (self._flusher or _INLINE) if self.fsync else None
         sync_fd = os.dup(fd) if flusher is not None else -1
         try:
-            if offset:
-                os.ftruncate(fd, offset)
-                # The partial file's bytes are hashed as they are on disk now, so the final hash covers
-                # exactly the bytes the file holds.
-                view = memoryview(bytearray(self.buffer_size))
-                with open(tmp, "rb", buffering=0) as prefix:
-                    left = offset
-                    while left:
-                        n = prefix.readinto(view[: min(len(view), left)])
-                        if not n:
-                            break
-                        hasher.update(view[:n])
-                        left -= n
-                if left:
-                    offset, hasher = 0, hashlib.sha256()
-            src, offset_ok = self.source.open(entry, offset)
-            if offset_ok != offset:
-                offset, hasher = 0, hashlib.sha256()
-            os.ftruncate(fd, offset)
-            os.lseek(fd, offset, os.SEEK_SET)
             if offset:
                 self._count(resumed_bytes=offset)
                 self._log("resuming %s at %s" % (entry.path, human_bytes(offset)))
@@ -972,7 +995,8 @@ class Syncer:  # pylint: disable=too-many-instance-attributes
                             next_ckpt = written + self.checkpoint_bytes
                 finally:
                     chunks.close()  # joins a reader thread before the source is closed
-            os.ftruncate(fd, written)
+            if os.fstat(fd).st_size != written:  # not expected (sequential writes from offset); never a truncation to zero
+                os.ftruncate(fd, written)
             if entry.size is not None and written != entry.size:
                 raise SyncError("%s: got %d bytes, expected %d" % (entry.path, written, entry.size), field="source",
                                 hint="the source changed or the transfer was cut; rerun to resume")
@@ -991,6 +1015,7 @@ class Syncer:  # pylint: disable=too-many-instance-attributes
                 return result
             return self._finish(-1, *done)
         finally:
+            src.close()  # already closed when the copy got that far
             os.close(fd)
             if sync_fd >= 0:
                 flusher.submit(os.close, sync_fd)  # after the flushes already queued for it

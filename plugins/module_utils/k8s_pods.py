@@ -16,6 +16,7 @@ Plain Python, no Ansible imports; ``kubernetes`` is imported guardedly.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import vllm_command
@@ -293,6 +294,25 @@ def argv_option(argv, flags):
     return value
 
 
+_PORT_NAME = re.compile(r"^(?=.*[a-z])[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?$")
+
+
+def check_port(port, field="port"):
+    """A port as the pod proxy takes it: a number 1-65535 or a container port name (IANA_SVC_NAME: at most 15
+    lowercase letters, digits and inner dashes, at least one letter). Checked before any API call."""
+    text = None if port is None else str(port).strip()
+    if not text:
+        return None
+    if text.isdigit():
+        if not 1 <= int(text) <= 65535:
+            raise ValidationError("port %s is out of range" % text, field=field, hint="give a port number from 1 to 65535, or a container port name")
+        return int(text)
+    if not _PORT_NAME.match(text) or "--" in text:
+        raise ValidationError("%r is neither a port number nor a valid container port name" % text, field=field,
+                              hint="give a number from 1 to 65535, or the name of a port in the pod spec (e.g. http)")
+    return text
+
+
 def pod_http_target(pod, container=DEFAULT_CONTAINER, port=None, scheme=None):
     """Where vLLM's HTTP server listens in a pod (a dict with the API's camelCase keys).
 
@@ -317,7 +337,8 @@ def pod_http_target(pod, container=DEFAULT_CONTAINER, port=None, scheme=None):
     argv = list(chosen.get("command") or []) + list(chosen.get("args") or [])
     ports = [p for p in chosen.get("ports") or [] if isinstance(p, dict) and p.get("containerPort")]
     resolved = None
-    text = None if port is None else str(port).strip()
+    checked = check_port(port)
+    text = None if checked is None else str(checked)
     if text:
         if text.isdigit():
             resolved, source = int(text), "given"

@@ -464,6 +464,9 @@ def main():
         scraper = None
         log_scraper = None
         if has_prom_source:
+            if params["port"] is not None:
+                from ansible_collections.alauda.spec_decoding.plugins.module_utils.k8s_pods import check_port  # pylint: disable=import-outside-toplevel
+                check_port(params["port"])  # before any API call
             scraper = Scraper(module, params)
             method = method or scraper.isvc_method
             if scraper.pods is not None and params["log_fallback"] and not has_log:

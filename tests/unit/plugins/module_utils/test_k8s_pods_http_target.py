@@ -68,3 +68,19 @@ def test_argv_option_last_wins_and_ignores_lookalikes():
     assert k8s_pods.argv_option(["--port", "1", "--port=2"], ("--port",)) == "2"
     assert k8s_pods.argv_option(["--portx", "1", "--ports=3"], ("--port",)) is None
     assert k8s_pods.argv_option(["--port"], ("--port",)) is None
+
+
+@pytest.mark.parametrize("port, expected", [(8080, 8080), ("443", 443), (" http ", "http"), ("h2c", "h2c"), ("metrics-1", "metrics-1"),
+                                            (None, None), ("", None)])
+def test_check_port_accepts_numbers_and_port_names(port, expected):
+    assert k8s_pods.check_port(port) == expected
+
+
+@pytest.mark.parametrize("port, words", [(70000, "out of range"), ("0", "out of range"), ("HTTP", "neither"), ("-http", "neither"),
+                                         ("http--2", "neither"), ("a" * 16, "neither"), ("8080/tcp", "neither"), ("123-456", "neither")])
+def test_check_port_refuses_what_the_pod_proxy_cannot_take(port, words):
+    with pytest.raises(ValidationError) as err:
+        k8s_pods.check_port(port)
+    assert words in str(err.value) and err.value.field == "port"
+    with pytest.raises(ValidationError):
+        k8s_pods.pod_http_target(pod(["--port", "8000"]), port=port)

@@ -133,3 +133,17 @@ def test_interval_needs_a_live_source(tmp_path):
             interval: 5
         """ % CAPTURES)
     assert rc != 0 and res[0]["msg"].startswith("interval:")
+
+
+def test_bad_port_is_refused_before_any_api_call(tmp_path):
+    """A port the pod proxy cannot take fails with the field named, before the module builds an API client: the
+    kubeconfig given does not exist, so reaching the cluster would fail differently."""
+    rc, res, _out = run_playbook(tmp_path, """
+        - alauda.spec_decoding.spec_metrics:
+            name: llama
+            namespace: models
+            port: "70000"
+            kubeconfig: %s/no-such-kubeconfig
+        """ % tmp_path)
+    assert rc != 0 and res[0]["field"] == "port", res[0]
+    assert "port 70000 is out of range" in res[0]["msg"] and "kubeconfig" not in res[0]["msg"]

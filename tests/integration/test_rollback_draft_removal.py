@@ -130,6 +130,59 @@ def test_pvc_draft_subdirectory_removed_by_a_job_after_the_proof_then_rerun_is_a
     assert "removed earlier" in rerun.result("Remove the draft (storageUris entry or Modelcar layers)")["note"]
 
 
+def test_scheduled_rollback_service_account_removes_a_pvc_draft_with_the_rendered_role(tmp_path, kubeconfig, k8s_client, kubelet,
+                                                                                     controlplane, pvc_service, namespace):
+    """rollback_schedule with rollback_schedule_remove_draft_artifacts: the Role it renders is enough for the CronJob's
+    service account to run the whole rollback and the PVC draft removal (remover Job included); without the flag the
+    Role has no Job rules and the same run is refused by the API server after the proof, leaving the draft in place."""
+    from kubernetes import client  # pylint: disable=import-outside-toplevel
+    from tests.integration.test_rollback import cron_vars  # pylint: disable=import-outside-toplevel
+
+    def schedule(out, remove):
+        tasks = """
+    - name: Render and apply the schedule
+      ansible.builtin.include_role:
+        name: alauda.spec_decoding.rollback_schedule
+      vars:
+        rollback_schedule_namespace: %s
+        rollback_schedule_names: [%s]
+        rollback_schedule_cronjob_api_version: batch/v1beta1
+        rollback_schedule_suspend: true
+        rollback_schedule_output_dir: %s
+        rollback_schedule_apply: true
+        rollback_schedule_remove_draft_artifacts: %s
+    """ % (namespace, NAME, out, "true" if remove else "false")
+        rendered = run_playbook(tmp_path, tasks=tasks, kubeconfig=kubeconfig)
+        assert rendered.rc == 0, rendered.output
+        job_vars = json.loads(cron_vars(out, namespace))
+        job_vars.pop("ansible_python_interpreter")
+        job_vars.update(rollback_wait_timeout=60, rollback_wait_sleep=1, rollback_verify_delay=1, rollback_draft_job_poll_interval=1,
+                        rollback_draft_job_timeout=120, rollback_draft_job_image=JOB_IMAGE)
+        return job_vars
+
+    root = pvc_service["root"]
+    job_sa = controlplane.kubeconfig_for_service_account(namespace, "spec-decoding-rollback")
+    # without the flag's rules: the rollback itself works, removing the draft is forbidden and nothing is removed
+    job_vars = dict(schedule(tmp_path / "plain", remove=False), rollback_remove_draft_artifacts=True)
+    with StagerPod(k8s_client, kubelet, namespace, str(root)) as pod:
+        refused = run_playbook(tmp_path, "playbooks/rollback.yml", extra_vars=job_vars, kubeconfig=job_sa, timeout=900)
+    assert refused.rc != 0 and "forbidden" in refused.output.lower(), refused.output
+    assert not pod.played and sorted(os.listdir(str(root))) == ["draft", "target"]
+
+    job_vars = schedule(tmp_path / "with-removal", remove=True)
+    assert job_vars["rollback_remove_draft_artifacts"] is True
+    rules = client.RbacAuthorizationV1Api(k8s_client).read_namespaced_role("spec-decoding-rollback", namespace).rules
+    assert (("batch",), ("jobs",), ("create", "delete", "get", "list")) in [
+        (tuple(r.api_groups), tuple(r.resources), tuple(sorted(r.verbs))) for r in rules]
+    with StagerPod(k8s_client, kubelet, namespace, str(root)) as pod:
+        done = run_playbook(tmp_path, "playbooks/rollback.yml", extra_vars=job_vars, kubeconfig=job_sa, timeout=900)
+    assert done.rc == 0, done.output
+    assert [rc for rc, _output in pod.played.values()] == [0]
+    assert sorted(os.listdir(str(root))) == ["target"]
+    assert sorted(json.loads(_pvc_annotations(k8s_client, namespace)[STAGED])) == ["target"]
+    assert "--speculative-config" not in _get(k8s_client, namespace)["spec"]["predictor"]["model"]["command"][2]
+
+
 def test_pvc_remover_failure_fails_the_run_with_its_log_and_a_rerun_finishes(tmp_path, kubeconfig, k8s_client, kubelet,
                                                                              pvc_service, namespace):
     root = pvc_service["root"]

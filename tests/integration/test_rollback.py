@@ -246,20 +246,7 @@ def test_label_selector_selects_only_matching_services(tmp_path, kubeconfig, k8s
 def test_least_privilege_role_is_enough_and_a_token_without_it_is_refused(tmp_path, kubeconfig, k8s_client, controlplane,
                                                                           eagle3_service, namespace):
     out = tmp_path / "schedule"
-    tasks = """
-    - name: Render and apply the schedule
-      ansible.builtin.include_role:
-        name: alauda.spec_decoding.rollback_schedule
-      vars:
-        rollback_schedule_namespace: %s
-        rollback_schedule_names: [%s]
-        rollback_schedule_cronjob_api_version: batch/v1beta1
-        rollback_schedule_suspend: true
-        rollback_schedule_output_dir: %s
-        rollback_schedule_apply: true
-    """ % (namespace, NAME, out)
-    run = run_playbook(tmp_path, tasks=tasks, kubeconfig=kubeconfig)
-    assert run.rc == 0, run.output
+    render_schedule(tmp_path, kubeconfig, namespace, out)
     cron = yaml.safe_load((out / ("cronjob-%s-spec-decoding-rollback.yaml" % namespace)).read_text())
     assert cron["spec"]["concurrencyPolicy"] == "Forbid"
     from kubernetes import client  # pylint: disable=import-outside-toplevel
@@ -290,6 +277,19 @@ def test_least_privilege_role_is_enough_and_a_token_without_it_is_refused(tmp_pa
     assert done.rc == 0, done.output
     assert done.result("Prove the engine runs without a proposer")["speculative_config"] is None
     assert "--speculative-config" not in _get(k8s_client, namespace)["spec"]["predictor"]["model"]["command"][2]
+
+
+def render_schedule(tmp_path, kubeconfig, namespace, out, **more):
+    """Render and apply role rollback_schedule (suspended CronJob) for the test service into ``namespace``."""
+    role_vars = {"rollback_schedule_namespace": namespace, "rollback_schedule_names": [NAME],
+                 "rollback_schedule_cronjob_api_version": "batch/v1beta1", "rollback_schedule_suspend": True,
+                 "rollback_schedule_output_dir": str(out), "rollback_schedule_apply": True}
+    role_vars.update(more)
+    tasks = [{"name": "Render and apply the schedule", "ansible.builtin.include_role": {"name": "alauda.spec_decoding.rollback_schedule"},
+              "vars": role_vars}]
+    run = run_playbook(tmp_path, tasks=json.dumps(tasks), kubeconfig=kubeconfig)
+    assert run.rc == 0, run.output
+    return run
 
 
 def cron_vars(out, namespace):

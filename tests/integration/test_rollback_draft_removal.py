@@ -130,30 +130,16 @@ def test_pvc_draft_subdirectory_removed_by_a_job_after_the_proof_then_rerun_is_a
     assert "removed earlier" in rerun.result("Remove the draft (storageUris entry or Modelcar layers)")["note"]
 
 
-def test_scheduled_rollback_service_account_removes_a_pvc_draft_with_the_rendered_role(tmp_path, kubeconfig, k8s_client, kubelet,
-                                                                                     controlplane, pvc_service, namespace):
+def test_scheduled_rollback_service_account_removes_a_pvc_draft_with_the_rendered_role(
+        tmp_path, kubeconfig, k8s_client, kubelet, controlplane, pvc_service, namespace):
     """rollback_schedule with rollback_schedule_remove_draft_artifacts: the Role it renders is enough for the CronJob's
     service account to run the whole rollback and the PVC draft removal (remover Job included); without the flag the
     Role has no Job rules and the same run is refused by the API server after the proof, leaving the draft in place."""
     from kubernetes import client  # pylint: disable=import-outside-toplevel
-    from tests.integration.test_rollback import cron_vars  # pylint: disable=import-outside-toplevel
+    from tests.integration.test_rollback import cron_vars, render_schedule  # pylint: disable=import-outside-toplevel
 
     def schedule(out, remove):
-        tasks = """
-    - name: Render and apply the schedule
-      ansible.builtin.include_role:
-        name: alauda.spec_decoding.rollback_schedule
-      vars:
-        rollback_schedule_namespace: %s
-        rollback_schedule_names: [%s]
-        rollback_schedule_cronjob_api_version: batch/v1beta1
-        rollback_schedule_suspend: true
-        rollback_schedule_output_dir: %s
-        rollback_schedule_apply: true
-        rollback_schedule_remove_draft_artifacts: %s
-    """ % (namespace, NAME, out, "true" if remove else "false")
-        rendered = run_playbook(tmp_path, tasks=tasks, kubeconfig=kubeconfig)
-        assert rendered.rc == 0, rendered.output
+        render_schedule(tmp_path, kubeconfig, namespace, out, rollback_schedule_remove_draft_artifacts=remove)
         job_vars = json.loads(cron_vars(out, namespace))
         job_vars.pop("ansible_python_interpreter")
         job_vars.update(rollback_wait_timeout=60, rollback_wait_sleep=1, rollback_verify_delay=1, rollback_draft_job_poll_interval=1,

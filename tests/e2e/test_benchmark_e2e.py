@@ -219,15 +219,15 @@ def module_args(servers, prompts_file, report_dir, context):
     }
 
 
-def bench_argv(server, tiny_checkpoints, dataset):
+def bench_argv(base_url, served_model_name, tiny_checkpoints, dataset, num_prompts, output_len=MAX_TOKENS):
     """vllm bench serve arguments matching the module's run: same prompts and order, max_tokens, temperature 0,
     seed, ignore_eos, concurrency 1, 3 warmups, chat API."""
     return [
-        "--backend", "openai-chat", "--base-url", server.base_url, "--endpoint", "/v1/chat/completions",
+        "--backend", "openai-chat", "--base-url", base_url, "--endpoint", "/v1/chat/completions",
         "--model", tiny_checkpoints["target"], "--tokenizer", tiny_checkpoints["target"],
-        "--served-model-name", server.served_model_name,
+        "--served-model-name", served_model_name,
         "--dataset-name", "custom", "--dataset-path", dataset, "--disable-shuffle", "--skip-chat-template",
-        "--num-prompts", str(NUM_PROMPTS * RUNS_PER_PROMPT), "--custom-output-len", str(MAX_TOKENS),
+        "--num-prompts", str(num_prompts), "--custom-output-len", str(output_len),
         "--temperature", "0", "--ignore-eos", "--extra-body", json.dumps({"seed": 0}),
         "--max-concurrency", "1", "--num-warmups", "3", "--seed", "0", "--disable-tqdm",
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--save-detailed",
@@ -417,7 +417,7 @@ def write_datasets(workdir, runs_per_prompt):
 def paced(paced_server, tiny_checkpoints, vllm_python, vllm_version, e2e_workdir):
     """Both clients on the paced stream, interleaved (bench, module, bench, module): {"module", "bench"} pooled medians,
     "sent" (per tool, what the server's own clock says it did during that tool's requests), "tokens", "lines"
-    (the equivalence checks). Module-scoped: the live test uses each client's TTFT overhead measured here."""
+    (the equivalence checks), "workdir". Module-scoped: the live test uses each client's TTFT overhead measured here."""
     workdir = os.path.join(e2e_workdir, "benchmark-paced")
     os.makedirs(workdir, exist_ok=True)
     tokens, runs = 48, 5
@@ -428,12 +428,7 @@ def paced(paced_server, tiny_checkpoints, vllm_python, vllm_version, e2e_workdir
             "runs_per_prompt": runs, "warmup": 3, "concurrency": 1, "max_tokens": tokens, "temperature": 0.0, "seed": 0,
             "extra_body": {"ignore_eos": True}, "report_dir": os.path.join(workdir, "report"), "report_context": context,
             "plots": False}
-    argv = ["--backend", "openai-chat", "--base-url", paced_server, "--endpoint", "/v1/chat/completions",
-            "--model", tiny_checkpoints["target"], "--tokenizer", tiny_checkpoints["target"], "--served-model-name", "paced",
-            "--dataset-name", "custom", "--dataset-path", bench_dataset, "--disable-shuffle", "--skip-chat-template",
-            "--num-prompts", str(NUM_PROMPTS * runs), "--custom-output-len", str(tokens), "--temperature", "0", "--ignore-eos",
-            "--extra-body", json.dumps({"seed": 0}), "--max-concurrency", "1", "--num-warmups", "3", "--seed", "0",
-            "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el", "--save-detailed"]
+    argv = bench_argv(paced_server, "paced", tiny_checkpoints, bench_dataset, NUM_PROMPTS * runs, output_len=tokens)
     bench = BenchServe(vllm_python, workdir)
     module_runs, bench_runs, truth = [], [], {"module": [], "bench": []}
     try:
@@ -454,7 +449,7 @@ def paced(paced_server, tiny_checkpoints, vllm_python, vllm_version, e2e_workdir
     for index, ref in enumerate(bench_runs):
         check_equivalence(ref, "paced bench run %d" % index, lines)
     return {"module": medians([r for run in module_runs for r in run]), "bench": medians([r for ref in bench_runs for r in bench_records(ref)]),
-            "sent": {tool: medians(records) for tool, records in truth.items()}, "tokens": tokens, "lines": lines}
+            "sent": {tool: medians(records) for tool, records in truth.items()}, "tokens": tokens, "lines": lines, "workdir": workdir}
 
 
 def client_ttft_overhead(paced_result, tool):
@@ -462,7 +457,7 @@ def client_ttft_overhead(paced_result, tool):
     return paced_result[tool]["ttft"] - paced_result["sent"][tool]["ttft"]
 
 
-def test_client_timing_agrees_with_bench_serve_on_a_paced_server(paced, e2e_workdir):
+def test_client_timing_agrees_with_bench_serve_on_a_paced_server(paced):
     """Both clients measure the same paced stream (TTFT and chunk gaps fixed by the test, several tokens per chunk):
     their TPOT and ITL medians agree within 5% and sit on the pacing, and the module's TTFT is within 5% of what the
     server sent. No engine, so no engine noise: a difference here would be the module's clock or chunk handling."""
@@ -491,15 +486,14 @@ def test_client_timing_agrees_with_bench_serve_on_a_paced_server(paced, e2e_work
                  % (client_ttft_overhead(paced, "module"), client_ttft_overhead(paced, "bench")))
     text = "\n".join(lines)
     print(text)
-    workdir = os.path.join(e2e_workdir, "benchmark-paced")
-    with open(os.path.join(workdir, "agreement.txt"), "w", encoding="utf-8") as handle:
+    with open(os.path.join(paced["workdir"], "agreement.txt"), "w", encoding="utf-8") as handle:
         handle.write(text + "\n")
     assert not failures, "paced server: %s\n%s" % (failures, text)
 
 
-# Server-side counterparts of the client metrics: vLLM's own histograms, read around each tool's block.
-SERVER_HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds", "tpot": "vllm:request_time_per_output_token_seconds",
-                     "itl": "vllm:inter_token_latency_seconds"}
+# Server-side counterparts of the per-token client metrics: vLLM's own histograms, read around each tool's block
+# (TTFT is not among them: a few slow first tokens move the histogram's mean, not the medians compared).
+SERVER_HISTOGRAMS = {"tpot": "vllm:request_time_per_output_token_seconds", "itl": "vllm:inter_token_latency_seconds"}
 
 
 def histogram_totals(server):
@@ -535,9 +529,9 @@ def test_ab_report_and_agreement_with_vllm_bench_serve(servers, paced, tiny_chec
 
     One block = one prompt, each tool running its full protocol on it (3 warmups, RUNS_PER_PROMPT measured requests)
     on the baseline and then on the candidate, in ABBA order (module first on the baseline in even blocks, bench first
-    in odd ones; the candidate in the opposite order). Blocks of ~6 s cancel the engine's drift: measured here, the
-    same tool's 15-request runs 10 s apart differ by up to 20%, which long per-tool runs turned into module-vs-bench
-    differences. The prompts rotate, so both tools measure every prompt equally often. Around every block the
+    in odd ones; the candidate in the opposite order). Blocks of ~6 s shrink the engine's drift between the tools:
+    measured here, the same tool's 15-request runs 10 s apart differ by up to 20%, which long per-tool runs turned
+    into module-vs-bench differences. The prompts rotate, so both tools measure every prompt equally often. Around every block the
     server's own latency histograms are read, so the table can say how fast the engine itself was during each
     tool's requests; each client's own TTFT overhead comes from the paced-server fixture. Each module block is a real
     module run (phase baseline, then phase candidate: the candidate run's report is the one checked below)."""
@@ -547,7 +541,7 @@ def test_ab_report_and_agreement_with_vllm_bench_serve(servers, paced, tiny_chec
     context = report_context(servers, vllm_version)
     ours = {"baseline": [], "candidate": []}
     ref = {"baseline": [], "candidate": []}
-    server_seen = {(side, tool): {m: [0.0, 0.0] for m in METRICS} for side in ours for tool in ("module", "bench")}
+    server_seen = {(side, tool): {m: [0.0, 0.0] for m in SERVER_HISTOGRAMS} for side in ours for tool in ("module", "bench")}
     equivalence_lines = []
     results = []
     # Every prompt once on each server before the first block: the first requests after start-up are slow (seconds)
@@ -558,9 +552,12 @@ def test_ab_report_and_agreement_with_vllm_bench_serve(servers, paced, tiny_chec
     bench = BenchServe(vllm_python, workdir)
     try:
         block = 0
-        while block < MIN_BLOCKS or (block < MAX_BLOCKS and (block % NUM_PROMPTS or agreement(ours, ref, server_seen, paced)[1])):
-            if block >= MIN_BLOCKS and block % NUM_PROMPTS == 0:
-                print("after %d blocks, outside the bar: %s; %d more blocks" % (block, agreement(ours, ref, server_seen, paced)[1], NUM_PROMPTS))
+        while block < MAX_BLOCKS:
+            if block >= MIN_BLOCKS and block % NUM_PROMPTS == 0:  # extend by whole prompt cycles only while outside the bar
+                outside = agreement(ours, ref, server_seen, paced)[1]
+                if not outside:
+                    break
+                print("after %d blocks, outside the bar: %s; %d more blocks" % (block, outside, NUM_PROMPTS))
             module_file, bench_file = block_files[block % NUM_PROMPTS]
             report_dir = os.path.join(workdir, "report-%d" % block)
             first, second = ("module", "bench") if block % 2 == 0 else ("bench", "module")
@@ -568,8 +565,8 @@ def test_ab_report_and_agreement_with_vllm_bench_serve(servers, paced, tiny_chec
                 for tool in tools:
                     before = histogram_totals(servers[side])
                     if tool == "bench":
-                        argv = bench_argv(servers[side], tiny_checkpoints, bench_file)
-                        argv[argv.index("--num-prompts") + 1] = str(RUNS_PER_PROMPT)
+                        argv = bench_argv(servers[side].base_url, servers[side].served_model_name, tiny_checkpoints, bench_file,
+                                          RUNS_PER_PROMPT)
                         out = bench.run("%s-%d" % (side, block), argv)
                         assert out["completed"] == RUNS_PER_PROMPT and not out["failed"], out["errors"]
                         check_equivalence(out, "bench %s block %d" % (side, block), equivalence_lines)
@@ -583,7 +580,7 @@ def test_ab_report_and_agreement_with_vllm_bench_serve(servers, paced, tiny_chec
                         if side == "candidate":
                             results.append(result)
                     after = histogram_totals(servers[side])
-                    for metric in METRICS:
+                    for metric in SERVER_HISTOGRAMS:
                         for i in (0, 1):
                             server_seen[(side, tool)][metric][i] += after[metric][i] - before[metric][i]
             block += 1

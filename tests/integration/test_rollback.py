@@ -270,9 +270,7 @@ def test_least_privilege_role_is_enough_and_a_token_without_it_is_refused(tmp_pa
 
     # the job's own service account, with only the rendered Role, does the whole rollback and its proof
     job_sa = controlplane.kubeconfig_for_service_account(namespace, "spec-decoding-rollback")
-    job_vars = json.loads(cron_vars(out, namespace))
-    job_vars.pop("ansible_python_interpreter")
-    job_vars.update(rollback_wait_timeout=60, rollback_wait_sleep=1, rollback_verify_delay=1)
+    job_vars = cron_job_vars(out, namespace)
     done = run_playbook(tmp_path, "playbooks/rollback.yml", extra_vars=job_vars, kubeconfig=job_sa)
     assert done.rc == 0, done.output
     assert done.result("Prove the engine runs without a proposer")["speculative_config"] is None
@@ -292,9 +290,14 @@ def render_schedule(tmp_path, kubeconfig, namespace, out, **more):
     return run
 
 
-def cron_vars(out, namespace):
+def cron_job_vars(out, namespace, **more):
+    """The variables the rendered CronJob runs rollback.yml with, with the test's short waits (and ``more``) on top;
+    the job's interpreter path is its image's, not this machine's."""
     cm = yaml.safe_load((out / ("configmap-%s-spec-decoding-rollback-vars.yaml" % namespace)).read_text())
-    return cm["data"]["vars.yml"]
+    job_vars = json.loads(cm["data"]["vars.yml"])
+    job_vars.pop("ansible_python_interpreter")
+    job_vars.update(rollback_wait_timeout=60, rollback_wait_sleep=1, rollback_verify_delay=1, **more)
+    return job_vars
 
 
 def test_remove_draft_artifacts_after_ready(tmp_path, kubeconfig, k8s_client, eagle3_service, namespace):

@@ -136,15 +136,12 @@ def test_scheduled_rollback_service_account_removes_a_pvc_draft_with_the_rendere
     service account to run the whole rollback and the PVC draft removal (remover Job included); without the flag the
     Role has no Job rules and the same run is refused by the API server after the proof, leaving the draft in place."""
     from kubernetes import client  # pylint: disable=import-outside-toplevel
-    from tests.integration.test_rollback import cron_vars, render_schedule  # pylint: disable=import-outside-toplevel
+    from tests.integration.test_rollback import cron_job_vars, render_schedule  # pylint: disable=import-outside-toplevel
 
     def schedule(out, remove):
         render_schedule(tmp_path, kubeconfig, namespace, out, rollback_schedule_remove_draft_artifacts=remove)
-        job_vars = json.loads(cron_vars(out, namespace))
-        job_vars.pop("ansible_python_interpreter")
-        job_vars.update(rollback_wait_timeout=60, rollback_wait_sleep=1, rollback_verify_delay=1, rollback_draft_job_poll_interval=1,
-                        rollback_draft_job_timeout=120, rollback_draft_job_image=JOB_IMAGE)
-        return job_vars
+        return cron_job_vars(out, namespace, rollback_draft_job_poll_interval=1, rollback_draft_job_timeout=120,
+                             rollback_draft_job_image=JOB_IMAGE)
 
     root = pvc_service["root"]
     job_sa = controlplane.kubeconfig_for_service_account(namespace, "spec-decoding-rollback")

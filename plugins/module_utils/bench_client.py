@@ -10,6 +10,9 @@ the final ``usage`` event (``stream_options.include_usage``) gives ``completion_
 a pool of ``concurrency`` threads (each with a keep-alive connection) and are released at a target request
 rate (Poisson arrivals or a fixed interval, seeded) or all at once; warmup requests run first and are
 discarded.
+
+Standard library only, but for the /metrics pages around a run: those are read by ``prometheus_text``
+(prometheus_client, imported guardedly; the module checks ``prometheus_text.HAS_PROMETHEUS_CLIENT``).
 """
 
 from __future__ import annotations
@@ -18,17 +21,16 @@ import http.client
 import json
 import queue
 import random
-import re
 import ssl
 import threading
 import time
 from urllib.parse import urlsplit
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import prometheus_text
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 APIS = ("chat", "completions")
 ARRIVALS = ("poisson", "fixed")
-_SAMPLE_RE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 _RESERVED_BODY_KEYS = ("model", "messages", "prompt", "stream", "stream_options", "max_tokens", "max_completion_tokens",
                        "temperature", "seed")
 
@@ -327,6 +329,31 @@ def measure_side(endpoint, prompts, params, runs_per_prompt=5, warmup=3, concurr
 
 
 # -- /metrics around a measured run ---------------------------------------------------------------------------
+# Metric-name prefixes (after the ``vllm:`` namespace, see prometheus_text): V1 (0.10+) and 0.8-0.9 counters.
+# ``external_prefix_cache_*`` (KV connector) does not match them: it is not the local prefix cache.
+PREFIX_CACHE_PREFIXES = ("prefix_cache_", "gpu_prefix_cache_")
+CACHE_CONFIG_INFO = "cache_config_info"
+
+
+def _samples(text, prefixes):
+    """The wanted samples of a /metrics page; none when the page is absent or its selected lines do not parse.
+
+    The benchmark's numbers are already measured when the page is read, so a garbled page makes the prefix
+    cache unknown (the report says so) instead of failing the run.
+    """
+    if not text:
+        return []
+    try:
+        return prometheus_text.parse_samples(text, prefixes)
+    except ValidationError:
+        return []
+
+
+def _other_model(labels, model_name):
+    """Whether a sample names a served model other than ``model_name`` (series without the label always count)."""
+    return model_name is not None and "model_name" in labels and labels["model_name"] != model_name
+
+
 def prefix_cache_counters(text, model_name=None):
     """``{"hits", "queries"}`` (token counts) from a /metrics page, or ``None`` when the server has no such counters.
 
@@ -334,34 +361,60 @@ def prefix_cache_counters(text, model_name=None):
     named them ``vllm:gpu_prefix_cache_hits_total`` / ``..._queries_total``. Summed over engines; the
     ``external_`` (KV connector) series are not the local prefix cache and are ignored.
     """
-    if not text:
-        return None
     totals = {}
-    for line in text.splitlines():
-        if "prefix_cache_" not in line or line.startswith("#"):
-            continue
-        match = _SAMPLE_RE.match(line.strip())
-        if not match:
-            continue
-        base = match.group("name").split(":", 1)[-1]
+    for sample in _samples(text, PREFIX_CACHE_PREFIXES):
+        base = sample.name.rpartition(":")[2]
         if base.startswith("gpu_"):
             base = base[4:]
         if base.endswith("_total"):
             base = base[:-6]
-        if base not in ("prefix_cache_hits", "prefix_cache_queries"):
-            continue
-        labels = match.group("labels") or ""
-        if model_name is not None and 'model_name="' in labels and ('model_name="%s"' % model_name) not in labels:
-            continue
-        try:
-            value = float(match.group("value"))
-        except ValueError:
+        if base not in ("prefix_cache_hits", "prefix_cache_queries") or _other_model(sample.labels or {}, model_name):
             continue
         key = "hits" if base == "prefix_cache_hits" else "queries"
-        totals[key] = totals.get(key, 0.0) + value
+        totals[key] = totals.get(key, 0.0) + sample.value
     if "queries" not in totals:
         return None
     return {"hits": totals.get("hits", 0.0), "queries": totals["queries"]}
+
+
+def prefix_caching_enabled(text, model_name=None):
+    """Whether the server caches prefixes: the ``enable_prefix_caching`` label of ``vllm:cache_config_info``.
+
+    True or False; None when the page, the gauge or the label is absent (vLLM before the gauge carried it, a
+    server that is not vLLM) or its value is neither True nor False.
+    """
+    seen = []
+    for sample in _samples(text, (CACHE_CONFIG_INFO,)):
+        labels = sample.labels or {}
+        if sample.name.rpartition(":")[2] != CACHE_CONFIG_INFO or _other_model(labels, model_name):
+            continue
+        seen.append({"true": True, "false": False}.get(str(labels.get("enable_prefix_caching", "")).strip().lower()))
+    # One gauge per engine (data-parallel rank). They cannot be summed, and vLLM gives every rank the same
+    # CacheConfig, so disagreement means a page we do not understand. The safe answer is the one that keeps
+    # the warning: on if any engine caches (that side's timings can hold cache effects, so the report keeps
+    # its hit rate and flags an on/off mismatch); off only if every engine says off; else unknown.
+    if True in seen:
+        return True
+    if seen and all(value is False for value in seen):
+        return False
+    return None
+
+
+def prefix_cache_window(before_text, after_text, model_name=None):
+    """A side's ``prefix_cache`` block from the /metrics pages read before and after its measured requests.
+
+    ``hits``, ``queries`` and ``hit_rate`` over the window (``prefix_cache_delta``; null when either page lacks
+    the counters) and ``enabled`` (``prefix_caching_enabled`` of the later page). ``None`` when neither is
+    known (not scraped, or not a vLLM server).
+    """
+    enabled = prefix_caching_enabled(after_text, model_name)
+    cache = prefix_cache_delta(prefix_cache_counters(before_text, model_name), prefix_cache_counters(after_text, model_name))
+    if cache is None:
+        if enabled is None:
+            return None
+        cache = {"hits": None, "queries": None, "hit_rate": None}
+    cache["enabled"] = enabled
+    return cache
 
 
 def prefix_cache_delta(before, after):

@@ -35,6 +35,10 @@ except ImportError:  # pragma: no cover - exercised where matplotlib is absent
 SCHEMA = "alauda.spec_decoding/benchmark-report/v1"
 DECISIONS = ("keep", "roll_back")
 DEFAULT_TOLERANCES = {"ttft": 0.0, "tpot": 0.0, "throughput": 0.0}
+# More than this share of a side's completed requests burst-delivered (bench_stats.burst_delivered) and the
+# decision cannot be keep: that side's TTFT, ITL and TPOT are buffer timings, not per-token ones. A few such
+# requests (a scheduling hiccup of the client) only get a note; their effect on the medians is small.
+BURST_MAX_SHARE = 0.10
 
 # (path in report["context"], label in the guide's words, the module option that supplies it)
 REQUIRED_FIELDS = (
@@ -218,11 +222,56 @@ def check_tolerances(tolerances):
     return tol
 
 
+def burst_counts(summary):
+    """``(burst-delivered, completed, median chunk gap in ms or None)`` of one side's summary.
+
+    Summaries written before the count existed (a saved baseline phase) have no ``burst_delivered``: 0.
+    """
+    summary = summary or {}
+    return int(summary.get("burst_delivered") or 0), int(summary.get("completed") or 0), summary.get("burst_delivered_median_gap_ms")
+
+
+def too_many_bursts(summary):
+    """Whether more than ``BURST_MAX_SHARE`` of the side's completed requests were burst-delivered."""
+    bursts, completed, _gap = burst_counts(summary)
+    return bool(completed) and bursts > BURST_MAX_SHARE * completed
+
+
+def _gap_text(gap_ms):
+    return "n/a" if gap_ms is None else "%.3f ms" % gap_ms
+
+
+BURST_FIX = ("turn off response buffering on that path (e.g. nginx `proxy_buffering off`, or the response header "
+             "`X-Accel-Buffering: no`), or run the benchmark closer to the server or on its own cores, then measure again")
+
+
+def burst_notes(baseline, candidate):
+    """One note per side whose summary counts burst-delivered requests (``bench_stats.burst_delivered``)."""
+    notes = []
+    for name, summary in (("baseline", baseline), ("candidate", candidate)):
+        bursts, completed, gap_ms = burst_counts(summary)
+        if not bursts:
+            continue
+        notes.append(
+            "burst delivery on the %s: %d of %d requests' streams arrived in bursts (median gap between their chunks %s, "
+            "under %.1f ms), so their TTFT is about the whole request's latency and their ITL and TPOT are near zero, not "
+            "per-token timings. Something between the server and the benchmark buffers the stream: an ingress, proxy or "
+            "service mesh with response buffering, or the benchmark client was starved of CPU on a machine it shares with "
+            "the server. Fix: %s. %s" % (
+                name, bursts, completed, _gap_text(gap_ms), bench_stats.BURST_MAX_MEDIAN_GAP_S * 1000.0, BURST_FIX,
+                ("More than %d%% of the side's requests, so the decision is roll_back." if too_many_bursts(summary)
+                 else "At most %d%% of the side's requests, so the decision is not refused for it.") % round(100 * BURST_MAX_SHARE)))
+    return notes
+
+
 def decide(baseline, candidate, tolerances=None, load=None):
     """``keep`` only if TTFT, per-token latency (TPOT) and output throughput all improve; else ``roll_back``.
 
     A tolerance ``t`` lets a metric be at most ``t`` (a fraction) worse and still count: latency passes when
     ``candidate <= baseline * (1 + t)``, throughput when ``candidate >= baseline * (1 - t)``.
+
+    ``keep`` is also refused when more than ``BURST_MAX_SHARE`` of either side's completed requests were
+    burst-delivered (``burst_delivered`` in the summary, missing counts as 0): that side was not timed per token.
     """
     tol = check_tolerances(tolerances)
     checks = []
@@ -256,6 +305,16 @@ def decide(baseline, candidate, tolerances=None, load=None):
     if c_fail is not None and c_fail > (b_fail or 0.0):
         reasons.append("the candidate failed %d of %d requests (baseline %d)" % (
             candidate.get("failed", 0), candidate.get("failed", 0) + candidate.get("completed", 0), baseline.get("failed", 0)))
+    burst_reasons = []
+    for name, summary in (("baseline", baseline), ("candidate", candidate)):
+        if too_many_bursts(summary):
+            bursts, completed, gap_ms = burst_counts(summary)
+            burst_reasons.append(
+                "TTFT, ITL and TPOT were not measured per token on the %s: %d of %d streams arrived in bursts (median gap "
+                "between their chunks %s; more than %d%% of the completed requests); something between the server and the benchmark "
+                "buffers the stream (an ingress, proxy or service mesh, or a CPU-starved benchmark client): %s" % (
+                    name, bursts, completed, _gap_text(gap_ms), round(100 * BURST_MAX_SHARE), BURST_FIX))
+    reasons = burst_reasons + reasons  # first: they make the comparisons above meaningless
     decision = "keep" if not reasons else "roll_back"
     if decision == "keep":
         reasons = ["TTFT, per-token latency and throughput all improved (within tolerances) at the target load"]
@@ -267,13 +326,44 @@ def _failure_rate(summary):
     return (summary.get("failed") or 0) / float(total) if total else None
 
 
+PREFIX_CACHE_FIX = ("give both InferenceServices the same prefix caching setting (`--enable-prefix-caching` on both, or "
+                    "`--no-enable-prefix-caching` on both), then measure again")
+
+
+def prefix_caching_state(cache):
+    """A side's prefix caching setting from its ``prefix_cache`` block: True, False or None (unknown).
+
+    Blocks written before the setting was read (a saved baseline phase) have no ``enabled``: unknown.
+    """
+    value = (cache or {}).get("enabled")
+    return value if isinstance(value, bool) else None
+
+
+def _state_text(enabled):
+    return {True: "on", False: "off"}.get(enabled, "unknown")
+
+
 def prefix_cache_notes(baseline_cache, candidate_cache):
-    """Warnings so cache effects are not mistaken for speculative-decoding gains."""
+    """Warnings so cache effects are not mistaken for speculative-decoding gains.
+
+    The setting (``enabled``, from ``vllm:cache_config_info``) decides first: off on both sides is said so;
+    on for one side only is named with the fix. A side with caching on, or unknown, keeps the hit-rate notes.
+    """
+    caches = {"baseline": baseline_cache, "candidate": candidate_cache}
+    enabled = {name: prefix_caching_state(cache) for name, cache in caches.items()}
+    rates = {name: (cache or {}).get("hit_rate") for name, cache in caches.items()}
+    if enabled["baseline"] is False and enabled["candidate"] is False:
+        return ["prefix caching is off on both sides (vllm:cache_config_info enable_prefix_caching=False), so cache effects "
+                "cannot be mistaken for speculative-decoding gains"]
     notes = []
-    rates = {}
-    for name, cache in (("baseline", baseline_cache), ("candidate", candidate_cache)):
-        rate = (cache or {}).get("hit_rate")
-        rates[name] = rate
+    if {enabled["baseline"], enabled["candidate"]} == {True, False}:
+        on, off = ("baseline", "candidate") if enabled["baseline"] else ("candidate", "baseline")
+        notes.append("prefix caching is on for the %s (hit rate %s) and off for the %s (vllm:cache_config_info "
+                     "enable_prefix_caching): the comparison mixes cache effects into the difference, so it is not all "
+                     "speculative decoding. Fix: %s" % (on, _fmt(rates[on], pct=True), off, PREFIX_CACHE_FIX))
+    for name, cache in caches.items():
+        if enabled[name] is False:
+            continue  # off: no hit rate to know
         if cache is None or cache.get("queries") is None:
             notes.append("prefix cache: the %s exposes no vllm:prefix_cache_* metrics; its hit rate is unknown" % name)
     b_rate, c_rate = rates["baseline"], rates["candidate"]
@@ -300,6 +390,7 @@ def build_report(baseline, candidate, context, tolerances=None, acceptance=None,
         all_notes.append("no speculative-decoding metrics on the candidate's /metrics: is speculative decoding enabled there?")
     elif not acceptance.get("num_drafts"):
         all_notes.append("the candidate proposed no drafts during the run: speculative decoding did not act on this workload")
+    all_notes += burst_notes(b_sum, c_sum)
     sides = {}
     for name, side in (("baseline", baseline), ("candidate", candidate)):
         sides[name] = {k: v for k, v in side.items() if k != "records"}
@@ -415,11 +506,12 @@ def render_markdown(report):
     else:
         lines += ["No speculative-decoding counters were found on the candidate.", ""]
 
-    lines += ["## Prefix cache", "", "| Side | Hits / queries (tokens) | Hit rate |", "|---|---|---|"]
+    lines += ["## Prefix cache", "", "| Side | Prefix caching | Hits / queries (tokens) | Hit rate |", "|---|---|---|---|"]
     for name in ("baseline", "candidate"):
         cache = report[name].get("prefix_cache") or {}
-        lines.append("| %s | %s / %s | %s |" % (
-            name, _fmt(cache.get("hits"), 0), _fmt(cache.get("queries"), 0), _fmt(cache.get("hit_rate"), pct=True)))
+        lines.append("| %s | %s | %s / %s | %s |" % (
+            name, _state_text(prefix_caching_state(cache)), _fmt(cache.get("hits"), 0), _fmt(cache.get("queries"), 0),
+            _fmt(cache.get("hit_rate"), pct=True)))
     lines.append("")
 
     lines += ["## Decision checks", "", "| Check | Baseline | Candidate | Change | Tolerance | Passed |", "|---|---|---|---|---|---|"]

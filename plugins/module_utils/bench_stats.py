@@ -17,6 +17,9 @@
   ``total_token_throughput = (sum(input) + sum(output)) / duration``.
 
 Times are kept in seconds inside and reported in milliseconds, like the reference tool.
+
+On top of the reference definitions, ``burst_delivered`` flags requests whose stream reached the client in
+bursts (a buffering proxy, or a CPU-starved client): their TTFT, ITL and TPOT are not per-token timings.
 """
 
 from __future__ import annotations
@@ -25,6 +28,16 @@ import math
 
 DEFAULT_PERCENTILES = (50, 90, 99)
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+# Burst delivery. No real engine emits chunk after chunk 100 us apart at steady state: even a small model on a
+# fast GPU needs about 1-2 ms per decode step, and speculative decoding and vLLM's --stream-interval only make
+# chunks fewer and the gaps between them longer. Bytes that sat in a buffer (an ingress, proxy or service mesh
+# with response buffering, or a client starved of CPU) are read microseconds apart. So a stream whose median
+# gap between chunks is under 0.1 ms was not timed per token. At least 8 chunks (7 gaps), so that one or two
+# chunks sent together (the role chunk with the first token, the last token with the finish chunk) cannot
+# make the median.
+BURST_MIN_CHUNKS = 8
+BURST_MAX_MEDIAN_GAP_S = 0.0001
 
 
 def percentile(values, pct):
@@ -111,11 +124,29 @@ def tpot_of(record):
     return None
 
 
+def burst_delivered(record):
+    """Whether one request record's stream arrived in bursts, not as the server produced it.
+
+    True for a successful record with at least ``BURST_MIN_CHUNKS`` chunks (``len(itl) >= BURST_MIN_CHUNKS - 1``)
+    whose median gap between chunks is under ``BURST_MAX_MEDIAN_GAP_S``. Failed and short records are never flagged.
+    """
+    if not record.get("success"):
+        return False
+    gaps = record.get("itl") or []
+    if len(gaps) < BURST_MIN_CHUNKS - 1:
+        return False
+    return median(gaps) < BURST_MAX_MEDIAN_GAP_S
+
+
 def summarize_run(records, duration, percentiles=DEFAULT_PERCENTILES):
     """Aggregate one side's measured requests the way ``vllm bench serve`` does.
 
     ``records``: dicts with ``success``, ``ttft``, ``itl`` (list), ``latency`` (E2EL), ``output_tokens``,
     ``prompt_tokens`` (seconds for times). ``duration``: wall time of the measured phase in seconds.
+
+    Beyond the reference tool's numbers: ``burst_delivered``, how many completed requests arrived in bursts
+    (``burst_delivered(record)``), and ``burst_delivered_median_gap_ms``, the median gap between those requests'
+    chunks (pooled; ``None`` when there are none). They are counted in the statistics like every other request.
     """
     ok = [r for r in records if r.get("success")]
     ttfts = [r["ttft"] for r in ok]
@@ -124,6 +155,8 @@ def summarize_run(records, duration, percentiles=DEFAULT_PERCENTILES):
     tpots = [t for t in (tpot_of(r) for r in ok) if t is not None]
     output_tokens = sum(int(r.get("output_tokens") or 0) for r in ok)
     input_tokens = sum(int(r.get("prompt_tokens") or 0) for r in ok)
+    bursts = [r for r in ok if burst_delivered(r)]
+    burst_gaps = [gap for r in bursts for gap in r["itl"]]
     duration = float(duration)
     rate = (lambda n: n / duration) if duration > 0 else (lambda n: None)
     return {
@@ -140,6 +173,8 @@ def summarize_run(records, duration, percentiles=DEFAULT_PERCENTILES):
         "itl_ms": distribution(itls, percentiles),
         "e2el_ms": distribution(e2els, percentiles),
         "mean_output_tokens": mean([r.get("output_tokens") or 0 for r in ok]),
+        "burst_delivered": len(bursts),
+        "burst_delivered_median_gap_ms": median(burst_gaps) * 1000.0 if burst_gaps else None,
     }
 
 

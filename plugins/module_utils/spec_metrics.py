@@ -15,7 +15,8 @@ acceptance length = 1 + accepted / drafts (counts the bonus token); per-position
 position i / drafts. Series are summed over ``engine`` (data-parallel ranks) and, unless ``model_name``
 is given, over served model names.
 
-Plain Python, no Ansible imports; ``prometheus_client`` is imported guardedly.
+Plain Python, no Ansible imports; /metrics text is read by ``prometheus_text`` (prometheus_client, imported
+guardedly: a module checks ``prometheus_text.HAS_PROMETHEUS_CLIENT``).
 """
 
 from __future__ import annotations
@@ -32,16 +33,10 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.engine_log im
     strip_ansi,
 )
 
-try:
-    from prometheus_client.parser import text_string_to_metric_families
-    HAS_PROMETHEUS_CLIENT = True
-    PROMETHEUS_IMPORT_ERROR = None
-except ImportError as _exc:  # pragma: no cover - exercised by the sanity import test
-    text_string_to_metric_families = None
-    HAS_PROMETHEUS_CLIENT = False
-    PROMETHEUS_IMPORT_ERROR = _exc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import prometheus_text
 
-SPEC_FILTER = "spec_decode"
+# Metric-name prefixes of the spec_decode families (after the ``vllm:`` namespace; see prometheus_text).
+SPEC_PREFIXES = ("spec_decode_", "vllm_spec_decode_")
 # Counter base names (after stripping the ``vllm:``/``vllm_`` prefix and the ``_total`` suffix).
 V1_COUNTERS = {
     "spec_decode_num_drafts": "num_drafts",
@@ -172,74 +167,58 @@ class SpecDecodeCounters:
 
 
 def filter_spec_lines(text):
-    """Keep only the exposition lines that belong to spec_decode families (cheap pre-filter)."""
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "replace")
-    if SPEC_FILTER not in text:
-        return ""
-    return "\n".join(line for line in text.splitlines() if SPEC_FILTER in line) + "\n"
+    """The exposition lines of the spec_decode families: what ``parse_prometheus`` hands to the parser."""
+    return prometheus_text.filter_lines(text, SPEC_PREFIXES)
 
 
 def parse_prometheus(text, model_name=None):
     """Parse a /metrics page (Prometheus text format) into SpecDecodeCounters.
 
-    Only the spec_decode families are handed to prometheus_client's parser. ``_created`` series are
-    ignored; values are summed over ``engine`` and over model names unless ``model_name`` filters them.
-    Raises ValidationError when the page is not valid exposition text.
+    Only the spec_decode families are handed to prometheus_client's parser (``prometheus_text.parse_samples``,
+    which drops ``_created`` series); values are summed over ``engine`` and over model names unless
+    ``model_name`` filters them (then samples without that ``model_name`` label are left out).
+    Raises ValidationError (field ``metrics``) when prometheus_client is missing or the page is not valid
+    exposition text.
     """
-    if not HAS_PROMETHEUS_CLIENT:
-        raise ValidationError("the prometheus_client Python library is missing", field="metrics",
-                              hint="pip install prometheus_client on the host that runs the module")
-    filtered = filter_spec_lines(text)
     totals = {}
     per_pos = {}
     v0 = {}
     models, engines = set(), set()
     all_models = set()
     found = False
-    try:
-        families = list(text_string_to_metric_families(filtered))
-    except (ValueError, TypeError, IndexError) as exc:
-        raise ValidationError("the spec_decode lines are not valid Prometheus text: %s" % exc, field="metrics",
-                              hint="point at vLLM's /metrics endpoint (Prometheus text format)") from exc
-    for family in families:
-        for sample in family.samples:
-            if sample.name.endswith("_created"):
+    for sample in prometheus_text.parse_samples(text, SPEC_PREFIXES, field="metrics"):
+        match = NAME_RE.match(sample.name)
+        if not match:
+            continue
+        base = match.group(1)
+        labels = sample.labels or {}
+        if "model_name" in labels:
+            all_models.add(labels["model_name"])
+        if model_name is not None and labels.get("model_name") != model_name:
+            continue
+        value = sample.value
+        if base in V1_COUNTERS:
+            key = V1_COUNTERS[base]
+            totals[key] = totals.get(key, 0.0) + value
+        elif base == PER_POS:
+            try:
+                position = int(labels.get("position", "0"))
+            except ValueError:
                 continue
-            match = NAME_RE.match(sample.name)
-            if not match:
-                continue
-            base = match.group(1)
-            labels = sample.labels or {}
-            if "model_name" in labels:
-                all_models.add(labels["model_name"])
-            if model_name is not None and labels.get("model_name") != model_name:
-                continue
-            value = sample.value
-            if value is None or (isinstance(value, float) and math.isnan(value)):
-                continue
-            if base in V1_COUNTERS:
-                key = V1_COUNTERS[base]
-                totals[key] = totals.get(key, 0.0) + value
-            elif base == PER_POS:
-                try:
-                    position = int(labels.get("position", "0"))
-                except ValueError:
-                    continue
-                per_pos[position] = per_pos.get(position, 0.0) + value
-            elif base in V0_NAMES:
-                key = V0_NAMES[base]
-                if key == "v0_num_emitted_tokens":
-                    v0[key] = v0.get(key, 0.0) + value
-                else:
-                    v0.setdefault(key, []).append(value)
+            per_pos[position] = per_pos.get(position, 0.0) + value
+        elif base in V0_NAMES:
+            key = V0_NAMES[base]
+            if key == "v0_num_emitted_tokens":
+                v0[key] = v0.get(key, 0.0) + value
             else:
-                continue
-            found = True
-            if "model_name" in labels:
-                models.add(labels["model_name"])
-            if "engine" in labels:
-                engines.add(labels["engine"])
+                v0.setdefault(key, []).append(value)
+        else:
+            continue
+        found = True
+        if "model_name" in labels:
+            models.add(labels["model_name"])
+        if "engine" in labels:
+            engines.add(labels["engine"])
     positions = [per_pos.get(i, 0.0) for i in range(max(per_pos) + 1)] if per_pos else []
     for key in ("v0_draft_acceptance_rate", "v0_efficiency"):
         if key in v0:

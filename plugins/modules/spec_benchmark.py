@@ -21,10 +21,16 @@ description:
     with p90 and p99, output tokens/s and requests/s. Concurrency and a target request rate are configurable.
   - Reads the candidate's C(/metrics) before and after the measured requests. From the deltas it reports mean
     acceptance length, acceptance rate and per-position rates, and the ceiling conversion
-    (speedup / mean acceptance length). It also reports both sides' prefix cache hit rates, so cache effects
-    are not mistaken for speculative-decoding gains.
+    (speedup / mean acceptance length). It also reports, for both sides, whether prefix caching is on and the
+    prefix cache hit rate, so cache effects are not mistaken for speculative-decoding gains.
   - Decides V(keep) only if median TTFT, median TPOT (per-token latency) and output throughput all improve at
     the target load (within O(tolerances)), else V(roll_back) with the reasons.
+  - Flags requests whose stream reached the benchmark in bursts, that is at least 8 chunks with a median gap
+    between chunks under 0.1 ms. No engine streams that fast; buffered bytes are read that fast. The cause is an
+    ingress, proxy or service mesh that buffers the response (for example nginx C(proxy_buffering)), or a
+    benchmark client starved of CPU. Such requests' TTFT is the whole request's latency and their ITL and TPOT
+    are near zero. Each side with such requests gets a note. If more than 10% of either side's completed
+    requests arrived in bursts, the decision is V(roll_back), because that side was not measured per token.
   - Writes a Markdown and a JSON report and PNG plots (per-position acceptance curve; latency distributions
     baseline vs candidate) to O(report_dir). It refuses, before sending any request, to produce a report
     missing any of the guide's required fields. Those are Hardware (GPU model and count), Model (identifier
@@ -206,6 +212,9 @@ notes:
     writer draws the same curves without axis labels.
   - Prefix caching is on by default in vLLM V1. Either turn it off on both sides (C(--no-enable-prefix-caching))
     or read the hit rates in the report.
+  - Whether prefix caching is on is read from the C(enable_prefix_caching) label of the C(vllm:cache_config_info)
+    gauge (vLLM 0.10 and later). If it is on for one side only, the report notes it and the fix (the same
+    setting on both InferenceServices). If the server has no such gauge, the setting is reported as unknown.
 seealso:
   - name: vllm bench serve
     description: The reference benchmark whose metric definitions this module follows.
@@ -276,13 +285,30 @@ acceptance:
   returned: when a report was written and the candidate exposes the counters
   type: dict
 baseline:
-  description: Baseline summary (medians, p90, p99, throughputs), prefix cache and warmup info.
+  description:
+    - Baseline summary (medians, p90, p99, throughputs), prefix cache and warmup info.
+    - C(prefix_cache) holds C(hits) and C(queries) (tokens) and C(hit_rate) over the measured requests, from
+      C(/metrics) deltas, and C(enabled). C(enabled) is V(true) or V(false) from the C(enable_prefix_caching)
+      label of C(vllm:cache_config_info) read after the measured requests, or null when the server does not
+      expose it. If engines disagree, it is V(true) when any engine caches. C(prefix_cache) is null when
+      C(/metrics) was not read or has neither the counters nor the gauge. Baselines saved before C(enabled)
+      existed lack the key (unknown).
+    - The summary's C(burst_delivered) counts the completed requests whose stream arrived in bursts (at least 8
+      chunks, median gap between chunks under 0.1 ms). C(burst_delivered_median_gap_ms) is the median gap between
+      those requests' chunks (null when there are none). Baselines saved before these keys existed count as 0.
   returned: always
   type: dict
 candidate:
   description: Candidate summary, as for RV(baseline).
   returned: when the candidate was measured
   type: dict
+notes:
+  description:
+    - The report's notes, also in its Notes section. They cover prefix cache differences, missing or idle
+      speculative-decoding counters, and burst-delivered requests on either side.
+  returned: when a report was written
+  type: list
+  elements: str
 report_markdown:
   description: Path of the Markdown report.
   returned: when a report was written
@@ -318,7 +344,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_client, bench_report, bench_stats, bench_workloads
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import spec_metrics
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import prometheus_text, spec_metrics
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 RESULTS_SCHEMA = "alauda.spec_decoding/benchmark-side/v1"
@@ -401,7 +427,7 @@ def _scrape(endpoint, enabled):
 
 
 def _acceptance(before_text, after_text, model_name):
-    if before_text is None or after_text is None or not spec_metrics.HAS_PROMETHEUS_CLIENT:
+    if before_text is None or after_text is None or not prometheus_text.HAS_PROMETHEUS_CLIENT:
         return None
     after = spec_metrics.parse_prometheus(after_text)
     name = model_name if model_name in after.all_model_names else None
@@ -437,9 +463,7 @@ def measure(name, endpoint, prompts, params, request, progress):
         concurrency=params["concurrency"], request_rate=params["request_rate"], arrival=params["arrival"], seed=params["seed"],
         progress=progress.request, label=name, before_measure=before)
     after = _scrape(endpoint, params["scrape_metrics"])
-    cache = bench_client.prefix_cache_delta(
-        bench_client.prefix_cache_counters(scrapes.get("before"), endpoint.model),
-        bench_client.prefix_cache_counters(after, endpoint.model))
+    cache = bench_client.prefix_cache_window(scrapes.get("before"), after, endpoint.model)
     summary = bench_stats.summarize_run(result["records"], result["duration_s"])
     progress.line("%s done: %d ok, %d failed, %.1f s, median TTFT %s ms, median TPOT %s ms, %.1f output tok/s" % (
         name, summary["completed"], summary["failed"], summary["duration_s"], _r(summary["ttft_ms"]["median"]),
@@ -588,8 +612,8 @@ def main():
         ],
         supports_check_mode=True,
     )
-    if module.params["scrape_metrics"] and not spec_metrics.HAS_PROMETHEUS_CLIENT:
-        module.fail_json(msg=missing_required_lib("prometheus_client"), exception=str(spec_metrics.PROMETHEUS_IMPORT_ERROR))
+    if module.params["scrape_metrics"] and not prometheus_text.HAS_PROMETHEUS_CLIENT:
+        module.fail_json(msg=missing_required_lib("prometheus_client"), exception=str(prometheus_text.PROMETHEUS_IMPORT_ERROR))
     try:
         result = run(module.params)
     except SpecDecodingError as exc:

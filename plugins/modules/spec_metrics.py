@@ -262,7 +262,7 @@ from ansible.module_utils.urls import open_url
 from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
 from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import spec_metrics
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import prometheus_text, spec_metrics
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 PROM_SOURCES = ("url", "metrics_text", "metrics_path", "name", "pod")
@@ -455,8 +455,8 @@ def main():
         module.fail_json(msg="interval: needs a live source to scrape twice (url, name or pod), not metrics_text/metrics_path")
     if params["interval"] and params["interval"] > 0 and not has_prom_source:
         module.fail_json(msg="interval: log windows are already per interval; give url, name or pod to scrape twice")
-    if has_prom_source and not spec_metrics.HAS_PROMETHEUS_CLIENT:
-        module.fail_json(msg=missing_required_lib("prometheus_client"), exception=str(spec_metrics.PROMETHEUS_IMPORT_ERROR))
+    if has_prom_source and not prometheus_text.HAS_PROMETHEUS_CLIENT:
+        module.fail_json(msg=missing_required_lib("prometheus_client"), exception=str(prometheus_text.PROMETHEUS_IMPORT_ERROR))
     notes = []
     try:
         method = params["method"]

@@ -13,22 +13,20 @@ process). Where a difference could come from, and which test settles it:
   ``tests/unit/plugins/module_utils/test_bench_stats.py`` does the same on a saved real run.
 - **Client timing** (where the clock starts and stops, per-chunk timestamps, keep-alive, a thread pool vs
   asyncio): both tools measure a paced loopback SSE server whose TTFT and chunk gaps are fixed by the test
-  (no model, no engine noise).
-  The server records when it really wrote each chunk; each client is compared with that (the module within 5%),
-  and the module with bench within 5% unless bench is itself further off what it was sent (printed). Measured
-  here with a load average of 25 on 2 cores: TPOT module +0.1% / bench +0.1% of what was sent (module vs bench
-  -0.9%), ITL 0.0% / -0.1% (-0.6%), TTFT +2.0% / +23.2% (-19.2%): the per-token numbers agree to 1%, and the
-  TTFT gap is the reference client's own first-chunk overhead (asyncio/aiohttp in a process that imported vLLM
-  and torch), not a definition. That is what the live differences of earlier runs were made of.
+  (no model, no engine noise). The server records when it really wrote each chunk; each client is compared with
+  that (the module within 5%), and the module with bench within 5% unless bench is itself further off what it was
+  sent (printed: bench's asyncio/aiohttp first-chunk path in a process that imported vLLM and torch).
 - **Live engines**: baseline vs ngram on the real servers, module and bench interleaved in short ABBA blocks (one
-  prompt, each tool's full protocol on it, both sides) with long outputs (MAX_TOKENS, ``ignore_eos``), and vLLM's own
-  latency histograms read around every block. Per metric the pooled medians must agree within 5%, plainly or once
-  what is not the module's measurement is taken out: the engine running at another speed during one tool's
-  requests (TPOT, ITL: its own histograms show it), and each client's own TTFT overhead (bench's asyncio/aiohttp
-  request path adds about 1.8 ms more than the module here, measured against the truth by the paced-server fixture;
-  the tiny model's TTFT is 10-15 ms). Beyond that, a difference within the two tools' own noise in the same run
-  (each tool's even blocks against its odd ones) is printed as "NOT shown within 5%"; anything larger fails.
-  Everything is printed (agreement.txt).
+  prompt, each tool's full protocol on it, both sides) with long outputs (MAX_TOKENS, ``ignore_eos``); the pooled
+  medians of TTFT, TPOT and ITL must agree within 5%, plainly. What used to make them disagree by 5-90% here was not
+  noise but the servers themselves: vLLM's EngineCore busy-waits for its worker with ``sched_yield()``, and a client
+  on the same 2 cores then got most streams in one burst at the end (TTFT about the whole request, chunk gaps of
+  microseconds), in a different share of each tool's requests. The harness gives each engine (EngineCore and worker)
+  its core to itself and runs the API servers and both clients on the other (tests/e2e/vllm_harness.py); the
+  engine's speed still drifts by up to 10% between blocks seconds apart on this VM, so there are 12 blocks (up to 24
+  while a metric is outside the bar). A metric also agrees when it is within 5% once two things measured in the same
+  run are taken out: each client's own TTFT overhead (paced server) and the engine's own speed during each tool's
+  requests (vLLM's histograms); there is no allowance for noise. The table printed (agreement.txt) shows both.
 
 The playbook test also checks the report (every required field, the acceptance block from the candidate's
 /metrics, prefix-cache hit rates, a decision with reasons) and the PNG plots. Everything measured is real; the
@@ -47,22 +45,29 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_stats
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_report, bench_stats
 from tests.e2e import vllm_harness
 from tests.e2e.vllm_harness import NGRAM_CONFIG, VllmServer
 
 pytestmark = pytest.mark.e2e
 
-MIN_BLOCKS = 6         # ABBA-interleaved blocks (one prompt, both tools, both sides): each prompt twice
-MAX_BLOCKS = 12        # more (whole prompt cycles) only while a metric is outside the bar
+# ABBA-interleaved blocks (one prompt, both tools, both sides; about 20 s each). The engine's own speed drifts by up
+# to 10% between blocks here (its histograms show it, for either tool), about 8% per block in the module/bench ratio;
+# pooled over 12 blocks that leaves about 2.3% of noise in a 5% bar, over 24 about 1.6%.
+MIN_BLOCKS = 12
+MAX_BLOCKS = 24        # more (whole prompt cycles) only while a metric is outside the bar
 RUNS_PER_PROMPT = 5
-MAX_TOKENS = 160       # long outputs: each TPOT averages 159 gaps, and ITL pools up to ~2400 gaps per side and repeat
+MAX_TOKENS = 128       # long outputs: each TPOT averages 127 gaps, and ITL pools thousands of gaps per side
 NUM_PROMPTS = 3
 # The issue's bar: medians within 5% of vllm bench serve. Overridable only to diagnose a noisy machine (printed).
 AGREEMENT = float(os.environ.get("ALAUDA_E2E_BENCH_AGREEMENT", "0.05"))
 # The module's statistics on bench's own per-request data must reproduce bench's medians to this (float rounding).
 EQUIVALENCE = 0.001
 METRICS = ("ttft", "tpot", "itl")
+# Prefix caching off on both sides, the guide's first option: repeated prompts would otherwise be cache hits whose
+# TTFT is mostly the clients' own request overhead (vllm bench serve's asyncio/aiohttp path adds about 0.7 ms more
+# than the module's, measured on the paced server: 6% of a 11 ms cache-hit TTFT, 1.5% of a 45 ms prefill).
+SERVER_ARGS = ("--no-enable-prefix-caching",)
 
 # vllm bench serve, driven in the vLLM venv by one long-lived process (vLLM is imported once, not per repeat):
 # each stdin line is a job {"name", "argv", "out"}; it runs serve.main(args), writes the result to "out" and
@@ -85,6 +90,7 @@ def _load_jsonl(self):
 
 
 _ds.CustomDataset.load_data = _load_jsonl
+print("%s" % MARKER, flush=True)  # imported and ready: the import (vLLM, torch) is seconds of CPU, not during a block
 KEEP = ("median_ttft_ms", "median_tpot_ms", "median_itl_ms", "mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms",
         "p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms", "output_throughput", "request_throughput", "duration",
         "completed", "failed", "ttfts", "itls", "latencies", "output_lens", "errors")
@@ -115,20 +121,26 @@ class BenchServe:
         self._log = open(self.log_path, "w", encoding="utf-8")  # pylint: disable=consider-using-with
         self.proc = subprocess.Popen([vllm_python, driver], stdin=subprocess.PIPE, stdout=subprocess.PIPE,  # pylint: disable=consider-using-with
                                      stderr=self._log, text=True, env=env, cwd=workdir)
+        self._wait_done()
+
+    def _wait_done(self):
+        """Read the driver's output up to the next marker line; raise with its output when it died first."""
+        lines = []
+        for line in self.proc.stdout:
+            if line.strip() == DONE_MARKER:
+                return
+            lines.append(line)
+        self._log.flush()
+        raise AssertionError("vllm bench serve died (exit %s):\n%s\n%s" % (
+            self.proc.wait(), "".join(lines[-40:]), vllm_harness.log_tail(self.log_path, 40)))
 
     def run(self, name, argv):
         out = os.path.join(self.workdir, "bench-%s.json" % name)
         self.proc.stdin.write(json.dumps({"name": name, "argv": argv, "out": out}) + "\n")
         self.proc.stdin.flush()
-        lines = []
-        for line in self.proc.stdout:
-            if line.strip() == DONE_MARKER:
-                with open(out, encoding="utf-8") as handle:
-                    return json.load(handle)
-            lines.append(line)
-        self._log.flush()
-        raise AssertionError("vllm bench serve died (exit %s):\n%s\n%s" % (
-            self.proc.wait(), "".join(lines[-40:]), vllm_harness.log_tail(self.log_path, 40)))
+        self._wait_done()
+        with open(out, encoding="utf-8") as handle:
+            return json.load(handle)
 
     def close(self):
         if self.proc.poll() is None:
@@ -142,16 +154,19 @@ class BenchServe:
 
 
 def prompts():
-    """The module's own built-in workload prompts plus one short prompt, written as a custom dataset for both tools.
+    """Three prompts of 300-450 tokens each, of one size so that TTFT has one mode (the first two are the module's
+    built-in workloads' kind), written as a custom dataset for both tools.
 
     Chat API, one user message per prompt: the module and ``vllm bench serve --backend openai-chat
-    --skip-chat-template`` both send ``[{"role": "user", "content": [{"type": "text", "text": prompt}]}]``.
+    --skip-chat-template`` both send ``[{"role": "user", "content": [{"type": "text", "text": prompt}]}]``. The
+    servers run without prefix caching (SERVER_ARGS), so every request prefills its whole prompt: TTFT is 30-45 ms
+    of real work, not the 10 ms of a cache hit, most of which would be the two clients' own request paths.
     """
     return [
         "Refactor this Python function, add type hints and a docstring, and return it whole:\n\n"
-        "def area(w, h):\n    return w * h\n" * 6,
-        "Explain how a hash map works, with an example. " * 8,
-        "The quick brown fox jumps over the lazy dog. " * 10,
+        "def area(w, h):\n    return w * h\n" * 8,
+        "Explain how a hash map works, with an example. " * 14,
+        "The quick brown fox jumps over the lazy dog. " * 28,
     ][:NUM_PROMPTS]
 
 
@@ -180,9 +195,9 @@ def png_check(path):
 @pytest.fixture(scope="module")
 def servers(vllm_python, tiny_checkpoints, e2e_workdir):
     log_dir = os.path.join(e2e_workdir, "benchmark")
-    base = VllmServer(tiny_checkpoints["target"], "tiny-base", log_dir=log_dir, python=vllm_python)
+    base = VllmServer(tiny_checkpoints["target"], "tiny-base", log_dir=log_dir, python=vllm_python, extra_args=SERVER_ARGS)
     ngram = VllmServer(tiny_checkpoints["target"], "tiny-ngram", speculative_config=NGRAM_CONFIG, log_dir=log_dir,
-                       python=vllm_python)
+                       python=vllm_python, extra_args=SERVER_ARGS)
     try:
         base.start(wait=False)
         ngram.start(wait=False)
@@ -491,8 +506,9 @@ def test_client_timing_agrees_with_bench_serve_on_a_paced_server(paced):
     assert not failures, "paced server: %s\n%s" % (failures, text)
 
 
-# Server-side counterparts of the per-token client metrics: vLLM's own histograms, read around each tool's block
-# (TTFT is not among them: a few slow first tokens move the histogram's mean, not the medians compared).
+# Server-side counterparts of the per-token client metrics: vLLM's own histograms, read around each tool's block and
+# printed beside the comparison, so a failure shows whether the engine itself ran at another speed during one tool's
+# requests (TTFT is not among them: a few slow first tokens move the histogram's mean, not the medians compared).
 SERVER_HISTOGRAMS = {"tpot": "vllm:request_time_per_output_token_seconds", "itl": "vllm:inter_token_latency_seconds"}
 
 
@@ -525,16 +541,17 @@ def write_block_files(workdir):
 
 
 def test_ab_report_and_agreement_with_vllm_bench_serve(servers, paced, tiny_checkpoints, vllm_python, vllm_version, e2e_workdir):
-    """Live engines, module and ``vllm bench serve`` interleaved in short blocks.
+    """Live engines, module and ``vllm bench serve`` interleaved in short blocks; the pooled medians agree within 5%.
 
     One block = one prompt, each tool running its full protocol on it (3 warmups, RUNS_PER_PROMPT measured requests)
     on the baseline and then on the candidate, in ABBA order (module first on the baseline in even blocks, bench first
-    in odd ones; the candidate in the opposite order). Blocks of ~6 s shrink the engine's drift between the tools:
-    measured here, the same tool's 15-request runs 10 s apart differ by up to 20%, which long per-tool runs turned
-    into module-vs-bench differences. The prompts rotate, so both tools measure every prompt equally often. Around every block the
-    server's own latency histograms are read, so the table can say how fast the engine itself was during each
-    tool's requests; each client's own TTFT overhead comes from the paced-server fixture. Each module block is a real
-    module run (phase baseline, then phase candidate: the candidate run's report is the one checked below)."""
+    in odd ones; the candidate in the opposite order), so slow drift of the engine's speed falls on both tools alike.
+    The prompts rotate, so both tools measure every prompt equally often (ngram's acceptance, and so the candidate's
+    speed, differs by prompt). Each engine has its core to itself and both clients run on the other one
+    (tests/e2e/vllm_harness.py says why: without that a client gets most streams in one burst at the end, whichever
+    client it is, starved by the EngineCore's busy wait). Around every block the
+    servers' own latency histograms are read and printed beside the comparison. Each module block is a real module
+    run (phase baseline, then phase candidate: the candidate run's report is the one checked below)."""
     workdir = os.path.join(e2e_workdir, "benchmark-ab")
     os.makedirs(workdir, exist_ok=True)
     block_files = write_block_files(workdir)
@@ -544,48 +561,56 @@ def test_ab_report_and_agreement_with_vllm_bench_serve(servers, paced, tiny_chec
     server_seen = {(side, tool): {m: [0.0, 0.0] for m in SERVER_HISTOGRAMS} for side in ours for tool in ("module", "bench")}
     equivalence_lines = []
     results = []
-    # Every prompt once on each server before the first block: the first requests after start-up are slow (seconds)
-    # and would land in whichever tool's block came first, in its client numbers and in the server's histograms.
-    for side in ("baseline", "candidate"):
-        for text in prompts():
-            servers[side].chat([{"role": "user", "content": [{"type": "text", "text": text}]}], max_tokens=MAX_TOKENS, ignore_eos=True)
-    bench = BenchServe(vllm_python, workdir)
-    try:
-        block = 0
-        while block < MAX_BLOCKS:
-            if block >= MIN_BLOCKS and block % NUM_PROMPTS == 0:  # extend by whole prompt cycles only while outside the bar
-                outside = agreement(ours, ref, server_seen, paced)[1]
-                if not outside:
-                    break
-                print("after %d blocks, outside the bar: %s; %d more blocks" % (block, outside, NUM_PROMPTS))
-            module_file, bench_file = block_files[block % NUM_PROMPTS]
-            report_dir = os.path.join(workdir, "report-%d" % block)
-            first, second = ("module", "bench") if block % 2 == 0 else ("bench", "module")
-            for side, tools in (("baseline", (first, second)), ("candidate", (second, first))):
-                for tool in tools:
-                    before = histogram_totals(servers[side])
-                    if tool == "bench":
-                        argv = bench_argv(servers[side].base_url, servers[side].served_model_name, tiny_checkpoints, bench_file,
-                                          RUNS_PER_PROMPT)
-                        out = bench.run("%s-%d" % (side, block), argv)
-                        assert out["completed"] == RUNS_PER_PROMPT and not out["failed"], out["errors"]
-                        check_equivalence(out, "bench %s block %d" % (side, block), equivalence_lines)
-                        ref[side].append(bench_records(out))
-                    else:
-                        args = dict(module_args(servers, module_file, report_dir, context), phase=side, plots=side == "candidate")
-                        result = vllm_harness.run_module("alauda.spec_decoding.spec_benchmark", args, workdir, timeout=900)
-                        assert not result.get("failed"), result.get("msg")
-                        assert result["changed"] is False
-                        ours[side].append(module_records(result["requests_file"], side))
-                        if side == "candidate":
-                            results.append(result)
-                    after = histogram_totals(servers[side])
-                    for metric in SERVER_HISTOGRAMS:
-                        for i in (0, 1):
-                            server_seen[(side, tool)][metric][i] += after[metric][i] - before[metric][i]
-            block += 1
-    finally:
-        bench.close()
+    with vllm_harness.clients_off_engine_cpus([servers["baseline"], servers["candidate"]]) as client_cpus:
+        # Every prompt once on each server before the first block: the first requests after start-up are slow and
+        # would land in whichever tool's block came first.
+        for side in ("baseline", "candidate"):
+            for text in prompts():
+                servers[side].chat([{"role": "user", "content": [{"type": "text", "text": text}]}], max_tokens=MAX_TOKENS, ignore_eos=True)
+        bench = BenchServe(vllm_python, workdir)
+        try:
+            block = 0
+            while block < MAX_BLOCKS:
+                if block >= MIN_BLOCKS and block % NUM_PROMPTS == 0:  # more, by whole prompt cycles, only while outside
+                    outside = agreement(ours, ref, server_seen, client_cpus, paced)[1]
+                    if not outside:
+                        break
+                    print("after %d blocks, outside the bar: %s; %d more blocks" % (block, outside, NUM_PROMPTS))
+                module_file, bench_file = block_files[block % NUM_PROMPTS]
+                report_dir = os.path.join(workdir, "report-%d" % block)
+                first, second = ("module", "bench") if block % 2 == 0 else ("bench", "module")
+                for side, tools in (("baseline", (first, second)), ("candidate", (second, first))):
+                    for tool in tools:
+                        before = histogram_totals(servers[side])
+                        if tool == "bench":
+                            argv = bench_argv(servers[side].base_url, servers[side].served_model_name, tiny_checkpoints, bench_file,
+                                              RUNS_PER_PROMPT)
+                            out = bench.run("%s-%d" % (side, block), argv)
+                            assert out["completed"] == RUNS_PER_PROMPT and not out["failed"], out["errors"]
+                            check_equivalence(out, "bench %s block %d" % (side, block), equivalence_lines)
+                            ref[side].append(bench_records(out))
+                        else:
+                            args = dict(module_args(servers, module_file, report_dir, context), phase=side, plots=side == "candidate")
+                            result = vllm_harness.run_module("alauda.spec_decoding.spec_benchmark", args, workdir, timeout=900)
+                            assert not result.get("failed"), result.get("msg")
+                            assert result["changed"] is False
+                            ours[side].append(module_records(result["requests_file"], side))
+                            if side == "candidate":
+                                results.append(result)
+                        after = histogram_totals(servers[side])
+                        for metric in SERVER_HISTOGRAMS:
+                            for i in (0, 1):
+                                server_seen[(side, tool)][metric][i] += after[metric][i] - before[metric][i]
+                block += 1
+        finally:
+            bench.close()
+
+    # The agreement table first, so every failure below comes with it (the bar is checked at the end).
+    text, outside = agreement(ours, ref, server_seen, client_cpus, paced)
+    text = "\n".join(equivalence_lines[-2:] + [text])
+    print(text)
+    with open(os.path.join(workdir, "agreement.txt"), "w", encoding="utf-8") as handle:
+        handle.write(text + "\n")
 
     # --- the report of the last block (two phases: baseline saved, candidate measured and compared) ------------
     result = results[-1]
@@ -604,14 +629,16 @@ def test_ab_report_and_agreement_with_vllm_bench_serve(servers, paced, tiny_chec
         assert label in markdown, label
     assert "--speculative-config" in markdown and servers["baseline"].served_model_name in markdown
     assert result["decision"] in ("keep", "roll_back") and result["reasons"]
+    assert any(note.startswith("prefix caching is off on both sides") for note in report["notes"]), report["notes"]
     assert "**Decision: `%s`**" % result["decision"] in markdown
     # Every measured request completed with exactly max_tokens (ignore_eos), on both sides.
     for side in ("baseline", "candidate"):
         summary = report[side]["summary"]
         assert summary["completed"] == RUNS_PER_PROMPT and summary["failed"] == 0
         assert summary["total_output_tokens"] == RUNS_PER_PROMPT * MAX_TOKENS
+        # Prefix caching is off on both servers (SERVER_ARGS): read from vLLM's own cache_config_info, no lookups.
         cache = report[side]["prefix_cache"]
-        assert cache is not None and cache["queries"] > 0 and 0.0 <= cache["hit_rate"] <= 1.0
+        assert cache is not None and cache["enabled"] is False and cache["queries"] == 0 and cache["hit_rate"] is None, cache
     # The module's reported medians are its statistics over its own records (what the agreement pools).
     for metric in METRICS:
         assert report["candidate"]["summary"]["%s_ms" % metric]["median"] == pytest.approx(medians(ours["candidate"][-1])[metric])
@@ -622,6 +649,16 @@ def test_ab_report_and_agreement_with_vllm_bench_serve(servers, paced, tiny_chec
     assert acc["mean_acceptance_length"] == pytest.approx(1 + acc["num_accepted_tokens"] / acc["num_drafts"])
     assert report["comparison"]["ceiling_conversion"] == pytest.approx(report["comparison"]["speedup"] / acc["mean_acceptance_length"])
     assert report["baseline"]["acceptance"] is None  # the baseline server has no spec_decode counters
+    # No stream stalled: none reached either tool in one piece at the end (TTFT over half the request's latency), the
+    # signature of the busy-wait starvation the harness's CPU split prevents. Single chunks read together by a client that fell
+    # behind (bench's aiohttp reads whatever has arrived) are the burst detector's business: within its 10% allowance.
+    for tool, blocks in (("module", ours), ("bench", ref)):
+        for side in ("baseline", "candidate"):
+            records = [r for rep in blocks[side] for r in rep]
+            stalled = [r for r in records if r["ttft"] > 0.5 * r["latency"]]
+            assert not stalled, "%s %s: %d of %d streams arrived in one piece, e.g. TTFT %.1f ms of %.1f ms" % (
+                tool, side, len(stalled), len(records), 1000 * stalled[0]["ttft"], 1000 * stalled[0]["latency"])
+            assert sum(map(bench_stats.burst_delivered, records)) <= bench_report.BURST_MAX_SHARE * len(records), (tool, side)
     # With speculative decoding, chunks carry several tokens: fewer chunks than tokens on the candidate.
     cand = [r for rep in ours["candidate"] for r in rep if r["success"]]
     assert sum(len(r["itl"]) for r in cand) < sum(r["output_tokens"] - 1 for r in cand)
@@ -634,16 +671,12 @@ def test_ab_report_and_agreement_with_vllm_bench_serve(servers, paced, tiny_chec
     assert "candidate %d/%d" % (RUNS_PER_PROMPT, RUNS_PER_PROMPT) in progress
 
     # --- agreement with vllm bench serve ----------------------------------------------------------------------
-    text, failures = agreement(ours, ref, server_seen, paced)
-    text = "\n".join(equivalence_lines[-2:] + [text])
-    print(text)
-    with open(os.path.join(workdir, "agreement.txt"), "w", encoding="utf-8") as handle:
-        handle.write(text + "\n")
-    assert not failures, "live medians differ from vllm bench serve by more than %d%% for %s:\n%s" % (100 * AGREEMENT, failures, text)
+    assert not outside, "live medians differ from vllm bench serve by more than %d%% for %s:\n%s" % (100 * AGREEMENT, outside, text)
 
 
 def split_half_spread(blocks, metric):
-    """A tool's own noise: its pooled median over the even blocks against the odd ones (relative), 0 with < 2 blocks."""
+    """A tool's own repeatability: its pooled median over the even blocks against the odd ones (relative), 0 with < 2
+    blocks. Printed beside each difference, not used to pass it."""
     even = [r for index, rep in enumerate(blocks) if index % 2 == 0 for r in rep]
     odd = [r for index, rep in enumerate(blocks) if index % 2 == 1 for r in rep]
     if not even or not odd:
@@ -651,54 +684,53 @@ def split_half_spread(blocks, metric):
     return abs(medians(even)[metric] / medians(odd)[metric] - 1)
 
 
-def agreement(ours, ref, server_seen, paced_result):
-    """(table, failing metrics): pooled medians of the module vs vllm bench serve over all blocks so far.
+def engine_speed(server_seen, side, tool, metric):
+    """The server's own mean of ``metric`` (ms) over the requests of one tool's blocks, from vLLM's histograms."""
+    total, count = server_seen[(side, tool)][metric]
+    return 1000 * total / count if count else None
 
-    Per side and metric, in this order:
-    - within AGREEMENT: agrees;
-    - within AGREEMENT once what is not the module's measurement is taken out: for TPOT and ITL the engine's own
-      speed difference between the two tools' requests (vLLM's histograms over exactly those requests; the module runs
-      under ansible-playbook, whose controller shares the 2 cores with the engine), for TTFT each client's own
-      overhead (measured against the truth by the paced-server fixture, which also holds the module's TTFT within
-      5% of what the server really took);
-    - otherwise the difference must stay within the two tools' own noise in this run (each tool's pooled median over
-      the even blocks against the odd ones, added): then it is printed as NOT shown within 5%, because the machine's
-      noise is wider than the bar;
-    - else it fails.
-    """
+
+def agreement(ours, ref, server_seen, client_cpus, paced_result):
+    """(table, metrics outside the bar): per side and metric, the module's pooled median over all blocks so far
+    against ``vllm bench serve``'s.
+
+    A metric agrees when the two medians are within AGREEMENT, or are once what was measured in this run not to be
+    the module's measurement is taken out: for TTFT each client's own request-path overhead (its TTFT on the paced
+    server minus what that server's clock says it took: bench's asyncio/aiohttp path adds about 1 ms more), for
+    TPOT and ITL the engine running at another speed during one tool's requests (vLLM's own histograms over exactly
+    those requests). Nothing else passes: there is no allowance for noise. The table also prints each tool's own
+    repeatability (even against odd blocks)."""
     if not ours["candidate"] or not ref["candidate"]:
         return "", ["no data yet"]
     overhead = {tool: client_ttft_overhead(paced_result, tool) for tool in ("module", "bench")}
-    lines = ["%d blocks in ABBA order (a block: one prompt, 3 warmups + %d measured requests x %d tokens per tool and side); "
-             "module pooled median vs vllm bench serve pooled median; client TTFT overheads from the paced server: module %+.3f ms, "
-             "bench %+.3f ms; noise = each tool's even-vs-odd-block spread, added; bar %.0f%%"
-             % (len(ours["candidate"]), RUNS_PER_PROMPT, MAX_TOKENS, overhead["module"], overhead["bench"], 100 * AGREEMENT)]
-    failures = []
+    lines = ["%d blocks in ABBA order (a block: one prompt, 3 warmups + %d measured requests x %d tokens per tool and side; "
+             "clients on CPUs %s); module pooled median vs vllm bench serve pooled median; client TTFT overheads on the paced "
+             "server: module %+.3f ms, bench %+.3f ms; bar %.0f%%"
+             % (len(ours["candidate"]), RUNS_PER_PROMPT, MAX_TOKENS, sorted(client_cpus), overhead["module"], overhead["bench"],
+                100 * AGREEMENT)]
+    outside = []
     for side in ("baseline", "candidate"):
         ours_med = medians([r for rep in ours[side] for r in rep])
         ref_med = medians([r for rep in ref[side] for r in rep])
         for metric in METRICS:
             diff = ours_med[metric] / ref_med[metric] - 1
-            noise = split_half_spread(ours[side], metric) + split_half_spread(ref[side], metric)
+            extra = "repeatability module %.1f%%, bench %.1f%%" % (
+                100 * split_half_spread(ours[side], metric), 100 * split_half_spread(ref[side], metric))
             if metric == "ttft":
                 alt = (ours_med[metric] - overhead["module"]) / (ref_med[metric] - overhead["bench"]) - 1
                 alt_text = "without each client's own overhead %+.1f%%" % (100 * alt)
-                why = "once each client's own overhead (measured on the paced server) is taken out"
             else:
-                srv_m, srv_b = server_seen[(side, "module")][metric], server_seen[(side, "bench")][metric]
-                engine = (srv_m[0] / srv_m[1]) / (srv_b[0] / srv_b[1]) if srv_m[1] and srv_b[1] and srv_b[0] else 1.0
+                srv_m, srv_b = engine_speed(server_seen, side, "module", metric), engine_speed(server_seen, side, "bench", metric)
+                engine = srv_m / srv_b if srv_m and srv_b else 1.0
                 alt = (1 + diff) / engine - 1
-                alt_text = "engine %+.1f%%, adjusted %+.1f%%" % (100 * (engine - 1), 100 * alt)
-                why = "once the engine's own speed difference between the two tools' requests is taken out"
-            lines.append("%-4s %-9s: module %8.3f ms vs bench %8.3f ms (%+.1f%%); %s; noise %.1f%%" % (
-                metric, side, ours_med[metric], ref_med[metric], 100 * diff, alt_text, 100 * noise))
+                alt_text = "the engine's own mean during each tool's requests %+.1f%%, adjusted %+.1f%%" % (100 * (engine - 1), 100 * alt)
             if abs(diff) <= AGREEMENT:
-                lines.append("      -> within %.0f%%" % (100 * AGREEMENT))
+                verdict = "within"
             elif abs(alt) <= AGREEMENT:
-                lines.append("      -> within %.0f%% %s" % (100 * AGREEMENT, why))
-            elif min(abs(diff), abs(alt)) <= noise:
-                lines.append("      -> NOT shown within %.0f%%: within the two tools' own noise in this run (%.1f%%)" % (100 * AGREEMENT, 100 * noise))
+                verdict = "within once the measured non-module part is out"
             else:
-                failures.append("%s %s" % (side, metric))
-                lines.append("      -> FAIL")
-    return "\n".join(lines), failures
+                verdict = "OUTSIDE"
+                outside.append("%s %s" % (side, metric))
+            lines.append("%-4s %-9s: module %8.3f ms vs bench %8.3f ms (%+.1f%%); %s -> %s; %s" % (
+                metric, side, ours_med[metric], ref_med[metric], 100 * diff, alt_text, verdict, extra))
+    return "\n".join(lines), outside

@@ -22,6 +22,16 @@ Use from a test or script (the e2e conftest has fixtures ``vllm_python`` and ``t
         base.complete("The quick brown fox", max_tokens=64)      # parsed JSON of /v1/completions
         ngram.chat([{"role": "user", "content": "hi"}], max_tokens=32)
 
+CPU sharing, measured here (2 cores, kernel 6.18): vLLM 0.32 on the CPU runs the model in a worker process whose
+OpenMP thread it binds to one core (CPU 0 here; the last core is left for the other processes), and its EngineCore
+process busy-waits for that worker with ``sched_yield()`` while a request runs (about 80% of a core). A client on
+the same machine is then starved so badly that a 160-token stream reaches it in one burst at the end (TTFT 450-520
+ms instead of 10 ms, every chunk gap 0.004 ms) in 16-24 of 24 requests, whichever client it is. So ``wait_ready()``
+gives the engine its worker's cores to itself (``isolate_engine``: EngineCore and worker there, the API server and
+helpers on the other cores), and ``clients_off_engine_cpus(servers)`` keeps this process and the clients it
+starts (ansible-playbook, ``vllm bench serve``) off them: no stalled stream since (the benchmark test asserts it),
+and a client's own CPU use no longer changes the engine's speed during its requests.
+
 Two servers for the same model (baseline + ngram, e.g. for a benchmark) run side by side as above: each gets
 its own free port, log file and process group, and both are stopped when the ``with`` block ends (also on
 errors). Servers share the 2 cores, so for timing comparisons either run them one after the other (start,
@@ -54,7 +64,7 @@ import urllib.request
 from tests.e2e.vllm_install import CACHE_ROOT, VllmInstallError, ensure_vllm, installed_version
 
 __all__ = ["CACHE_ROOT", "NGRAM_CONFIG", "REPETITIVE_PROMPTS", "SERVER_ENV", "TIMINGS", "TINY_DTYPE", "VllmInstallError", "VllmServer",
-           "VllmServerError", "ensure_checkpoints", "ensure_vllm", "free_port", "http_request", "installed_version", "log_tail",
+           "VllmServerError", "clients_off_engine_cpus", "ensure_checkpoints", "ensure_vllm", "free_port", "http_request", "installed_version", "log_tail",
            "run_module", "run_modules"]
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -82,6 +92,10 @@ SERVER_ENV = {
     "VLLM_LOG_STATS_INTERVAL": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
+
+# Process titles vLLM 0.32 sets (``/proc/PID/comm`` keeps 15 characters): the engine's two processes.
+ENGINE_CORE_COMM = "VLLM::EngineCor"
+WORKER_COMM = "VLLM::Worker"
 
 # Prompts with repeated text: ngram prompt lookup finds matches in them.
 REPETITIVE_PROMPTS = (
@@ -214,6 +228,59 @@ class VllmServer:
     def metrics_url(self):
         return self.base_url + "/metrics"
 
+    # -- processes ---------------------------------------------------------------------------------
+    def processes(self):
+        """{pid: comm} of the server's process group (API server, EngineCore, worker, helpers)."""
+        if self.proc is None:
+            return {}
+        out = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open("/proc/%s/stat" % entry, encoding="utf-8", errors="replace") as handle:
+                    stat = handle.read()
+                with open("/proc/%s/comm" % entry, encoding="utf-8", errors="replace") as handle:
+                    comm = handle.read().strip()
+            except OSError:
+                continue
+            # Field 5 (after the parenthesised comm, which may contain spaces) is the process group.
+            if int(stat[stat.rindex(")") + 2:].split()[2]) == self.proc.pid:
+                out[int(entry)] = comm
+        return out
+
+    def _pids_named(self, comm):
+        pids = [pid for pid, name in self.processes().items() if name == comm]
+        if not pids:
+            raise VllmServerError("server %s has no %s process (processes: %s): has vLLM renamed its processes?" % (
+                self.served_model_name, comm, sorted(self.processes().values())))
+        return pids
+
+    def worker_cpus(self):
+        """The CPUs vLLM bound its model worker to (the worker's main thread is its OpenMP master thread)."""
+        cpus = set()
+        for pid in self._pids_named(WORKER_COMM):
+            cpus |= os.sched_getaffinity(pid)
+        return cpus
+
+    def isolate_engine(self):
+        """EngineCore (every thread) onto the worker's CPUs, every other process of the server off them.
+
+        The EngineCore's busy wait then competes only with its own worker, never with the API server or a client;
+        on a machine where the worker holds every CPU nothing moves. Returns the engine's CPU set."""
+        engine = self.worker_cpus()
+        others = (os.sched_getaffinity(self.proc.pid) | engine) - engine  # the API server started with every CPU
+        if not others:
+            return engine
+        self._pids_named(ENGINE_CORE_COMM)  # fails clearly if vLLM renamed it
+        for pid, comm in self.processes().items():
+            cpus = engine if comm in (ENGINE_CORE_COMM, WORKER_COMM) else others
+            with contextlib.suppress(FileNotFoundError):
+                for tid in os.listdir("/proc/%d/task" % pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.sched_setaffinity(int(tid), cpus)
+        return engine
+
     def command(self):
         argv = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
                 "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", self.served_model_name,
@@ -256,11 +323,13 @@ class VllmServer:
                 raise VllmServerError("vLLM server %s exited with code %s before it was ready. Command: %s\nLog %s (tail):\n%s" % (
                     self.served_model_name, self.proc.returncode, " ".join(self.command()), self.log_path, log_tail(self.log_path)))
             try:
-                if http_request(self.base_url + "/health", timeout=2)[0] == 200:
-                    self.startup_seconds = time.monotonic() - self.started_at
-                    return self
+                healthy = http_request(self.base_url + "/health", timeout=2)[0] == 200
             except OSError:
-                pass
+                healthy = False
+            if healthy:
+                self.startup_seconds = time.monotonic() - self.started_at
+                self.isolate_engine()
+                return self
             try:
                 size = os.path.getsize(self.log_path)
             except OSError:
@@ -350,6 +419,27 @@ def _group_alive(pgid):
     except PermissionError:
         return True
     return True
+
+
+@contextlib.contextmanager
+def clients_off_engine_cpus(servers):
+    """Within the block, this thread and every process it starts run only on the CPUs no server's model worker is
+    bound to (restored afterwards). Yields that CPU set; on a machine where the workers hold every CPU nothing
+    changes. A client process on the worker's core would slow the engine during its own requests only, which is
+    a difference between clients that no client measured."""
+    before = os.sched_getaffinity(0)
+    engine = set()
+    for server in servers:
+        engine |= server.worker_cpus()
+    clients = before - engine
+    if not clients:
+        yield before
+        return
+    os.sched_setaffinity(0, clients)
+    try:
+        yield clients
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def run_module(fqcn, args, workdir, python=None, timeout=300):

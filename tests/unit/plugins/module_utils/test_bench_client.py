@@ -9,6 +9,7 @@ import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_client, bench_workloads
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from tests.paths import read_capture
 
 CAPTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), *([".."] * 5), "shared", "vllm-captures")
 GAP = 0.05
@@ -201,3 +202,99 @@ def test_workloads_and_jsonl():
         bench_workloads.builtin_workload("nope")
     assert len(bench_workloads.load_workload("general_chat", num_prompts=2)) == 2
     assert json.loads(bench_workloads.to_jsonl(parsed).splitlines()[0]) == {"prompt": "plain"}
+
+
+# -- prefix caching on/off (vllm:cache_config_info) -----------------------------------------------------------------
+def _capture(folder):
+    return read_capture(folder, "metrics.txt")
+
+
+def _literal(text, prefix):
+    """The value of the one sample line starting with ``prefix`` (read with string operations)."""
+    [line] = [line for line in text.splitlines() if line.startswith(prefix)]
+    return float(line.rsplit(" ", 1)[1])
+
+
+CACHE_INFO = 'vllm:cache_config_info{block_size="16",enable_prefix_caching="%s",engine="%s",gpu_memory_utilization="0.9"} 1.0\n'
+
+
+def _info_page(*engines):
+    """A page with one cache_config_info gauge per engine: ``engines`` are the label values ("True", "False", ...)."""
+    return "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\n" + \
+        "".join(CACHE_INFO % (value, index) for index, value in enumerate(engines))
+
+
+@pytest.mark.parametrize("folder", ["baseline", "ngram", "ngram_eager", "ngram_perreq", "eagle3"])
+def test_captures_report_prefix_caching_on_and_their_counters(folder):
+    text = _capture(folder)
+    [info] = [line for line in text.splitlines() if line.startswith("vllm:cache_config_info{")]
+    assert 'enable_prefix_caching="True"' in info  # every capture ran with vLLM's default (on)
+    assert bench_client.prefix_caching_enabled(text) is True
+    model = "t-" + folder
+    queries = _literal(text, 'vllm:prefix_cache_queries_total{engine="0",model_name="%s"}' % model)
+    hits = _literal(text, 'vllm:prefix_cache_hits_total{engine="0",model_name="%s"}' % model)
+    assert bench_client.prefix_cache_counters(text, model) == {"hits": hits, "queries": queries}
+    # The model filter applies to the counters; the gauge has no model_name label and always counts.
+    assert bench_client.prefix_cache_counters(text, "someone-else") is None
+    assert bench_client.prefix_caching_enabled(text, "someone-else") is True
+
+
+def test_prefix_caching_off_absent_and_unknown():
+    text = _capture("ngram")
+    assert text.count('enable_prefix_caching="True"') == 1
+    assert bench_client.prefix_caching_enabled(text.replace('enable_prefix_caching="True"', 'enable_prefix_caching="False"')) is False
+    without_gauge = "\n".join(line for line in text.splitlines() if "vllm:cache_config_info" not in line) + "\n"
+    assert bench_client.prefix_caching_enabled(without_gauge) is None                  # older vLLM: no gauge
+    assert bench_client.prefix_cache_counters(without_gauge, "t-ngram")["queries"] == 589.0  # the counters stay
+    assert bench_client.prefix_caching_enabled(text.replace('enable_prefix_caching="True",', "")) is None  # no label
+    assert bench_client.prefix_caching_enabled(_info_page("None")) is None              # neither True nor False
+    assert bench_client.prefix_caching_enabled(_info_page("false")) is False
+    assert bench_client.prefix_caching_enabled("# HELP up Up.\n# TYPE up gauge\nup 1.0\n") is None  # not vLLM
+    assert bench_client.prefix_caching_enabled(None) is None and bench_client.prefix_caching_enabled("") is None
+    assert bench_client.prefix_caching_enabled('vllm:cache_config_info{enable_prefix_caching="True" 1.0\n') is None  # garbled
+
+
+def test_prefix_caching_over_two_engines():
+    assert bench_client.prefix_caching_enabled(_info_page("True", "True")) is True
+    assert bench_client.prefix_caching_enabled(_info_page("False", "False")) is False
+    # Engines that disagree cannot be summed: any engine that caches makes the side "on" (its timings can hold cache effects).
+    assert bench_client.prefix_caching_enabled(_info_page("False", "True")) is True
+    assert bench_client.prefix_caching_enabled(_info_page("True", "False")) is True
+    # Off on one engine, unknown on the other: not known to be off everywhere.
+    assert bench_client.prefix_caching_enabled(_info_page("False", "None")) is None
+
+
+def test_prefix_cache_counters_over_engines_models_and_names():
+    page = ("# TYPE vllm:prefix_cache_queries_total counter\n"
+            'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 100.0\n'
+            'vllm:prefix_cache_queries_total{engine="1",model_name="m"} 50.0\n'
+            'vllm:prefix_cache_queries_total{engine="0",model_name="other"} 7.0\n'
+            "# TYPE vllm:prefix_cache_hits_total counter\n"
+            'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 30.0\n'
+            'vllm:prefix_cache_hits_total{engine="1",model_name="m"} 10.0\n'
+            "# TYPE vllm:external_prefix_cache_hits_total counter\n"
+            'vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 999.0\n'
+            "# TYPE vllm:prefix_cache_hits_created gauge\n"
+            'vllm:prefix_cache_hits_created{engine="0",model_name="m"} 1.7e+09\n')
+    assert bench_client.prefix_cache_counters(page, "m") == {"hits": 40.0, "queries": 150.0}   # engines summed
+    assert bench_client.prefix_cache_counters(page) == {"hits": 40.0, "queries": 157.0}        # all models
+    old = ('vllm:gpu_prefix_cache_queries_total{model_name="m"} 20.0\nvllm:gpu_prefix_cache_hits_total{model_name="m"} 5.0\n'
+           'vllm:gpu_prefix_cache_queries_total{engine="1"} 4.0\n')  # 0.8-0.9 names; a series without model_name counts
+    assert bench_client.prefix_cache_counters(old, "m") == {"hits": 5.0, "queries": 24.0}
+    assert bench_client.prefix_cache_counters('vllm:prefix_cache_queries_total{engine="0" 12\n') is None  # garbled: unknown
+
+
+def test_prefix_cache_window_carries_the_later_setting():
+    after = _capture("ngram")
+    queries = _literal(after, 'vllm:prefix_cache_queries_total{engine="0",model_name="t-ngram"}')
+    before = after.replace('prefix_cache_queries_total{engine="0",model_name="t-ngram"} %s' % queries,
+                           'prefix_cache_queries_total{engine="0",model_name="t-ngram"} 89.0')
+    before = before.replace('enable_prefix_caching="True"', 'enable_prefix_caching="False"')  # only the later page counts
+    window = bench_client.prefix_cache_window(before, after, "t-ngram")
+    assert window == {"hits": 0, "queries": int(queries) - 89, "hit_rate": 0.0, "enabled": True}
+    off = after.replace('enable_prefix_caching="True"', 'enable_prefix_caching="False"')
+    assert bench_client.prefix_cache_window(off, off, "t-ngram") == {"hits": 0, "queries": 0, "hit_rate": None, "enabled": False}
+    # The setting without the counters (e.g. the first scrape failed): still reported.
+    assert bench_client.prefix_cache_window(None, off, "t-ngram") == {"hits": None, "queries": None, "hit_rate": None, "enabled": False}
+    assert bench_client.prefix_cache_window(None, None) is None
+    assert bench_client.prefix_cache_window("up 1\n", "up 1\n") is None  # not vLLM: nothing known

@@ -85,6 +85,64 @@ def test_relative_change_ratio_spread():
     assert math.isclose(bench_stats.percentile([1e-3, 2e-3], 50), 1.5e-3)
 
 
+# Real vLLM, same run: paced requests (TTFT 9-12 ms, chunk gaps about 3 ms) and burst-delivered ones (the whole
+# stream read at the end: TTFT 450-520 ms, 161 chunks microseconds apart, median gap 0.004 ms).
+def _paced(ttft=0.010, gap=0.003, chunks=161):
+    return _record(ttft, [gap * (1 + 0.05 * (j % 5)) for j in range(chunks - 1)], tokens=chunks)
+
+
+def _burst(ttft=0.480, gap=0.000004, chunks=161):
+    return _record(ttft, [gap * (1 + 0.5 * (j % 3)) for j in range(chunks - 1)], tokens=chunks)
+
+
+def test_burst_delivered_flags_a_buffered_stream_only():
+    assert bench_stats.burst_delivered(_paced()) is False
+    assert bench_stats.burst_delivered(_burst()) is True
+    # The median decides, right at the 0.1 ms threshold.
+    assert bench_stats.burst_delivered(_record(0.4, [0.000099] * 20, tokens=21)) is True
+    assert bench_stats.burst_delivered(_record(0.4, [0.000101] * 20, tokens=21)) is False
+    # Several tokens per chunk (speculative decoding, --stream-interval): fewer chunks, longer gaps, not a burst.
+    assert bench_stats.burst_delivered(_record(0.010, [0.008] * 40, tokens=161)) is False
+
+
+def test_burst_delivered_needs_eight_chunks():
+    assert bench_stats.burst_delivered(_burst(chunks=8)) is True        # 7 gaps: enough
+    for chunks in (1, 2, 5, 7):                                          # fewer: never, however fast
+        assert bench_stats.burst_delivered(_burst(chunks=chunks)) is False, chunks
+
+
+def test_role_chunk_with_the_first_token_is_not_a_burst():
+    """vLLM's role chunk and the first token chunk (and the last token with the finish chunk) may arrive
+    together; the rest of the stream is paced: not flagged."""
+    itl = [0.000003] + [0.003] * 9 + [0.000002]
+    assert bench_stats.burst_delivered(_record(0.010, itl, tokens=11)) is False
+    # Up to half of the gaps that fast still leave a paced median.
+    assert bench_stats.burst_delivered(_record(0.010, [0.000003] * 5 + [0.003] * 6, tokens=12)) is False
+
+
+def test_failed_requests_are_never_burst_delivered():
+    failed = dict(_burst(), success=False, error="stream broken: timed out")
+    assert bench_stats.burst_delivered(failed) is False
+    assert bench_stats.burst_delivered({"success": True, "itl": None}) is False
+
+
+def test_summarize_run_counts_burst_delivered_requests():
+    records = [_paced() for _index in range(15)] + [_burst(ttft=0.450 + 0.010 * i) for i in range(4)]
+    records.append(dict(_burst(), success=False, error="HTTP 500"))
+    summary = bench_stats.summarize_run(records, duration=10.0)
+    assert summary["completed"] == 19 and summary["failed"] == 1
+    assert summary["burst_delivered"] == 4
+    # Gaps 4, 6, 8 us in turn (160 per request): the median of the bursts' pooled gaps is 6 us.
+    assert summary["burst_delivered_median_gap_ms"] == pytest.approx(0.006)
+    # The bench-serve statistics still count the burst-delivered requests, unchanged.
+    without = bench_stats.summarize_run(records[:15], duration=10.0)
+    assert summary["itl_ms"]["count"] == 19 * 160 and without["itl_ms"]["count"] == 15 * 160
+    assert summary["ttft_ms"]["max"] == pytest.approx(480.0)
+    paced = bench_stats.summarize_run([_paced() for _index in range(3)], duration=1.0)
+    assert paced["burst_delivered"] == 0 and paced["burst_delivered_median_gap_ms"] is None
+    assert bench_stats.summarize_run([], duration=0)["burst_delivered"] == 0
+
+
 BENCH_SERVE_RUNS = sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "bench_serve", "*.json")))
 
 
@@ -109,6 +167,9 @@ def test_saved_vllm_bench_serve_runs_are_reproduced(path):
     chunks = sum(len(itl) for itl in run["itls"])
     assert chunks < sum(n - 1 for n in run["output_lens"])
     assert summary["tpot_ms"]["median"] < 0.95 * summary["itl_ms"]["median"]
+    # A real paced stream (some chunk pairs 0.06 ms apart, medians over 20 ms) is not burst-delivered.
+    assert min(gap for itl in run["itls"] for gap in itl) < 0.0001
+    assert summary["burst_delivered"] == 0
 
 
 def test_saved_vllm_bench_serve_runs_exist():

@@ -2,24 +2,19 @@
 from __future__ import annotations
 
 import json
-import os
 import tarfile
 
 import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import troubleshoot as t
 
-from tests.paths import CAPTURES  # noqa: E402  pylint: disable=wrong-import-position
+from tests.paths import read_capture  # noqa: E402  pylint: disable=wrong-import-position
 EAGLE3 = '{"method":"eagle3","model":"/mnt/models/draft","num_speculative_tokens":3}'
 NGRAM = '{"method":"ngram","num_speculative_tokens":5,"prompt_lookup_max":4,"prompt_lookup_min":2}'
 
 
 def capture(folder):
-    path = os.path.join(CAPTURES, folder, "startup.log")
-    if not os.path.exists(path):
-        pytest.skip("vLLM captures not found")
-    with open(path, encoding="utf-8") as handle:
-        return handle.read()
+    return read_capture(folder, "startup.log")
 
 
 def isvc(flag=EAGLE3, ready="False", reason="", message="", mode="Standard", storage=None, annotations=None):

@@ -1,9 +1,13 @@
 """spec_benchmark's flow on a loopback streaming server: two phases, refusal before requests, protocol checks."""
 import json
 import os
+import threading
+import time
+from http.server import ThreadingHTTPServer
 
 import pytest
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_stats
 from ansible_collections.alauda.spec_decoding.plugins.modules import spec_benchmark
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from tests.unit.plugins.module_utils.test_bench_client import ScriptedSSE, server  # noqa: F401  pylint: disable=unused-import
@@ -37,7 +41,8 @@ def test_two_phases_around_a_rollout(tmp_path, url):
     with open(second["report_json"], encoding="utf-8") as handle:
         report = json.load(handle)
     assert report["baseline"]["summary"] == first["baseline"]["summary"]
-    assert report["baseline"]["prefix_cache"] == {"hits": 0, "queries": 0, "hit_rate": None}  # static counters: no delta
+    # Static counters: no delta; the scripted page has no vllm:cache_config_info gauge, so the setting is unknown.
+    assert report["baseline"]["prefix_cache"] == {"hits": 0, "queries": 0, "hit_rate": None, "enabled": None}
     assert os.path.exists(second["plots"]["latency"]) and "acceptance" not in second["plots"]  # no spec counters here
     with open(second["progress_file"], encoding="utf-8") as handle:
         assert "candidate 5/5" in handle.read()
@@ -59,3 +64,98 @@ def test_refusal_happens_before_any_request(tmp_path, url):
 def test_protocol_bounds(tmp_path, over, match):
     with pytest.raises(ValidationError, match=match):
         spec_benchmark.check_protocol(params(tmp_path, **over))
+
+
+class BufferedSSE(ScriptedSSE):
+    """What a buffering proxy delivers: the server works for a while, then the whole stream (role chunk, 40 token
+    chunks, usage) goes out in one write and the client reads its chunks microseconds apart."""
+
+    def _stream(self, chat):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        events = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}]
+        events += [{"choices": [{"index": 0, "delta": {"content": "t%d " % i}}]} for i in range(40)]
+        events.append({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 40}})
+        data = b"".join(b"data: " + json.dumps(event).encode() + b"\n\n" for event in events) + b"data: [DONE]\n\n"
+        time.sleep(0.1)
+        self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
+        self.wfile.flush()
+
+
+@pytest.fixture
+def buffered_url():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), BufferedSSE)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield "http://127.0.0.1:%d" % httpd.server_address[1]
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_buffered_candidate_is_noted_and_not_kept(tmp_path, url, buffered_url):
+    out = spec_benchmark.run(params(tmp_path, baseline_url=url, candidate_url=buffered_url, scrape_metrics=False, plots=False))
+    with open(out["requests_file"], encoding="utf-8") as handle:
+        requests = json.load(handle)
+    assert [bench_stats.burst_delivered(r) for r in requests["candidate"]] == [True] * 5
+    assert all(len(r["itl"]) == 40 for r in requests["candidate"])
+    assert out["baseline"]["summary"]["burst_delivered"] == 0  # 4 paced chunks: too short to judge, never flagged
+    assert out["candidate"]["summary"]["burst_delivered"] == 5
+    assert out["decision"] == "roll_back"
+    assert out["reasons"][0].startswith("TTFT, ITL and TPOT were not measured per token on the candidate: 5 of 5 streams arrived in bursts")
+    [note] = [n for n in out["notes"] if n.startswith("burst delivery on the candidate: 5 of 5 requests")]
+    with open(out["report_markdown"], encoding="utf-8") as handle:
+        markdown = handle.read()
+    assert "- " + out["reasons"][0] in markdown and "- " + note in markdown
+
+
+def _cache_page(queries, enabled):
+    return ("# TYPE vllm:prefix_cache_queries_total counter\n"
+            'vllm:prefix_cache_queries_total{engine="0",model_name="tiny"} %s\n'
+            "# TYPE vllm:prefix_cache_hits_total counter\n"
+            'vllm:prefix_cache_hits_total{engine="0",model_name="tiny"} %s\n'
+            "# TYPE vllm:cache_config_info gauge\n"
+            'vllm:cache_config_info{block_size="16",enable_prefix_caching="%s",engine="0"} 1.0\n' % (queries, queries / 4.0, enabled))
+
+
+def _pages_server(pages):
+    """A ScriptedSSE server whose /metrics serves ``pages`` in turn (the last repeats)."""
+    served = []
+
+    class Pages(ScriptedSSE):
+        def do_GET(self):
+            if self.path != "/metrics":
+                ScriptedSSE.do_GET(self)
+                return
+            payload = pages[min(len(served), len(pages) - 1)].encode()
+            served.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Pages)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, served
+
+
+def test_prefix_caching_setting_per_side_from_the_scrape_after_the_run(tmp_path):
+    # Baseline: off before the run, on after it (the later page counts); candidate: off throughout.
+    base_httpd, base_served = _pages_server([_cache_page(100.0, "False"), _cache_page(300.0, "True")])
+    cand_httpd, cand_served = _pages_server([_cache_page(40.0, "False"), _cache_page(40.0, "False")])
+    try:
+        out = spec_benchmark.run(params(tmp_path, baseline_url="http://127.0.0.1:%d" % base_httpd.server_address[1],
+                                        candidate_url="http://127.0.0.1:%d" % cand_httpd.server_address[1], plots=False))
+    finally:
+        for httpd in (base_httpd, cand_httpd):
+            httpd.shutdown()
+            httpd.server_close()
+    assert len(base_served) == 2 and len(cand_served) == 2  # before and after the measured requests
+    assert out["baseline"]["prefix_cache"] == {"hits": 50, "queries": 200, "hit_rate": 0.25, "enabled": True}
+    assert out["candidate"]["prefix_cache"] == {"hits": 0, "queries": 0, "hit_rate": None, "enabled": False}
+    [note] = [n for n in out["notes"] if n.startswith("prefix caching is")]
+    assert note.startswith("prefix caching is on for the baseline (hit rate 25.0%) and off for the candidate")
+    with open(out["report_markdown"], encoding="utf-8") as handle:
+        markdown = handle.read()
+    assert "| baseline | on | 50 / 200 | 25.0% |" in markdown and "| candidate | off | 0 / 0 | n/a |" in markdown
+    assert "- " + note in markdown

@@ -38,15 +38,15 @@ import re
 import struct
 import subprocess
 import sys
-import threading
 import time
 import zlib
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_report, bench_stats
 from tests.e2e import vllm_harness
+from tests.loopback_http import serving
 from tests.e2e.vllm_harness import NGRAM_CONFIG, VllmServer
 
 pytestmark = pytest.mark.e2e
@@ -406,11 +406,8 @@ class PacedSSE(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def paced_server():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), PacedSSE)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield "http://127.0.0.1:%d" % server.server_address[1]
-    server.shutdown()
-    server.server_close()
+    with serving(PacedSSE) as url:
+        yield url
 
 
 def write_datasets(workdir, runs_per_prompt):

@@ -249,17 +249,18 @@ class VllmServer:
                 out[int(entry)] = comm
         return out
 
-    def _pids_named(self, comm):
-        pids = [pid for pid, name in self.processes().items() if name == comm]
+    def _pids_named(self, comm, processes=None):
+        processes = self.processes() if processes is None else processes
+        pids = [pid for pid, name in processes.items() if name == comm]
         if not pids:
             raise VllmServerError("server %s has no %s process (processes: %s): has vLLM renamed its processes?" % (
-                self.served_model_name, comm, sorted(self.processes().values())))
+                self.served_model_name, comm, sorted(processes.values())))
         return pids
 
-    def worker_cpus(self):
+    def worker_cpus(self, processes=None):
         """The CPUs vLLM bound its model worker to (the worker's main thread is its OpenMP master thread)."""
         cpus = set()
-        for pid in self._pids_named(WORKER_COMM):
+        for pid in self._pids_named(WORKER_COMM, processes):
             cpus |= os.sched_getaffinity(pid)
         return cpus
 
@@ -268,12 +269,13 @@ class VllmServer:
 
         The EngineCore's busy wait then competes only with its own worker, never with the API server or a client;
         on a machine where the worker holds every CPU nothing moves. Returns the engine's CPU set."""
-        engine = self.worker_cpus()
+        processes = self.processes()
+        engine = self.worker_cpus(processes)
         others = (os.sched_getaffinity(self.proc.pid) | engine) - engine  # the API server started with every CPU
         if not others:
             return engine
-        self._pids_named(ENGINE_CORE_COMM)  # fails clearly if vLLM renamed it
-        for pid, comm in self.processes().items():
+        self._pids_named(ENGINE_CORE_COMM, processes)  # fails clearly if vLLM renamed it
+        for pid, comm in processes.items():
             cpus = engine if comm in (ENGINE_CORE_COMM, WORKER_COMM) else others
             with contextlib.suppress(FileNotFoundError):
                 for tid in os.listdir("/proc/%d/task" % pid):

@@ -3,12 +3,13 @@ import json
 import os
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_client, bench_workloads
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from tests.loopback_http import serving
 from tests.paths import read_capture
 
 CAPTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), *([".."] * 5), "shared", "vllm-captures")
@@ -90,12 +91,8 @@ class ScriptedSSE(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def server():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), ScriptedSSE)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield "http://127.0.0.1:%d" % httpd.server_address[1]
-    httpd.shutdown()
-    httpd.server_close()
+    with serving(ScriptedSSE) as url:
+        yield url
 
 
 PARAMS = {"max_tokens": 64, "temperature": 0.0, "seed": 7, "extra_body": {"ignore_eos": True}}

@@ -1,15 +1,14 @@
 """spec_benchmark's flow on a loopback streaming server: two phases, refusal before requests, protocol checks."""
 import json
 import os
-import threading
 import time
-from http.server import ThreadingHTTPServer
 
 import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_stats
 from ansible_collections.alauda.spec_decoding.plugins.modules import spec_benchmark
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from tests.loopback_http import serving
 from tests.unit.plugins.module_utils.test_bench_client import ScriptedSSE, server  # noqa: F401  pylint: disable=unused-import
 
 CONTEXT = {"gpu_model": "L4", "gpu_count": 1, "model": "tiny", "dtype": "float32", "vllm_version": "0.32.0",
@@ -86,11 +85,8 @@ class BufferedSSE(ScriptedSSE):
 
 @pytest.fixture
 def buffered_url():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), BufferedSSE)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield "http://127.0.0.1:%d" % httpd.server_address[1]
-    httpd.shutdown()
-    httpd.server_close()
+    with serving(BufferedSSE) as url:
+        yield url
 
 
 def test_buffered_candidate_is_noted_and_not_kept(tmp_path, url, buffered_url):
@@ -118,8 +114,8 @@ def _cache_page(queries, enabled):
             'vllm:cache_config_info{block_size="16",enable_prefix_caching="%s",engine="0"} 1.0\n' % (queries, queries / 4.0, enabled))
 
 
-def _pages_server(pages):
-    """A ScriptedSSE server whose /metrics serves ``pages`` in turn (the last repeats)."""
+def _pages_handler(pages):
+    """``(handler, served)``: a ScriptedSSE handler whose /metrics serves ``pages`` in turn (the last repeats)."""
     served = []
 
     class Pages(ScriptedSSE):
@@ -134,22 +130,15 @@ def _pages_server(pages):
             self.end_headers()
             self.wfile.write(payload)
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Pages)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    return httpd, served
+    return Pages, served
 
 
 def test_prefix_caching_setting_per_side_from_the_scrape_after_the_run(tmp_path):
     # Baseline: off before the run, on after it (the later page counts); candidate: off throughout.
-    base_httpd, base_served = _pages_server([_cache_page(100.0, "False"), _cache_page(300.0, "True")])
-    cand_httpd, cand_served = _pages_server([_cache_page(40.0, "False"), _cache_page(40.0, "False")])
-    try:
-        out = spec_benchmark.run(params(tmp_path, baseline_url="http://127.0.0.1:%d" % base_httpd.server_address[1],
-                                        candidate_url="http://127.0.0.1:%d" % cand_httpd.server_address[1], plots=False))
-    finally:
-        for httpd in (base_httpd, cand_httpd):
-            httpd.shutdown()
-            httpd.server_close()
+    base_handler, base_served = _pages_handler([_cache_page(100.0, "False"), _cache_page(300.0, "True")])
+    cand_handler, cand_served = _pages_handler([_cache_page(40.0, "False"), _cache_page(40.0, "False")])
+    with serving(base_handler) as base_url, serving(cand_handler) as cand_url:
+        out = spec_benchmark.run(params(tmp_path, baseline_url=base_url, candidate_url=cand_url, plots=False))
     assert len(base_served) == 2 and len(cand_served) == 2  # before and after the measured requests
     assert out["baseline"]["prefix_cache"] == {"hits": 50, "queries": 200, "hit_rate": 0.25, "enabled": True}
     assert out["candidate"]["prefix_cache"] == {"hits": 0, "queries": 0, "hit_rate": None, "enabled": False}

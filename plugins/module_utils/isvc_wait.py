@@ -4,9 +4,9 @@
 """Wait for an InferenceService to be Ready *at its current generation*.
 
 kubernetes.core's `wait_condition` only looks at the condition, so a Ready=True left over from the
-previous revision would pass right after an apply. This waiter polls until
-status.observedGeneration == metadata.generation and Ready=True, and on timeout explains why, with the
-conditions and the predictor pods' states. Plain Python over a `kubernetes.client.ApiClient`.
+previous revision would pass right after an apply. This waiter watches the object until
+status.observedGeneration == metadata.generation and Ready=True (polling where the watch is refused), and on
+timeout explains why, with the conditions and the predictor pods' states. Plain Python over a `kubernetes.client.ApiClient`.
 """
 
 from __future__ import annotations
@@ -64,25 +64,66 @@ def transient_error(exc):
     return None
 
 
-def wait_ready(api_client, namespace, name, timeout=1200, interval=5, clock=time.monotonic, sleep=time.sleep):
-    """Poll until Ready at the current generation. Returns (isvc, elapsed seconds); raises WaitTimeout.
+# Longest single watch request: the API server closes watches on its own (its --min-request-timeout, 30 min by
+# default, randomised); a shorter bound also re-reads the object now and then, in case an event was missed.
+WATCH_SECONDS_MAX = 300
 
+
+def _watch_unavailable(exc):
+    """True when the API server refuses to watch (RBAC without ``watch``, a proxy without streaming): poll then."""
+    return getattr(exc, "status", None) in (403, 405, 406, 501)
+
+
+def _watch_for_change(api_client, namespace, name, resource_version, seconds):
+    """Block until the InferenceService changes after ``resource_version`` or ``seconds`` pass.
+
+    Returns the changed object (a dict), or None when the window ended without an event, or the object was deleted or
+    the resourceVersion expired (HTTP 410): the caller re-reads it then. Raises the API error otherwise."""
+    from kubernetes import watch  # pylint: disable=import-outside-toplevel
+    from kubernetes.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
+    watcher = watch.Watch()
+    api = CustomObjectsApi(api_client)
+    try:
+        for event in watcher.stream(api.list_namespaced_custom_object, k8s_pods.KSERVE_GROUP, k8s_pods.KSERVE_VERSION,
+                                    namespace, "inferenceservices", field_selector="metadata.name=%s" % name,
+                                    resource_version=resource_version, timeout_seconds=max(1, int(seconds)),
+                                    _request_timeout=max(1, int(seconds)) + 10):
+            kind, obj = event.get("type"), event.get("object")
+            if kind == "ERROR" or not isinstance(obj, dict):
+                return None  # 410 Gone and friends arrive as an ERROR event: read the object again
+            if kind in ("ADDED", "MODIFIED"):
+                return obj
+            if kind == "DELETED":
+                return None
+    finally:
+        watcher.stop()
+    return None
+
+
+def wait_ready(api_client, namespace, name, timeout=1200, interval=5, clock=time.monotonic, sleep=time.sleep, watch=True):
+    """Wait until Ready at the current generation. Returns (isvc, elapsed seconds); raises WaitTimeout.
+
+    It watches the InferenceService (one watch request from the resourceVersion it last read), so it returns as soon as
+    the controller writes the status, not up to ``interval`` later. Where the API server refuses the watch (a role
+    without the ``watch`` verb) it falls back to reading the object every ``interval`` seconds.
     An API server outage during the wait (restart, overload) is waited out until the timeout; if the server
     is still unreachable then, the error names the connection problem."""
     start = clock()
+    isvc = None
     while True:
-        try:
-            isvc = k8s_pods.get_inference_service(api_client, namespace, name)
-        except Exception as exc:  # pylint: disable=broad-except
-            why = transient_error(exc)
-            if why is None:
-                raise
-            elapsed = clock() - start
-            if elapsed >= timeout:
-                raise SpecDecodingError("waiting for InferenceService %s/%s: %s (still after %ds)" % (namespace, name, why, int(elapsed)),
-                                        field="name", hint="check that the API server is up and reachable, then rerun") from exc
-            sleep(min(interval, max(0.1, timeout - elapsed)))
-            continue
+        if isvc is None:
+            try:
+                isvc = k8s_pods.get_inference_service(api_client, namespace, name)
+            except Exception as exc:  # pylint: disable=broad-except
+                why = transient_error(exc)
+                if why is None:
+                    raise
+                elapsed = clock() - start
+                if elapsed >= timeout:
+                    raise SpecDecodingError("waiting for InferenceService %s/%s: %s (still after %ds)" % (namespace, name, why, int(elapsed)),
+                                            field="name", hint="check that the API server is up and reachable, then rerun") from exc
+                sleep(min(interval, max(0.1, timeout - elapsed)))
+                continue
         state = k8s_pods.readiness(isvc)
         if state["ready"] and state["up_to_date"]:
             return isvc, clock() - start
@@ -93,4 +134,16 @@ def wait_ready(api_client, namespace, name, timeout=1200, interval=5, clock=time
             raise WaitTimeout("InferenceService %s/%s is %s after %ds: %s. A cold start with a draft model takes about 5 "
                               "minutes; raise the timeout if pods are still starting" % (namespace, name, why, int(elapsed), describe(isvc, pods)),
                               isvc, pods)
-        sleep(min(interval, max(0.1, timeout - elapsed)))
+        remaining = timeout - elapsed
+        if watch:
+            try:
+                isvc = _watch_for_change(api_client, namespace, name, (isvc.get("metadata") or {}).get("resourceVersion"),
+                                         min(remaining, WATCH_SECONDS_MAX))
+                continue
+            except Exception as exc:  # pylint: disable=broad-except
+                if _watch_unavailable(exc):
+                    watch = False
+                elif transient_error(exc) is None:
+                    raise
+        isvc = None
+        sleep(min(interval, max(0.1, remaining)))

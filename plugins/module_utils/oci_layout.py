@@ -85,6 +85,10 @@ def _tar_header(name, kind, size=0, mode=0o644, linkname=""):
         info.type = tarfile.SYMTYPE
         info.linkname = linkname
         info.size = 0
+    elif kind == "hardlink":
+        info.type = tarfile.LNKTYPE
+        info.linkname = linkname
+        info.size = 0
     else:
         info.type = tarfile.REGTYPE
         info.size = size

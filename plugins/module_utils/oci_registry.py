@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import functools
 import hashlib
 import http.client
 import json
@@ -194,6 +195,21 @@ class Progress:
 # --------------------------------------------------------------------------------------------------
 # the client
 # --------------------------------------------------------------------------------------------------
+class _BlobBody:
+    """A blob's HTTP body being read in pieces; closing it closes its connection."""
+
+    def __init__(self, conn, resp):
+        self.conn = conn
+        self.resp = resp
+
+    def read(self, n=-1):
+        return self.resp.read(n if n is not None and n >= 0 else None)
+
+    def close(self):
+        self.resp.close()
+        self.conn.close()
+
+
 class RegistryClient:
     """One repository on one registry."""
 
@@ -462,6 +478,55 @@ class RegistryClient:
         self._check(status, data, (200,), "checking blob %s" % digest)
         length = headers.get("content-length")
         return size is None or length is None or int(length) == size
+
+    def open_blob(self, digest):
+        """``GET`` a blob as a stream on a connection of its own: returns a ``read(n)``/``close()`` object.
+
+        Follows redirects to blob storage (without the registry's credentials), answers a 401 challenge once,
+        retries transient failures before the body starts. The caller checks the digest while it reads.
+        """
+        url = self._url("/v2/%s/blobs/%s" % (self.repository, digest))
+        what = "reading blob %s" % digest
+        negotiated = False
+        for _hop in range(6):
+            parts = urllib.parse.urlsplit(url)
+            sent = self._auth_header() if parts.netloc == self.registry else {}
+            status, headers, body = self._retrying(functools.partial(self._open_blob_once, parts, sent), what)
+            if status == 200:
+                return body
+            if status in (301, 302, 303, 307, 308) and headers.get("location"):
+                url = urllib.parse.urljoin(url, headers["location"])
+                continue
+            if status == 401 and parts.netloc == self.registry and not negotiated and self._negotiate(headers, bool(sent)):
+                negotiated = True
+                continue
+            self._check(status, body, (200,), what)
+        raise RegistryError("registry %s: %s: too many redirects" % (self.registry, what), hint="see the registry's log")
+
+    def _open_blob_once(self, parts, sent):
+        """One streaming GET: (status, headers, _BlobBody) on 200, else (status, headers, the start of the body)."""
+        if parts.scheme == "https":
+            conn = http.client.HTTPSConnection(parts.netloc, timeout=self.timeout, context=self.ssl_context)
+        else:
+            conn = http.client.HTTPConnection(parts.netloc, timeout=self.timeout)
+        hdrs = {"User-Agent": USER_AGENT}
+        hdrs.update(sent)
+        self.requests += 1
+        try:
+            conn.request("GET", parts.path + ("?" + parts.query if parts.query else ""), headers=hdrs)
+            resp = conn.getresponse()
+        except ssl.SSLError:
+            conn.close()
+            raise
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            raise _Retryable("GET %s: %s" % (parts.netloc, exc)) from exc
+        headers = dict((k.lower(), v) for k, v in resp.getheaders())
+        if resp.status != 200:
+            data = resp.read(64 << 10)
+            conn.close()
+            return resp.status, headers, data
+        return resp.status, headers, _BlobBody(conn, resp)
 
     def _location(self, headers, what):
         loc = headers.get("location")

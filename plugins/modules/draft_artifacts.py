@@ -23,6 +23,9 @@ description:
   - Inside a Modelcar image (C(storageUri=oci://...)) a new manifest is pushed that reuses the image's blobs (same
     repository, or a cross-repository mount) without the draft's layers, under O(tag) (default C(<tag>-nodraft), or
     C(nodraft-<digest>) for a digest-pinned URI), manifest last; C(storageUri) then moves to the new digest.
+    Layers other tools wrote (no per-file annotations, plain or gzip, any size) are read as a stream for their file
+    list, and a layer holding draft and other files is streamed from the registry into its rewritten upload,
+    never held in memory; every blob read is checked against its digest.
   - Refuses to remove what the rolled-back command, args or env still name, the directory holding them (the target),
     the whole volume, and paths with C(..). Idempotent - a rerun finds nothing left to remove.
 author:

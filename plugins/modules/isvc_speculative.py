@@ -91,6 +91,23 @@ options:
         again this many times. V(0) fails on the first conflict.
     type: int
     default: 0
+  runtime_copy:
+    description:
+      - With O(state=absent), when the flag vLLM runs with comes from the InferenceService's ServingRuntime or
+        ClusterServingRuntime (KServe merges the runtime's args before the InferenceService's), create the namespaced
+        ServingRuntime C(<name>-<runtime>-nospec) - the runtime without the speculative flags, C(autoSelect) off - and
+        point C(spec.predictor.model.runtime) at it in the same guarded patch as the strip. Other services keep the
+        shared runtime.
+      - Without O(runtime_copy) or O(edit_runtime) such a rollback is refused (nothing is written) with the runtime named.
+    type: bool
+    default: false
+  edit_runtime:
+    description:
+      - With O(state=absent), strip the flag from the shared runtime itself (a guarded JSON patch of its
+        C(kserve-container)). Every InferenceService using that runtime is listed first (C(runtime_users), and a
+        warning) since all of them lose speculative decoding.
+    type: bool
+    default: false
   remove_draft_artifacts:
     description:
       - After a rollback (O(state=absent)), once the rolled-back revision is Ready at its generation, remove the
@@ -110,7 +127,9 @@ options:
     type: int
     default: 1200
   wait_sleep:
-    description: Seconds between readiness polls.
+    description:
+      - Seconds between readiness reads when the API server refuses to watch the InferenceService (no C(watch) verb);
+        with C(watch) allowed the wait ends as soon as the Ready status is written.
     type: int
     default: 5
 extends_documentation_fragment:
@@ -203,6 +222,19 @@ attempts:
   description: Patch attempts made (more than 1 after conflicts with O(retries)).
   returned: always
   type: int
+runtime:
+  description:
+    - The runtime the predictor's command is merged with, C(source) of the flag vLLM ran with before this run
+      (C(inference_service), C(serving_runtime), C(cluster_serving_runtime)), and what was done to the runtime
+      (C(fix) - V(none), V(copy) with C(copy) the ServingRuntime created, or V(edit)).
+  returned: when state is absent
+  type: dict
+  sample: {"kind": "ClusterServingRuntime", "name": "vllm-runtime", "source": "cluster_serving_runtime", "fix": "copy"}
+runtime_users:
+  description: namespace/name of every InferenceService using the runtime (listed before O(edit_runtime) or a refusal).
+  returned: when the flag came from the runtime
+  type: list
+  elements: str
 draft_artifacts:
   description: What O(remove_draft_artifacts) did or why it left things in place.
   returned: when remove_draft_artifacts is true
@@ -247,6 +279,8 @@ def argument_spec():
         backup_file=dict(type="path"),
         guard=dict(type="str", choices=["value", "resource_version"], default="value"),
         retries=dict(type="int", default=0),
+        runtime_copy=dict(type="bool", default=False),
+        edit_runtime=dict(type="bool", default=False),
         remove_draft_artifacts=dict(type="bool", default=False),
         wait=dict(type="bool", default=False),
         wait_timeout=dict(type="int", default=1200),
@@ -272,6 +306,40 @@ class Cluster:
     def get(self):
         from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
         return k8s_pods.get_inference_service(self.api_client, self.namespace, self.name)
+
+    def create_runtime(self, body, dry_run):
+        """Create (or, when it exists with our labels, keep) the per-service ServingRuntime copy."""
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils import serving_runtime  # pylint: disable=import-outside-toplevel
+        meta = body["metadata"]
+        kwargs = {"field_manager": FIELD_MANAGER}
+        if dry_run:
+            kwargs["dry_run"] = "All"
+        existing = serving_runtime.ClientReader(self.api_client).get(serving_runtime.SERVING_RUNTIME, meta["namespace"], meta["name"])
+        if existing is not None:
+            if (existing["metadata"].get("labels") or {}).get(serving_runtime.COPY_FOR_LABEL) != meta["labels"][serving_runtime.COPY_FOR_LABEL]:
+                raise ValidationError("ServingRuntime %s/%s exists and was not made by this collection for %s" % (
+                    meta["namespace"], meta["name"], self.name), field="runtime_copy",
+                    hint="delete or rename that ServingRuntime, or use edit_runtime")
+            return existing, False
+        return self.api.create_namespaced_custom_object(serving_runtime.GROUP, serving_runtime.RUNTIME_VERSION, meta["namespace"],
+                                                        "servingruntimes", body, **kwargs), True
+
+    def patch_runtime(self, kind, name, ops, dry_run):
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils import serving_runtime  # pylint: disable=import-outside-toplevel
+        kwargs = {"field_manager": FIELD_MANAGER}
+        if dry_run:
+            kwargs["dry_run"] = "All"
+        group, version = serving_runtime.GROUP, serving_runtime.RUNTIME_VERSION
+        if kind == serving_runtime.SERVING_RUNTIME:
+            call = self.api.patch_namespaced_custom_object
+            args = (group, version, self.namespace, "servingruntimes", name, ops)
+        else:
+            call = self.api.patch_cluster_custom_object
+            args = (group, version, "clusterservingruntimes", name, ops)
+        try:
+            return call(*args, _content_type="application/json-patch+json", **kwargs)
+        except TypeError:
+            return call(*args, **kwargs)
 
     def patch(self, ops, dry_run):
         # A named field manager: a later server-side apply (the deploy) that conflicts with this edit names the rollback.
@@ -404,10 +472,18 @@ def run(module, cluster):
                       containers=plan.containers, backup_truncated=truncated)
         if canonical is not None:
             result["json"] = canonical
-        if not plan.changed:
+        runtime_fix = plan_runtime(module, cluster, isvc, plan, result, warnings) if params["state"] == "absent" else None
+        if not plan.changed and runtime_fix is None:
             result.update(resource=isvc, config=_config_after(isvc))
             break
-        ops = isvc_patch.build_patch(isvc, plan, annotation_value=annotation, guard=params["guard"])
+        ops = isvc_patch.build_patch(isvc, plan, annotation_value=annotation, guard=params["guard"]) if plan.changed else []
+        if runtime_fix is not None:
+            apply_runtime_fix(module, cluster, runtime_fix, result)
+            ops += runtime_fix.get("isvc_ops") or []
+            if not ops:
+                result.update(changed=True, resource=cluster.get() if not module.check_mode else isvc)
+                result["config"] = _config_after(result["resource"])
+                break
         if doc is not None and params["backup"] in ("file", "both") and not module.check_mode:
             result["backup_file"] = write_backup_file(module, doc)
         attempts += 1
@@ -443,6 +519,85 @@ def run(module, cluster):
     if params["remove_draft_artifacts"] and params["state"] == "absent":
         result["draft_artifacts"] = remove_draft(module, cluster, result, warnings)
     return result, warnings
+
+
+def plan_runtime(module, cluster, isvc, plan, result, warnings):
+    """After the strip, does the runtime still pass a flag to vLLM? Refuse, or plan the copy or the runtime edit.
+
+    Returns None (nothing to do in the runtime), {"fix": "copy", "body": ..., "isvc_ops": [...]} or
+    {"fix": "edit", "kind": ..., "name": ..., "ops": [...]}; raises ValidationError (the refusal) otherwise.
+    """
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils import serving_runtime as srt  # pylint: disable=import-outside-toplevel
+
+    params = module.params
+    reader = srt.ClientReader(cluster.api_client)
+    try:
+        before = srt.effective_command(isvc, reader)
+    except ValidationError as exc:
+        if exc.field not in ("spec.predictor.model.runtime", "spec.containers"):
+            raise
+        # KServe cannot run this predictor either (it says so in the status); the InferenceService's own flags still go
+        why = " (servingruntimes/clusterservingruntimes not readable: 403 Forbidden; grant get/list, see docs/rollback.md)" \
+            if reader.forbidden else ""
+        warnings.append("%s%s: the runtime's command is not checked for --speculative-config" % (exc, why))
+        result["runtime"] = None
+        return None
+    info = {"kind": before.kind, "name": before.runtime_name, "source": before.source(), "fix": "none"}
+    result["runtime"] = info
+    if before.runtime is None:
+        return None
+    stripped = isvc_patch.apply_patch(isvc, isvc_patch.build_patch(isvc, plan)) if plan.changed else isvc
+    after = srt.effective_command(stripped, reader)
+    if after.runtime_source not in after.sources():
+        return None
+    users = reader.users(after)
+    result["runtime_users"] = users
+    if result.get("previous_config") is None:
+        try:
+            result["previous_config"] = before.config()
+        except SpecDecodingError:
+            pass
+    if params["runtime_copy"]:
+        body = srt.render_runtime_copy(after)
+        info.update(fix="copy", copy=body["metadata"]["name"])
+        model_path = "/spec/predictor/model/runtime"
+        current = isvc["spec"]["predictor"]["model"].get("runtime")
+        if current:
+            ops = [{"op": "test", "path": model_path, "value": current},
+                   {"op": "replace", "path": model_path, "value": body["metadata"]["name"]}]
+        else:
+            ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": isvc["metadata"]["resourceVersion"]},
+                   {"op": "add", "path": model_path, "value": body["metadata"]["name"]}]
+        return {"fix": "copy", "body": body, "isvc_ops": ops}
+    if params["edit_runtime"]:
+        warnings.append("edit_runtime: stripping --speculative-config from the %s %s; every InferenceService using it loses "
+                        "speculative decoding: %s" % (after.kind, after.runtime_name, ", ".join(users) or "none found"))
+        info["fix"] = "edit"
+        return {"fix": "edit", "kind": after.kind, "name": after.runtime_name,
+                "ops": srt.runtime_strip_patch(after.runtime, after.runtime_index)}
+    raise ValidationError(srt.rollback_refusal(after, users))
+
+
+def apply_runtime_fix(module, cluster, fix, result):
+    """Create the per-service copy or patch the shared runtime (a server dry run in check mode)."""
+    try:
+        if fix["fix"] == "copy":
+            created, new = cluster.create_runtime(fix["body"], dry_run=module.check_mode)
+            result["runtime"]["copy_created"] = new
+            result["runtime_copy"] = created
+        elif fix["ops"]:
+            cluster.patch_runtime(fix["kind"], fix["name"], fix["ops"], dry_run=module.check_mode)
+    except SpecDecodingError:
+        raise
+    except Exception as exc:  # pylint: disable=broad-except
+        if getattr(exc, "status", None) is None:
+            raise
+        what = "creating ServingRuntime %s" % fix["body"]["metadata"]["name"] if fix["fix"] == "copy" else \
+            "stripping the flag from %s %s" % (fix["kind"], fix["name"])
+        field = "runtime_copy" if fix["fix"] == "copy" else "edit_runtime"
+        raise ConflictError("%s failed, nothing else was changed: %s" % (what, _api_error(exc)), field=field,
+                            hint="re-run the rollback (it plans again on the fresh objects)") from exc
+    result["changed"] = True
 
 
 def remove_draft(module, cluster, result, warnings):
@@ -499,6 +654,11 @@ def main():
         module.fail_json(msg="config/restore_backup: only apply to state=present. Fix: drop them, or use state: present")
     if params["retries"] < 0:
         module.fail_json(msg="retries: must be 0 or more")
+    if params["runtime_copy"] and params["edit_runtime"]:
+        module.fail_json(msg="runtime_copy/edit_runtime: choose one - a per-service runtime copy without the flag, or the flag "
+                             "stripped from the shared runtime")
+    if params["state"] == "present" and (params["runtime_copy"] or params["edit_runtime"]):
+        module.fail_json(msg="runtime_copy/edit_runtime: only apply to state=absent (the rollback). Fix: drop them")
 
     from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
     from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_wait  # pylint: disable=import-outside-toplevel

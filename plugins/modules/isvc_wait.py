@@ -11,8 +11,10 @@ module: isvc_wait
 short_description: Wait until a KServe InferenceService is Ready at its current generation
 version_added: 0.1.0
 description:
-  - Polls the InferenceService until C(status.observedGeneration) equals C(metadata.generation) and the
-    C(Ready) condition is C(True). A Ready condition left over from the previous revision does not pass.
+  - Watches the InferenceService until C(status.observedGeneration) equals C(metadata.generation) and the
+    C(Ready) condition is C(True), so it returns as soon as the controller writes that status. A Ready condition left
+    over from the previous revision does not pass. Where the API server refuses the watch it reads the object every
+    O(interval) seconds instead.
   - On timeout fails with the conditions and the predictor pods' states.
 author:
   - Alauda Platform Team (@alauda)
@@ -30,7 +32,9 @@ options:
     type: int
     default: 1200
   interval:
-    description: Seconds between polls.
+    description:
+      - Seconds between reads of the InferenceService when the API server refuses to watch it (a role without the
+        C(watch) verb). With C(watch) allowed the module returns as soon as the controller writes the Ready status.
     type: int
     default: 5
 extends_documentation_fragment:

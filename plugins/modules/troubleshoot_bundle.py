@@ -15,7 +15,8 @@ description:
     the InferenceService (spec, status, conditions, events, as C(kubectl describe) shows them), its predictor
     Deployment, the predictor pods and their events, the last O(tail_lines) lines of every predictor container log
     (init containers too; current and previous instance), and the KServe C(inferenceservice-config)
-    C(storageInitializer) settings (Modelcar on or off).
+    C(storageInitializer) settings (Modelcar on or off), and the ServingRuntime or ClusterServingRuntime KServe merges
+    into the predictor with the merged command (C(effective_command.json), saying where C(--speculative-config) comes from).
   - Finds the vLLM version and the speculative config in the engine-config line of the logs, and acceptance from the
     C(SpecDecoding metrics:) lines; results of M(alauda.spec_decoding.engine_config) and
     M(alauda.spec_decoding.spec_metrics) given in O(engine_results) and O(metrics_results) are used and stored too.
@@ -271,6 +272,17 @@ class Collector:
                     except (ValueError, AttributeError):
                         pass
 
+    def runtime(self, snap):
+        """The ServingRuntime/ClusterServingRuntime KServe merges into the predictor, and the merged command."""
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils import serving_runtime  # pylint: disable=import-outside-toplevel
+        try:
+            effective = serving_runtime.effective_command(snap["isvc"], serving_runtime.ClientReader(self.api_client))
+        except SpecDecodingError as exc:
+            self.notes.append("runtime of %s/%s not resolved: %s" % (snap["namespace"], snap["name"], exc))
+            return
+        snap["runtime"] = effective.runtime
+        snap["effective_command"] = effective.as_dict()
+
     def collect(self, ns, name):
         snap = {"namespace": ns, "name": name, "pods": [], "events": [], "deployments": [], "logs": {}}
         from kubernetes.client.exceptions import ApiException  # pylint: disable=import-outside-toplevel
@@ -281,6 +293,8 @@ class Collector:
             from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
             snap["isvc"] = None
             snap["isvc_error"] = "InferenceService %s/%s: %s" % (ns, name, k8s_pods.api_error_message(exc))
+        if snap.get("isvc"):
+            self.runtime(snap)
         selector = "%s=%s" % (ISVC_LABEL, name)
         pods = self._try("listing pods", self.core.list_namespaced_pod, ns, label_selector=selector, _request_timeout=self.params["timeout"])
         snap["pods"] = [self.plain(p) for p in sorted((pods.items if pods else []), key=lambda p: p.metadata.name)]
@@ -340,7 +354,7 @@ def _files_for(snap, findings, secrets):
     base = "%s/%s/" % (snap["namespace"], snap["name"])
     files = {}
     snap = dict(snap)
-    for key in ("isvc", "pods", "deployments", "events", "engine", "metrics"):
+    for key in ("isvc", "pods", "deployments", "events", "engine", "metrics", "runtime", "effective_command"):
         if snap.get(key) is not None:
             snap[key] = credentials.redact_obj(snap[key], secrets)
     if snap.get("isvc") is not None:
@@ -348,6 +362,10 @@ def _files_for(snap, findings, secrets):
         files[base + "describe.txt"] = troubleshoot.describe(snap)
     else:
         files[base + "error.txt"] = (snap.get("isvc_error") or "") + "\n"
+    if snap.get("runtime") is not None:
+        files[base + "%s.yaml" % snap["runtime"].get("kind", "ServingRuntime").lower()] = troubleshoot.dump(snap["runtime"])
+    if snap.get("effective_command") is not None:
+        files[base + "effective_command.json"] = json.dumps(snap["effective_command"], sort_keys=True, indent=2, default=str) + "\n"
     files[base + "events.yaml"] = troubleshoot.dump(snap["events"])
     if snap["deployments"]:
         files[base + "deployments.yaml"] = troubleshoot.dump(snap["deployments"])

@@ -8,6 +8,9 @@ the ratios the issue asks for, and exits 1 when a goal is missed:
   2. buildah build-and-push of the same files (from scratch, vfs, chroot)  >= 5 x ours
   3. peak RSS of the pushing process <= 64 MiB (ru_maxrss of the child, from wait4)
   4. unchanged rerun <= 0.5 s wall (a fresh process) and 0 bytes; changing one file uploads exactly one layer blob
+  5. an image another tool built (the same files in ONE plain-tarfile layer, pushed by skopeo with gzip): removing
+     the draft streams it (list + rewrite + upload) with peak RSS <= 64 MiB; time printed, not gated
+     (`--foreign` runs only this one)
 
 Every tool pushes into its own fresh registry (Debian's docker-registry on loopback), so no blob is already
 there and skopeo's blob-info cache cannot turn uploads into cross-repository mounts. Page cache is warmed
@@ -46,6 +49,66 @@ def child_push(args):
     result = R.push_plan(plan, client, L.DigestCache(args.cache_dir), jobs=args.jobs)
     result["wall_in_process"] = round(time.monotonic() - t0, 3)
     print(json.dumps(result))
+
+
+def child_remove(args):
+    """Runs in a child process: remove the draft from ``args.image`` with the collection's module_utils, print the result."""
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils import draft_removal as D  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils import oci_registry as R  # pylint: disable=import-outside-toplevel
+    from tests.testbed.foreign_image import StubCluster  # pylint: disable=import-outside-toplevel
+    import resource  # pylint: disable=import-outside-toplevel
+    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    t0 = time.monotonic()
+    cluster = StubCluster("oci://" + args.image)
+    params = {"previous_config": {"model": "/mnt/models/draft"}, "wait": False}
+    # what execute() does for a Modelcar image, minus its readiness check (which loads the kubernetes client)
+    loc = D.locate(cluster.isvc, "/mnt/models/draft")
+    res = D.modelcar_remove(params, cluster, cluster.isvc, loc, lambda ref: R.RegistryClient(ref, tls_verify=False), False)
+    image = res["image"]
+    print(json.dumps({"digest": image["digest"], "blobs": image["blobs"], "layers_rewritten": image["layers_rewritten"],
+                      "wall_in_process": round(time.monotonic() - t0, 3), "rss_after_imports_mib": round(baseline, 1)}))
+
+
+def foreign_removal(work, target, draft, total):
+    """Goal 5: returns (failures, seconds, peak RSS MiB)."""
+    from tests.testbed.foreign_image import write_foreign_layout  # pylint: disable=import-outside-toplevel
+    layout = os.path.join(work, "foreign-layout")
+    t0 = time.monotonic()
+    write_foreign_layout(layout, os.path.dirname(target))
+    print("foreign: one-layer layout written with tarfile in %.1f s" % (time.monotonic() - t0), flush=True)
+    reg = fresh_registry(work, "reg-foreign")
+    try:
+        secs, _out, err, rc = timed(["skopeo", "--insecure-policy", "copy", "--dest-tls-verify=false", "--dest-compress-format", "gzip",
+                                     "--dest-compress-level", "1", "oci:%s:v1" % layout, "docker://%s/bench/foreign:v1" % reg.host])
+        if rc != 0:
+            raise SystemExit("skopeo push of the foreign layout failed: %s" % err)
+        shutil.rmtree(layout, ignore_errors=True)
+        raw = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", "docker://%s/bench/foreign:v1" % reg.host],
+                             capture_output=True, text=True, check=True).stdout
+        layer = json.loads(raw)["layers"][0]
+        print("foreign: skopeo pushed it gzip-compressed in %.1f s: one %s layer of %.2f GiB" % (
+            secs, layer["mediaType"], layer["size"] / GIB), flush=True)
+        secs, rss, out, err, rc = rss_of([sys.executable, os.path.abspath(__file__), "--child-remove", "--image",
+                                          "%s/bench/foreign:v1" % reg.host])
+        if rc != 0:
+            raise SystemExit("the draft removal failed: %s" % err)
+        res = json.loads(out.strip().splitlines()[-1])
+        new = json.loads(subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false",
+                                         "docker://%s/bench/foreign@%s" % (reg.host, res["digest"])],
+                                        capture_output=True, text=True, check=True).stdout)
+    finally:
+        reg.stop()
+        shutil.rmtree(reg.storage, ignore_errors=True)
+    kept = new["layers"][0]["size"]
+    print("foreign: draft removed in %.2f s (%.2f s in process; read the %.2f GiB gzip layer twice, uploaded %.2f GiB), "
+          "peak RSS %.1f MiB (%.1f MiB after the imports), blobs %s" % (
+              secs, res["wall_in_process"], layer["size"] / GIB, kept / GIB, rss, res["rss_after_imports_mib"], res["blobs"]), flush=True)
+    failures = []
+    if res["layers_rewritten"] != 1 or not total - 64 * MIB < kept < total:
+        failures.append("foreign removal wrote %s bytes for %s bytes of files" % (kept, total))
+    if rss > 64:
+        failures.append("foreign removal peak RSS %.1f MiB > 64" % rss)
+    return failures, secs, rss
 
 
 def child_layout(args):
@@ -160,6 +223,9 @@ def main():
     ap.add_argument("--skip-buildah", action="store_true")
     ap.add_argument("--child-push", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child-layout", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child-remove", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--foreign", action="store_true", help="run only goal 5 (the draft removal on an image another tool built)")
+    ap.add_argument("--skip-foreign", action="store_true")
     ap.add_argument("--target")
     ap.add_argument("--draft")
     ap.add_argument("--image")
@@ -170,6 +236,8 @@ def main():
         return child_push(args)
     if args.child_layout:
         return child_layout(args)
+    if args.child_remove:
+        return child_remove(args)
 
     ensure_tools()
     os.makedirs(CACHE, exist_ok=True)
@@ -179,6 +247,13 @@ def main():
     work = tempfile.mkdtemp(prefix="bench-modelcar-", dir=CACHE)
     results = {"bytes": total, "ours": [], "skopeo": [], "rss_mib": []}
     failures = []
+    if args.foreign:
+        try:
+            failures, _secs, _rss = foreign_removal(work, target, draft, total)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        print("\nRESULT: %s" % ("all goals met" if not failures else "MISSED: " + "; ".join(failures)))
+        return 1 if failures else 0
     try:
         # The already-built layout skopeo pushes (untimed: the comparison is push vs build+push).
         layout = os.path.join(work, "layout")
@@ -266,6 +341,8 @@ def main():
                 print("buildah build-and-push / ours: %.2f s / %.2f s = %.1f x  (goal >= 5)  [%s]" % (bsecs, ours, ratio_b, note))
                 if ratio_b < 5:
                     failures.append("buildah ratio %.1f < 5" % ratio_b)
+        if not args.skip_foreign:
+            failures += foreign_removal(work, target, draft, total)[0]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("\nRESULT: %s" % ("all goals met" if not failures else "MISSED: " + "; ".join(failures)))

@@ -32,7 +32,7 @@ sys.path.insert(0, COLLECTIONS)
 
 MIB = 1 << 20
 
-# Lines in the shape a vLLM 0.32 server prints while serving (see ../shared/vllm-captures/*/startup.log).
+# Lines in the shape a vLLM 0.32 server prints while serving (see tests/fixtures/vllm/*/startup.log).
 NOISE = [
     '(APIServer pid=1) INFO 11-29 07:36:55 [loggers.py:257] Engine 000: Avg prompt throughput: 161.0 tokens/s, Avg generation '
     'throughput: 25.6 tokens/s, Running: 1 reqs, Waiting: 0 reqs, GPU KV cache usage: 0.4%, Prefix cache hit rate: 12.5%',

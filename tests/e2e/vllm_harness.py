@@ -196,10 +196,12 @@ class VllmServer:
 
     ``speculative_config`` is a dict (sent as JSON to ``--speculative-config``) or None for a baseline.
     ``extra_args`` are appended to the command line. The log (stdout+stderr) goes to ``log_path``.
+    ``enforce_eager=False`` drops ``--enforce-eager`` (vLLM then compiles the model: 60-100 s more start-up).
     """
 
     def __init__(self, model, served_model_name, speculative_config=None, log_dir=None, python=None,
-                 extra_args=(), env=None, startup_timeout=None, hard_timeout=None, port=None, seed=42, max_model_len=2048, dtype=TINY_DTYPE):
+                 extra_args=(), env=None, startup_timeout=None, hard_timeout=None, port=None, seed=42, max_model_len=2048, dtype=TINY_DTYPE,
+                 enforce_eager=True):
         self.model = model
         self.served_model_name = served_model_name
         self.speculative_config = speculative_config
@@ -212,6 +214,7 @@ class VllmServer:
         self.seed = seed
         self.max_model_len = max_model_len
         self.dtype = dtype
+        self.enforce_eager = enforce_eager
         log_dir = log_dir or tempfile.mkdtemp(prefix="vllm-e2e-")
         os.makedirs(log_dir, exist_ok=True)
         self.log_path = os.path.join(log_dir, "vllm-%s.log" % served_model_name)
@@ -286,7 +289,9 @@ class VllmServer:
     def command(self):
         argv = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
                 "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", self.served_model_name,
-                "--seed", str(self.seed), "--max-model-len", str(self.max_model_len), "--enforce-eager"]
+                "--seed", str(self.seed), "--max-model-len", str(self.max_model_len)]
+        if self.enforce_eager:
+            argv.append("--enforce-eager")
         if self.dtype:
             argv += ["--dtype", self.dtype]
         if self.speculative_config is not None:

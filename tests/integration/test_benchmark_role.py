@@ -2,7 +2,7 @@
 
 Two guide-style InferenceServices (baseline = the EAGLE-3 example without the flag, candidate = the EAGLE-3
 example) are reconciled by the KServe stand-in; their pods log the real vLLM 0.32 engine lines from
-../shared/vllm-captures; the node carries the NVIDIA GPU labels. The inference endpoints are loopback streaming
+tests/fixtures/vllm; the node carries the NVIDIA GPU labels. The inference endpoints are loopback streaming
 servers (the API server cannot proxy to loopback): the candidate one is slower, so the decision is roll_back,
 and with guard=true the playbook runs the rollback role, which really strips the flag on the API server.
 """
@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from tests.ansible_run import run_playbook
+from tests.paths import read_capture
 from tests.testbed.kserve_standin import DEFAULT_RUNTIME_IMAGE
 from tests.unit.plugins.module_utils.test_bench_client import ScriptedSSE
 
@@ -24,7 +25,6 @@ GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 DATA = os.path.join(REPO, "tests", "unit", "plugins", "module_utils", "data", "rollback")
-CAPTURES = os.environ.get("ALAUDA_VLLM_CAPTURES", os.path.join(os.path.dirname(REPO), "shared", "vllm-captures"))
 BASE, CAND = "llama31-8b-base", "llama31-8b-eagle3"
 GPU_LABELS = {"nvidia.com/gpu.product": "NVIDIA-L4", "nvidia.com/gpu.count": "8"}
 
@@ -34,11 +34,7 @@ class SlowSSE(ScriptedSSE):
 
 
 def _capture(folder):
-    path = os.path.join(CAPTURES, folder, "startup.log")
-    if not os.path.isfile(path):
-        pytest.skip("vLLM captures not found at %s (set ALAUDA_VLLM_CAPTURES)" % path)
-    with open(path, encoding="utf-8") as handle:
-        return handle.read()
+    return read_capture(folder, "startup.log")
 
 
 def _manifest(filename, namespace, name):

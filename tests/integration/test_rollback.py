@@ -1,7 +1,7 @@
 """Rollback against the real kube-apiserver with the real KServe CRD (tests/testbed).
 
 A guide-style EAGLE-3 InferenceService is created, reconciled by the KServe stand-in (Deployment -> pods ->
-Ready at the generation), its pods log the real vLLM 0.32 engine lines captured in ../shared/vllm-captures
+Ready at the generation), its pods log the real vLLM 0.32 engine lines captured in tests/fixtures/vllm
 (eagle3 for the first generation, the baseline for later ones). Then: rollback, rerun no-op, check mode,
 a concurrent edit between read and patch, roll-forward from the backup, and the least-privilege Role.
 """
@@ -15,23 +15,19 @@ import pytest
 import yaml
 
 from tests.ansible_run import run_playbook
+from tests.paths import read_capture
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 DATA = os.path.join(REPO, "tests", "unit", "plugins", "module_utils", "data", "rollback")
-CAPTURES = os.environ.get("ALAUDA_VLLM_CAPTURES", os.path.join(os.path.dirname(REPO), "shared", "vllm-captures"))
 BACKUP_ANNOTATION = "spec-decoding.alauda.io/previous-speculative-config"
 EAGLE3 = {"method": "eagle3", "model": "/mnt/models/draft", "num_speculative_tokens": 3}
 NAME = "llama31-8b-eagle3"
 
 
 def _capture(folder):
-    path = os.path.join(CAPTURES, folder, "startup.log")
-    if not os.path.isfile(path):
-        pytest.skip("vLLM captures not found at %s (set ALAUDA_VLLM_CAPTURES)" % path)
-    with open(path, encoding="utf-8") as fh:
-        return fh.read()
+    return read_capture(folder, "startup.log")
 
 
 def _manifest(name, namespace):
@@ -252,7 +248,7 @@ def test_least_privilege_role_is_enough_and_a_token_without_it_is_refused(tmp_pa
     from kubernetes import client  # pylint: disable=import-outside-toplevel
     role = client.RbacAuthorizationV1Api(k8s_client).read_namespaced_role("spec-decoding-rollback", namespace)
     assert sorted((tuple(r.api_groups), tuple(sorted(r.resources)), tuple(sorted(r.verbs))) for r in role.rules) == sorted([
-        (("serving.kserve.io",), ("inferenceservices",), ("get", "list", "patch")),
+        (("serving.kserve.io",), ("inferenceservices",), ("get", "list", "patch", "watch")),
         (("",), ("pods",), ("get", "list")),
         (("",), ("pods/log",), ("get",)),
     ])

@@ -13,9 +13,7 @@ import yaml
 
 from tests.ansible_run import PlaybookRun, run_playbook
 
-from tests.paths import CAPTURES  # noqa: E402  pylint: disable=wrong-import-position
-if not os.path.isdir(CAPTURES):  # pragma: no cover
-    pytest.skip("vLLM captures not found", allow_module_level=True)
+from tests.paths import read_capture  # noqa: E402  pylint: disable=wrong-import-position
 
 EAGLE3 = '{"method":"eagle3","model":"/mnt/models/draft","num_speculative_tokens":3}'
 CANARY = "CANARYapiKeyInSecret0987654321"
@@ -23,8 +21,7 @@ CANARY_ARG = "CANARYtokenInArgs1234567890"
 
 
 def capture(folder):
-    with open(os.path.join(CAPTURES, folder, "startup.log"), encoding="utf-8") as handle:
-        return handle.read()
+    return read_capture(folder, "startup.log")
 
 
 def create_isvc(k8s_client, ns, name, env=None, args_extra=()):

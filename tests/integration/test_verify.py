@@ -1,6 +1,6 @@
 """Verify on the loopback test bed: real kube-apiserver, KServe stand-in, logs served by the kubelet stand-in.
 
-Pod logs are the real vLLM captures (../shared/vllm-captures), served through the API server's pods/log
+Pod logs are the real vLLM captures (tests/fixtures/vllm), served through the API server's pods/log
 endpoint; the modules and the verify role read them the way they would on a cluster. Expected values are
 the numbers in the capture files (see tests/unit/plugins/module_utils/test_engine_log.py).
 """
@@ -12,18 +12,16 @@ import time
 import pytest
 
 from tests.ansible_run import run_playbook
+from tests.module_run import run_module
 
-from tests.paths import CAPTURES  # noqa: E402  pylint: disable=wrong-import-position
-if not os.path.isdir(CAPTURES):  # pragma: no cover
-    pytest.skip("vLLM captures not found", allow_module_level=True)
+from tests.paths import read_capture  # noqa: E402  pylint: disable=wrong-import-position
 
 EAGLE3_JSON = '{"method":"eagle3","model":"/mnt/models/tiny-eagle3","num_speculative_tokens":3}'
 NGRAM_JSON = '{"method":"ngram","num_speculative_tokens":5,"prompt_lookup_max":4,"prompt_lookup_min":2}'
 
 
 def capture(folder, name="startup.log"):
-    with open(os.path.join(CAPTURES, folder, name), encoding="utf-8") as handle:
-        return handle.read()
+    return read_capture(folder, name)
 
 
 def isvc_manifest(name, args, replicas=1, command=None, ports=None):
@@ -63,22 +61,16 @@ def deploy(k8s_client, kserve, ns, name, args, log_text, replicas=1, command=Non
     return None
 
 
-def engine_task(name, ns, extra=""):
-    return """
-        - name: engine
-          alauda.spec_decoding.engine_config:
-            name: %s
-            namespace: %s
-            %s
-        """ % (name, ns, extra)
+def engine(name, ns, kubeconfig, **more):
+    """engine_config in this process (the verify role's wiring of it is tested by the playbook tests below)."""
+    return run_module("engine_config", dict(name=name, namespace=ns, kubeconfig=kubeconfig, **more))
 
 
-def test_engine_line_on_every_pod_matches_the_flag(tmp_path, k8s_client, kubeconfig, kserve, namespace):
+def test_engine_line_on_every_pod_matches_the_flag(k8s_client, kubeconfig, kserve, namespace):
     pods = deploy(k8s_client, kserve, namespace, "llama", ["--port", "8080", "--speculative-config", EAGLE3_JSON],
                   capture("eagle3"), replicas=2)
-    run = run_playbook(tmp_path, tasks=engine_task("llama", namespace), kubeconfig=kubeconfig)
-    assert run.rc == 0, run.output
-    res = run.result("engine")
+    res = engine("llama", namespace, kubeconfig)
+    assert not res.failed, res.msg
     assert res["changed"] is False and res["found"] is True
     assert sorted(p["name"] for p in res["pods"]) == sorted(pods)
     for pod in res["pods"]:
@@ -93,73 +85,63 @@ def test_engine_line_on_every_pod_matches_the_flag(tmp_path, k8s_client, kubecon
     assert sorted({w["pod"] for w in res["log_warnings"] if w["kind"] == "min_p_logit_bias"}) == sorted(pods)
 
 
-def test_one_pod_running_another_config_fails_naming_it(tmp_path, k8s_client, kubeconfig, kubelet, kserve, namespace):
+def test_one_pod_running_another_config_fails_naming_it(k8s_client, kubeconfig, kubelet, kserve, namespace):
     pods = deploy(k8s_client, kserve, namespace, "mixed", ["--speculative-config", NGRAM_JSON], capture("ngram"), replicas=2)
     odd = sorted(pods)[1]
     kubelet.write_log(namespace, odd, "kserve-container", capture("baseline"), append=False)
-    run = run_playbook(tmp_path, tasks=engine_task("mixed", namespace), kubeconfig=kubeconfig)
-    assert run.rc != 0
-    msg = run.result("engine")["msg"]
+    res = engine("mixed", namespace, kubeconfig)
+    assert res.failed
+    msg = res.msg
     assert "pod %s: expected {method='ngram', num_speculative_tokens=5}, engine runs without speculative decoding" % odd in msg
     assert sorted(pods)[0] not in msg.split("predictor pods run different")[0]
 
 
-def test_mismatch_with_expected_prints_both(tmp_path, k8s_client, kubeconfig, kserve, namespace):
+def test_mismatch_with_expected_prints_both(k8s_client, kubeconfig, kserve, namespace):
     deploy(k8s_client, kserve, namespace, "svc", ["--speculative-config", EAGLE3_JSON], capture("eagle3"))
-    run = run_playbook(tmp_path, tasks=engine_task("svc", namespace, "expected: {method: deepseek_mtp, num_speculative_tokens: 1}"),
-                       kubeconfig=kubeconfig)
-    assert run.rc != 0
-    msg = run.result("engine")["msg"]
+    res = engine("svc", namespace, kubeconfig, expected={"method": "deepseek_mtp", "num_speculative_tokens": 1})
+    assert res.failed
+    msg = res.msg
     assert "method: expected 'mtp', engine runs 'eagle3'" in msg and "num_speculative_tokens: expected 1, engine runs 3" in msg
 
 
-def test_method_omitted_in_the_flag_is_explained(tmp_path, k8s_client, kubeconfig, kserve, namespace):
+def test_method_omitted_in_the_flag_is_explained(k8s_client, kubeconfig, kserve, namespace):
     log = capture("eagle3").replace("SpeculativeConfig(method='eagle3', model='/mnt/models/tiny-eagle3'",
                                     "SpeculativeConfig(method='draft_model', model='/mnt/models/draft'")
     deploy(k8s_client, kserve, namespace, "guess", ["--speculative-config", '{"model":"/mnt/models/draft","num_speculative_tokens":3}'], log)
-    run = run_playbook(tmp_path, tasks=engine_task("guess", namespace) + """
-        - name: stated eagle3
-          alauda.spec_decoding.engine_config:
-            name: guess
-            namespace: %s
-            expected: {method: eagle3}
-        """ % namespace, kubeconfig=kubeconfig)
-    first = run.result("engine")
-    assert first["differences"] == [] and any("vLLM guesses the method" in n for n in first["notes"])
-    assert run.rc != 0 and "method: expected 'eagle3', engine runs 'draft_model'" in run.result("stated eagle3")["msg"]
+    first = engine("guess", namespace, kubeconfig)
+    assert not first.failed and first["differences"] == [] and any("vLLM guesses the method" in n for n in first["notes"])
+    stated = engine("guess", namespace, kubeconfig, expected={"method": "eagle3"})
+    assert stated.failed and "method: expected 'eagle3', engine runs 'draft_model'" in stated.msg
 
 
-def test_line_absent_fails_with_hint(tmp_path, k8s_client, kubeconfig, kserve, namespace):
+def test_line_absent_fails_with_hint(k8s_client, kubeconfig, kserve, namespace):
     starting = "\n".join(capture("ngram").splitlines()[:12])    # the API server's first lines, before the engine core
     deploy(k8s_client, kserve, namespace, "starting", ["--speculative-config", NGRAM_JSON], starting)
-    run = run_playbook(tmp_path, tasks=engine_task("starting", namespace), kubeconfig=kubeconfig)
-    assert run.rc != 0
-    msg = run.result("engine")["msg"]
+    res = engine("starting", namespace, kubeconfig)
+    assert res.failed
+    msg = res.msg
     assert "engine-config line missing on 1 of 1 predictor pods" in msg and "still be starting" in msg
 
 
-def test_wrong_container_and_previous(tmp_path, k8s_client, kubeconfig, kserve, namespace):
+def test_wrong_container_and_previous(k8s_client, kubeconfig, kserve, namespace):
     deploy(k8s_client, kserve, namespace, "crashy", ["--speculative-config", NGRAM_JSON], "crashed again\n",
            wait_ready=False, crash_loop=True, previous_logs={"kserve-container": capture("ngram")})
-    run = run_playbook(tmp_path, tasks=engine_task("crashy", namespace, "previous: true") +
-                       engine_task("crashy", namespace, "container: vllm"), kubeconfig=kubeconfig)
-    tasks = [res for _n, _h, res in run.tasks]
-    assert tasks[0]["found"] is True and tasks[0]["speculative_config"] == {"method": "ngram", "model": None, "num_spec_tokens": 5}
+    tasks = [engine("crashy", namespace, kubeconfig, previous=True), engine("crashy", namespace, kubeconfig, container="vllm")]
+    assert not tasks[0].failed and tasks[0]["found"] is True and tasks[0]["speculative_config"] == {"method": "ngram", "model": None, "num_spec_tokens": 5}
     assert tasks[1]["failed"] is True and "pod has no container 'vllm' (containers: kserve-container)" in tasks[1]["msg"]
 
 
-def test_rollback_state_expect_disabled(tmp_path, k8s_client, kubeconfig, kserve, namespace):
+def test_rollback_state_expect_disabled(k8s_client, kubeconfig, kserve, namespace):
     deploy(k8s_client, kserve, namespace, "plain", ["--port", "8080"], capture("baseline"))
-    run = run_playbook(tmp_path, tasks=engine_task("plain", namespace), kubeconfig=kubeconfig)
-    assert run.rc == 0, run.output
-    res = run.result("engine")
+    res = engine("plain", namespace, kubeconfig)
+    assert not res.failed, res.msg
     assert res["expected"] == {"enabled": False} and res["speculative_config"] is None
     assert res["inference_service"]["speculative_flag_present"] is False
 
 
-def test_missing_inference_service_names_it(tmp_path, kubeconfig, controlplane, namespace):
-    run = run_playbook(tmp_path, tasks=engine_task("nope", namespace), kubeconfig=kubeconfig)
-    assert run.rc != 0 and run.result("engine")["msg"].startswith("name: InferenceService %s/nope not found" % namespace)
+def test_missing_inference_service_names_it(kubeconfig, controlplane, namespace):
+    res = engine("nope", namespace, kubeconfig)
+    assert res.failed and res.msg.startswith("name: InferenceService %s/nope not found" % namespace)
 
 
 STREAM_CHILD = r"""
@@ -201,28 +183,18 @@ def test_huge_log_is_streamed_in_bounded_memory(kubeconfig, k8s_client, kubelet,
     assert growth_mib < 16, "reading a %d-byte log grew the peak RSS by %.1f MiB" % (result["bytes_scanned"], growth_mib)
 
 
-def test_spec_metrics_falls_back_to_pod_logs(tmp_path, k8s_client, kubeconfig, kserve, namespace):
+def test_spec_metrics_falls_back_to_pod_logs(k8s_client, kubeconfig, kserve, namespace):
     """The API server will not proxy to a loopback pod IP, so /metrics fails and the log windows are read instead."""
     deploy(k8s_client, kserve, namespace, "ng", ["--speculative-config", NGRAM_JSON], capture("ngram"))
-    run = run_playbook(tmp_path, tasks="""
-        - name: fallback read
-          alauda.spec_decoding.spec_metrics:
-            name: ng
-            namespace: %(ns)s
-        - name: strict read
-          alauda.spec_decoding.spec_metrics:
-            name: ng
-            namespace: %(ns)s
-            log_fallback: false
-        """ % {"ns": namespace}, kubeconfig=kubeconfig)
-    res = run.result("fallback read")
+    res = run_module("spec_metrics", {"name": "ng", "namespace": namespace, "kubeconfig": kubeconfig})
+    assert not res.failed, res.msg
     assert res["source"] == "log" and res["windows_total"] == 2
-    # ngram/startup.log windows add up to ngram/metrics.txt: 254 drafts, 1024 draft tokens, 403 accepted
-    assert (res["num_drafts"], res["num_draft_tokens"], res["num_accepted_tokens"]) == (254, 1024, 403)
-    assert res["accepted_tokens_per_position"] == [155, 94, 75, 41, 38]
+    # ngram/startup.log windows add up to ngram/metrics.txt: 229 drafts, 1002 draft tokens, 655 accepted
+    assert (res["num_drafts"], res["num_draft_tokens"], res["num_accepted_tokens"]) == (229, 1002, 655)
+    assert res["accepted_tokens_per_position"] == [190, 152, 126, 99, 88]
     assert res["diagnosis"]["status"] == "healthy" and res["diagnosis"]["method"] == "ngram"
     assert "through the API server proxy failed" in res["notes"][0]
-    nofb = run.result("strict read")
+    nofb = run_module("spec_metrics", {"name": "ng", "namespace": namespace, "kubeconfig": kubeconfig, "log_fallback": False})
     assert nofb["failed"] is True and nofb["msg"].startswith("port: GET /metrics on pod %s/" % namespace)
 
 
@@ -239,7 +211,7 @@ def test_verify_playbook_end_to_end(tmp_path, k8s_client, kubeconfig, kserve, na
     facts = run.result("Register the full verification data")["ansible_facts"]["verify_result"]
     assert facts["flag_containers"] == ["kserve-container"]
     assert facts["engine"]["pods"][0]["speculative_config"]["num_spec_tokens"] == 3
-    # eagle3/startup.log windows: 0 accepted of 2577 + 501 drafted
+    # eagle3/startup.log windows: 0 accepted of 537 + 774 + 714 + 741 + 312 drafted
     assert facts["metrics"]["num_draft_tokens"] == 3078 and facts["metrics"]["num_accepted_tokens"] == 0
 
 

@@ -2,7 +2,7 @@
 
 The API server refuses to proxy to loopback pod IPs, so these pods get this host's non-loopback IPv4 address
 (tests.testbed.kubelet.host_ipv4, e.g. eth0's; traffic to it never leaves the machine) and a real HTTP server on
-that address and the pod's port answers /metrics with real vLLM captures (../shared/vllm-captures/*/metrics.txt).
+that address and the pod's port answers /metrics with real vLLM captures (tests/fixtures/vllm/*/metrics.txt).
 Every request must arrive through the API server (the kubelet stand-in records the X-Forwarded-Uri the pod proxy
 adds). Expected numbers are the literal numbers of the capture files; each test checks the file holds them.
 """
@@ -12,13 +12,14 @@ import re
 import pytest
 
 from tests.ansible_run import run_playbook
+from tests.module_run import run_module
 from tests.integration.test_verify import EAGLE3_JSON, NGRAM_JSON, capture, deploy
 from tests.testbed.kubelet import free_port_on, host_ipv4
 
 # ngram/metrics.txt (vLLM 0.32.0, served model name t-ngram)
-NGRAM = {"num_drafts": 254, "num_draft_tokens": 1024, "num_accepted_tokens": 403, "per_pos": [155, 94, 75, 41, 38]}
-# ngram_eager/metrics.txt: a later scrape of the same kind of server (renamed to t-ngram for the window test)
-NGRAM_EAGER = {"num_drafts": 260, "num_draft_tokens": 1065, "num_accepted_tokens": 434, "per_pos": [164, 98, 77, 50, 45]}
+NGRAM = {"num_drafts": 229, "num_draft_tokens": 1002, "num_accepted_tokens": 655, "per_pos": [190, 152, 126, 99, 88]}
+# ngram/metrics_partial.txt: an earlier scrape of the same server, after 3 of its 6 requests (for the window test)
+NGRAM_PARTIAL = {"num_drafts": 122, "num_draft_tokens": 552, "num_accepted_tokens": 296, "per_pos": [95, 72, 57, 39, 33]}
 # eagle3/metrics.txt (a random EAGLE-3 head: nothing accepted)
 EAGLE3 = {"num_drafts": 1026, "num_draft_tokens": 3078, "num_accepted_tokens": 0, "per_pos": [0, 0, 0]}
 
@@ -26,9 +27,9 @@ NAMES = {"num_drafts": "vllm:spec_decode_num_drafts_total", "num_draft_tokens": 
          "num_accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total"}
 
 
-def metrics_page(folder, numbers, model):
+def metrics_page(folder, numbers, model, name="metrics.txt"):
     """The capture's /metrics text, after checking that it holds exactly `numbers` (a dict as above)."""
-    text = capture(folder, "metrics.txt")
+    text = capture(folder, name)
     for key, metric in NAMES.items():
         assert '%s{engine="0",model_name="%s"} %.1f' % (metric, model, numbers[key]) in text.splitlines(), (folder, key)
     for pos, value in enumerate(numbers["per_pos"]):
@@ -74,63 +75,76 @@ def proxied(kubelet, namespace, pod=None):
     return requests
 
 
-def task(name, module_args, extra=""):
-    args = "".join("\n            %s: %s" % (k, v) for k, v in module_args.items())
-    return """
-        - name: %s
-          alauda.spec_decoding.spec_metrics:%s
-          %s
-        """ % (name, args, extra)
+def task(name, module_args):
+    """One spec_metrics call: (result name, module arguments)."""
+    return [(name, module_args)]
 
 
-def test_counters_through_the_pod_proxy_equal_the_capture(tmp_path, k8s_client, kubeconfig, kubelet, kserve, namespace, pod_ip):
+class Calls:
+    """spec_metrics calls run in this process in order, their results by name (the verify playbook's wiring of the module
+    is tested by test_verify_playbook_reads_metrics_through_the_pod_proxy)."""
+
+    def __init__(self, calls, kubeconfig=None):
+        self.results = {}
+        for name, module_args in calls:
+            args = dict(module_args)
+            if kubeconfig and "kubeconfig" not in args:
+                args["kubeconfig"] = kubeconfig
+            self.results[name] = run_module("spec_metrics", args)
+        self.output = "\n".join("%s: %s" % (n, r.msg) for n, r in self.results.items())
+
+    def result(self, name):
+        return self.results[name]
+
+
+def test_counters_through_the_pod_proxy_equal_the_capture(k8s_client, kubeconfig, kubelet, kserve, namespace, pod_ip):
     port = free_port_on(pod_ip)
     page = metrics_page("ngram", NGRAM, "t-ngram")
     pods = deploy(k8s_client, kserve, namespace, "ng", ["--port", str(port), "--speculative-config", NGRAM_JSON], capture("ngram"),
                   pod_ip=pod_ip, http={port: {"/metrics": page}})
-    run = run_playbook(tmp_path, kubeconfig=kubeconfig, tasks=(
+    run = Calls(kubeconfig=kubeconfig, calls=(
         task("read", {"name": "ng", "namespace": namespace, "log_fallback": "false"})
-        + task("thresholds met", {"name": "ng", "namespace": namespace, "min_mean_acceptance_length": 2.5, "min_acceptance_rate": 0.39})
-        + task("rate too low", {"name": "ng", "namespace": namespace, "min_acceptance_rate": 0.5}, "ignore_errors: true")
-        + task("length too low", {"name": "ng", "namespace": namespace, "min_mean_acceptance_length": 2.6}, "ignore_errors: true")))
+        + task("thresholds met", {"name": "ng", "namespace": namespace, "min_mean_acceptance_length": 3.8, "min_acceptance_rate": 0.65})
+        + task("rate too low", {"name": "ng", "namespace": namespace, "min_acceptance_rate": 0.7})
+        + task("length too low", {"name": "ng", "namespace": namespace, "min_mean_acceptance_length": 3.9})))
     res = run.result("read")
     assert res.get("failed") is not True, run.output
     assert res["source"] == "prometheus" and res["has_data"] is True and res["changed"] is False
-    assert (res["num_drafts"], res["num_draft_tokens"], res["num_accepted_tokens"]) == (254, 1024, 403)
-    assert res["accepted_tokens_per_position"] == [155, 94, 75, 41, 38]
-    assert res["mean_acceptance_length"] == pytest.approx(1 + 403 / 254)
-    assert res["draft_acceptance_rate"] == pytest.approx(403 / 1024)
-    assert res["per_position_acceptance_rate"] == pytest.approx([155 / 254, 94 / 254, 75 / 254, 41 / 254, 38 / 254])
+    assert (res["num_drafts"], res["num_draft_tokens"], res["num_accepted_tokens"]) == (229, 1002, 655)
+    assert res["accepted_tokens_per_position"] == [190, 152, 126, 99, 88]
+    assert res["mean_acceptance_length"] == pytest.approx(1 + 655 / 229)
+    assert res["draft_acceptance_rate"] == pytest.approx(655 / 1002)
+    assert res["per_position_acceptance_rate"] == pytest.approx([190 / 229, 152 / 229, 126 / 229, 99 / 229, 88 / 229])
     assert res["model_names"] == ["t-ngram"] and res["notes"] == [] and res["interval"] == 0
     assert res["diagnosis"]["status"] == "healthy" and res["diagnosis"]["method"] == "ngram"  # method from the flag
     # the port came from --port in the predictor's args (the runtime's containerPort says 8080)
     assert res["endpoints"] == [{"pod": pods[0], "scheme": "http", "port": port, "path": "/metrics",
                                  "how": "port %d from --port in the command/args of kserve-container" % port}]
-    assert [p["name"] for p in res["pods"]] == pods and res["pods"][0]["num_accepted_tokens"] == 403
+    assert [p["name"] for p in res["pods"]] == pods and res["pods"][0]["num_accepted_tokens"] == 655
     assert run.result("thresholds met").get("failed") is not True and run.result("thresholds met")["failures"] == []
     low = run.result("rate too low")
-    assert low["failed"] is True and low["failures"] == ["draft_acceptance_rate 0.3936 is below min_acceptance_rate 0.5"]
-    assert low["msg"].startswith("acceptance below the thresholds: draft_acceptance_rate 0.3936") and low["source"] == "prometheus"
+    assert low["failed"] is True and low["failures"] == ["draft_acceptance_rate 0.6537 is below min_acceptance_rate 0.7"]
+    assert low["msg"].startswith("acceptance below the thresholds: draft_acceptance_rate 0.6537") and low["source"] == "prometheus"
     short = run.result("length too low")
-    assert short["failed"] is True and short["failures"] == ["mean_acceptance_length 2.587 is below min_mean_acceptance_length 2.6"]
+    assert short["failed"] is True and short["failures"] == ["mean_acceptance_length 3.860 is below min_mean_acceptance_length 3.9"]
     assert len(proxied(kubelet, namespace, pods[0])) == 4
 
 
-def test_interval_reports_the_window_deltas(tmp_path, k8s_client, kubeconfig, kubelet, kserve, namespace, pod_ip):
+def test_interval_reports_the_window_deltas(k8s_client, kubeconfig, kubelet, kserve, namespace, pod_ip):
     port = free_port_on(pod_ip)
-    before = metrics_page("ngram", NGRAM, "t-ngram")
-    after = metrics_page("ngram_eager", NGRAM_EAGER, "t-ngram_eager").replace('model_name="t-ngram_eager"', 'model_name="t-ngram"')
+    before = metrics_page("ngram", NGRAM_PARTIAL, "t-ngram", "metrics_partial.txt")
+    after = metrics_page("ngram", NGRAM, "t-ngram")
     pods = deploy(k8s_client, kserve, namespace, "win", ["--port", str(port), "--speculative-config", NGRAM_JSON], "",
                   pod_ip=pod_ip, http={port: {"/metrics": [before, after, after]}})
-    run = run_playbook(tmp_path, kubeconfig=kubeconfig, tasks=(
+    run = Calls(kubeconfig=kubeconfig, calls=(
         task("with traffic", {"name": "win", "namespace": namespace, "interval": 1, "log_fallback": "false"})
         + task("idle", {"name": "win", "namespace": namespace, "interval": 1, "log_fallback": "false"})))
     res = run.result("with traffic")
     assert res.get("failed") is not True, run.output
     assert res["source"] == "prometheus" and res["interval"] == 1 and res["counter_reset"] is False
-    assert (res["num_drafts"], res["num_draft_tokens"], res["num_accepted_tokens"]) == (260 - 254, 1065 - 1024, 434 - 403)
-    assert res["accepted_tokens_per_position"] == [164 - 155, 98 - 94, 77 - 75, 50 - 41, 45 - 38]
-    assert res["mean_acceptance_length"] == pytest.approx(1 + 31 / 6) and res["draft_acceptance_rate"] == pytest.approx(31 / 41)
+    assert (res["num_drafts"], res["num_draft_tokens"], res["num_accepted_tokens"]) == (229 - 122, 1002 - 552, 655 - 296)
+    assert res["accepted_tokens_per_position"] == [190 - 95, 152 - 72, 126 - 57, 99 - 39, 88 - 33]
+    assert res["mean_acceptance_length"] == pytest.approx(1 + 359 / 107) and res["draft_acceptance_rate"] == pytest.approx(359 / 450)
     idle = run.result("idle")
     assert idle["has_data"] is False and idle["num_draft_tokens"] == 0 and idle["diagnosis"]["status"] == "no_data"
     assert idle["msg"].startswith("no drafts during the 1.0 s interval")
@@ -138,13 +152,13 @@ def test_interval_reports_the_window_deltas(tmp_path, k8s_client, kubeconfig, ku
     assert len(times) == 4 and times[1] - times[0] >= 1.0 and times[3] - times[2] >= 1.0
 
 
-def test_model_name_filter_and_sum_over_pods(tmp_path, k8s_client, kubeconfig, kubelet, kserve, namespace, pod_ip):
+def test_model_name_filter_and_sum_over_pods(k8s_client, kubeconfig, kubelet, kserve, namespace, pod_ip):
     """Two pods behind one InferenceService, each page with series of two served models; containerPort named http."""
     port = free_port_on(pod_ip)
     page = two_models(metrics_page("ngram", NGRAM, "t-ngram"), metrics_page("eagle3", EAGLE3, "t-eagle3"))
     pods = deploy(k8s_client, kserve, namespace, "multi", ["--speculative-config", NGRAM_JSON], "", replicas=2,
                   ports=[{"name": "http", "containerPort": port, "protocol": "TCP"}], pod_ip=pod_ip, http={port: {"/metrics": page}})
-    run = run_playbook(tmp_path, kubeconfig=kubeconfig, tasks=(
+    run = Calls(kubeconfig=kubeconfig, calls=(
         task("all models", {"name": "multi", "namespace": namespace})
         + task("ngram only", {"name": "multi", "namespace": namespace, "model_name": "t-ngram"})
         + task("eagle3 only", {"name": "multi", "namespace": namespace, "model_name": "t-eagle3", "method": "eagle3"})
@@ -155,13 +169,13 @@ def test_model_name_filter_and_sum_over_pods(tmp_path, k8s_client, kubeconfig, k
     every = run.result("all models")
     assert every.get("failed") is not True, run.output
     assert every["source"] == "prometheus" and sorted(every["model_names"]) == ["t-eagle3", "t-ngram"]
-    assert (every["num_drafts"], every["num_draft_tokens"], every["num_accepted_tokens"]) == (2 * (254 + 1026), 2 * (1024 + 3078), 2 * 403)
+    assert (every["num_drafts"], every["num_draft_tokens"], every["num_accepted_tokens"]) == (2 * (229 + 1026), 2 * (1002 + 3078), 2 * 655)
     assert sorted(e["pod"] for e in every["endpoints"]) == sorted(pods)
     assert {e["how"] for e in every["endpoints"]} == {"port %d from containerPort 'http' of kserve-container" % port}
-    assert [p["num_drafts"] for p in every["pods"]] == [254 + 1026, 254 + 1026]
+    assert [p["num_drafts"] for p in every["pods"]] == [229 + 1026, 229 + 1026]
     ngram = run.result("ngram only")
-    assert (ngram["num_drafts"], ngram["num_draft_tokens"], ngram["num_accepted_tokens"]) == (508, 2048, 806)
-    assert ngram["accepted_tokens_per_position"] == [310, 188, 150, 82, 76] and ngram["model_names"] == ["t-ngram"]
+    assert (ngram["num_drafts"], ngram["num_draft_tokens"], ngram["num_accepted_tokens"]) == (458, 2004, 1310)
+    assert ngram["accepted_tokens_per_position"] == [380, 304, 252, 198, 176] and ngram["model_names"] == ["t-ngram"]
     assert ngram["diagnosis"]["status"] == "healthy"
     eagle = run.result("eagle3 only")
     assert (eagle["num_drafts"], eagle["num_draft_tokens"], eagle["num_accepted_tokens"]) == (2052, 6156, 0)
@@ -170,7 +184,7 @@ def test_model_name_filter_and_sum_over_pods(tmp_path, k8s_client, kubeconfig, k
     assert unknown["has_data"] is False and unknown["diagnosis"]["status"] == "no_data"
     assert unknown["msg"] == "no spec_decode series for model_name 'llama'; the page has model_name 't-eagle3', 't-ngram'"
     one = run.result("one pod, named port")
-    assert (one["num_drafts"], one["num_draft_tokens"], one["num_accepted_tokens"]) == (254, 1024, 403)
+    assert (one["num_drafts"], one["num_draft_tokens"], one["num_accepted_tokens"]) == (229, 1002, 655)
     assert one["endpoints"][0]["port"] == port and "pods" not in one
     other = run.result("one pod, number and scheme")
     assert (other["num_drafts"], other["num_accepted_tokens"]) == (1026, 0) and other["endpoints"][0]["how"] == "port and scheme given"
@@ -178,16 +192,16 @@ def test_model_name_filter_and_sum_over_pods(tmp_path, k8s_client, kubeconfig, k
     assert sorted({r["pod"] for r in requests}) == sorted(pods) and len(requests) == 4 * 2 + 2
 
 
-def test_zero_counters_mean_no_data(tmp_path, k8s_client, kubeconfig, kubelet, kserve, namespace, pod_ip):
+def test_zero_counters_mean_no_data(k8s_client, kubeconfig, kubelet, kserve, namespace, pod_ip):
     """The proxy works and the families exist, but no draft was made yet: has_data false, no_data, not a failure."""
     port = free_port_on(pod_ip)
     page = zeroed(metrics_page("ngram", NGRAM, "t-ngram"))
     assert 'vllm:spec_decode_num_drafts_total{engine="0",model_name="t-ngram"} 0.0' in page
     deploy(k8s_client, kserve, namespace, "idle", ["--port", str(port), "--speculative-config", NGRAM_JSON], capture("ngram"),
            pod_ip=pod_ip, http={port: {"/metrics": page}})
-    run = run_playbook(tmp_path, kubeconfig=kubeconfig, tasks=(
+    run = Calls(kubeconfig=kubeconfig, calls=(
         task("no drafts yet", {"name": "idle", "namespace": namespace})
-        + task("thresholds without data", {"name": "idle", "namespace": namespace, "min_acceptance_rate": 0.1}, "ignore_errors: true")))
+        + task("thresholds without data", {"name": "idle", "namespace": namespace, "min_acceptance_rate": 0.1})))
     res = run.result("no drafts yet")
     assert res.get("failed") is not True, run.output
     # the counters exist (so the log is not read instead) but are zero
@@ -200,7 +214,7 @@ def test_zero_counters_mean_no_data(tmp_path, k8s_client, kubeconfig, kubelet, k
     assert len(proxied(kubelet, namespace)) == 2
 
 
-def test_https_pod_and_least_privilege_identity(tmp_path, k8s_client, controlplane, kubelet, kserve, namespace, pod_ip):
+def test_https_pod_and_least_privilege_identity(k8s_client, controlplane, kubelet, kserve, namespace, pod_ip):
     """vLLM with --ssl-certfile is reached as https:<pod>:<port>; an identity with only the documented rights works,
     one without pods/proxy gets the API server's refusal."""
     from kubernetes import client
@@ -216,13 +230,13 @@ def test_https_pod_and_least_privilege_identity(tmp_path, k8s_client, controlpla
         rbac.create_namespaced_role_binding(namespace, {
             "metadata": {"name": user}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": user},
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]})
-    run = run_playbook(tmp_path, tasks=(
+    run = Calls(calls=(
         task("https pod", {"name": "tls", "namespace": namespace, "log_fallback": "false",
                            "kubeconfig": controlplane.kubeconfig_for_user("limited-user")})
         + task("plain http to a TLS server", {"name": "tls", "namespace": namespace, "scheme": "http", "log_fallback": "false",
-                                              "kubeconfig": controlplane.kubeconfig_for_user("limited-user")}, "ignore_errors: true")
+                                              "kubeconfig": controlplane.kubeconfig_for_user("limited-user")})
         + task("no proxy right", {"name": "tls", "namespace": namespace, "log_fallback": "false",
-                                  "kubeconfig": controlplane.kubeconfig_for_user("limited-user-2")}, "ignore_errors: true")))
+                                  "kubeconfig": controlplane.kubeconfig_for_user("limited-user-2")})))
     res = run.result("https pod")
     assert res.get("failed") is not True, run.output
     assert res["source"] == "prometheus" and (res["num_drafts"], res["num_draft_tokens"], res["num_accepted_tokens"]) == (1026, 3078, 0)

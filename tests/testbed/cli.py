@@ -5,6 +5,12 @@
                                         # background; prints the kubeconfig path
     python -m tests.testbed.cli status  # prints the kubeconfig path of the running test bed, or exits 1
     python -m tests.testbed.cli down    # stops exactly the processes `up` started and removes the run directory
+    python -m tests.testbed.cli export-crds DIR   # writes the serving.kserve.io CRDs of the running test bed into DIR
+                                        # (read back with the kubernetes client: usable as ALAUDA_KSERVE_CRDS=DIR)
+
+`up` finds the KServe CRDs first, in the order of tests/testbed/crds.py ($ALAUDA_KSERVE_CRDS, ../shared/kserve-crds,
+a cluster named by $ALAUDA_KSERVE_CRDS_KUBECONFIG [+ $ALAUDA_KSERVE_CRDS_CONTEXT]), and stops with those three ways
+named, before building anything, when there is none.
 
 The run directory (certs, kubeconfigs, logs, state.json) is a fresh temp dir per run; `.build/testbed/current`
 in the checkout points to it.
@@ -20,6 +26,7 @@ import threading
 
 from . import build as _build
 from .controlplane import REPO_ROOT, ControlPlane, ControlPlaneError, kserve_crd_dir, stop_from_state, _pid_alive
+from .crds import CrdsNotFound, export_from_cluster
 
 POINTER = os.path.join(REPO_ROOT, ".build", "testbed", "current")
 
@@ -47,6 +54,12 @@ def up() -> int:
         print(f"test bed already running ({cp.server}); kubeconfig:", file=sys.stderr)
         print(cp.kubeconfig)
         return 0
+    # The CRDs first: without them there is nothing to test against, so stop before a build of minutes.
+    try:
+        crds = kserve_crd_dir()
+    except CrdsNotFound as exc:
+        print(f"cluster-up: {exc}", file=sys.stderr)
+        return 1
     try:
         bin_dir = _build.build()
     except _build.BuildError as exc:
@@ -55,12 +68,7 @@ def up() -> int:
     cp = ControlPlane(bin_dir=bin_dir)
     try:
         cp.start()
-        crds = kserve_crd_dir()
-        if os.path.isdir(crds):
-            cp.install_crds(crds)
-        else:
-            print(f"cluster-up: KServe CRDs not found in {crds} (set ALAUDA_KSERVE_CRDS); continuing without them",
-                  file=sys.stderr)
+        cp.install_crds(crds)
         log = open(os.path.join(cp.log_dir, "standins.log"), "ab")  # pylint: disable=consider-using-with
         helper = subprocess.Popen([sys.executable, "-m", "tests.testbed.cli", "_standins", cp.state_dir],
                                   cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -103,6 +111,23 @@ def status() -> int:
     return 1
 
 
+def export_crds(out_dir: str) -> int:
+    """Write the serving.kserve.io CRDs of the running test bed into `out_dir`, read with the kubernetes client (the
+    same code that copies them out of a user's cluster, tests/testbed/crds.py)."""
+    state_dir = _current()
+    if not (state_dir and _running(state_dir)):
+        print("export-crds: no test bed running (start one with make cluster-up)", file=sys.stderr)
+        return 1
+    try:
+        names = export_from_cluster(ControlPlane.attach(state_dir).kubeconfig, None, out_dir)
+    except CrdsNotFound as exc:
+        print(f"export-crds: {exc}", file=sys.stderr)
+        return 1
+    print(f"export-crds: wrote {', '.join(names)} to {out_dir} (use: ALAUDA_KSERVE_CRDS={os.path.abspath(out_dir)})",
+          file=sys.stderr)
+    return 0
+
+
 def _standins(state_dir: str) -> int:
     """Background helper of `up`: run the kubelet and KServe stand-ins until SIGTERM."""
     from .kserve_standin import KServeStandIn  # pylint: disable=import-outside-toplevel
@@ -129,6 +154,8 @@ def main(argv=None) -> int:
         return down()
     if argv[:1] == ["status"]:
         return status()
+    if argv[:1] == ["export-crds"] and len(argv) == 2:
+        return export_crds(argv[1])
     if argv[:1] == ["_standins"] and len(argv) == 2:
         return _standins(argv[1])
     print(__doc__, file=sys.stderr)

@@ -27,6 +27,7 @@ import urllib.error
 import urllib.request
 
 from . import build as _build
+from . import crds as _crds
 from . import pki
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -34,12 +35,7 @@ SERVICE_CIDR = "127.96.0.0/16"
 SERVICE_IP = "127.96.0.1"
 DEFAULT_EXTRA_USERS = ("limited-user", "limited-user-2", "readonly-user")
 # The four CRDs a 1.20 API server accepts after the `default: ""` edit (see the CRD folder's SOURCE.md).
-DEFAULT_CRDS = (
-    "serving.kserve.io_inferenceservices.yaml",
-    "serving.kserve.io_servingruntimes.yaml",
-    "serving.kserve.io_clusterservingruntimes.yaml",
-    "serving.kserve.io_clusterstoragecontainers.yaml",
-)
+DEFAULT_CRDS = _crds.REQUIRED
 
 
 class ControlPlaneError(RuntimeError):
@@ -47,9 +43,9 @@ class ControlPlaneError(RuntimeError):
 
 
 def kserve_crd_dir() -> str:
-    """Where the KServe CRDs are expected: $ALAUDA_KSERVE_CRDS or <repo>/../shared/kserve-crds."""
-    default = os.path.normpath(os.path.join(REPO_ROOT, "..", "shared", "kserve-crds"))
-    return os.environ.get("ALAUDA_KSERVE_CRDS") or default
+    """The folder of the KServe CRDs, in the order of tests/testbed/crds.py ($ALAUDA_KSERVE_CRDS, ../shared/kserve-crds,
+    a cluster named by $ALAUDA_KSERVE_CRDS_KUBECONFIG); raises crds.CrdsNotFound naming the three ways."""
+    return _crds.resolve()
 
 
 def free_port() -> int:

@@ -2,8 +2,8 @@
 
     from tests.testbed.fixtures import *  # noqa: F401,F403
 
-Session scope: `k8s_binaries` (build once per machine, cached), `kserve_crd_dir` (skips the tests when the
-KServe CRD folder is absent), `controlplane` (etcd + kube-apiserver + kube-controller-manager with the KServe
+Session scope: `k8s_binaries` (build once per machine, cached), `kserve_crd_dir` (the KServe CRD folder, found in
+the order of tests/testbed/crds.py; fails the tests with the three ways to give it when there is none), `controlplane` (etcd + kube-apiserver + kube-controller-manager with the KServe
 CRDs installed), `kubeconfig` (admin kubeconfig path), `k8s_client` (admin `kubernetes` ApiClient),
 `kubelet` (node + pod lifecycle + logs stand-in), `kserve` (KServe controller stand-in).
 Function scope: `namespace` (a fresh namespace, deleted after the test).
@@ -11,7 +11,6 @@ A failed build fails the tests (it is a defect of the machine setup, not a reaso
 """
 from __future__ import annotations
 
-import os
 import re
 import uuid
 
@@ -19,6 +18,7 @@ import pytest
 
 from . import build as _build
 from .controlplane import ControlPlane, kserve_crd_dir as _crd_dir
+from .crds import CrdsNotFound
 from .kserve_standin import KServeStandIn
 from .kubelet import KubeletStandIn
 
@@ -42,11 +42,11 @@ def prebuild(session) -> None:
 
 @pytest.fixture(scope="session")
 def kserve_crd_dir():
-    path = _crd_dir()
-    if not os.path.isfile(os.path.join(path, "serving.kserve.io_inferenceservices.yaml")):
-        pytest.skip(f"KServe CRDs not found: expected serving.kserve.io_inferenceservices.yaml in {path} "
-                    "(the shared folder ../shared/kserve-crds next to the checkout, or set ALAUDA_KSERVE_CRDS)")
-    return path
+    try:
+        return _crd_dir()
+    except CrdsNotFound as exc:
+        message = str(exc)
+    return pytest.fail(message, pytrace=False)
 
 
 @pytest.fixture(scope="session")

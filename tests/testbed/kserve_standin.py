@@ -9,7 +9,9 @@ so product code sees the same objects and status it would see on a real cluster:
   InferenceService). Labels as KServe sets them: `app: isvc.<isvc>-predictor` (selector),
   `component: predictor`, `serving.kserve.io/inferenceservice: <isvc>`, plus the InferenceService's own
   labels; the main container is `kserve-container`, built from the ServingRuntime/ClusterServingRuntime
-  container with the predictor.model fields (image, command, args, env, resources, ...) laid over it, or from
+  `kserve-container` merged with the predictor.model fields as KServe's MergeRuntimeContainers does (the
+  InferenceService's command replaces the runtime's, args are runtime args then the InferenceService's, env merges
+  by name, `{{.Name}}` placeholders filled in; see `_container`), or from
   `predictor.containers[0]`. Storage: `pvc://claim/path` (storageUri or storageUris) becomes a PVC volume
   mount with subPath; other URIs get a `storage-initializer` init container and an emptyDir; `oci://` gets
   the Modelcar sidecar `modelcar` and init container `modelcar-init`;
@@ -40,6 +42,7 @@ import copy
 import datetime
 import hashlib
 import json
+import re
 import threading
 import time
 
@@ -260,31 +263,55 @@ class KServeStandIn:
         return [{"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService", "name": isvc["metadata"]["name"],
                  "uid": isvc["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
 
-    def _container(self, predictor: dict, runtime: dict) -> dict:
+    def _container(self, predictor: dict, runtime: dict, meta: dict | None = None) -> dict:
+        """The predictor's `kserve-container`, merged the way KServe v0.20 does it.
+
+        Followed: kserve/kserve pkg/controller/v1beta1/inferenceservice/components/predictor.go `buildPodSpec` ->
+        pkg/controller/v1beta1/inferenceservice/utils/utils.go `MergeServingRuntimeAndInferenceServiceSpecs` (the
+        runtime container named `kserve-container`) -> `MergeRuntimeContainers` (pkg/utils `MergeContainerWithPatch`:
+        strategic merge patch of the predictor's container over the runtime's - a non-empty field of the
+        InferenceService replaces the runtime's, so its `command` replaces the runtime's command; `env`, `ports`,
+        `volumeMounts` merge by name/containerPort/mountPath, runtime order first; objects merge key by key; then
+        `args` = runtime args + InferenceService args) -> `ReplacePlaceholders` (`{{.Name}}`, `{{.Namespace}}`,
+        `{{.Labels.x}}`, `{{.Annotations.x}}` from the InferenceService's metadata).
+        Written independently of the collection's plugins/module_utils/serving_runtime.py so the tests compare two
+        readings of KServe's code, not one with itself.
+        """
         if predictor.get("model") is None and predictor.get("containers"):
             container = copy.deepcopy(predictor["containers"][0])
             container["name"] = "kserve-container"
             return container
-        base = {}
-        for c in (runtime.get("spec") or {}).get("containers") or []:
-            if c.get("name") == "kserve-container":
-                base = copy.deepcopy(c)
-        if not base and (runtime.get("spec") or {}).get("containers"):
-            base = copy.deepcopy(runtime["spec"]["containers"][0])
-        base["name"] = "kserve-container"
-        base.setdefault("image", DEFAULT_RUNTIME_IMAGE)
+        containers = (runtime.get("spec") or {}).get("containers") or []
+        rt = next((c for c in containers if c.get("name") == "kserve-container"), None)
+        if rt is None and containers:
+            rt = containers[0]  # KServe refuses this runtime; the generic stand-in runtime never gets here
+        rt = copy.deepcopy(rt or {})
         model = predictor.get("model") or {}
+        merged = copy.deepcopy(rt)
         for field in MODEL_FIELDS:
-            if field not in model:
+            value = model.get(field)
+            if value in (None, "", [], {}):
                 continue
-            if field == "env":
-                merged = {e["name"]: e for e in base.get("env") or []}
-                for e in model["env"]:
-                    merged[e["name"]] = e
-                base["env"] = list(merged.values())
+            key = {"env": "name", "ports": "containerPort", "volumeMounts": "mountPath"}.get(field)
+            if key:
+                out = [copy.deepcopy(x) for x in merged.get(field) or []]
+                for item in value:
+                    at = next((i for i, o in enumerate(out) if o.get(key) == item.get(key)), None)
+                    if at is None:
+                        out.append(copy.deepcopy(item))
+                    else:
+                        out[at] = _deep_merge(out[at], item)
+                merged[field] = out
+            elif isinstance(value, dict):
+                merged[field] = _deep_merge(merged.get(field) or {}, value)
             else:
-                base[field] = copy.deepcopy(model[field])
-        return base
+                merged[field] = copy.deepcopy(value)
+        args = list(rt.get("args") or []) + list(model.get("args") or [])
+        if args:
+            merged["args"] = args
+        merged["name"] = "kserve-container"
+        merged.setdefault("image", DEFAULT_RUNTIME_IMAGE)
+        return _placeholders(merged, meta or {})
 
     def _desired_deployment(self, isvc: dict, predictor: dict, runtime: dict) -> dict:
         meta = isvc["metadata"]
@@ -292,7 +319,7 @@ class KServeStandIn:
         labels = self._labels(isvc)
         annotations = {k: v for k, v in (meta.get("annotations") or {}).items()
                        if k != "kubectl.kubernetes.io/last-applied-configuration"}
-        container = self._container(predictor, runtime)
+        container = self._container(predictor, runtime, meta)
         pod_spec = {k: copy.deepcopy(v) for k, v in predictor.items() if k not in COMPONENT_FIELDS}
         pod_spec["containers"] = [container] + [copy.deepcopy(c) for c in (predictor.get("containers") or [])[1:]]
         if predictor.get("initContainers"):
@@ -476,6 +503,35 @@ class KServeStandIn:
         body = {"apiVersion": isvc["apiVersion"], "kind": isvc["kind"], "metadata": meta, "spec": isvc.get("spec"),
                 "status": status}
         api.put(f"/apis/{GROUP}/{VERSION}/namespaces/{meta['namespace']}/{PLURAL}/{meta['name']}/status", body)
+
+
+def _deep_merge(base: dict, patch: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in patch.items():
+        if v in (None, "", [], {}):
+            continue
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+_TEMPLATE = re.compile(r"\{\{\s*\.(Name|Namespace|Labels\.[A-Za-z0-9_]+|Annotations\.[A-Za-z0-9_]+)\s*\}\}")
+
+
+def _placeholders(value, meta: dict):
+    """KServe's ReplacePlaceholders (a Go template over the container's JSON with the InferenceService's metadata)."""
+    if isinstance(value, str):
+        def repl(m):
+            ref = m.group(1)
+            if ref in ("Name", "Namespace"):
+                return str(meta.get(ref.lower()) or "")
+            field, key = ref.split(".", 1)
+            return str((meta.get(field.lower()) or {}).get(key) or "")
+        return _TEMPLATE.sub(repl, value)
+    if isinstance(value, list):
+        return [_placeholders(v, meta) for v in value]
+    if isinstance(value, dict):
+        return {k: _placeholders(v, meta) for k, v in value.items()}
+    return value
 
 
 def _strip_times(status: dict) -> str:

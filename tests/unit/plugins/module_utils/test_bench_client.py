@@ -1,6 +1,5 @@
 """Streaming client: SSE parsing and timing over a real loopback HTTP exchange, arrivals, workloads, /metrics."""
 import json
-import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
@@ -12,7 +11,6 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import
 from tests.loopback_http import serving
 from tests.paths import read_capture
 
-CAPTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), *([".."] * 5), "shared", "vllm-captures")
 GAP = 0.05
 
 
@@ -173,10 +171,7 @@ def test_metrics_prefix_cache(server):
     assert delta == {"hits": 20, "queries": 80, "hit_rate": 0.25}
     assert bench_client.prefix_cache_delta({"hits": 50.0, "queries": 500.0}, after)["queries"] == 100  # restarted
     assert bench_client.prefix_cache_counters("# nothing\n") is None
-    path = os.path.join(CAPTURES, "ngram", "metrics.txt")
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as handle:
-            assert bench_client.prefix_cache_counters(handle.read(), "t-ngram") == {"hits": 0.0, "queries": 589.0}
+    assert bench_client.prefix_cache_counters(read_capture("ngram", "metrics.txt"), "t-ngram") == {"hits": 0.0, "queries": 540.0}
 
 
 def test_workloads_and_jsonl():
@@ -221,7 +216,7 @@ def _info_page(*engines):
         "".join(CACHE_INFO % (value, index) for index, value in enumerate(engines))
 
 
-@pytest.mark.parametrize("folder", ["baseline", "ngram", "ngram_eager", "ngram_perreq", "eagle3"])
+@pytest.mark.parametrize("folder", ["baseline", "ngram", "ngram_eager", "ngram_perreq", "draft_model", "eagle3"])
 def test_captures_report_prefix_caching_on_and_their_counters(folder):
     text = _capture(folder)
     [info] = [line for line in text.splitlines() if line.startswith("vllm:cache_config_info{")]
@@ -242,7 +237,7 @@ def test_prefix_caching_off_absent_and_unknown():
     assert bench_client.prefix_caching_enabled(text.replace('enable_prefix_caching="True"', 'enable_prefix_caching="False"')) is False
     without_gauge = "\n".join(line for line in text.splitlines() if "vllm:cache_config_info" not in line) + "\n"
     assert bench_client.prefix_caching_enabled(without_gauge) is None                  # older vLLM: no gauge
-    assert bench_client.prefix_cache_counters(without_gauge, "t-ngram")["queries"] == 589.0  # the counters stay
+    assert bench_client.prefix_cache_counters(without_gauge, "t-ngram")["queries"] == 540.0  # the counters stay
     assert bench_client.prefix_caching_enabled(text.replace('enable_prefix_caching="True",', "")) is None  # no label
     assert bench_client.prefix_caching_enabled(_info_page("None")) is None              # neither True nor False
     assert bench_client.prefix_caching_enabled(_info_page("false")) is False

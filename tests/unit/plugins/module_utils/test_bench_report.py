@@ -8,11 +8,10 @@ import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_report, bench_stats, spec_metrics
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from tests.paths import read_capture
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GOLDEN_DIR = os.path.join(os.path.dirname(os.path.dirname(HERE)), "golden")
-CAPTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(HERE))))),
-                        "shared", "vllm-captures")
 REGENERATE = os.environ.get("ALAUDA_REGENERATE_GOLDEN") == "1"
 
 CONTEXT = {
@@ -293,20 +292,16 @@ def _chunk_offsets(data):
 def test_acceptance_from_a_real_metrics_capture():
     """The module's acceptance block is spec_metrics' deltas: check it against the ngram capture's counters."""
     from ansible_collections.alauda.spec_decoding.plugins.modules import spec_benchmark
-    path = os.path.join(CAPTURES, "ngram", "metrics.txt")
-    if not os.path.exists(path):
-        pytest.skip("captures not present")
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read()
+    text = read_capture("ngram", "metrics.txt")
     empty = "# no counters yet\n"
     acc = spec_benchmark._acceptance(empty, text, "t-ngram")
-    # metrics.txt: drafts 254, draft tokens 1024, accepted 403, per position 155, 94, 75, 41, 38
-    assert acc["num_drafts"] == 254 and acc["num_draft_tokens"] == 1024 and acc["num_accepted_tokens"] == 403
-    assert acc["mean_acceptance_length"] == pytest.approx(1 + 403 / 254)
-    assert acc["acceptance_rate"] == pytest.approx(403 / 1024)
-    assert acc["per_position"] == pytest.approx([155 / 254, 94 / 254, 75 / 254, 41 / 254, 38 / 254])
+    # metrics.txt: drafts 229, draft tokens 1002, accepted 655, per position 190, 152, 126, 99, 88
+    assert acc["num_drafts"] == 229 and acc["num_draft_tokens"] == 1002 and acc["num_accepted_tokens"] == 655
+    assert acc["mean_acceptance_length"] == pytest.approx(1 + 655 / 229)
+    assert acc["acceptance_rate"] == pytest.approx(655 / 1002)
+    assert acc["per_position"] == pytest.approx([190 / 229, 152 / 229, 126 / 229, 99 / 229, 88 / 229])
     assert spec_benchmark._acceptance(text, text, "t-ngram")["num_drafts"] == 0
-    baseline_text = open(os.path.join(CAPTURES, "baseline", "metrics.txt"), encoding="utf-8").read()
+    baseline_text = read_capture("baseline", "metrics.txt")
     assert spec_benchmark._acceptance(baseline_text, baseline_text, "t-baseline") is None
     assert spec_metrics.parse_prometheus(text).found
 

@@ -226,6 +226,9 @@ class LayoutBlobs:
         with open(os.path.join(self.directory, "blobs", "sha256", digest.split(":")[1]), "rb") as fh:
             return fh.read()
 
+    def open_blob(self, digest):
+        return open(os.path.join(self.directory, "blobs", "sha256", digest.split(":")[1]), "rb")  # pylint: disable=consider-using-with
+
 
 def _image(tmp_path, max_layers=100):
     def write(rel, data):
@@ -279,7 +282,7 @@ def test_a_layer_mixing_draft_and_target_files_is_rewritten(tmp_path):
     actions, repl, new_manifest, new_config, uploads = D.plan_image(blobs, plan.manifest_bytes(), "models/draft", plan.manifest_digest())
     assert actions[mixed[0]] == "rewrite"
     desc, diff_id = repl[mixed[0]]
-    blob = uploads[0].data
+    blob = b"".join(bytes(c) for c in uploads[0].chunks())
     assert desc["digest"] == diff_id == L.sha256_digest(blob)
     assert _files_of(blob) == ["models/target/config.json", "models/target/tokenizer.json"]
     with tarfile.open(fileobj=io.BytesIO(blob)) as tar:

@@ -8,9 +8,17 @@ import yaml
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
-from tests.paths import SHARED
+from tests.testbed import crds
 
-CRD = os.path.join(SHARED, "kserve-crds", "serving.kserve.io_inferenceservices.yaml")
+
+def isvc_crd_path():
+    """The real InferenceService CRD, found as the test bed finds it (tests/testbed/crds.py); none fails the test."""
+    try:
+        return os.path.join(crds.resolve(), "serving.kserve.io_inferenceservices.yaml")
+    except crds.CrdsNotFound as exc:
+        message = str(exc)
+    return pytest.fail(message, pytrace=False)
+
 
 P = dict(name="llama-eagle3", namespace="models", method="eagle3", artifact_mode="pvc",
          artifacts={"pvc_name": "store"}, runtime="aml-vllm-0.32.0", vllm_version="0.32.0", kserve_version="0.20.0",
@@ -57,9 +65,7 @@ def test_knative_mode_sets_progress_deadline_standard_sets_startup_probe():
 
 
 def test_kserve_version_detection_from_the_real_crd():
-    if not os.path.exists(CRD):
-        pytest.skip("KServe CRDs not found at %s" % CRD)
-    with open(CRD) as handle:
+    with open(isvc_crd_path()) as handle:
         crd = yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     version, evidence = isvc.kserve_version_from_crd(crd)
     assert version == (0, 20, 0) and "canary" in evidence

@@ -2,21 +2,16 @@
 
 Expected lines and numbers are read from the capture files with plain string operations, not with the code under test.
 """
-import os
-
 import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_client, prometheus_text, spec_metrics
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
-from tests.paths import CAPTURES  # noqa: E402  pylint: disable=wrong-import-position
-if not os.path.isdir(CAPTURES):  # pragma: no cover
-    pytest.skip("vLLM captures not found at %s" % CAPTURES, allow_module_level=True)
+from tests.paths import read_capture  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def read(folder):
-    with open(os.path.join(CAPTURES, folder, "metrics.txt"), encoding="utf-8") as handle:
-        return handle.read()
+    return read_capture(folder, "metrics.txt")
 
 
 def test_filter_keeps_the_named_families_only():
@@ -43,7 +38,7 @@ def test_samples_from_a_capture():
     for line in text.splitlines():
         if line.startswith(("vllm:prefix_cache_", "vllm:cache_config_info{")) and "_created{" not in line:
             literal[line.split("{", 1)[0]] = float(line.rsplit(" ", 1)[1])
-    assert literal == {"vllm:prefix_cache_queries_total": 589.0, "vllm:prefix_cache_hits_total": 0.0, "vllm:cache_config_info": 1.0}
+    assert literal == {"vllm:prefix_cache_queries_total": 540.0, "vllm:prefix_cache_hits_total": 0.0, "vllm:cache_config_info": 1.0}
     assert {s.name: s.value for s in samples} == literal  # no _created series
     assert len(samples) == 3
     info = [s for s in samples if s.name == "vllm:cache_config_info"][0]

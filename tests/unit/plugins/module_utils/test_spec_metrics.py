@@ -13,31 +13,34 @@ import pytest
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import spec_metrics as sm
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
-from tests.paths import CAPTURES  # noqa: E402  pylint: disable=wrong-import-position
-if not os.path.isdir(CAPTURES):  # pragma: no cover
-    pytest.skip("vLLM captures not found at %s" % CAPTURES, allow_module_level=True)
+from tests.paths import CAPTURES, read_capture  # noqa: E402  pylint: disable=wrong-import-position
 
 # folder: (model_name, num_drafts, num_draft_tokens, num_accepted_tokens, per-position accepted)  -- from metrics.txt
+# (float32 and temperature 0: the three ngram servers run the same workload to the same counters)
 METRICS = {
-    "ngram": ("t-ngram", 254, 1024, 403, [155, 94, 75, 41, 38]),
-    "ngram_eager": ("t-ngram_eager", 260, 1065, 434, [164, 98, 77, 50, 45]),
-    "ngram_perreq": ("t-ngram_perreq", 254, 1024, 403, [155, 94, 75, 41, 38]),
+    "ngram": ("t-ngram", 229, 1002, 655, [190, 152, 126, 99, 88]),
+    "ngram_eager": ("t-ngram_eager", 229, 1002, 655, [190, 152, 126, 99, 88]),
+    "ngram_perreq": ("t-ngram_perreq", 229, 1002, 655, [190, 152, 126, 99, 88]),
+    "draft_model": ("t-draft_model", 258, 774, 774, [258, 258, 258]),
     "eagle3": ("t-eagle3", 1026, 3078, 0, [0, 0, 0]),
 }
 # folder: [(accepted, drafted, printed mean, per-position rates, printed rate %)]  -- from startup.log
 LOG_WINDOWS = {
     "baseline": [],
-    "ngram": [(146, 295, 3.00, [0.712, 0.493, 0.411, 0.192, 0.192], 49.5),
-              (257, 729, 2.42, [0.569, 0.320, 0.249, 0.149, 0.133], 35.3)],
-    "ngram_eager": [(434, 1065, 2.67, [0.631, 0.377, 0.296, 0.192, 0.173], 40.8)],
-    "ngram_perreq": [(403, 1024, 2.59, [0.610, 0.370, 0.295, 0.161, 0.150], 39.4)],
-    "eagle3": [(0, 2577, 1.00, [0.0, 0.0, 0.0], 0.0), (0, 501, 1.00, [0.0, 0.0, 0.0], 0.0)],
+    "ngram": [(103, 206, 3.24, [0.717, 0.652, 0.457, 0.239, 0.174], 50.0),
+              (552, 796, 4.02, [0.858, 0.667, 0.574, 0.481, 0.437], 69.3)],
+    "ngram_eager": [(135, 264, 3.25, [0.750, 0.633, 0.450, 0.233, 0.183], 51.1),
+                    (520, 738, 4.08, [0.858, 0.675, 0.586, 0.503, 0.456], 70.5)],
+    "ngram_perreq": [(155, 337, 3.07, [0.720, 0.560, 0.413, 0.213, 0.160], 46.0),
+                     (500, 665, 4.25, [0.883, 0.714, 0.617, 0.539, 0.494], 75.2)],
+    "draft_model": [(432, 432, 4.00, [1.0, 1.0, 1.0], 100.0), (342, 342, 4.00, [1.0, 1.0, 1.0], 100.0)],
+    "eagle3": [(0, 537, 1.00, [0.0, 0.0, 0.0], 0.0), (0, 774, 1.00, [0.0, 0.0, 0.0], 0.0), (0, 714, 1.00, [0.0, 0.0, 0.0], 0.0),
+               (0, 741, 1.00, [0.0, 0.0, 0.0], 0.0), (0, 312, 1.00, [0.0, 0.0, 0.0], 0.0)],
 }
 
 
 def read(folder, name):
-    with open(os.path.join(CAPTURES, folder, name), encoding="utf-8") as handle:
-        return handle.read()
+    return read_capture(folder, name)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -61,9 +64,16 @@ def test_capture_counters(folder):
 
 def test_capture_ngram_known_values():
     summary = sm.summarize(sm.parse_prometheus(read("ngram", "metrics.txt")), method="ngram")
-    assert round(summary["mean_acceptance_length"], 2) == 2.59      # 1 + 403/254
-    assert round(summary["draft_acceptance_rate"], 3) == 0.394      # 403/1024
-    assert [round(v, 3) for v in summary["per_position_acceptance_rate"]] == [0.610, 0.370, 0.295, 0.161, 0.150]
+    assert round(summary["mean_acceptance_length"], 2) == 3.86      # 1 + 655/229
+    assert round(summary["draft_acceptance_rate"], 3) == 0.654      # 655/1002
+    assert [round(v, 3) for v in summary["per_position_acceptance_rate"]] == [0.830, 0.664, 0.550, 0.432, 0.384]
+    assert summary["diagnosis"]["status"] == "healthy"
+
+
+def test_capture_draft_model_copy_of_the_target_accepts_everything():
+    summary = sm.summarize(sm.parse_prometheus(read("draft_model", "metrics.txt")), method="draft_model")
+    assert summary["draft_acceptance_rate"] == 1.0 and summary["mean_acceptance_length"] == 4.0      # 1 + 774/258
+    assert summary["per_position_acceptance_rate"] == [1.0, 1.0, 1.0]
     assert summary["diagnosis"]["status"] == "healthy"
 
 
@@ -155,15 +165,15 @@ def test_delta_detects_a_restart():
     later = sm.parse_prometheus(read("ngram", "metrics.txt"))
     earlier = sm.parse_prometheus(read("eagle3", "metrics.txt"))    # higher counters than ngram's
     window = later.delta(earlier)
-    assert window.reset is True and window.num_drafts == 254
+    assert window.reset is True and window.num_drafts == 229
 
 
 def test_counters_add_for_pods():
     a = sm.parse_prometheus(read("ngram", "metrics.txt"))
     b = sm.parse_prometheus(read("ngram_eager", "metrics.txt"))
     total = a + b
-    assert (total.num_drafts, total.num_draft_tokens, total.num_accepted_tokens) == (514, 2089, 837)
-    assert total.accepted_per_pos == [319, 192, 152, 91, 83]
+    assert (total.num_drafts, total.num_draft_tokens, total.num_accepted_tokens) == (458, 2004, 1310)
+    assert total.accepted_per_pos == [380, 304, 252, 198, 176]
 
 
 def test_v0_prometheus_names():
@@ -228,9 +238,9 @@ def test_log_totals_agree_with_the_metrics_page_of_the_same_run(folder):
 
 def test_log_ngram_weighted_totals():
     summary = sm.summarize(sm.parse_log_text(read("ngram", "startup.log"))[0], method="ngram")
-    # weighted by drafted tokens: (146 + 257) / (295 + 729), not the mean of 49.5% and 35.3%
-    assert summary["draft_acceptance_rate"] == pytest.approx(403 / 1024)
-    assert summary["mean_acceptance_length"] == pytest.approx(1 + 403 / 254)
+    # weighted by drafted tokens: (103 + 552) / (206 + 796), not the mean of 50.0% and 69.3%
+    assert summary["draft_acceptance_rate"] == pytest.approx(655 / 1002)
+    assert summary["mean_acceptance_length"] == pytest.approx(1 + 655 / 229)
 
 
 SPEC_LINE_032 = ("(APIServer pid=1) INFO 11-29 07:37:05 [metrics.py:120] SpecDecoding metrics: Mean acceptance length: 2.42, "
@@ -319,17 +329,17 @@ def test_per_request_metrics_add_up_to_the_metrics_page():
     total = sm.SpecDecodeCounters(source="response")
     for body in bodies:
         total = total + sm.counters_from_response(body)
-    # equal to ngram_perreq/metrics.txt: drafts 254, draft tokens 1024, accepted 403, per position 155 94 75 41 38
-    assert (total.num_drafts, total.num_draft_tokens, total.num_accepted_tokens) == (254, 1024, 403)
-    assert total.accepted_per_pos == [155, 94, 75, 41, 38]
+    # equal to ngram_perreq/metrics.txt: drafts 229, draft tokens 1002, accepted 655, per position 190 152 126 99 88
+    assert (total.num_drafts, total.num_draft_tokens, total.num_accepted_tokens) == (229, 1002, 655)
+    assert total.accepted_per_pos == [190, 152, 126, 99, 88]
 
 
 def test_per_request_first_response():
-    body = re.search(r"^\{\"id\":\"cmpl-b993c07e87e2d54e\".*$", read("ngram_perreq", "requests.txt"), re.M).group(0)
+    body = re.search(r"^\{\"id\":\"cmpl-a91b4fe27f2c3002\".*$", read("ngram_perreq", "requests.txt"), re.M).group(0)
     summary = sm.summarize(sm.counters_from_response(json.loads(body)))
-    # the response's own numbers: mean_acceptance_length 2.6, draft_acceptance_rate 0.4, 35 steps, 56 of 140
-    assert summary["mean_acceptance_length"] == pytest.approx(2.6)
-    assert summary["draft_acceptance_rate"] == pytest.approx(0.4)
+    # the response's own numbers: mean_acceptance_length 2.942857 (1 + 68/35), draft_acceptance_rate 0.41718 (68 of 163), 35 steps
+    assert summary["mean_acceptance_length"] == pytest.approx(1 + 68 / 35)
+    assert summary["draft_acceptance_rate"] == pytest.approx(68 / 163)
     assert summary["num_drafts"] == 35
     assert sm.counters_from_response("not json").found is False
     assert sm.counters_from_response({"metrics": None}).found is False
@@ -367,10 +377,11 @@ def test_diagnosis_single_slot():
 def test_thresholds():
     summary = sm.summarize(sm.parse_prometheus(read("ngram", "metrics.txt")))
     assert sm.check_thresholds(summary) == []
-    assert sm.check_thresholds(summary, min_mean_acceptance_length=2.5, min_acceptance_rate=0.39) == []
-    failures = sm.check_thresholds(summary, min_mean_acceptance_length=2.6, min_acceptance_rate=0.4)
-    assert failures == ["mean_acceptance_length 2.587 is below min_mean_acceptance_length 2.6",
-                        "draft_acceptance_rate 0.3936 is below min_acceptance_rate 0.4"]
+    # ngram/metrics.txt: mean acceptance length 1 + 655/229 = 3.8603, rate 655/1002 = 0.65369
+    assert sm.check_thresholds(summary, min_mean_acceptance_length=3.86, min_acceptance_rate=0.65) == []
+    failures = sm.check_thresholds(summary, min_mean_acceptance_length=3.87, min_acceptance_rate=0.66)
+    assert failures == ["mean_acceptance_length 3.860 is below min_mean_acceptance_length 3.87",
+                        "draft_acceptance_rate 0.6537 is below min_acceptance_rate 0.66"]
     no_data = sm.summarize(sm.parse_prometheus(read("baseline", "metrics.txt")))
     assert sm.check_thresholds(no_data)[:0] == [] and sm.check_thresholds(no_data) == []
     assert sm.check_thresholds(no_data, min_acceptance_rate=0.1)[0].startswith("thresholds were given but there is no data")
@@ -385,4 +396,4 @@ def test_log_parse_any_chunking(size):
     with open(os.path.join(CAPTURES, "ngram", "startup.log"), "rb") as handle:
         data = handle.read()
     counters, _windows, total = sm.parse_log([data[i:i + size] for i in range(0, len(data), size)])
-    assert total == 2 and (counters.num_draft_tokens, counters.num_accepted_tokens, counters.num_drafts) == (1024, 403, 254)
+    assert total == 2 and (counters.num_draft_tokens, counters.num_accepted_tokens, counters.num_drafts) == (1002, 655, 229)

@@ -4,15 +4,10 @@ Cluster reads are covered by tests/integration/test_verify.py on the API-server 
 """
 
 import json
-import os
-
-import pytest
 
 from tests.ansible_run import run_playbook as _run_playbook
 
-from tests.paths import CAPTURES  # noqa: E402  pylint: disable=wrong-import-position
-if not os.path.isdir(CAPTURES):  # pragma: no cover
-    pytest.skip("vLLM captures not found", allow_module_level=True)
+from tests.paths import CAPTURES, read_capture  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def run_playbook(tmp_path, tasks, check=False):
@@ -51,8 +46,7 @@ def test_mismatch_prints_both_sides(tmp_path):
 
 
 def test_baseline_after_rollback_expect_disabled(tmp_path):
-    with open(os.path.join(CAPTURES, "baseline", "startup.log"), encoding="utf-8") as handle:
-        text = handle.read()
+    text = read_capture("baseline", "startup.log")
     path = tmp_path / "vars.json"
     path.write_text(json.dumps({"log": text}))
     rc, res = run_playbook(tmp_path, """

@@ -1,16 +1,13 @@
 """The spec_metrics module through real ansible-playbook: a loopback HTTP server serves the captured /metrics pages."""
 
 import http.server
-import os
 import threading
 
 import pytest
 
 from tests.ansible_run import run_playbook as _run_playbook
 
-from tests.paths import CAPTURES  # noqa: E402  pylint: disable=wrong-import-position
-if not os.path.isdir(CAPTURES):  # pragma: no cover
-    pytest.skip("vLLM captures not found", allow_module_level=True)
+from tests.paths import CAPTURES, read_capture  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def run_playbook(tmp_path, tasks, check=False):
@@ -21,8 +18,7 @@ def run_playbook(tmp_path, tasks, check=False):
 
 
 def read(folder, name):
-    with open(os.path.join(CAPTURES, folder, name), encoding="utf-8") as handle:
-        return handle.read()
+    return read_capture(folder, name)
 
 
 @pytest.fixture
@@ -80,8 +76,8 @@ def test_url_with_bearer_token_and_diagnosis(tmp_path, metrics_server):
 
 
 def test_interval_reports_the_window(tmp_path, metrics_server):
-    # first scrape: ngram counters; second: ngram_eager's (all higher): the window is the difference
-    metrics_server["pages"] = [read("ngram", "metrics.txt"), read("ngram_eager", "metrics.txt").replace("t-ngram_eager", "t-ngram")]
+    # two scrapes of the same ngram server: after 3 of the 6 requests (metrics_partial.txt) and after all (metrics.txt)
+    metrics_server["pages"] = [read("ngram", "metrics_partial.txt"), read("ngram", "metrics.txt")]
     rc, res, _out = run_playbook(tmp_path, """
         - alauda.spec_decoding.spec_metrics:
             url: %s
@@ -90,9 +86,9 @@ def test_interval_reports_the_window(tmp_path, metrics_server):
         """ % metrics_server["url"])
     assert rc == 0, res
     r = res[0]
-    # 260-254 drafts, 1065-1024 draft tokens, 434-403 accepted, per position 164-155 98-94 77-75 50-41 45-38
-    assert (r["num_drafts"], r["num_draft_tokens"], r["num_accepted_tokens"]) == (6, 41, 31)
-    assert r["accepted_tokens_per_position"] == [9, 4, 2, 9, 7]
+    # 229-122 drafts, 1002-552 draft tokens, 655-296 accepted, per position 190-95 152-72 126-57 99-39 88-33
+    assert (r["num_drafts"], r["num_draft_tokens"], r["num_accepted_tokens"]) == (107, 450, 359)
+    assert r["accepted_tokens_per_position"] == [95, 80, 69, 60, 55]
     assert r["interval"] == 0.5 and metrics_server["hits"] == 2
 
 
@@ -103,11 +99,12 @@ def test_thresholds_fail_and_no_data_does_not(tmp_path):
         - alauda.spec_decoding.spec_metrics:
             metrics_path: %(c)s/ngram/metrics.txt
             min_mean_acceptance_length: 2.0
-            min_acceptance_rate: 0.5
+            min_acceptance_rate: 0.7
         """ % {"c": CAPTURES})
     assert res[0]["has_data"] is False and res[0]["diagnosis"]["status"] == "no_data" and not res[0].get("failed")
     assert rc != 0 and res[1]["failed"] is True
-    assert res[1]["failures"] == ["draft_acceptance_rate 0.3936 is below min_acceptance_rate 0.5"]
+    # ngram/metrics.txt: 655 of 1002 draft tokens accepted; mean acceptance length 1 + 655/229 = 3.86 meets 2.0
+    assert res[1]["failures"] == ["draft_acceptance_rate 0.6537 is below min_acceptance_rate 0.7"]
 
 
 def test_log_fallback_and_windows(tmp_path):
@@ -120,9 +117,9 @@ def test_log_fallback_and_windows(tmp_path):
     assert rc == 0
     r = res[0]
     assert r["source"] == "log" and r["windows_total"] == 2 and len(r["windows"]) == 2
-    # the two windows of ngram/startup.log: 146/295 and 257/729
-    assert [(w["num_accepted_tokens"], w["num_draft_tokens"]) for w in r["windows"]] == [(146, 295), (257, 729)]
-    assert (r["num_draft_tokens"], r["num_accepted_tokens"], r["num_drafts"]) == (1024, 403, 254)
+    # the two windows of ngram/startup.log: 103/206 and 552/796
+    assert [(w["num_accepted_tokens"], w["num_draft_tokens"]) for w in r["windows"]] == [(103, 206), (552, 796)]
+    assert (r["num_draft_tokens"], r["num_accepted_tokens"], r["num_drafts"]) == (1002, 655, 229)
     assert r["notes"] and "no spec_decode counters" in r["notes"][0]
 
 

@@ -1,0 +1,124 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: kserve_facts
+short_description: What a deploy needs to know about the cluster's KServe, in one read
+version_added: 0.2.0
+description:
+  - Reads the InferenceService CustomResourceDefinition and returns the KServe release its schema shows (C(spec.canary)
+    means 0.20+, C(spec.predictor.storageUris) 0.16+), not the CRD itself.
+  - Reads whether the storage initializer has Modelcar enabled (C(storageInitializer.enableModelcar) in the
+    C(inferenceservice-config) ConfigMap; KServe's default, on, when the ConfigMap is not readable).
+  - Reads the current InferenceService, if there is one.
+  - Fails when the cluster has no InferenceService CRD (KServe not installed). A CRD the identity may not read
+    (HTTP 403, CRDs are cluster-scoped) is returned as C(crd_readable=false) with C(kserve_version=null).
+author:
+  - Alauda Platform Team (@alauda)
+options:
+  name:
+    description: InferenceService name.
+    type: str
+    required: true
+  namespace:
+    description: Namespace of the InferenceService.
+    type: str
+    required: true
+  kserve_namespace:
+    description: Namespace KServe is installed in (where C(inferenceservice-config) lives).
+    type: str
+    default: kserve
+extends_documentation_fragment:
+  - kubernetes.core.k8s_auth_options
+  - alauda.spec_decoding.attributes.READ_ONLY
+  - alauda.spec_decoding.attributes.ACTION_GROUP
+requirements:
+  - kubernetes >= 24.2.0
+notes:
+  - Needs C(get) on C(inferenceservices) in O(namespace), C(get) on C(configmaps) in O(kserve_namespace) and, for the
+    release, C(get) on C(customresourcedefinitions) (cluster-scoped; see the collection's docs/rbac.md).
+"""
+
+EXAMPLES = r"""
+- name: Read what the cluster's KServe supports and the current object
+  alauda.spec_decoding.kserve_facts:
+    name: llama-eagle3
+    namespace: models
+  register: kserve
+
+- name: Render for that release
+  alauda.spec_decoding.isvc_manifest:
+    name: llama-eagle3
+    namespace: models
+    method: eagle3
+    kserve_version: "{{ kserve.kserve_version | default(omit, true) }}"
+    modelcar_enabled: "{{ kserve.modelcar_enabled }}"
+    existing: "{{ kserve.existing | default(omit, true) }}"
+    artifacts:
+      pvc_name: model-store
+"""
+
+RETURN = r"""
+installed:
+  description: Whether the InferenceService CRD exists (null when it is not readable).
+  returned: success
+  type: bool
+crd_readable:
+  description: Whether the identity may read the CRD.
+  returned: success
+  type: bool
+kserve_version:
+  description: Lowest KServe release whose CRD has the fields this one has, e.g. C(0.20.0); null when the CRD is not readable.
+  returned: success
+  type: str
+evidence:
+  description: Why that release (or why none).
+  returned: success
+  type: str
+modelcar_enabled:
+  description: Whether the storage initializer has Modelcar on.
+  returned: success
+  type: bool
+modelcar_evidence:
+  description: Where O(modelcar_enabled) comes from.
+  returned: success
+  type: str
+existing:
+  description: The current InferenceService, or null.
+  returned: success
+  type: dict
+"""
+
+from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
+from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+
+
+def main():
+    spec = dict(
+        name=dict(type="str", required=True),
+        namespace=dict(type="str", required=True),
+        kserve_namespace=dict(type="str", default="kserve"),
+    )
+    spec.update(AUTH_ARG_SPEC)
+    module = AnsibleK8SModule(argument_spec=spec, supports_check_mode=True)
+    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils import kserve_facts  # pylint: disable=import-outside-toplevel
+
+    params = module.params
+    api_client = get_api_client(module=module).client.client
+    try:
+        facts = kserve_facts.gather(api_client, params["namespace"], params["name"], params["kserve_namespace"])
+    except SpecDecodingError as exc:
+        module.fail_json(msg=str(exc), field=exc.field, changed=False)
+    module.exit_json(changed=False, **facts)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: serving_runtime_info
+short_description: The effective vLLM command of a KServe InferenceService (its ServingRuntime merged in) and where the speculative flag comes from
+version_added: 0.1.0
+description:
+  - Resolves the runtime KServe uses for the InferenceService (C(spec.predictor.model.runtime) as a ServingRuntime
+    in its namespace, else a ClusterServingRuntime; without C(runtime) the one KServe auto-selects for the
+    C(modelFormat)), takes its C(kserve-container) and lays the predictor's own fields over it the way KServe's
+    C(MergeRuntimeContainers) does (the InferenceService's C(command) replaces the runtime's, C(args) are the
+    runtime's followed by the InferenceService's, C({{.Name}}) placeholders are filled in).
+  - Returns the merged command and args, the speculative config vLLM receives and C(source), where the flag vLLM
+    takes comes from (C(inference_service), C(serving_runtime) or C(cluster_serving_runtime)).
+  - With O(runtime_flag), fails when the flag would come from the runtime for a deploy (twice, or from the
+    runtime alone), naming the runtime and its kind.
+author:
+  - Alauda Platform Team (@alauda)
+options:
+  name:
+    description: InferenceService name (read from the cluster unless O(inference_service) is given).
+    type: str
+  namespace:
+    description: Namespace of the InferenceService.
+    type: str
+    required: true
+  inference_service:
+    description:
+      - An InferenceService manifest to resolve instead of the object on the cluster (e.g. the one a deploy is about
+        to apply). Its runtimes are still read from the cluster.
+    type: dict
+  runtime_flag:
+    description:
+      - Deploy check. V(refuse) fails when C(--speculative-config) would appear both in the runtime and in the
+        InferenceService; V(replace) lets the InferenceService's (the last one, the one vLLM takes) win with a warning.
+        Either way a flag that only the runtime carries fails (the service would run a config it did not ask for).
+      - Omitted - no check, only the report.
+    type: str
+    choices: [refuse, replace]
+  missing_runtime:
+    description:
+      - V(fail) fails when the runtime cannot be found (as KServe would refuse the InferenceService); V(warn) returns
+        C(runtime=null) with a warning (a deploy goes on and KServe reports the runtime in the status).
+    type: str
+    choices: [fail, warn]
+    default: fail
+  list_users:
+    description: Also list every InferenceService that uses the same runtime (C(list) on inferenceservices).
+    type: bool
+    default: false
+extends_documentation_fragment:
+  - kubernetes.core.k8s_auth_options
+  - alauda.spec_decoding.attributes.READ_ONLY
+  - alauda.spec_decoding.attributes.ACTION_GROUP
+requirements:
+  - kubernetes >= 24.2.0
+notes:
+  - Needs C(get)/C(list) on C(servingruntimes) in the namespace and on C(clusterservingruntimes); without the
+    cluster-scoped permission only namespaced runtimes are found (the result says so in C(warnings)).
+seealso:
+  - module: alauda.spec_decoding.isvc_speculative
+  - module: alauda.spec_decoding.engine_config
+"""
+
+EXAMPLES = r"""
+- name: Where does the speculative flag of llama come from?
+  alauda.spec_decoding.serving_runtime_info:
+    name: llama
+    namespace: llm-demo
+  register: effective
+
+- name: Refuse a deploy whose flag the runtime also sets
+  alauda.spec_decoding.serving_runtime_info:
+    namespace: llm-demo
+    inference_service: "{{ rendered.manifest }}"
+    runtime_flag: refuse
+"""
+
+RETURN = r"""
+runtime:
+  description: Kind and name of the runtime (null for a custom predictor).
+  returned: always
+  type: dict
+  sample: {"kind": "ClusterServingRuntime", "name": "vllm-runtime"}
+runtime_object:
+  description: The runtime as read from the cluster (null for a custom predictor).
+  returned: always
+  type: dict
+command:
+  description: The merged command of kserve-container.
+  returned: always
+  type: list
+  elements: str
+args:
+  description: The merged args of kserve-container (runtime's first).
+  returned: always
+  type: list
+  elements: str
+command_from:
+  description: Where the command list comes from (inference_service or the runtime's source name).
+  returned: always
+  type: str
+args_reach_engine:
+  description: False when the command is a shell script that does not pass its arguments on (then args never reach vLLM).
+  returned: always
+  type: bool
+source:
+  description: Where the speculative flag vLLM takes comes from, or null when there is none.
+  returned: always
+  type: str
+  sample: cluster_serving_runtime
+sources:
+  description: Every source that passes a speculative flag to vLLM, in command-line order.
+  returned: always
+  type: list
+  elements: str
+speculative_config:
+  description: The speculative config vLLM receives from the merged command (null when none).
+  returned: always
+  type: dict
+speculative_config_error:
+  description: Why the config could not be read (a shell expansion, not JSON), else null.
+  returned: always
+  type: str
+ignored_flags:
+  description: Flags in the args that a shell-script command never passes to vLLM.
+  returned: always
+  type: list
+  elements: dict
+users:
+  description: namespace/name of every InferenceService using the runtime.
+  returned: when list_users is true and there is a runtime
+  type: list
+  elements: str
+"""
+
+from ansible.module_utils.common.text.converters import to_text
+from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
+from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import serving_runtime
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+
+
+def argument_spec():
+    spec = dict(
+        name=dict(type="str"),
+        namespace=dict(type="str", required=True),
+        inference_service=dict(type="dict"),
+        runtime_flag=dict(type="str", choices=["refuse", "replace"]),
+        list_users=dict(type="bool", default=False),
+        missing_runtime=dict(type="str", choices=["fail", "warn"], default="fail"),
+    )
+    spec.update(AUTH_ARG_SPEC)
+    return spec
+
+
+def run(module, api_client):
+    params = module.params
+    if params["inference_service"] is not None:
+        isvc = dict(params["inference_service"])
+        meta = dict(isvc.get("metadata") or {})
+        meta.setdefault("namespace", params["namespace"])
+        if params["name"]:
+            meta.setdefault("name", params["name"])
+        isvc["metadata"] = meta
+    else:
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
+        isvc = k8s_pods.get_inference_service(api_client, params["namespace"], params["name"])
+    reader = serving_runtime.ClientReader(api_client)
+    warnings = []
+    try:
+        effective = serving_runtime.effective_command(isvc, reader)
+    except ValidationError as exc:
+        if params["missing_runtime"] != "warn" or exc.field != "spec.predictor.model.runtime":
+            raise
+        why = " (servingruntimes/clusterservingruntimes not readable: 403 Forbidden)" if reader.forbidden else ""
+        warnings.append("%s%s; the runtime's command could not be merged in" % (exc, why))
+        return {"changed": False, "runtime": None, "runtime_object": None, "source": None, "sources": [],
+                "speculative_config": None, "speculative_config_error": None, "command": [], "args": [],
+                "command_from": None, "args_reach_engine": True, "ignored_flags": []}, warnings, None
+    result = effective.as_dict()
+    result.update(changed=False, runtime_object=effective.runtime)
+    if reader.forbidden:
+        warnings.append("clusterservingruntimes are not readable with these credentials (403): only ServingRuntimes of %s were "
+                        "considered" % params["namespace"])
+    if params["list_users"] and effective.runtime is not None:
+        result["users"] = reader.users(effective)
+    problem = None
+    if params["runtime_flag"]:
+        problem, more = serving_runtime.runtime_flag_problem(effective, params["runtime_flag"])
+        warnings.extend(more)
+        if problem:
+            meta = isvc["metadata"]
+            problem = ("runtime_flag: InferenceService %s/%s: %s. Nothing was written. Fix: remove --speculative-config from the "
+                       "%s %s (or give this service its own runtime without it)%s" % (
+                           meta.get("namespace"), meta.get("name"), problem, effective.kind, effective.runtime_name,
+                           ", or set spec_decoding_runtime_flag: replace to let the InferenceService's flag win"
+                           if serving_runtime.SOURCE_ISVC in effective.sources() else ""))
+    return result, warnings, problem
+
+
+def main():
+    module = AnsibleK8SModule(
+        argument_spec=argument_spec(),
+        supports_check_mode=True,
+        required_one_of=[("name", "inference_service")],
+    )
+    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
+    try:
+        result, warnings, problem = run(module, get_api_client(module=module).client.client)
+    except SpecDecodingError as exc:
+        module.fail_json(msg=str(exc), changed=False)
+    except Exception as exc:  # pylint: disable=broad-except
+        module.fail_json(msg="serving_runtime_info: %s" % to_text(exc), changed=False)
+    for warning in warnings:
+        module.warn(warning)
+    if problem:
+        module.fail_json(msg=problem, **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

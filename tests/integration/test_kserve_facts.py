@@ -1,0 +1,47 @@
+"""kserve_facts against the real kube-apiserver with the real KServe CRDs, in-process (the deploy's wiring of it is
+covered by test_deploy / test_rbac): the release from the installed CRD's schema, Modelcar from the storage initializer
+settings, the current object, and a clear error for a broken ConfigMap."""
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.test_rollback import GROUP, PLURAL, VERSION, _api, _manifest
+
+
+def _config_map(controlplane, namespace, storage_initializer):
+    api = controlplane.rest()
+    try:
+        body = {"metadata": {"name": "inferenceservice-config"}}
+        if storage_initializer is not None:
+            body["data"] = {"storageInitializer": storage_initializer}
+        api.post("/api/v1/namespaces/%s/configmaps" % namespace, body)
+    finally:
+        api.close()
+
+
+def test_release_modelcar_and_existing_from_the_cluster(k8s_client, controlplane, namespace):
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils import kserve_facts  # pylint: disable=import-outside-toplevel
+    # No ConfigMap in this namespace: KServe's default (Modelcar on); no InferenceService yet.
+    facts = kserve_facts.gather(k8s_client, namespace, "llama31-8b-eagle3", namespace)
+    # The installed CRD is KServe v0.20's (shared/kserve-crds): spec.canary and storageUris are in its schema.
+    assert facts["installed"] is True and facts["crd_readable"] is True
+    assert facts["kserve_version"] == "0.20.0" and "spec.canary" in facts["evidence"]
+    assert facts["modelcar_enabled"] is True and "not readable" in facts["modelcar_evidence"]
+    assert facts["existing"] is None
+
+    _config_map(controlplane, namespace, '{"enableModelcar": false, "uidModelcar": 1010}')
+    created = _api(k8s_client).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
+                                                               _manifest("guide_example2_eagle3.yaml", namespace))
+    facts = kserve_facts.gather(k8s_client, namespace, "llama31-8b-eagle3", namespace)
+    assert facts["modelcar_enabled"] is False and "enableModelcar" in facts["modelcar_evidence"]
+    assert facts["existing"]["metadata"]["uid"] == created["metadata"]["uid"]
+
+
+def test_storage_initializer_that_is_not_json_names_the_config_map(k8s_client, controlplane, namespace):
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils import kserve_facts  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError  # pylint: disable=import-outside-toplevel
+    _config_map(controlplane, namespace, "{enableModelcar: yes")
+    with pytest.raises(ValidationError) as err:
+        kserve_facts.gather(k8s_client, namespace, "absent", namespace)
+    assert "inferenceservice-config key storageInitializer is not JSON" in str(err.value)
+    assert str(err.value).startswith("kserve_namespace:") and "Fix:" in str(err.value)

@@ -1,0 +1,257 @@
+"""--speculative-config in a ServingRuntime / ClusterServingRuntime (issue #22), on the real kube-apiserver with the real
+KServe CRDs: the flag in the runtime only, in the service only, in both.
+
+The KServe stand-in builds each predictor Deployment with its own reading of KServe's MergeRuntimeContainers (see
+tests/testbed/kserve_standin.py `_container`); the pods' "engine" logs the ngram engine line exactly when the merged
+kserve-container command passes the flag to vLLM (an argv flag, or inside a `bash -c` script; args of a script that
+does not read "$@" are not passed). So the engine line answers from what the pod really runs, not from the code under
+test. Few ansible-playbook runs on purpose (CI time): one per scenario family step.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+
+import pytest
+
+from tests.ansible_run import run_playbook
+from tests.paths import CAPTURES, SHARED
+
+GROUP, RT_VERSION = "serving.kserve.io", "v1alpha1"
+NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+VLLM = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+RT_ARGS = ["--port=8080", "--model=/mnt/models", "--served-model-name={{.Name}}"]
+
+
+def _capture(folder):
+    """A recorded vLLM startup log: the project's recordings, else the shared captures (both real vLLM 0.32 output)."""
+    for base in (CAPTURES, os.path.join(SHARED, "vllm-captures")):
+        path = os.path.join(base, folder, "startup.log")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as fh:
+                return fh.read()
+    return pytest.fail("vLLM capture %s/startup.log not found in %s or %s/vllm-captures" % (folder, CAPTURES, SHARED), pytrace=False)
+
+
+def _api(k8s_client):
+    from kubernetes import client  # pylint: disable=import-outside-toplevel
+    return client.CustomObjectsApi(k8s_client)
+
+
+def _runtime(kind, name, namespace=None, args=None, command=None):
+    container = {"name": "kserve-container", "image": "vllm/vllm-openai:v0.11.2"}
+    if command:
+        container["command"] = command
+    if args:
+        container["args"] = args
+    meta = {"name": name}
+    if namespace:
+        meta["namespace"] = namespace
+    return {"apiVersion": "%s/%s" % (GROUP, RT_VERSION), "kind": kind, "metadata": meta,
+            "spec": {"supportedModelFormats": [{"name": "vLLM", "autoSelect": True}], "protocolVersions": ["v2", "v1"],
+                     "containers": [container, {"name": "sidecar", "image": "busybox"}]}}
+
+
+def _create_runtime(k8s_client, body):
+    api = _api(k8s_client)
+    if body["kind"] == "ServingRuntime":
+        return api.create_namespaced_custom_object(GROUP, RT_VERSION, body["metadata"]["namespace"], "servingruntimes", body)
+    return api.create_cluster_custom_object(GROUP, RT_VERSION, "clusterservingruntimes", body)
+
+
+def _get_runtime(k8s_client, kind, name, namespace=None):
+    api = _api(k8s_client)
+    if kind == "ServingRuntime":
+        return api.get_namespaced_custom_object(GROUP, RT_VERSION, namespace, "servingruntimes", name)
+    return api.get_cluster_custom_object(GROUP, RT_VERSION, "clusterservingruntimes", name)
+
+
+def _delete_csr(k8s_client, name):
+    try:
+        _api(k8s_client).delete_cluster_custom_object(GROUP, RT_VERSION, "clusterservingruntimes", name)
+    except Exception:  # pylint: disable=broad-except
+        pass
+
+
+def _isvc(namespace, name, runtime, command=None, args=None):
+    model = {"modelFormat": {"name": "vLLM"}, "runtime": runtime, "storageUri": "pvc://model-store/llama"}
+    if command:
+        model["command"] = command
+    if args:
+        model["args"] = args
+    return {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
+            "metadata": {"name": name, "namespace": namespace, "annotations": {"serving.kserve.io/deploymentMode": "Standard"}},
+            "spec": {"predictor": {"model": model}}}
+
+
+def _get_isvc(k8s_client, namespace, name):
+    from kubernetes.client.rest import ApiException  # pylint: disable=import-outside-toplevel
+    try:
+        return _api(k8s_client).get_namespaced_custom_object(GROUP, "v1beta1", namespace, "inferenceservices", name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def _engine_sees_flag(pod):
+    """What vLLM's argparse would receive, read straight from the pod (independent of the collection's code)."""
+    container = next(c for c in pod["spec"]["containers"] if c["name"] == "kserve-container")
+    command, args = container.get("command") or [], container.get("args") or []
+    if len(command) >= 3 and command[0].rsplit("/", 1)[-1] in ("bash", "sh") and command[1] == "-c":
+        seen = [command[2]] + (args if "$@" in command[2] else [])
+    else:
+        seen = command + args
+    return any("--speculative-config" in word for word in seen)
+
+
+@pytest.fixture
+def engine(kserve, namespace):
+    """Pods of this namespace log the ngram engine line when their merged command passes the flag, else the baseline."""
+    from tests.testbed.kubelet import PodBehaviour  # pylint: disable=import-outside-toplevel
+    ngram, baseline = _capture("ngram"), _capture("baseline")
+
+    def ours(pod):
+        return pod["metadata"]["namespace"] == namespace
+
+    kserve.kubelet.set_behaviour(lambda pod: ours(pod) and not _engine_sees_flag(pod),
+                                 PodBehaviour(ready_after=0.2, logs={"kserve-container": baseline}))
+    kserve.kubelet.set_behaviour(lambda pod: ours(pod) and _engine_sees_flag(pod),
+                                 PodBehaviour(ready_after=0.2, logs={"kserve-container": ngram}))
+
+
+def _wait_ready(k8s_client, namespace, name):
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_wait  # pylint: disable=import-outside-toplevel
+    return isvc_wait.wait_ready(k8s_client, namespace, name, timeout=60, interval=0.3)[0]
+
+
+def _deployment_container(k8s_client, namespace, name):
+    from kubernetes import client  # pylint: disable=import-outside-toplevel
+    dep = client.AppsV1Api(k8s_client).read_namespaced_deployment("%s-predictor" % name, namespace)
+    container = next(c for c in dep.spec.template.spec.containers if c.name == "kserve-container")
+    return list(container.command or []), list(container.args or [])
+
+
+def _effective(k8s_client, isvc):
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils import serving_runtime  # pylint: disable=import-outside-toplevel
+    return serving_runtime.effective_command(isvc, serving_runtime.ClientReader(k8s_client))
+
+
+DEPLOY_VARS = {
+    "spec_decoding_hosts": "localhost", "spec_decoding_target": "cluster", "spec_decoding_vllm_version": "0.32.0",
+    "spec_decoding_dtype": "bfloat16", "spec_decoding_gpu_count": 0, "spec_decoding_wait_timeout": 60,
+    "spec_decoding_artifact_mode": "pvc", "spec_decoding_command_style": "args",
+    "spec_decoding_artifacts": {"pvc_name": "model-store", "target_subdir": "llama"},
+}
+
+
+@pytest.mark.usefixtures("engine")
+def test_deploy_refuses_the_double_and_verify_names_the_source(tmp_path, kubeconfig, k8s_client, namespace):
+    csr = "ngram-%s" % namespace
+    _create_runtime(k8s_client, _runtime("ClusterServingRuntime", csr, args=RT_ARGS + ["--speculative-config", json.dumps(NGRAM)],
+                                         command=VLLM))
+    _create_runtime(k8s_client, _runtime("ServingRuntime", "clean", namespace, args=RT_ARGS, command=VLLM))
+    try:
+        # the runtime already passes an ngram config; the deploy's would come after it -> refused, nothing applied
+        run = run_playbook(tmp_path, "playbooks/deploy-ngram.yml", kubeconfig=kubeconfig,
+                           extra_vars=dict(DEPLOY_VARS, spec_decoding_namespace=namespace, spec_decoding_isvc_name="llama",
+                                           spec_decoding_runtime=csr, spec_decoding_verify=False))
+        assert run.rc != 0
+        msg = run.result("Check the runtime's command merged")["msg"]
+        assert "appear twice" in msg and "ClusterServingRuntime %s" % csr in msg and "spec_decoding_runtime_flag" in msg
+        assert _get_isvc(k8s_client, namespace, "llama") is None
+
+        # the flag in the service only: deployed, verified on the engine line, source named
+        run = run_playbook(tmp_path, "playbooks/deploy-ngram.yml", kubeconfig=kubeconfig,
+                           extra_vars=dict(DEPLOY_VARS, spec_decoding_namespace=namespace, spec_decoding_isvc_name="llama",
+                                           spec_decoding_runtime="clean", spec_decoding_verify=True))
+        assert run.rc == 0, run.output
+        assert run.result("Check the runtime's command merged")["source"] == "inference_service"
+        assert run.result("Note where the flag comes from")["ansible_facts"]["verify_flag_source"] == "inference_service"
+        engine_line = run.result("Check the engine-config line")
+        assert engine_line["speculative_config"]["method"] == "ngram"
+        isvc = _get_isvc(k8s_client, namespace, "llama")
+        command, args = _deployment_container(k8s_client, namespace, "llama")
+        assert command == isvc["spec"]["predictor"]["model"]["command"]
+        assert args[:3] == ["--port=8080", "--model=/mnt/models", "--served-model-name=llama"]  # runtime's first
+        assert args[3:] == isvc["spec"]["predictor"]["model"]["args"]
+        eff = _effective(k8s_client, isvc)
+        assert (eff.container["command"], eff.container["args"]) == (command, args)
+    finally:
+        _delete_csr(k8s_client, csr)
+
+
+@pytest.mark.usefixtures("engine")
+def test_rollback_refuses_a_shared_runtime_then_each_fix(tmp_path, kubeconfig, k8s_client, namespace):
+    shared = "shared"
+    _create_runtime(k8s_client, _runtime("ServingRuntime", shared, namespace, args=RT_ARGS + ["--speculative-config", json.dumps(NGRAM)],
+                                         command=VLLM))
+    api = _api(k8s_client)
+    # a: the flag in both (runtime args and its own args); b: the flag in the runtime only (OpenShift AI style, args only)
+    api.create_namespaced_custom_object(GROUP, "v1beta1", namespace, "inferenceservices",
+                                        _isvc(namespace, "a", shared, args=["--max-model-len=2048", "--speculative-config", json.dumps(NGRAM)]))
+    api.create_namespaced_custom_object(GROUP, "v1beta1", namespace, "inferenceservices", _isvc(namespace, "b", shared, args=["--seed=1"]))
+    a, b = _wait_ready(k8s_client, namespace, "a"), _wait_ready(k8s_client, namespace, "b")
+    for isvc in (a, b):  # the merged command is KServe's (stand-in) merge, for both combinations
+        eff = _effective(k8s_client, isvc)
+        assert (eff.container["command"], eff.container["args"]) == _deployment_container(k8s_client, namespace, isvc["metadata"]["name"])
+    assert _effective(k8s_client, a).sources() == ["serving_runtime", "inference_service"]
+    assert _effective(k8s_client, b).source() == "serving_runtime"
+    runtime_before = _get_runtime(k8s_client, "ServingRuntime", shared, namespace)
+    rb_vars = {"rollback_names": ["%s/a" % namespace], "rollback_wait_timeout": 60, "rollback_wait_sleep": 1,
+               "rollback_verify_delay": 1, "rollback_verify_retries": 10}
+
+    # 1. refused: the runtime is named with every user, and nothing is written
+    run = run_playbook(tmp_path, "playbooks/rollback.yml", kubeconfig=kubeconfig, extra_vars=rb_vars)
+    assert run.rc != 0
+    msg = run.result("Strip the speculative config")["msg"]
+    assert "ServingRuntime shared" in msg and "%s/a, %s/b" % (namespace, namespace) in msg
+    assert "spec_decoding_rollback_runtime_copy" in msg and "spec_decoding_rollback_edit_runtime" in msg
+    assert _get_isvc(k8s_client, namespace, "a")["metadata"]["resourceVersion"] == a["metadata"]["resourceVersion"]
+    assert _get_runtime(k8s_client, "ServingRuntime", shared, namespace)["metadata"]["resourceVersion"] == \
+        runtime_before["metadata"]["resourceVersion"]
+
+    # 2. per-service copy: a runs on its own runtime without the flag (engine line None); b keeps speculative decoding
+    run = run_playbook(tmp_path, "playbooks/rollback.yml", kubeconfig=kubeconfig,
+                       extra_vars=dict(rb_vars, spec_decoding_rollback_runtime_copy=True))
+    assert run.rc == 0, run.output
+    strip = run.result("Strip the speculative config")
+    assert strip["runtime"]["fix"] == "copy" and strip["previous_config"] == NGRAM
+    copy_name = strip["runtime"]["copy"]
+    copy = _get_runtime(k8s_client, "ServingRuntime", copy_name, namespace)
+    assert copy["spec"]["containers"][0]["args"] == RT_ARGS
+    assert [f["autoSelect"] for f in copy["spec"]["supportedModelFormats"]] == [False]
+    a = _get_isvc(k8s_client, namespace, "a")
+    assert a["spec"]["predictor"]["model"]["runtime"] == copy_name
+    assert a["spec"]["predictor"]["model"]["args"] == ["--max-model-len=2048"]
+    assert run.result("Prove the engine runs without a proposer")["speculative_config"] is None
+    assert _get_runtime(k8s_client, "ServingRuntime", shared, namespace)["spec"] == runtime_before["spec"]
+    assert _effective(k8s_client, _get_isvc(k8s_client, namespace, "b")).config() == NGRAM
+
+    # 3. edit the shared runtime for b (users listed first), proven on b's new pods; a troubleshoot bundle has the runtime
+    rb_vars["rollback_names"] = ["%s/b" % namespace]
+    run = run_playbook(tmp_path, "playbooks/rollback.yml", kubeconfig=kubeconfig,
+                       extra_vars=dict(rb_vars, spec_decoding_rollback_edit_runtime=True))
+    assert run.rc == 0, run.output
+    strip = run.result("Strip the speculative config")
+    assert strip["runtime"]["fix"] == "edit" and strip["runtime_users"] == ["%s/b" % namespace]
+    assert any("every InferenceService using it" in w for w in strip.get("warnings", []))
+    assert _get_runtime(k8s_client, "ServingRuntime", shared, namespace)["spec"]["containers"][0]["args"] == RT_ARGS
+    assert run.result("Prove the engine runs without a proposer")["speculative_config"] is None
+    # a scheduled rerun (default variables, both services) has nothing left to do: no refusal, no loop
+    rerun = run_playbook(tmp_path, "playbooks/rollback.yml", kubeconfig=kubeconfig,
+                         extra_vars=dict(rb_vars, rollback_names=["%s/a" % namespace, "%s/b" % namespace]))
+    assert rerun.rc == 0, rerun.output
+    assert rerun.changed == 0, rerun.output
+    rerun = run_playbook(tmp_path, "playbooks/troubleshoot.yml", kubeconfig=kubeconfig,
+                         extra_vars={"troubleshoot_names": ["%s/a" % namespace], "troubleshoot_dest": str(tmp_path / "ts"),
+                                     "troubleshoot_metrics": False, "troubleshoot_engine": False})
+    assert rerun.rc == 0, rerun.output
+    archives = [p for p in os.listdir(tmp_path / "ts") if p.endswith(".tar.gz")]
+    with tarfile.open(tmp_path / "ts" / archives[0]) as tar:
+        names = tar.getnames()
+        runtime_file = next(n for n in names if n.endswith("/servingruntime.yaml"))
+        assert copy_name in tar.extractfile(runtime_file).read().decode()
+        effective = json.loads(tar.extractfile(next(n for n in names if n.endswith("/effective_command.json"))).read())
+    assert effective["runtime"] == {"kind": "ServingRuntime", "name": copy_name} and effective["source"] is None

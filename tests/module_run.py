@@ -1,0 +1,53 @@
+"""Run one of the collection's modules in the test process, the way ansible's module runner does.
+
+ansible-core's own pattern for module unit tests: the arguments go in through `patch_module_args`, the module's
+`exit_json`/`fail_json` print its result and raise SystemExit, and the printed JSON is the result. Against a real
+kube-apiserver or a real HTTP server this tests the same code an `ansible-playbook` run would, without an interpreter
+start, collection loading and an AnsiballZ payload per call (seconds each on 2 cores).
+
+Use `tests.ansible_run.run_playbook` instead where the playbook, the role, templating or Ansible's own handling of the
+result (no_log, check mode of a role, loops) is what the test is about.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import json
+
+
+class ModuleResult(dict):
+    """The module's result dict; `failed` is True when it called fail_json."""
+
+    @property
+    def failed(self):
+        return bool(self.get("failed"))
+
+    @property
+    def msg(self):
+        return self.get("msg", "")
+
+
+def run_module(name, args, check_mode=False, diff=False):
+    """Run `alauda.spec_decoding.<name>` (or a fully qualified `namespace.collection.name`) with `args`; returns a
+    ModuleResult. `check_mode`/`diff` set what `--check`/`--diff` set for a task."""
+    from ansible.module_utils.testing import patch_module_args  # pylint: disable=import-outside-toplevel
+    fqcn = name if name.count(".") == 2 else "alauda.spec_decoding." + name
+    namespace, collection, short = fqcn.split(".")
+    module = importlib.import_module("ansible_collections.%s.%s.plugins.modules.%s" % (namespace, collection, short))
+    args = dict(args)
+    if check_mode:
+        args["_ansible_check_mode"] = True
+    if diff:
+        args["_ansible_diff"] = True
+    out = io.StringIO()
+    with patch_module_args(args), contextlib.redirect_stdout(out):
+        try:
+            module.main()
+        except SystemExit:
+            pass
+    text = out.getvalue()
+    start = text.find("{")
+    if start < 0:
+        return ModuleResult(failed=True, msg="the module printed no result: %r" % text[-2000:])
+    return ModuleResult(json.loads(text[start:]))

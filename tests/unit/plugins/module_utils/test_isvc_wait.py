@@ -1,0 +1,85 @@
+"""isvc_wait's error paths (the watch itself is tested on the real API server in tests/integration/test_isvc_wait.py):
+a refused watch falls back to polling at `interval`, an API outage is waited out, other errors are raised."""
+
+import pytest
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_wait
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.k8s_pods import ApiException
+
+
+def isvc(generation, observed, ready, rv):
+    return {"metadata": {"name": "m", "generation": generation, "resourceVersion": str(rv)},
+            "status": {"observedGeneration": observed, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+        self.sleeps = []
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def api_error(status):
+    exc = ApiException(status=status, reason="x")
+    return exc
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """Scripted GETs of the InferenceService and watches that fail as the test says."""
+    script = {"gets": [], "watch_errors": [], "watches": 0}
+
+    def get(_api, _ns, _name):
+        item = script["gets"].pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def watch(_api, _ns, _name, _rv, _seconds):
+        script["watches"] += 1
+        raise script["watch_errors"].pop(0)
+    monkeypatch.setattr(isvc_wait.k8s_pods, "get_inference_service", get)
+    monkeypatch.setattr(isvc_wait, "_watch_for_change", watch)
+    return script
+
+
+def test_refused_watch_falls_back_to_polling_at_the_interval(reads):
+    clock = Clock()
+    reads["gets"] = [isvc(2, 1, True, 10), isvc(2, 1, True, 11), isvc(2, 2, True, 12)]
+    reads["watch_errors"] = [api_error(403)]
+    found, elapsed = isvc_wait.wait_ready(None, "ns", "m", timeout=60, interval=7, clock=clock, sleep=clock.sleep)
+    assert found["metadata"]["resourceVersion"] == "12"
+    # one watch attempt (refused: no `watch` verb), then plain reads every 7 s and no more watches
+    assert reads["watches"] == 1 and clock.sleeps == [7, 7] and elapsed == 14
+
+
+def test_api_outage_during_the_watch_is_waited_out(reads):
+    clock = Clock()
+    reads["gets"] = [isvc(1, None, False, 1), isvc(1, 1, True, 2)]
+    reads["watch_errors"] = [api_error(503)]
+    found, _elapsed = isvc_wait.wait_ready(None, "ns", "m", timeout=60, interval=2, clock=clock, sleep=clock.sleep)
+    assert found["metadata"]["resourceVersion"] == "2" and clock.sleeps == [2]
+
+
+def test_other_watch_errors_are_raised(reads):
+    clock = Clock()
+    reads["gets"] = [isvc(1, None, False, 1)]
+    reads["watch_errors"] = [api_error(400)]
+    with pytest.raises(ApiException):
+        isvc_wait.wait_ready(None, "ns", "m", timeout=60, interval=2, clock=clock, sleep=clock.sleep)
+
+
+def test_timeout_names_the_stale_generation(reads, monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(isvc_wait, "_pod_states", lambda *_a: [])
+    reads["gets"] = [isvc(3, 2, True, 5)] * 4
+    reads["watch_errors"] = [api_error(403)]
+    with pytest.raises(isvc_wait.WaitTimeout) as err:
+        isvc_wait.wait_ready(None, "ns", "m", timeout=10, interval=4, clock=clock, sleep=clock.sleep)
+    assert "ns/m is not reconciled yet after 10s" in str(err.value) and "generation 3, observedGeneration 2" in str(err.value)

@@ -49,7 +49,9 @@ tier_units() {
 
 tier_integration() {
   banner "integration tests (real kube-apiserver + KServe CRDs)"
-  run_pytest integration tests/integration -q -m integration -p no:cacheprovider
+  # Workers run whole files side by side, each with its own control plane: most of an integration test's wall time is
+  # spent waiting for the stand-in controllers, so 2 cores carry more than 2 workers (see docs/DEVELOPING.md).
+  run_pytest integration tests/integration -q -m integration -p no:cacheprovider -n "${ALAUDA_TEST_WORKERS:-3}" --dist loadfile
 }
 
 tier_e2e() {

@@ -26,6 +26,7 @@ except ImportError:  # pragma: no cover - reported by the calling module
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import speculative_config as spec_core
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import oci_registry
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import serving_runtime
 
 API_VERSION = "serving.kserve.io/v1beta1"
 KIND = "InferenceService"
@@ -440,7 +441,18 @@ def render(p, existing=None):
     manifest = {"apiVersion": API_VERSION, "kind": KIND,
                 "metadata": {"name": p["name"], "namespace": p["namespace"], "annotations": annotations, "labels": labels},
                 "spec": {"predictor": predictor}}
-    return {"manifest": manifest, "speculative": spec, "artifacts": artifacts, "warnings": warnings}
+    runtime_check = None
+    if p.get("runtimes") is not None:
+        # KServe merges the runtime's kserve-container with this predictor (its args first): a --speculative-config in the
+        # runtime reaches vLLM too. The runtimes were read from the cluster by kserve_facts; refuse a double here, before
+        # anything (an image push, a PVC copy, the apply) is written.
+        runtime_check, more, problem = serving_runtime.resolve(manifest, serving_runtime.SnapshotReader(p["runtimes"]),
+                                                               p.get("runtime_flag") or "refuse", missing_runtime="warn")
+        warnings.extend(more)
+        if problem:
+            raise ValidationError(problem, field="runtime_flag")
+        runtime_check.pop("runtime_object", None)
+    return {"manifest": manifest, "speculative": spec, "artifacts": artifacts, "warnings": warnings, "runtime_check": runtime_check}
 
 
 def to_yaml(obj):

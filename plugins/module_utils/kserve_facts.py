@@ -6,7 +6,9 @@
 - the KServe release, from the InferenceService CRD's schema (``isvc.kserve_version_from_crd``): only the verdict
   leaves this module, never the 2 MB CRD (handing it to the render through Ansible facts cost seconds per deploy);
 - whether the storage initializer has Modelcar on (``inferenceservice-config``, key ``storageInitializer``);
-- the current InferenceService (for the deployment-mode check and the diff), or None.
+- the current InferenceService (for the deployment-mode check and the diff), or None;
+- the ServingRuntime / ClusterServingRuntime the InferenceService will run on (as a ``serving_runtime`` snapshot), so the
+  render can merge the runtime's command and refuse a second ``--speculative-config`` without reading the cluster again.
 
 A CRD that the identity may not read (403: CRDs are cluster-scoped) is reported, not fatal: the render then assumes a
 release. A missing CRD means KServe is not installed. Plain Python over a ``kubernetes.client.ApiClient``.
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import json
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc, k8s_pods
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc, k8s_pods, serving_runtime
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 CRD_NAME = "inferenceservices.serving.kserve.io"
@@ -83,7 +85,7 @@ def current_inference_service(api_client, namespace, name):
         return None
 
 
-def gather(api_client, namespace, name, kserve_namespace):
+def gather(api_client, namespace, name, kserve_namespace, runtime=None, model_format=None):
     """Everything above as one dict (the module's result)."""
     facts = kserve_release(api_client)
     if facts["installed"] is False:
@@ -91,4 +93,5 @@ def gather(api_client, namespace, name, kserve_namespace):
                                 hint="install KServe, or set spec_decoding_target: gitops to only render manifests")
     facts["modelcar_enabled"], facts["modelcar_evidence"] = modelcar_enabled(api_client, kserve_namespace)
     facts["existing"] = current_inference_service(api_client, namespace, name)
+    facts["runtimes"] = serving_runtime.record_runtime_reads(serving_runtime.ClientReader(api_client), namespace, runtime, model_format)
     return facts

@@ -297,7 +297,6 @@ class FilteredLayer(Source):
         try:
             again = LayerScan()
             stream = BlobStream(raw, self.desc.get("digest"), self.desc.get("size"), verify=False)
-            for chunk in filtered_layer(stream, self.image_path, again):
-                yield chunk
+            yield from filtered_layer(stream, self.image_path, again)
         finally:
             raw.close()

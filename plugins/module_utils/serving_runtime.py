@@ -400,6 +400,45 @@ def runtime_flag_problem(effective, policy="refuse"):
             % who), warnings
 
 
+EMPTY_RESULT = {"changed": False, "runtime": None, "runtime_object": None, "source": None, "sources": [],
+                "speculative_config": None, "speculative_config_error": None, "command": [], "args": [],
+                "command_from": None, "args_reach_engine": True, "ignored_flags": []}
+
+
+def resolve(isvc, reader, runtime_flag=None, missing_runtime="fail"):
+    """The merged command of ``isvc`` and, with ``runtime_flag`` (refuse | replace), the deploy check.
+
+    Returns (result dict, warnings, problem): ``result`` as ``Effective.as_dict()`` plus ``runtime_object``; ``problem`` is
+    the deploy's refusal message (naming the runtime and its kind, and the fixes) or None. ``missing_runtime='warn'`` turns
+    a runtime that cannot be found (or read) into a warning and an empty result instead of a ValidationError."""
+    warnings = []
+    try:
+        effective = effective_command(isvc, reader)
+    except ValidationError as exc:
+        if missing_runtime != "warn" or exc.field != "spec.predictor.model.runtime":
+            raise
+        why = " (servingruntimes/clusterservingruntimes not readable: 403 Forbidden)" if reader.forbidden else ""
+        warnings.append("%s%s; the runtime's command could not be merged in" % (exc, why))
+        return dict(EMPTY_RESULT), warnings, None
+    result = effective.as_dict()
+    result.update(changed=False, runtime_object=effective.runtime)
+    if reader.forbidden:
+        warnings.append("clusterservingruntimes are not readable with these credentials (403): only ServingRuntimes of %s were "
+                        "considered" % (isvc.get("metadata") or {}).get("namespace"))
+    problem = None
+    if runtime_flag:
+        problem, more = runtime_flag_problem(effective, runtime_flag)
+        warnings.extend(more)
+        if problem:
+            meta = isvc["metadata"]
+            problem = ("runtime_flag: InferenceService %s/%s: %s. Nothing was written. Fix: remove --speculative-config from the "
+                       "%s %s (or give this service its own runtime without it)%s" % (
+                           meta.get("namespace"), meta.get("name"), problem, effective.kind, effective.runtime_name,
+                           ", or set spec_decoding_runtime_flag: replace to let the InferenceService's flag win"
+                           if SOURCE_ISVC in effective.sources() else ""))
+    return result, warnings, problem
+
+
 def _strip_container(container):
     """(new command, new args) of a runtime container without any speculative flag."""
     return (vllm_command.strip_speculative_config(container.get("command")),
@@ -564,3 +603,70 @@ class ClientReader:
             if self.get(SERVING_RUNTIME, ns, name) is not None:
                 shadows.setdefault(ns, set()).add(name)
         return users_of_runtime(kind, name, None, isvcs, shadows)
+
+
+class RecordingReader:
+    """A reader that passes every get/list on to ``reader`` and keeps the answers: ``snapshot`` (plain data) lets a later
+    step resolve the same runtime without the cluster (``SnapshotReader``), e.g. the render after kserve_facts."""
+
+    def __init__(self, reader):
+        self.reader = reader
+        self.snapshot = {"get": {}, "list": {}, "forbidden": []}
+
+    @property
+    def forbidden(self):
+        return self.reader.forbidden
+
+    def get(self, kind, namespace, name):
+        found = self.reader.get(kind, namespace, name)
+        self.snapshot["get"][_snapshot_key(kind, namespace, name)] = found
+        self.snapshot["forbidden"] = sorted(set(self.reader.forbidden))
+        return found
+
+    def list(self, kind, namespace):
+        found = self.reader.list(kind, namespace)
+        self.snapshot["list"][_snapshot_key(kind, namespace)] = found
+        self.snapshot["forbidden"] = sorted(set(self.reader.forbidden))
+        return found
+
+
+def record_runtime_reads(reader, namespace, runtime=None, model_format="vllm"):
+    """Read what resolving an InferenceService of ``namespace`` with ``runtime`` (or, without one, KServe's auto-selection
+    for ``model_format``) needs, through ``reader``; returns the snapshot. A runtime that does not exist is recorded as
+    missing (the check that reads the snapshot reports it)."""
+    recorder = RecordingReader(reader)
+    model = {"modelFormat": {"name": model_format or "vllm"}}
+    if runtime:
+        model["runtime"] = runtime
+    stub = {"metadata": {"namespace": namespace, "name": "snapshot"}, "spec": {"predictor": {"model": model}}}
+    try:
+        select_runtime(stub, recorder)
+    except ValidationError:
+        pass
+    return recorder.snapshot
+
+
+class SnapshotReader:
+    """reader.get/list answered from a ``RecordingReader`` snapshot; a read the snapshot does not hold is an error (it was
+    taken for another runtime or namespace), never a silent 'not found'."""
+
+    def __init__(self, snapshot):
+        self.snapshot = snapshot or {}
+        self.forbidden = list(self.snapshot.get("forbidden") or [])
+
+    def _answer(self, table, key):
+        held = self.snapshot.get(table) or {}
+        if key not in held:
+            raise ValidationError("the runtimes read from the cluster do not cover %s" % key, field="runtimes",
+                                  hint="pass the runtimes that kserve_facts read for this InferenceService's namespace and runtime")
+        return held[key]
+
+    def get(self, kind, namespace, name):
+        return self._answer("get", _snapshot_key(kind, namespace, name))
+
+    def list(self, kind, namespace):
+        return self._answer("list", _snapshot_key(kind, namespace)) or []
+
+
+def _snapshot_key(kind, namespace, name=None):
+    return "/".join(part for part in (kind, namespace or "", name) if part is not None)

@@ -120,6 +120,20 @@ options:
     description: C(modelFormat.name).
     type: str
     default: transformers
+  runtimes:
+    description:
+      - The ServingRuntime/ClusterServingRuntime reads of M(alauda.spec_decoding.kserve_facts) (its C(runtimes) result).
+        With them the render merges the runtime's C(kserve-container) with the predictor the way KServe does and applies
+        O(runtime_flag); without them the runtime is not checked (GitOps renders).
+    type: dict
+  runtime_flag:
+    description:
+      - With O(runtimes). V(refuse) fails when C(--speculative-config) would reach vLLM from the runtime as well as from
+        the InferenceService (vLLM takes the last one), naming the runtime and its kind; V(replace) lets the
+        InferenceService's flag (the last one) win with a warning. A flag that only the runtime carries always fails.
+    type: str
+    default: refuse
+    choices: [refuse, replace]
   protocol_version:
     description: C(protocolVersion).
     type: str
@@ -219,6 +233,12 @@ filename:
   description: File name the GitOps target uses for this manifest.
   returned: success
   type: str
+runtime_check:
+  description:
+    - The merged command KServe will run (C(command), C(args), C(source) of the flag vLLM takes, C(sources), C(runtime)
+      with its kind and name), as M(alauda.spec_decoding.serving_runtime_info) returns it; null without O(runtimes).
+  returned: success
+  type: dict
   sample: models-llama-eagle3.yaml
 warnings:
   description: Advice that does not block the rollout.
@@ -268,6 +288,8 @@ ARGUMENT_SPEC = dict(
     annotations=dict(type="dict", default={}),
     labels=dict(type="dict", default={}),
     existing=dict(type="dict"),
+    runtimes=dict(type="dict"),
+    runtime_flag=dict(type="str", default="refuse", choices=["refuse", "replace"]),
 )
 
 
@@ -289,7 +311,7 @@ def main():
     module.exit_json(changed=False, manifest=manifest, manifest_yaml=isvc.to_yaml(manifest),
                      speculative_json=spec.json if spec else None, artifact_mode=art.mode,
                      target_path=art.target_path, draft_path=art.draft_path,
-                     filename=isvc.manifest_filename(manifest))
+                     filename=isvc.manifest_filename(manifest), runtime_check=rendered["runtime_check"])
 
 
 if __name__ == "__main__":

@@ -16,6 +16,10 @@ description:
   - Reads whether the storage initializer has Modelcar enabled (C(storageInitializer.enableModelcar) in the
     C(inferenceservice-config) ConfigMap; KServe's default, on, when the ConfigMap is not readable).
   - Reads the current InferenceService, if there is one.
+  - Reads the runtime the InferenceService will use (O(runtime) as a ServingRuntime of O(namespace), else a
+    ClusterServingRuntime; without O(runtime) every runtime KServe could auto-select) and returns them as C(runtimes),
+    which M(alauda.spec_decoding.isvc_manifest) takes to merge the runtime's command and refuse a second
+    C(--speculative-config) before anything is applied.
   - Fails when the cluster has no InferenceService CRD (KServe not installed). A CRD the identity may not read
     (HTTP 403, CRDs are cluster-scoped) is returned as C(crd_readable=false) with C(kserve_version=null).
 author:
@@ -33,6 +37,13 @@ options:
     description: Namespace KServe is installed in (where C(inferenceservice-config) lives).
     type: str
     default: kserve
+  runtime:
+    description: The ServingRuntime/ClusterServingRuntime name the InferenceService names (C(spec.predictor.model.runtime)).
+    type: str
+  model_format:
+    description: C(spec.predictor.model.modelFormat.name), for KServe's auto-selection when O(runtime) is not given.
+    type: str
+    default: transformers
 extends_documentation_fragment:
   - kubernetes.core.k8s_auth_options
   - alauda.spec_decoding.attributes.READ_ONLY
@@ -41,7 +52,9 @@ requirements:
   - kubernetes >= 24.2.0
 notes:
   - Needs C(get) on C(inferenceservices) in O(namespace), C(get) on C(configmaps) in O(kserve_namespace) and, for the
-    release, C(get) on C(customresourcedefinitions) (cluster-scoped; see the collection's docs/rbac.md).
+    release, C(get) on C(customresourcedefinitions) (cluster-scoped; see the collection's docs/rbac.md), and C(get)
+    (C(list) without O(runtime)) on C(servingruntimes) and C(clusterservingruntimes). Runtimes that cannot be read
+    (403) are recorded as such and the render warns.
 """
 
 EXAMPLES = r"""
@@ -85,11 +98,17 @@ modelcar_enabled:
   returned: success
   type: bool
 modelcar_evidence:
-  description: Where O(modelcar_enabled) comes from.
+  description: Where RV(modelcar_enabled) comes from.
   returned: success
   type: str
 existing:
   description: The current InferenceService, or null.
+  returned: success
+  type: dict
+runtimes:
+  description:
+    - The runtime reads (C(get) and C(list) answers keyed by kind, namespace and name, and the kinds that were forbidden),
+      for O(alauda.spec_decoding.isvc_manifest#module:runtimes).
   returned: success
   type: dict
 """
@@ -105,6 +124,8 @@ def main():
         name=dict(type="str", required=True),
         namespace=dict(type="str", required=True),
         kserve_namespace=dict(type="str", default="kserve"),
+        runtime=dict(type="str"),
+        model_format=dict(type="str", default="transformers"),
     )
     spec.update(AUTH_ARG_SPEC)
     module = AnsibleK8SModule(argument_spec=spec, supports_check_mode=True)
@@ -114,7 +135,8 @@ def main():
     params = module.params
     api_client = get_api_client(module=module).client.client
     try:
-        facts = kserve_facts.gather(api_client, params["namespace"], params["name"], params["kserve_namespace"])
+        facts = kserve_facts.gather(api_client, params["namespace"], params["name"], params["kserve_namespace"],
+                                    runtime=params["runtime"], model_format=params["model_format"])
     except SpecDecodingError as exc:
         module.fail_json(msg=str(exc), field=exc.field, changed=False)
     module.exit_json(changed=False, **facts)

@@ -133,6 +133,10 @@ ignored_flags:
   returned: always
   type: list
   elements: dict
+inference_service:
+  description: The InferenceService as read from the cluster (so a caller needs no second read).
+  returned: when O(name) is given and O(inference_service) is not
+  type: dict
 users:
   description: namespace/name of every InferenceService using the runtime.
   returned: when list_users is true and there is a runtime
@@ -145,7 +149,7 @@ from ansible_collections.kubernetes.core.plugins.module_utils.args_common import
 from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import serving_runtime
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
 
 
 def argument_spec():
@@ -174,35 +178,11 @@ def run(module, api_client):
         from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
         isvc = k8s_pods.get_inference_service(api_client, params["namespace"], params["name"])
     reader = serving_runtime.ClientReader(api_client)
-    warnings = []
-    try:
-        effective = serving_runtime.effective_command(isvc, reader)
-    except ValidationError as exc:
-        if params["missing_runtime"] != "warn" or exc.field != "spec.predictor.model.runtime":
-            raise
-        why = " (servingruntimes/clusterservingruntimes not readable: 403 Forbidden)" if reader.forbidden else ""
-        warnings.append("%s%s; the runtime's command could not be merged in" % (exc, why))
-        return {"changed": False, "runtime": None, "runtime_object": None, "source": None, "sources": [],
-                "speculative_config": None, "speculative_config_error": None, "command": [], "args": [],
-                "command_from": None, "args_reach_engine": True, "ignored_flags": []}, warnings, None
-    result = effective.as_dict()
-    result.update(changed=False, runtime_object=effective.runtime)
-    if reader.forbidden:
-        warnings.append("clusterservingruntimes are not readable with these credentials (403): only ServingRuntimes of %s were "
-                        "considered" % params["namespace"])
-    if params["list_users"] and effective.runtime is not None:
-        result["users"] = reader.users(effective)
-    problem = None
-    if params["runtime_flag"]:
-        problem, more = serving_runtime.runtime_flag_problem(effective, params["runtime_flag"])
-        warnings.extend(more)
-        if problem:
-            meta = isvc["metadata"]
-            problem = ("runtime_flag: InferenceService %s/%s: %s. Nothing was written. Fix: remove --speculative-config from the "
-                       "%s %s (or give this service its own runtime without it)%s" % (
-                           meta.get("namespace"), meta.get("name"), problem, effective.kind, effective.runtime_name,
-                           ", or set spec_decoding_runtime_flag: replace to let the InferenceService's flag win"
-                           if serving_runtime.SOURCE_ISVC in effective.sources() else ""))
+    result, warnings, problem = serving_runtime.resolve(isvc, reader, params["runtime_flag"], params["missing_runtime"])
+    if params["list_users"] and result["runtime_object"] is not None:
+        result["users"] = reader.users(serving_runtime.effective_command(isvc, reader))
+    if params["name"] and params["inference_service"] is None:
+        result["inference_service"] = isvc
     return result, warnings, problem
 
 

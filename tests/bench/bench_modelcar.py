@@ -69,7 +69,7 @@ def child_remove(args):
                       "wall_in_process": round(time.monotonic() - t0, 3), "rss_after_imports_mib": round(baseline, 1)}))
 
 
-def foreign_removal(work, target, draft, total):
+def foreign_removal(work, target, total):
     """Goal 5: returns (failures, seconds, peak RSS MiB)."""
     from tests.testbed.foreign_image import write_foreign_layout  # pylint: disable=import-outside-toplevel
     layout = os.path.join(work, "foreign-layout")
@@ -249,7 +249,7 @@ def main():
     failures = []
     if args.foreign:
         try:
-            failures, _secs, _rss = foreign_removal(work, target, draft, total)
+            failures, _secs, _rss = foreign_removal(work, target, total)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         print("\nRESULT: %s" % ("all goals met" if not failures else "MISSED: " + "; ".join(failures)))
@@ -342,7 +342,7 @@ def main():
                 if ratio_b < 5:
                     failures.append("buildah ratio %.1f < 5" % ratio_b)
         if not args.skip_foreign:
-            failures += foreign_removal(work, target, draft, total)[0]
+            failures += foreign_removal(work, target, total)[0]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("\nRESULT: %s" % ("all goals met" if not failures else "MISSED: " + "; ".join(failures)))

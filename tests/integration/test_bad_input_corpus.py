@@ -14,11 +14,9 @@ directories (GitOps, reports, bundles, schedules, archives). Each snapshot must 
 from __future__ import annotations
 
 import base64
-import contextlib
 import copy
 import http.server
 import importlib
-import io
 import json
 import os
 import threading
@@ -30,6 +28,7 @@ import pytest
 import yaml
 
 from tests.ansible_run import REPO, run_playbook
+from tests.module_run import run_module
 from tests.testbed import registry as testbed_registry
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
@@ -427,18 +426,9 @@ def _check(case, msg, before, after, problems, rows):
 
 
 def _run_module(name, args):
-    """Run a module in this process the way ansible's module runner does (AnsibleModule reads the patched args)."""
-    from ansible.module_utils.testing import patch_module_args  # pylint: disable=import-outside-toplevel
-    module = importlib.import_module("ansible_collections.alauda.spec_decoding.plugins.modules." + name)
-    buf = io.StringIO()
-    with patch_module_args(args), contextlib.redirect_stdout(buf):
-        try:
-            module.main()
-        except SystemExit:
-            pass
-    text = buf.getvalue()
-    result = json.loads(text[text.index("{"):]) if "{" in text else {"failed": True, "msg": "no result: %r" % text}
-    return result["msg"] if result.get("failed") else "__DID_NOT_FAIL__"
+    """Run a module in this process the way ansible's module runner does; its failure message, or __DID_NOT_FAIL__."""
+    result = run_module(name, args)
+    return result.msg if result.failed else "__DID_NOT_FAIL__"
 
 
 def _run_filter(expr, value):

@@ -249,6 +249,7 @@ def test_least_privilege_role_is_enough_and_a_token_without_it_is_refused(tmp_pa
     role = client.RbacAuthorizationV1Api(k8s_client).read_namespaced_role("spec-decoding-rollback", namespace)
     assert sorted((tuple(r.api_groups), tuple(sorted(r.resources)), tuple(sorted(r.verbs))) for r in role.rules) == sorted([
         (("serving.kserve.io",), ("inferenceservices",), ("get", "list", "patch", "watch")),
+        (("serving.kserve.io",), ("servingruntimes",), ("get", "list")),
         (("",), ("pods",), ("get", "list")),
         (("",), ("pods/log",), ("get",)),
     ])

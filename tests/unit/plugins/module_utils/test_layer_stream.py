@@ -11,6 +11,7 @@ import io
 import json
 import tarfile
 import tracemalloc
+import zlib
 
 import pytest
 
@@ -220,7 +221,7 @@ def _big_layer(size, block):
 
 
 def _gzip_parts(parts):
-    z = __import__("zlib").compressobj(1, wbits=31)
+    z = zlib.compressobj(1, wbits=31)
     for p in parts():
         out = z.compress(p)
         if out:
@@ -298,3 +299,50 @@ def test_plan_image_rewrites_a_foreign_gzip_layer_that_holds_target_and_draft():
     blobs.put(new_config)
     again = D.plan_image(blobs, new_manifest, "models/draft", L.sha256_digest(new_manifest))
     assert again[0] == ["keep"] and again[2] is None
+
+
+def test_registry_blob_stream_answers_the_challenge_follows_the_redirect_without_credentials_and_retries():
+    from http.server import BaseHTTPRequestHandler  # pylint: disable=import-outside-toplevel
+
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils import oci_registry as R  # pylint: disable=import-outside-toplevel
+    from tests.loopback_http import serving  # pylint: disable=import-outside-toplevel
+
+    blob = gzip.compress(foreign_tar(), mtime=0)
+    digest = L.sha256_digest(blob)
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):  # pylint: disable=arguments-differ
+            pass
+
+        def _send(self, status, body=b"", headers=None):
+            self.send_response(status)
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):  # pylint: disable=invalid-name
+            auth = self.headers.get("Authorization")
+            seen.append((self.path, auth))
+            if self.path == "/v2/repo/blobs/" + digest:
+                if not auth:
+                    return self._send(401, b"{}", {"WWW-Authenticate": 'Basic realm="test"'})
+                # blob storage on another host name (the same server): no registry credentials may go there
+                return self._send(307, headers={"Location": "http://localhost:%d/storage/blob?sig=1" % self.server.server_address[1]})
+            if self.path == "/storage/blob?sig=1":
+                if len([p for p, _a in seen if p == self.path]) == 1:
+                    return self._send(503, b"busy")  # retried
+                return self._send(200, blob)
+            return self._send(404)
+
+    with serving(Handler) as url:
+        client = R.RegistryClient(R.ImageRef.parse(url[len("http://"):] + "/repo:v1"), "alice", "pw", tls_verify=False, backoff=0.01)
+        client.scheme = "http"
+        reader = D.RemoteImage(client)
+        found = S.scan(lambda: reader.open_blob(digest), {"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": digest,
+                                                          "size": len(blob)}, "models/draft")
+    assert found.compression == "gzip" and len(found.kept) == 6
+    assert [p for p, _a in seen] == ["/v2/repo/blobs/" + digest] * 2 + ["/storage/blob?sig=1"] * 2
+    assert seen[1][1].startswith("Basic ") and seen[2][1] is None and seen[3][1] is None  # storage never gets the credentials

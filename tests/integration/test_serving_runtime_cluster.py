@@ -158,7 +158,7 @@ def test_deploy_refuses_the_double_and_verify_names_the_source(tmp_path, kubecon
                            extra_vars=dict(DEPLOY_VARS, spec_decoding_namespace=namespace, spec_decoding_isvc_name="llama",
                                            spec_decoding_runtime=csr, spec_decoding_verify=False))
         assert run.rc != 0
-        msg = run.result("Check the runtime's command merged")["msg"]
+        msg = run.result("Render the InferenceService")["msg"]
         assert "appear twice" in msg and "ClusterServingRuntime %s" % csr in msg and "spec_decoding_runtime_flag" in msg
         assert _get_isvc(k8s_client, namespace, "llama") is None
 
@@ -167,7 +167,7 @@ def test_deploy_refuses_the_double_and_verify_names_the_source(tmp_path, kubecon
                            extra_vars=dict(DEPLOY_VARS, spec_decoding_namespace=namespace, spec_decoding_isvc_name="llama",
                                            spec_decoding_runtime="clean", spec_decoding_verify=True))
         assert run.rc == 0, run.output
-        assert run.result("Check the runtime's command merged")["source"] == "inference_service"
+        assert run.result("Render the InferenceService")["runtime_check"]["source"] == "inference_service"
         assert run.result("Note where the flag comes from")["ansible_facts"]["verify_flag_source"] == "inference_service"
         engine_line = run.result("Check the engine-config line")
         assert engine_line["speculative_config"]["method"] == "ngram"

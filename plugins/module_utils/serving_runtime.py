@@ -417,12 +417,12 @@ def resolve(isvc, reader, runtime_flag=None, missing_runtime="fail"):
     except ValidationError as exc:
         if missing_runtime != "warn" or exc.field != "spec.predictor.model.runtime":
             raise
-        why = " (servingruntimes/clusterservingruntimes not readable: 403 Forbidden)" if reader.forbidden else ""
+        why = " (servingruntimes/clusterservingruntimes not readable: 403 Forbidden)" if getattr(reader, "forbidden", None) else ""
         warnings.append("%s%s; the runtime's command could not be merged in" % (exc, why))
         return dict(EMPTY_RESULT), warnings, None
     result = effective.as_dict()
     result.update(changed=False, runtime_object=effective.runtime)
-    if reader.forbidden:
+    if getattr(reader, "forbidden", None):
         warnings.append("clusterservingruntimes are not readable with these credentials (403): only ServingRuntimes of %s were "
                         "considered" % (isvc.get("metadata") or {}).get("namespace"))
     problem = None
@@ -615,18 +615,18 @@ class RecordingReader:
 
     @property
     def forbidden(self):
-        return self.reader.forbidden
+        return getattr(self.reader, "forbidden", [])
 
     def get(self, kind, namespace, name):
         found = self.reader.get(kind, namespace, name)
         self.snapshot["get"][_snapshot_key(kind, namespace, name)] = found
-        self.snapshot["forbidden"] = sorted(set(self.reader.forbidden))
+        self.snapshot["forbidden"] = sorted(set(self.forbidden))
         return found
 
     def list(self, kind, namespace):
         found = self.reader.list(kind, namespace)
         self.snapshot["list"][_snapshot_key(kind, namespace)] = found
-        self.snapshot["forbidden"] = sorted(set(self.reader.forbidden))
+        self.snapshot["forbidden"] = sorted(set(self.forbidden))
         return found
 
 
@@ -669,4 +669,5 @@ class SnapshotReader:
 
 
 def _snapshot_key(kind, namespace, name=None):
-    return "/".join(part for part in (kind, namespace or "", name) if part is not None)
+    """'ServingRuntime/<ns>/<name>', 'ClusterServingRuntime/<name>'; without a name, the list of that kind (and namespace)."""
+    return "/".join(part for part in (kind, namespace, name) if part)

@@ -23,7 +23,7 @@ def test_release_modelcar_and_existing_from_the_cluster(k8s_client, controlplane
     from ansible_collections.alauda.spec_decoding.plugins.module_utils import kserve_facts  # pylint: disable=import-outside-toplevel
     # No ConfigMap in this namespace: KServe's default (Modelcar on); no InferenceService yet.
     facts = kserve_facts.gather(k8s_client, namespace, "llama31-8b-eagle3", namespace)
-    # The installed CRD is KServe v0.20's (shared/kserve-crds): spec.canary and storageUris are in its schema.
+    # The installed CRD is KServe v0.20's (the test bed's CRDs): spec.canary and storageUris are in its schema.
     assert facts["installed"] is True and facts["crd_readable"] is True
     assert facts["kserve_version"] == "0.20.0" and "spec.canary" in facts["evidence"]
     assert facts["modelcar_enabled"] is True and "not readable" in facts["modelcar_evidence"]
@@ -45,3 +45,24 @@ def test_storage_initializer_that_is_not_json_names_the_config_map(k8s_client, c
         kserve_facts.gather(k8s_client, namespace, "absent", namespace)
     assert "inferenceservice-config key storageInitializer is not JSON" in str(err.value)
     assert str(err.value).startswith("kserve_namespace:") and "Fix:" in str(err.value)
+
+
+def test_runtime_reads_are_recorded_for_the_render(k8s_client, namespace):
+    from kubernetes import client  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils import kserve_facts  # pylint: disable=import-outside-toplevel
+    name = "vllm-rt-" + namespace[-6:]
+    facts = kserve_facts.gather(k8s_client, namespace, "llama", namespace, runtime=name)
+    # neither a ServingRuntime nor a ClusterServingRuntime of that name: both lookups recorded as missing
+    assert facts["runtimes"]["get"] == {"ServingRuntime/%s/%s" % (namespace, name): None, "ClusterServingRuntime/%s" % name: None}
+    body = {"apiVersion": "serving.kserve.io/v1alpha1", "kind": "ServingRuntime", "metadata": {"name": name},
+            "spec": {"supportedModelFormats": [{"name": "transformers", "autoSelect": True}],
+                     "containers": [{"name": "kserve-container", "image": "vllm/vllm-openai:v0.11.2", "args": ["--port=8080"]}]}}
+    client.CustomObjectsApi(k8s_client).create_namespaced_custom_object("serving.kserve.io", "v1alpha1", namespace, "servingruntimes", body)
+    facts = kserve_facts.gather(k8s_client, namespace, "llama", namespace, runtime=name)
+    found = facts["runtimes"]["get"]["ServingRuntime/%s/%s" % (namespace, name)]
+    assert found["spec"]["containers"][0]["args"] == ["--port=8080"] and len(facts["runtimes"]["get"]) == 1
+    # without a runtime name KServe auto-selects: both kinds are listed, the namespaced one holds the new runtime
+    facts = kserve_facts.gather(k8s_client, namespace, "llama", namespace)
+    listed = facts["runtimes"]["list"]
+    assert [rt["metadata"]["name"] for rt in listed["ServingRuntime/%s" % namespace]] == [name]
+    assert "ClusterServingRuntime" in listed

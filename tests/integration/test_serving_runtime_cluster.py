@@ -16,7 +16,7 @@ import tarfile
 import pytest
 
 from tests.ansible_run import run_playbook
-from tests.paths import CAPTURES, SHARED
+from tests.paths import read_capture
 
 GROUP, RT_VERSION = "serving.kserve.io", "v1alpha1"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
@@ -25,13 +25,8 @@ RT_ARGS = ["--port=8080", "--model=/mnt/models", "--served-model-name={{.Name}}"
 
 
 def _capture(folder):
-    """A recorded vLLM startup log: the project's recordings, else the shared captures (both real vLLM 0.32 output)."""
-    for base in (CAPTURES, os.path.join(SHARED, "vllm-captures")):
-        path = os.path.join(base, folder, "startup.log")
-        if os.path.isfile(path):
-            with open(path, encoding="utf-8") as fh:
-                return fh.read()
-    return pytest.fail("vLLM capture %s/startup.log not found in %s or %s/vllm-captures" % (folder, CAPTURES, SHARED), pytrace=False)
+    """A recorded vLLM startup log (tests/fixtures/vllm, real vLLM 0.32 output)."""
+    return read_capture(folder, "startup.log")
 
 
 def _api(k8s_client):
@@ -161,6 +156,19 @@ def test_deploy_refuses_the_double_and_verify_names_the_source(tmp_path, kubecon
         msg = run.result("Render the InferenceService")["msg"]
         assert "appear twice" in msg and "ClusterServingRuntime %s" % csr in msg and "spec_decoding_runtime_flag" in msg
         assert _get_isvc(k8s_client, namespace, "llama") is None
+
+        # spec_decoding_runtime_flag: replace lets the service's flag (the last one) win, with a warning
+        run = run_playbook(tmp_path, "playbooks/deploy-ngram.yml", kubeconfig=kubeconfig,
+                           extra_vars=dict(DEPLOY_VARS, spec_decoding_namespace=namespace, spec_decoding_isvc_name="llama-replace",
+                                           spec_decoding_runtime=csr, spec_decoding_verify=False, spec_decoding_runtime_flag="replace"))
+        assert run.rc == 0, run.output
+        rendered = run.result("Render the InferenceService")
+        assert rendered["runtime_check"]["sources"] == ["cluster_serving_runtime", "inference_service"]
+        assert rendered["runtime_check"]["source"] == "inference_service"
+        assert any("ClusterServingRuntime %s also sets --speculative-config" % csr in w for w in rendered["warnings"]), rendered
+        command, args = _deployment_container(k8s_client, namespace, "llama-replace")
+        flags = [i for i, a in enumerate(command + args) if a.startswith("--speculative-config")]
+        assert len(flags) == 2, command + args  # KServe's merge: the runtime's first, the service's last (vLLM takes it)
 
         # the flag in the service only: deployed, verified on the engine line, source named
         run = run_playbook(tmp_path, "playbooks/deploy-ngram.yml", kubeconfig=kubeconfig,

@@ -245,7 +245,7 @@ def break_even(points, keep_rule=None):
     rows = _evaluate(points, keep_rule, kind)
     unit = "req/s" if kind == "request_rate" else "concurrent requests"
     out = {"kind": kind, "status": None, "last_keep_load": None, "first_roll_back_load": None, "crossover_load": None,
-           "crossed_first": None, "crossover_by_metric": {}, "reason": None, "pays_again_at": [], "points": rows}
+           "crossed_first": None, "crossover_by_metric": {}, "reason": "", "pays_again_at": [], "points": rows}
     first_bad = next((i for i, row in enumerate(rows) if row["decision"] != "keep"), None)
     if first_bad is None:
         out.update(status="pays_everywhere", last_keep_load=rows[-1]["load"],
@@ -271,10 +271,11 @@ def break_even(points, keep_rule=None):
     if out["crossover_by_metric"]:
         order = list(bad["margins"])
         metric = min(out["crossover_by_metric"], key=lambda m: (out["crossover_by_metric"][m], order.index(m)))
+        crossover = out["crossover_by_metric"][metric]
         out["crossed_first"] = metric
-        out["crossover_load"] = out["crossover_by_metric"][metric]
+        out["crossover_load"] = crossover
         out["reason"] = "keep holds at %g and fails at %g %s; %s crossed first, at about %.3g (linear interpolation of its margin): %s" % (
-            x1, x2, unit, metric, out["crossover_load"], "; ".join(bad["reasons"]))
+            x1, x2, unit, metric, crossover, "; ".join(bad["reasons"]))
     else:
         out["reason"] = ("keep holds at %g and fails at %g %s for a reason with no margin to interpolate, so there is no crossover "
                          "estimate: %s" % (x1, x2, unit, "; ".join(bad["reasons"])))
@@ -480,7 +481,7 @@ def resume_state(previous_json, plan):
         try:
             previous = json.loads(previous)
         except ValueError as exc:
-            raise ValidationError("is not JSON (%s)" % exc, field="resume_from", hint="point it at the sweep's JSON output")
+            raise ValidationError("is not JSON (%s)" % exc, field="resume_from", hint="point it at the sweep's JSON output") from exc
     if not isinstance(previous, dict) or previous.get("schema") != SWEEP_SCHEMA:
         raise ValidationError("is not a sweep result (schema %s expected)" % SWEEP_SCHEMA, field="resume_from",
                               hint="point it at the JSON file an earlier sweep wrote")

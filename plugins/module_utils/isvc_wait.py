@@ -77,8 +77,9 @@ def _watch_unavailable(exc):
 def _watch_for_change(api_client, namespace, name, resource_version, seconds):
     """Block until the InferenceService changes after ``resource_version`` or ``seconds`` pass.
 
-    Returns the changed object (a dict), or None when the window ended without an event, or the object was deleted or
-    the resourceVersion expired (HTTP 410): the caller re-reads it then. Raises the API error otherwise."""
+    Returns the changed object (a dict), or None when the window ended without an event or the object was deleted: the
+    caller re-reads it then. Raises the API error otherwise; the kubernetes client raises an expired resourceVersion
+    (after an API server restart) as HTTP 410, which the caller answers with a fresh read."""
     from kubernetes import watch  # pylint: disable=import-outside-toplevel
     from kubernetes.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
     watcher = watch.Watch()
@@ -141,6 +142,11 @@ def wait_ready(api_client, namespace, name, timeout=1200, interval=5, clock=time
                                          min(remaining, WATCH_SECONDS_MAX))
                 continue
             except Exception as exc:  # pylint: disable=broad-except
+                if getattr(exc, "status", None) == 410:
+                    # The resourceVersion is older than the API server's watch cache (it restarted, or compacted):
+                    # read the object again and watch from its new resourceVersion, without waiting.
+                    isvc = None
+                    continue
                 if _watch_unavailable(exc):
                     watch = False
                 elif transient_error(exc) is None:

@@ -67,6 +67,15 @@ def test_api_outage_during_the_watch_is_waited_out(reads):
     assert found["metadata"]["resourceVersion"] == "2" and clock.sleeps == [2]
 
 
+def test_expired_resource_version_is_read_again_at_once(reads):
+    """After an API server restart the watch from the old resourceVersion gets 410 Gone: read again, do not sleep."""
+    clock = Clock()
+    reads["gets"] = [isvc(2, 1, True, 872), isvc(2, 2, True, 879)]
+    reads["watch_errors"] = [api_error(410)]
+    found, _elapsed = isvc_wait.wait_ready(None, "ns", "m", timeout=60, interval=5, clock=clock, sleep=clock.sleep)
+    assert found["metadata"]["resourceVersion"] == "879" and clock.sleeps == [] and reads["watches"] == 1
+
+
 def test_other_watch_errors_are_raised(reads):
     clock = Clock()
     reads["gets"] = [isvc(1, None, False, 1)]

@@ -91,7 +91,7 @@ def _watch_for_change(api_client, namespace, name, resource_version, seconds):
                                     _request_timeout=max(1, int(seconds)) + 10):
             kind, obj = event.get("type"), event.get("object")
             if kind == "ERROR" or not isinstance(obj, dict):
-                return None  # 410 Gone and friends arrive as an ERROR event: read the object again
+                return None  # clients that pass an expired resourceVersion on as an ERROR event: read the object again
             if kind in ("ADDED", "MODIFIED"):
                 return obj
             if kind == "DELETED":

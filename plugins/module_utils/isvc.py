@@ -446,8 +446,8 @@ def render(p, existing=None):
         # KServe merges the runtime's kserve-container with this predictor (its args first): a --speculative-config in the
         # runtime reaches vLLM too. The runtimes were read from the cluster by kserve_facts; refuse a double here, before
         # anything (an image push, a PVC copy, the apply) is written.
-        runtime_check, more, problem = serving_runtime.resolve(manifest, serving_runtime.SnapshotReader(p["runtimes"]),
-                                                               p.get("runtime_flag") or "refuse", missing_runtime="warn")
+        runtime_check, more, problem, _effective = serving_runtime.resolve(
+            manifest, serving_runtime.SnapshotReader(p["runtimes"]), p.get("runtime_flag") or "refuse", missing_runtime="warn")
         warnings.extend(more)
         if problem:
             raise ValidationError(problem, field="runtime_flag")

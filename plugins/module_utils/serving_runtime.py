@@ -408,8 +408,9 @@ EMPTY_RESULT = {"changed": False, "runtime": None, "runtime_object": None, "sour
 def resolve(isvc, reader, runtime_flag=None, missing_runtime="fail"):
     """The merged command of ``isvc`` and, with ``runtime_flag`` (refuse | replace), the deploy check.
 
-    Returns (result dict, warnings, problem): ``result`` as ``Effective.as_dict()`` plus ``runtime_object``; ``problem`` is
-    the deploy's refusal message (naming the runtime and its kind, and the fixes) or None. ``missing_runtime='warn'`` turns
+    Returns (result dict, warnings, problem, effective): ``result`` as ``Effective.as_dict()`` plus ``runtime_object``;
+    ``problem`` is the deploy's refusal message (naming the runtime and its kind, and the fixes) or None; ``effective`` the
+    Effective itself (None when the runtime was not found), for callers that go on with it (the users of the runtime). ``missing_runtime='warn'`` turns
     a runtime that cannot be found (or read) into a warning and an empty result instead of a ValidationError."""
     warnings = []
     try:
@@ -419,7 +420,7 @@ def resolve(isvc, reader, runtime_flag=None, missing_runtime="fail"):
             raise
         why = " (servingruntimes/clusterservingruntimes not readable: 403 Forbidden)" if getattr(reader, "forbidden", None) else ""
         warnings.append("%s%s; the runtime's command could not be merged in" % (exc, why))
-        return dict(EMPTY_RESULT), warnings, None
+        return dict(EMPTY_RESULT), warnings, None, None
     result = effective.as_dict()
     result.update(changed=False, runtime_object=effective.runtime)
     if getattr(reader, "forbidden", None):
@@ -436,7 +437,7 @@ def resolve(isvc, reader, runtime_flag=None, missing_runtime="fail"):
                            meta.get("namespace"), meta.get("name"), problem, effective.kind, effective.runtime_name,
                            ", or set spec_decoding_runtime_flag: replace to let the InferenceService's flag win"
                            if SOURCE_ISVC in effective.sources() else ""))
-    return result, warnings, problem
+    return result, warnings, problem, effective
 
 
 def _strip_container(container):

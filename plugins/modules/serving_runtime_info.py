@@ -178,9 +178,9 @@ def run(module, api_client):
         from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
         isvc = k8s_pods.get_inference_service(api_client, params["namespace"], params["name"])
     reader = serving_runtime.ClientReader(api_client)
-    result, warnings, problem = serving_runtime.resolve(isvc, reader, params["runtime_flag"], params["missing_runtime"])
-    if params["list_users"] and result["runtime_object"] is not None:
-        result["users"] = reader.users(serving_runtime.effective_command(isvc, reader))
+    result, warnings, problem, effective = serving_runtime.resolve(isvc, reader, params["runtime_flag"], params["missing_runtime"])
+    if params["list_users"] and effective is not None and effective.runtime is not None:
+        result["users"] = reader.users(effective)
     if params["name"] and params["inference_service"] is None:
         result["inference_service"] = isvc
     return result, warnings, problem

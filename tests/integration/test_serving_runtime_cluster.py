@@ -16,6 +16,7 @@ import tarfile
 import pytest
 
 from tests.ansible_run import run_playbook
+from tests.module_run import run_module
 from tests.paths import read_capture
 
 GROUP, RT_VERSION = "serving.kserve.io", "v1alpha1"
@@ -206,6 +207,11 @@ def test_rollback_refuses_a_shared_runtime_then_each_fix(tmp_path, kubeconfig, k
         assert (eff.container["command"], eff.container["args"]) == _deployment_container(k8s_client, namespace, isvc["metadata"]["name"])
     assert _effective(k8s_client, a).sources() == ["serving_runtime", "inference_service"]
     assert _effective(k8s_client, b).source() == "serving_runtime"
+    # serving_runtime_info names the runtime's users (both services, and only those)
+    info = run_module("serving_runtime_info", {"name": "b", "namespace": namespace, "kubeconfig": kubeconfig, "list_users": True})
+    assert not info.failed, info.msg
+    assert info["source"] == "serving_runtime" and sorted(info["users"]) == ["%s/a" % namespace, "%s/b" % namespace]
+    assert info["inference_service"]["metadata"]["name"] == "b"
     runtime_before = _get_runtime(k8s_client, "ServingRuntime", shared, namespace)
     rb_vars = {"rollback_names": ["%s/a" % namespace], "rollback_wait_timeout": 60, "rollback_wait_sleep": 1,
                "rollback_verify_delay": 1, "rollback_verify_retries": 10}

@@ -12,7 +12,8 @@ What a run guarantees
   (one read into a private 256 KiB buffer, the hash of that buffer, the write of that same buffer: the
   bytes written are the bytes hashed), fsynced, journaled and renamed into place. Several files are
   copied at once (``--workers``); the fsyncs run on a flusher thread so the disk writes while the CPUs
-  hash; memory stays bounded (a few buffers per worker, no memory maps).
+  hash; memory stays bounded (a few buffers per worker, no memory maps of the files). Local files that
+  are not in the page cache are read with O_DIRECT into those buffers (``--no-direct-io`` turns it off).
 - ``<dest>/.spec-decoding-manifest.json`` (per-file size and sha256) is written last, after every file
   and directory is durable, and is removed first when a run is about to change anything: a directory
   with a manifest is always complete.
@@ -44,6 +45,7 @@ import hashlib
 import html.parser
 import io
 import json
+import mmap
 import os
 import posixpath
 import queue
@@ -92,6 +94,13 @@ DEFAULT_BUFFER = 256 << 10  # fits the L2 cache: hashed, then written while stil
 DEFAULT_CHECKPOINT = 1 << 30
 PIPELINE_DEPTH = 4
 WRITEBACK_WINDOW = 64 << 20
+# Direct reads (O_DIRECT) of local files that are not in the page cache: this many bytes per read, this many
+# reads in flight per file, offsets and sizes in multiples of DIRECT_ALIGN (covers 512 and 4096 byte blocks).
+# Files smaller than DIRECT_MIN_BYTES go through the page cache.
+DIRECT_BUFFER = 2 << 20
+DIRECT_DEPTH = 3
+DIRECT_ALIGN = 4096
+DIRECT_MIN_BYTES = 8 << 20
 VERIFY_MODES = ("auto", "full", "quick")
 
 # Hosts of public model hubs. An air-gapped run refuses them (and their subdomains), redirects included.
@@ -663,13 +672,38 @@ def _advise(fd, advice, offset=0, length=0):
         pass
 
 
-def _read_ahead(readinto, size, depth):
+def _page_cached(fd, start, end):
+    """Whether the bytes of ``fd`` from ``start`` to ``end`` look resident in the page cache.
+
+    Probes one byte at the start, the middle and the end with ``preadv(..., RWF_NOWAIT)``, which fails with
+    EAGAIN instead of reading from the device. True when the platform cannot tell (no RWF_NOWAIT, or the
+    file system refuses the flag): then the caller keeps reading through the page cache, as before.
+    """
+    flag = getattr(os, "RWF_NOWAIT", None)
+    if flag is None or not hasattr(os, "preadv") or end <= start:
+        return True
+    probe = bytearray(1)
+    for offset in (start, start + (end - start) // 2, end - 1):
+        try:
+            os.preadv(fd, [probe], offset, flag)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+    return True
+
+
+def _read_ahead(readinto, size, depth, aligned=False):
     """Yield memoryviews filled by a reader thread, ``depth`` buffers of ``size`` bytes in flight at most.
 
     A view handed out is not refilled before the consumer asks for the next one. The reader stops (and is
     joined) when the generator is closed, also on errors; a reader error is raised in the consumer.
+    ``aligned`` buffers are anonymous memory maps (page-aligned, as O_DIRECT reads need).
     """
-    views = [memoryview(bytearray(size)) for _slot in range(depth)]
+    if aligned:
+        views = [memoryview(mmap.mmap(-1, size)) for _slot in range(depth)]
+    else:
+        views = [memoryview(bytearray(size)) for _slot in range(depth)]
     free = queue.Queue()
     full = queue.Queue()
     stop = threading.Event()
@@ -754,7 +788,7 @@ class Syncer:  # pylint: disable=too-many-instance-attributes
 
     def __init__(self, source, dest, name=None, include=None, exclude=None, force=False, verify="auto", workers=None,
                  buffer_size=DEFAULT_BUFFER, fsync=True, checkpoint_bytes=DEFAULT_CHECKPOINT, log=None, max_rate=0,
-                 read_ahead=None):
+                 read_ahead=None, direct_io=True):
         if verify not in VERIFY_MODES:
             raise ValidationError("unknown verify mode %r" % verify, field="verify", hint="use one of %s" % ", ".join(VERIFY_MODES))
         self.source = source
@@ -770,6 +804,7 @@ class Syncer:  # pylint: disable=too-many-instance-attributes
             # Local files: the kernel reads ahead asynchronously already, a thread would only add hand-offs.
             read_ahead = 0 if isinstance(source, LocalSource) else PIPELINE_DEPTH
         self.read_ahead = max(0, int(read_ahead))
+        self.direct_io = bool(direct_io)
         self._flusher = None
         self.fsync = fsync
         self.checkpoint_bytes = max(self.buffer_size, int(checkpoint_bytes))
@@ -782,7 +817,7 @@ class Syncer:  # pylint: disable=too-many-instance-attributes
         self.journal_written = 0.0
         self.boot = boot_id()
         self.stats = {"copied_files": 0, "copied_bytes": 0, "resumed_bytes": 0, "skipped_files": 0, "verified_files": 0,
-                      "verified_bytes": 0}
+                      "verified_bytes": 0, "direct_read_bytes": 0}
         self.stats_lock = threading.Lock()
         self.recopied = []
         self.deleted = []
@@ -1073,6 +1108,10 @@ class Syncer:  # pylint: disable=too-many-instance-attributes
         reading (disk or network) overlaps hashing and writing.
         """
         if isinstance(src, io.FileIO):
+            direct = self._direct_chunks(src)
+            if direct is not None:
+                yield from direct
+                return
             fd = src.fileno()
 
             def readinto(view):
@@ -1097,6 +1136,75 @@ class Syncer:  # pylint: disable=too-many-instance-attributes
                 yield view[:num]
         else:
             yield from _read_ahead(readinto, size, self.read_ahead)
+
+    def _direct_chunks(self, src):
+        """A generator of ``_chunks`` for a local file read with O_DIRECT, or None to read through the page cache.
+
+        Staging reads each model byte once, usually from a volume that does not have it in memory (the "cold"
+        case). Read through the page cache, every byte costs a page-cache fill and a copy into the buffer,
+        which on a 2-core node is CPU that the hash needs. O_DIRECT reads land in the buffer straight from the
+        device and leave the page cache to the destination's writeback. A reader thread keeps DIRECT_DEPTH
+        reads of DIRECT_BUFFER bytes in flight, since there is no kernel readahead on this path; the consumer
+        gets ``self.buffer_size`` slices, hashed and written while they are still in the CPU cache, and each
+        slice is the very buffer that is written, as on the page-cache path.
+
+        Used only when the file is big enough, the start offset is block-aligned (a resume at an odd offset
+        reads through the page cache) and the file is not already resident (``_page_cached``: re-reading a
+        warm file from the device would be slower). A file system that refuses O_DIRECT (tmpfs, some FUSE) at
+        open or at the first read falls back to the page cache.
+        """
+        if not self.direct_io or not hasattr(os, "O_DIRECT") or not hasattr(os, "preadv"):
+            return None
+        fd = src.fileno()
+        try:
+            pos = os.lseek(fd, 0, os.SEEK_CUR)
+            end = os.fstat(fd).st_size
+        except OSError:
+            return None
+        if pos % DIRECT_ALIGN or end - pos < DIRECT_MIN_BYTES or _page_cached(fd, pos, end):
+            return None
+        try:
+            # The same open file (not the same path name, which may have been replaced meanwhile).
+            direct_fd = os.open("/proc/self/fd/%d" % fd, os.O_RDONLY | os.O_DIRECT)  # pylint: disable=no-member
+        except OSError:
+            return None
+        return self._direct_gen(fd, direct_fd, pos)
+
+    def _direct_gen(self, fd, direct_fd, pos):
+        state = {"pos": pos, "direct": True}
+
+        def readinto(view):
+            if state["direct"]:
+                try:
+                    num = os.preadv(direct_fd, [view], state["pos"])
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL:
+                        raise
+                    num = None  # the file system takes the flag at open but not the read: page cache from here
+                state["direct"] = num == len(view)
+                if num:
+                    state["pos"] += num
+                    self._count(direct_read_bytes=num)
+                    return num
+            # After a short direct read (the end of the file, its partial last block included) the page cache
+            # confirms the end, or reads on should the file have grown meanwhile.
+            num = os.preadv(fd, [view], state["pos"])
+            state["pos"] += num
+            return num
+
+        step = self.buffer_size
+        chunks = _read_ahead(readinto, DIRECT_BUFFER, DIRECT_DEPTH, aligned=True)
+        try:
+            for chunk in chunks:
+                for start in range(0, len(chunk), step):
+                    piece = chunk[start:start + step]
+                    try:
+                        yield piece
+                    finally:
+                        piece.release()
+        finally:
+            chunks.close()  # joins the reader before its descriptor is closed
+            os.close(direct_fd)
 
     @staticmethod
     def _discard(*paths):
@@ -1483,6 +1591,8 @@ def build_parser():
     parser.add_argument("--read-ahead", type=int, default=None,
                         help="buffers a reader thread fills ahead of hashing and writing, per file (0: read in the copying thread; "
                         "default %d for network sources, 0 for local files, where the kernel's readahead already overlaps)" % PIPELINE_DEPTH)
+    parser.add_argument("--no-direct-io", action="store_true",
+                        help="read local files through the page cache even when they are not in it (default: O_DIRECT for those)")
     parser.add_argument("--checkpoint-bytes", type=int, default=DEFAULT_CHECKPOINT, help="fdatasync + resume checkpoint interval")
     parser.add_argument("--max-rate", type=float, default=0, help="cap the copy rate in MiB/s (0: no cap), e.g. to spare shared storage")
     parser.add_argument("--no-fsync", action="store_true", help="skip fsync (benchmarks only: a crash can lose data)")
@@ -1522,7 +1632,7 @@ def run_item(item, args, log):
                     force=bool(item.get("force")) or args.force, verify=item.get("verify") or args.verify,
                     workers=item.get("workers") or args.workers, buffer_size=args.buffer_size, fsync=not args.no_fsync,
                     checkpoint_bytes=args.checkpoint_bytes, log=log, max_rate=(item.get("max_rate_mib_s") or args.max_rate) * 1048576,
-                    read_ahead=args.read_ahead)
+                    read_ahead=args.read_ahead, direct_io=not args.no_direct_io)
     if args.plan:
         files = syncer.listing()
         return {"ok": True, "name": syncer.name, "source": source.uri, "dest": syncer.dest, "files": len(files),

@@ -852,3 +852,164 @@ def test_a_failed_fsync_fails_the_run_without_a_manifest_or_leaked_descriptors(m
     monkeypatch.setattr(os, "fsync", real_fsync)
     item = run(model, dest, workers=3)
     assert item["copied_files"] >= 1 and tree(dest) == tree(model)
+
+
+# --------------------------------------------------------------------------------------------------
+# Direct reads of cold local files (O_DIRECT), and every way they fall back to the page cache
+
+def write_cold(path, size, seed=7):
+    """A file of ``size`` bytes whose pages are evicted from the page cache (written, fsynced, dropped)."""
+    block = hashlib.sha256(b"cold%d" % seed).digest() * (MIB // 32)
+    with open(path, "wb") as fh:
+        left, n = size, 0
+        while left:
+            chunk = (bytes([n % 251]) + block[1:])[:left]
+            fh.write(chunk)
+            left -= len(chunk)
+            n += 1
+        fh.flush()
+        os.fsync(fh.fileno())
+        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    return path
+
+
+def evict(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def direct_io_works(path):
+    """Whether this file system takes O_DIRECT reads at all (the test machine's disk does; tmpfs may not)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        return False
+    try:
+        import mmap  # pylint: disable=import-outside-toplevel
+        buf = mmap.mmap(-1, sync.DIRECT_ALIGN)
+        os.preadv(fd, [buf], 0)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def cold_model(tmp_path):
+    """Two shards bigger than DIRECT_MIN_BYTES with sizes that are not block multiples, one small file, all cold."""
+    root = tmp_path / "cold-src"
+    root.mkdir()
+    write_cold(str(root / "model-00001-of-00002.safetensors"), sync.DIRECT_MIN_BYTES + 3 * sync.DIRECT_BUFFER + 12345, seed=1)
+    write_cold(str(root / "model-00002-of-00002.safetensors"), sync.DIRECT_MIN_BYTES + sync.DIRECT_ALIGN, seed=2)
+    (root / "config.json").write_text("{}", encoding="utf-8")
+    if not direct_io_works(str(root / "model-00002-of-00002.safetensors")):
+        pytest.fail("the test directory's file system refuses O_DIRECT reads: run the tests on a disk-backed TMPDIR")
+    return str(root)
+
+
+def test_page_cache_probe_tells_a_cold_file_from_a_warm_one(tmp_path):
+    path = write_cold(str(tmp_path / "f"), 4 * MIB)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert sync._page_cached(fd, 0, 4 * MIB) is False  # pylint: disable=protected-access
+        while os.read(fd, MIB):
+            pass
+        assert sync._page_cached(fd, 0, 4 * MIB) is True  # pylint: disable=protected-access
+    finally:
+        os.close(fd)
+
+
+def test_cold_local_files_are_read_direct_and_copied_byte_exact(cold_model, tmp_path):
+    dest = str(tmp_path / "d")
+    summary = run(cold_model, dest, fsync=False)
+    assert tree(dest) == tree(cold_model)
+    big = sum(os.path.getsize(os.path.join(cold_model, n)) for n in os.listdir(cold_model) if n.endswith(".safetensors"))
+    # Every byte of the two shards came in direct, the partial last block too (an aligned read may end at the
+    # end of the file); the small config went through the page cache.
+    assert summary["direct_read_bytes"] == big, summary
+    manifest = sync.read_manifest(dest)
+    for rel, entry in manifest["files"].items():
+        assert entry["sha256"] == sha256_file(os.path.join(cold_model, rel))
+
+
+def test_warm_files_and_the_no_direct_io_switch_read_through_the_page_cache(cold_model, tmp_path):
+    summary = run(cold_model, str(tmp_path / "off"), fsync=False, direct_io=False)
+    assert summary["direct_read_bytes"] == 0
+    # That copy left the source in the page cache: the next copy does not re-read it from the device.
+    summary = run(cold_model, str(tmp_path / "warm"), fsync=False)
+    assert summary["direct_read_bytes"] == 0
+    assert tree(str(tmp_path / "warm")) == tree(cold_model)
+
+
+def test_resume_at_an_unaligned_offset_reads_through_the_page_cache_and_hashes_right(cold_model, tmp_path):
+    dest = str(tmp_path / "d")
+    syncer = sync.Syncer(sync.LocalSource(cold_model), dest, workers=1, fsync=False)
+    entry = next(f for f in syncer.listing() if f.path == "model-00001-of-00002.safetensors")
+    tmp, ckpt = syncer._tmp_paths(entry.path)  # pylint: disable=protected-access
+    os.makedirs(os.path.dirname(tmp))
+    with open(entry.local, "rb") as src, open(tmp, "wb") as part:
+        part.write(src.read(5 * MIB + 1))  # a kill mid-buffer leaves any length
+    sync.atomic_write_json(ckpt, {"source": entry.fingerprint, "boot_id": syncer.boot, "synced": 0})
+    sync.atomic_write_json(os.path.join(dest, sync.JOURNAL_NAME), {"schema": sync.MANIFEST_SCHEMA, "name": "cold-src", "files": {}})
+    evict(entry.local)
+    syncer.run()
+    assert tree(dest) == tree(cold_model)
+    assert syncer.stats["resumed_bytes"] == 5 * MIB + 1
+    # The resumed shard went through the page cache; only the other shard was read direct.
+    assert syncer.stats["direct_read_bytes"] == os.path.getsize(os.path.join(cold_model, "model-00002-of-00002.safetensors"))
+
+
+@pytest.mark.parametrize("refused_at", ["open", "read"])
+def test_a_file_system_that_refuses_o_direct_falls_back_to_the_page_cache(cold_model, tmp_path, monkeypatch, refused_at):
+    real_open, real_preadv = os.open, os.preadv
+    refused = []
+
+    def fake_open(path, flags, *args, **kwargs):
+        if flags & os.O_DIRECT and refused_at == "open":
+            refused.append(path)
+            raise OSError(22, "Invalid argument")
+        return real_open(path, flags, *args, **kwargs)
+
+    def fake_preadv(fd, buffers, offset, *flags):
+        if refused_at == "read" and fcntl_flags(fd) & os.O_DIRECT:
+            refused.append(fd)
+            raise OSError(22, "Invalid argument")
+        return real_preadv(fd, buffers, offset, *flags)
+
+    monkeypatch.setattr(sync.os, "open", fake_open)
+    monkeypatch.setattr(sync.os, "preadv", fake_preadv)
+    dest = str(tmp_path / "d")
+    summary = run(cold_model, dest, fsync=False)
+    assert len(refused) == 2  # once per shard, then the page cache for the rest of that file
+    assert summary["direct_read_bytes"] == 0
+    assert tree(dest) == tree(cold_model)
+
+
+def fcntl_flags(fd):
+    import fcntl  # pylint: disable=import-outside-toplevel
+    return fcntl.fcntl(fd, fcntl.F_GETFL)
+
+
+def test_a_read_error_on_the_direct_path_fails_the_file_and_the_rerun_completes(cold_model, tmp_path, monkeypatch):
+    real_preadv = os.preadv
+    calls = {"n": 0}
+
+    def failing_preadv(fd, buffers, offset, *flags):
+        if fcntl_flags(fd) & os.O_DIRECT:
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise OSError(5, "Input/output error")
+        return real_preadv(fd, buffers, offset, *flags)
+
+    monkeypatch.setattr(sync.os, "preadv", failing_preadv)
+    dest = str(tmp_path / "d")
+    with pytest.raises(OSError, match="Input/output error"):
+        run(cold_model, dest, fsync=False, workers=1)
+    assert not os.path.exists(os.path.join(dest, sync.MANIFEST_NAME))
+    monkeypatch.setattr(sync.os, "preadv", real_preadv)
+    run(cold_model, dest, fsync=False)
+    assert tree(dest) == tree(cold_model)

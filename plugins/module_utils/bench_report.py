@@ -722,3 +722,328 @@ class _Canvas:
     def save(self, path):
         with open(path, "wb") as handle:
             handle.write(self.png())
+
+
+# -- a 5x7 bitmap font for the built-in canvas (labels without matplotlib) ---------------------------------------
+_GLYPHS = {
+    "0": "01110 10001 10011 10101 11001 10001 01110", "1": "00100 01100 00100 00100 00100 00100 01110",
+    "2": "01110 10001 00001 00010 00100 01000 11111", "3": "11111 00010 00100 00010 00001 10001 01110",
+    "4": "00010 00110 01010 10010 11111 00010 00010", "5": "11111 10000 11110 00001 00001 10001 01110",
+    "6": "00110 01000 10000 11110 10001 10001 01110", "7": "11111 00001 00010 00100 01000 01000 01000",
+    "8": "01110 10001 10001 01110 10001 10001 01110", "9": "01110 10001 10001 01111 00001 00010 01100",
+    "A": "01110 10001 10001 11111 10001 10001 10001", "B": "11110 10001 10001 11110 10001 10001 11110",
+    "C": "01110 10001 10000 10000 10000 10001 01110", "D": "11100 10010 10001 10001 10001 10010 11100",
+    "E": "11111 10000 10000 11110 10000 10000 11111", "F": "11111 10000 10000 11110 10000 10000 10000",
+    "G": "01110 10001 10000 10111 10001 10001 01111", "H": "10001 10001 10001 11111 10001 10001 10001",
+    "I": "01110 00100 00100 00100 00100 00100 01110", "J": "00111 00010 00010 00010 00010 10010 01100",
+    "K": "10001 10010 10100 11000 10100 10010 10001", "L": "10000 10000 10000 10000 10000 10000 11111",
+    "M": "10001 11011 10101 10101 10001 10001 10001", "N": "10001 10001 11001 10101 10011 10001 10001",
+    "O": "01110 10001 10001 10001 10001 10001 01110", "P": "11110 10001 10001 11110 10000 10000 10000",
+    "Q": "01110 10001 10001 10001 10101 10010 01101", "R": "11110 10001 10001 11110 10100 10010 10001",
+    "S": "01111 10000 10000 01110 00001 00001 11110", "T": "11111 00100 00100 00100 00100 00100 00100",
+    "U": "10001 10001 10001 10001 10001 10001 01110", "V": "10001 10001 10001 10001 10001 01010 00100",
+    "W": "10001 10001 10001 10101 10101 10101 01010", "X": "10001 10001 01010 00100 01010 10001 10001",
+    "Y": "10001 10001 10001 01010 00100 00100 00100", "Z": "11111 00001 00010 00100 01000 10000 11111",
+    " ": "00000 00000 00000 00000 00000 00000 00000", ".": "00000 00000 00000 00000 00000 01100 01100",
+    ",": "00000 00000 00000 00000 01100 00100 01000", "-": "00000 00000 00000 11111 00000 00000 00000",
+    "+": "00000 00100 00100 11111 00100 00100 00000", "/": "00000 00001 00010 00100 01000 10000 00000",
+    "(": "00010 00100 01000 01000 01000 00100 00010", ")": "01000 00100 00010 00010 00010 00100 01000",
+    ":": "00000 01100 01100 00000 01100 01100 00000", "=": "00000 00000 11111 00000 11111 00000 00000",
+    "%": "11000 11001 00010 00100 01000 10011 00011", "<": "00010 00100 01000 10000 01000 00100 00010",
+    ">": "01000 00100 00010 00001 00010 00100 01000", "_": "00000 00000 00000 00000 00000 00000 11111",
+    "*": "00000 00100 10101 01110 10101 00100 00000", "?": "01110 10001 00001 00010 00100 00000 00100",
+    "[": "01110 01000 01000 01000 01000 01000 01110", "]": "01110 00010 00010 00010 00010 00010 01110",
+}
+FONT = {char: [[bit == "1" for bit in row] for row in rows.split()] for char, rows in _GLYPHS.items()}
+GLYPH_W, GLYPH_H = 5, 7
+
+
+def _glyph(char):
+    return FONT.get(char.upper(), FONT["?"])
+
+
+def text_width(text, scale=1):
+    """Pixels the canvas needs for ``text`` (5x7 glyphs, one column of space between them)."""
+    return len(text) * (GLYPH_W + 1) * scale
+
+
+def _canvas_text(canvas, x_pos, y_pos, text, color=(0x20, 0x20, 0x20), scale=1, vertical=False):
+    """Draw ``text`` with its top-left corner at (x, y); ``vertical`` runs it bottom to top (a y-axis label)."""
+    x_pos, y_pos = int(round(x_pos)), int(round(y_pos))  # whole pixels: each glyph row on its own row
+    for index, char in enumerate(text):
+        glyph = _glyph(char)
+        for row in range(GLYPH_H):
+            for col in range(GLYPH_W):
+                if not glyph[row][col]:
+                    continue
+                for d_x in range(scale):
+                    for d_y in range(scale):
+                        along = (index * (GLYPH_W + 1) + col) * scale + d_x
+                        across = row * scale + d_y
+                        if vertical:
+                            canvas.set(x_pos + across, y_pos - along, color)
+                        else:
+                            canvas.set(x_pos + along, y_pos + across, color)
+
+
+def _tick_text(value):
+    if value == 0:
+        return "0"
+    magnitude = abs(value)
+    if magnitude >= 100:
+        return "%d" % round(value)
+    if magnitude >= 10:
+        return ("%.1f" % value).rstrip("0").rstrip(".")
+    return ("%.2f" % value).rstrip("0").rstrip(".")
+
+
+def _nice_range(values, include=()):
+    data = [v for v in list(values) + list(include) if v is not None]
+    if not data:
+        return 0.0, 1.0
+    low, high = min(data), max(data)
+    if high == low:
+        pad = abs(high) * 0.1 or 1.0
+        return low - pad, high + pad
+    pad = (high - low) * 0.08
+    floor = 0.0 if 0.0 in include and low >= 0 else None  # a quantity that cannot go below 0 starts at 0
+    return (low - pad) if floor is None else max(floor, low - pad), high + pad
+
+
+def canvas_panel(canvas, box, series, xlabel, ylabel, title, x_range=None, y_range=None, hlines=(), vlines=(), x_ticks=None):
+    """One labelled chart on a ``_Canvas``: frame, grid, ticks with values, axis labels, title, series, marker lines.
+
+    ``series``: ``[(label, color, [(x, y), ...])]``; ``hlines`` / ``vlines``: ``[(value, color, label)]``.
+    Returns the function mapping data to pixels (for callers that add marks).
+    """
+    left, top, right, bottom = box
+    xs = [x for _l, _c, pts in series for x, _y in pts] + [v for v, _c, _l in vlines]
+    ys = [y for _l, _c, pts in series for _x, y in pts if y is not None] + [v for v, _c, _l in hlines]
+    x_lo, x_hi = x_range or _nice_range(xs)
+    y_lo, y_hi = y_range or _nice_range(ys)
+
+    def to_px(x_val, y_val):
+        return (left + (x_val - x_lo) / float(x_hi - x_lo) * (right - left),
+                bottom - (y_val - y_lo) / float(y_hi - y_lo) * (bottom - top))
+
+    canvas.frame(box)
+    dark = (0x40, 0x40, 0x40)
+    for i in range(5):
+        y_val = y_lo + i * (y_hi - y_lo) / 4.0
+        label = _tick_text(y_val)
+        _canvas_text(canvas, left - 4 - text_width(label), to_px(x_lo, y_val)[1] - 3, label, dark)
+    ticks = x_ticks if x_ticks is not None else sorted(set(x for _l, _c, pts in series for x, _y in pts))
+    last_end = -1
+    for x_val in ticks:
+        x_px = to_px(x_val, y_lo)[0]
+        canvas.line((x_px, bottom), (x_px, bottom + 3), dark)
+        label = _tick_text(x_val)
+        start = x_px - text_width(label) / 2.0
+        if start > last_end + 2:  # skip a tick label that would overlap the previous one
+            _canvas_text(canvas, start, bottom + 6, label, dark)
+            last_end = start + text_width(label)
+    _canvas_text(canvas, (left + right) / 2.0 - text_width(xlabel) / 2.0, bottom + 18, xlabel, dark)
+    _canvas_text(canvas, left - 44, (top + bottom) / 2.0 + text_width(ylabel) / 2.0, ylabel, dark, vertical=True)
+    _canvas_text(canvas, (left + right) / 2.0 - text_width(title) / 2.0, top - 14, title, (0, 0, 0))
+    for value, color, label in hlines:
+        y_px = to_px(x_lo, value)[1]
+        for x_px in range(int(left), int(right), 6):
+            canvas.line((x_px, y_px), (x_px + 3, y_px), color)
+        if label:
+            _canvas_text(canvas, right - text_width(label) - 2, y_px - 10, label, color)
+    for index, (value, color, label) in enumerate(vlines):
+        x_px = to_px(value, y_lo)[0]
+        for y_px in range(int(top), int(bottom), 6):
+            canvas.line((x_px, y_px), (x_px, y_px + 3), color)
+        if label:
+            _canvas_text(canvas, min(x_px + 3, right - text_width(label)), bottom - 12 - 10 * index, label, color)
+    legend_y = top + 3
+    for label, color, points in series:
+        pixels = [to_px(x, y) for x, y in points if y is not None]
+        if pixels:
+            canvas.polyline(pixels, color)
+            for x_px, y_px in pixels:
+                canvas.dot(x_px, y_px, color)
+        if label:
+            lx = left + 6
+            canvas.dot(lx + 2, legend_y + 3, color, radius=3)
+            _canvas_text(canvas, lx + 9, legend_y, label, color)
+            legend_y += 10
+    return to_px
+
+
+SWEEP_COLORS = {"break_even": (0x2C, 0xA0, 0x2C), "target": (0x94, 0x67, 0xBD), "unity": (0x80, 0x80, 0x80),
+                "predicted": (0xFF, 0x7F, 0x0E)}
+LOAD_AXIS = {"request_rate": "request rate (req/s)", "concurrency": "concurrency (requests in flight)"}
+
+
+def plot_sweep_load(points, break_even, target_qps, path, kind="request_rate"):
+    """Speedup and median TPOT against load for both sides, with the break-even and the target QPS drawn.
+
+    ``points``: the sweep module's point views (``load``, ``speedup``, ``baseline``/``candidate`` with ``tpot_ms``).
+    """
+    canvas = _Canvas(1000, 400)
+    marks = []
+    crossover = (break_even or {}).get("crossover_load")
+    if crossover is not None:
+        marks.append((crossover, SWEEP_COLORS["break_even"], "break-even %s" % _tick_text(crossover)))
+    elif (break_even or {}).get("first_roll_back_load") is not None:
+        marks.append((break_even["first_roll_back_load"], SWEEP_COLORS["break_even"], "first roll_back %s" % _tick_text(break_even["first_roll_back_load"])))
+    if target_qps is not None and kind == "request_rate":
+        marks.append((target_qps, SWEEP_COLORS["target"], "target %s req/s" % _tick_text(target_qps)))
+    xlabel = LOAD_AXIS[kind]
+    loads = [p["load"] for p in points]
+    speed = [(p["load"], p["speedup"]) for p in points if p["speedup"] is not None]
+    canvas_panel(canvas, (80, 40, 470, 330), [("candidate / baseline", COLORS["candidate"], speed)], xlabel,
+                 "speedup (x, output tok/s ratio)", "Speedup against load", hlines=[(1.0, SWEEP_COLORS["unity"], "1.0 = break-even")],
+                 vlines=marks, x_ticks=loads)
+    tpot = [(side, COLORS[side], [(p["load"], (p[side]["tpot_ms"] or {}).get("median")) for p in points]) for side in ("baseline", "candidate")]
+    canvas_panel(canvas, (580, 40, 970, 330), tpot, xlabel, "median TPOT (ms)", "TPOT against load", vlines=marks, x_ticks=loads,
+                 y_range=_nice_range([y for _s, _c, pts in tpot for _x, y in pts], include=(0.0,)))
+    canvas.save(path)
+    return path
+
+
+def plot_k_curve(prediction, confirmation, path):
+    """The per-position acceptance curve and the expected gain per k, with the predicted k and the measured A/B marked."""
+    canvas = _Canvas(1000, 400)
+    rates = prediction.get("per_position_rates") or []
+    table = prediction.get("table") or []
+    positions = list(range(1, len(rates) + 1))
+    canvas_panel(canvas, (80, 40, 470, 330), [("accepted / drafts", COLORS["candidate"], list(zip(positions, rates)))],
+                 "draft position (slot)", "acceptance rate (fraction of drafts)", "Per-position acceptance (cumulative)",
+                 x_range=(0.5, len(rates) + 0.5), y_range=(0.0, 1.05), x_ticks=positions)
+    gains = [(row["k"], row["expected_gain"]) for row in table]
+    marks = [(prediction["predicted_k"], SWEEP_COLORS["predicted"], "predicted k=%d" % prediction["predicted_k"])]
+    series = [("predicted gain E(k)/cost(k)", SWEEP_COLORS["predicted"], gains)]
+    conf = confirmation or {}
+    measured = []
+    if conf.get("measured_speedup_vs_baseline") is not None and conf.get("predicted_k") is not None:
+        measured.append((conf["predicted_k"], conf["measured_speedup_vs_baseline"]))
+    if conf.get("current_k") is not None and conf.get("measured_speedup_vs_current") is not None and conf.get("measured_speedup_vs_baseline"):
+        if conf["measured_speedup_vs_current"]:
+            measured.append((conf["current_k"], conf["measured_speedup_vs_baseline"] / conf["measured_speedup_vs_current"]))
+    if measured:
+        series.append(("measured speedup vs baseline", COLORS["baseline"], sorted(measured)))
+    ks = [row["k"] for row in table]
+    canvas_panel(canvas, (580, 40, 970, 330), series, "num_speculative_tokens (k)", "speedup over baseline (x)",
+                 "Expected gain per k, and measured", x_range=(0.5, max(ks + [1]) + 0.5), hlines=[(1.0, SWEEP_COLORS["unity"], "1.0")],
+                 vlines=marks, x_ticks=ks,
+                 y_range=_nice_range([y for _l, _c, pts in series for _x, y in pts], include=(1.0,)))
+    canvas.save(path)
+    return path
+
+
+# -- the sweep report -----------------------------------------------------------------------------------------------
+SWEEP_LATENCY = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"))
+
+
+def render_sweep_markdown(data):
+    """The sweep report: context (the guide's required fields), break-even, target decision, k, points, plots."""
+    ctx, result = data["context"], data["result"]
+    lines = ["# %s" % data.get("title", "Speculative decoding sweep"), ""]
+    if data.get("generated_at"):
+        lines += ["Generated: %s" % data["generated_at"], ""]
+    target = result.get("target")
+    if target:
+        lines += ["**Decision at the target load %s req/s (sweep point %s req/s%s): `%s`**" % (
+            _fmt(target["target_qps"], 3), _fmt(target["load"], 3), "" if target["exact"] else ", the next measured above",
+            target["decision"]["decision"]), ""]
+        lines += ["- %s" % reason for reason in target["decision"]["reasons"]] + [""]
+    for kind, be in sorted((result.get("break_even_by_kind") or {}).items()):
+        unit = "req/s" if kind == "request_rate" else "concurrent requests"
+        lines += ["## Break-even (%s)" % kind.replace("_", " "), "", "| Field | Value |", "|---|---|",
+                  "| Status | %s |" % be["status"], "| Highest load that meets keep | %s %s |" % (_fmt(be["last_keep_load"], 3), unit),
+                  "| First load that does not | %s %s |" % (_fmt(be["first_roll_back_load"], 3), unit),
+                  "| Interpolated crossover | %s %s |" % (_fmt(be["crossover_load"], 3), unit),
+                  "| Crossed first | %s |" % _fmt(be["crossed_first"]), "", be["reason"], ""]
+        if be.get("pays_again_at"):
+            lines += ["Keep holds again at %s after the first roll_back: the curve is not monotonic, re-measure." % ", ".join(
+                _fmt(x, 3) for x in be["pays_again_at"]), ""]
+    lines += ["## Points", "",
+              "Medians (p99) per side; speedup = candidate output tok/s / baseline output tok/s.", "",
+              "| Load | Side | TTFT ms | TPOT ms | ITL ms | Output tok/s | Speedup | Mean acceptance length | Decision |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for point in result["points"]:
+        for side in ("baseline", "candidate"):
+            view = point[side]
+            acc = view.get("acceptance") or {}
+            cells = ["%s (%s)" % (_fmt(view[key]["median"]), _fmt(view[key]["p99"])) for key, _label in SWEEP_LATENCY]
+            lines.append("| %s %s | %s | %s | %s | %s | %s | %s |" % (
+                _fmt(point["load"], 3), "req/s" if point["kind"] == "request_rate" else "conc.", side, " | ".join(cells),
+                _fmt(view.get("output_throughput")), _fmt(point["speedup"], 3) if side == "candidate" else "",
+                _fmt(acc.get("mean_acceptance_length"), 3) if side == "candidate" else "", point["decision"] if side == "candidate" else ""))
+    lines.append("")
+    k_block = result.get("k") or {}
+    pred = k_block.get("prediction")
+    lines += ["## num_speculative_tokens (k)", ""]
+    if pred:
+        curve = ", ".join("%.3f" % v for v in pred["per_position_rates"])
+        lines += ["Per-position acceptance over the sweep (vLLM's accepted_per_pos / drafts, cumulative): %s." % curve, "",
+                  "Cost model: %s; verify cost ratio %.4f (%s)." % (pred["cost_model"], pred["verify_cost_ratio"], pred["cost_source"]), "",
+                  "| k | Expected tokens per step | Cost (decode steps) | Expected gain |", "|---|---|---|---|"]
+        for row in pred["table"]:
+            mark = " (predicted)" if row["k"] == pred["predicted_k"] else ""
+            mark += " (current)" if row["k"] == k_block.get("current_k") else ""
+            lines.append("| %d%s | %.3f | %.3f | %.3f |" % (row["k"], mark, row["expected_tokens_per_step"], row["cost"], row["expected_gain"]))
+        lines.append("")
+    conf = k_block.get("confirmation") or {}
+    lines += ["**Recommended k: %s** (current k %s). %s" % (
+        _fmt(k_block.get("recommended_k")), _fmt(k_block.get("current_k")), k_block.get("reason") or ""), ""]
+    if conf.get("status") in ("confirmed", "rejected"):
+        lines += ["| Confirmation | Value |", "|---|---|", "| Status | %s |" % conf["status"],
+                  "| Load | %s |" % _fmt(conf.get("load"), 3),
+                  "| Predicted gain (vs baseline) | %s |" % _fmt(conf.get("expected_gain"), 3),
+                  "| Predicted speedup vs current k | %s |" % _fmt(conf.get("predicted_speedup_vs_current"), 3),
+                  "| Measured speedup vs current k | %s |" % _fmt(conf.get("measured_speedup_vs_current"), 3),
+                  "| Measured speedup vs baseline | %s |" % _fmt(conf.get("measured_speedup_vs_baseline"), 3), ""]
+    lines += ["## Context", "", "| Field | Value |", "|---|---|"]
+    hw = ctx.get("hardware") or {}
+    for label, value in (("Hardware: GPU model", hw.get("gpu_model")), ("Hardware: GPU count", hw.get("gpu_count")),
+                         ("Hardware: notes", hw.get("notes")), ("Model: identifier", (ctx.get("model") or {}).get("id")),
+                         ("Model: dtype", (ctx.get("model") or {}).get("dtype")),
+                         ("Runtime: vLLM version", (ctx.get("runtime") or {}).get("vllm_version")),
+                         ("Runtime: image", (ctx.get("runtime") or {}).get("image"))):
+        if value is not None or not label.endswith("notes"):
+            lines.append("| %s | %s |" % (label, _md_cell(_fmt(value))))
+    lines += ["", "### Request parameters", "", "| Parameter | Value |", "|---|---|"]
+    for key, value in sorted((ctx.get("request") or {}).items()):
+        lines.append("| %s | %s |" % (key, _md_cell(json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else _fmt(value, 3))))
+    lines += ["", "### Commands", "", "Baseline:", "", "```", command_text(ctx["commands"]["baseline"]), "```", "",
+              "Speculative decoding:", "", "```", command_text(ctx["commands"]["candidate"]), "```", ""]
+    plots = data.get("plots") or {}
+    if plots:
+        lines += ["## Plots", ""]
+        for key, label in (("load", "Speedup and TPOT against load"), ("k", "Per-position acceptance and expected gain per k")):
+            if plots.get(key):
+                lines += ["![%s](%s)" % (label, plots[key]), ""]
+    if data.get("notes"):
+        lines += ["## Notes", ""] + ["- %s" % note for note in data["notes"]] + [""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def write_sweep_report(data, report_dir, basename="sweep", plots=True):
+    """Write ``<basename>.json`` (also the resume file), ``<basename>.md`` and the PNGs; refuses an incomplete context."""
+    require_complete(data.get("context"))
+    os.makedirs(report_dir, exist_ok=True)
+    result = data["result"]
+    paths = {"plots": {}}
+    data["plots"] = {}
+    if plots and result["points"]:
+        be_kind = (result.get("break_even") or {}).get("kind") or result["points"][0]["kind"]
+        name = basename + "-load.png"
+        plot_sweep_load([p for p in result["points"] if p["kind"] == be_kind], result.get("break_even"),
+                        (result.get("target") or {}).get("target_qps"), os.path.join(report_dir, name), kind=be_kind)
+        data["plots"]["load"] = name
+        paths["plots"]["load"] = os.path.join(report_dir, name)
+        pred = (result.get("k") or {}).get("prediction")
+        if pred:
+            name = basename + "-k.png"
+            plot_k_curve(pred, (result.get("k") or {}).get("confirmation"), os.path.join(report_dir, name))
+            data["plots"]["k"] = name
+            paths["plots"]["k"] = os.path.join(report_dir, name)
+    paths["json"] = os.path.join(report_dir, basename + ".json")
+    paths["markdown"] = os.path.join(report_dir, basename + ".md")
+    _atomic_write(paths["json"], json.dumps(data, indent=1, sort_keys=True) + "\n")
+    _atomic_write(paths["markdown"], render_sweep_markdown(data))
+    return paths

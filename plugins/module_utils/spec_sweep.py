@@ -33,8 +33,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_report, bench_stats, speculative_config
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_client, bench_report, bench_run, bench_stats, bench_workloads
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import spec_metrics, speculative_config
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 SWEEP_SCHEMA = "alauda.spec_decoding/sweep-results/v1"
@@ -500,3 +502,383 @@ def resume_state(previous_json, plan):
         hit = measured.get(_unit_key(unit))
         (done if hit is not None else todo).append(hit if hit is not None else unit)
     return {"done": done, "todo": todo}
+
+
+# -- spec state of each side, before any request ------------------------------------------------------------------
+SPEC_FLAGS = ("--speculative-config", "--spec-method", "--spec-model", "--spec-tokens")
+
+
+def spec_state_from_metrics(text, model_name=None):
+    """``{"speculative": bool | None, "k": int | None}`` from one ``/metrics`` page.
+
+    vLLM registers the ``vllm:spec_decode_*`` counters only when the engine runs with a speculative config
+    (``SpecDecodingProm`` returns early without one), and creates one ``..._per_pos`` series per proposed slot at
+    start-up, so the series count is the engine's ``num_speculative_tokens``. ``None`` when there is no page.
+    """
+    if text is None:
+        return {"speculative": None, "k": None}
+    counters = spec_metrics.parse_prometheus(text)
+    name = model_name if model_name in counters.all_model_names else None
+    if name:
+        counters = spec_metrics.parse_prometheus(text, model_name=name)
+    k = len(counters.accepted_per_pos or []) or None
+    return {"speculative": bool(counters.found), "k": k}
+
+
+def spec_state_from_command(command, env=None):
+    """True/False whether a vLLM command line sets speculative decoding, None without a command."""
+    if bench_report._blank(command):  # pylint: disable=protected-access
+        return None
+    words = bench_report.command_words(command, env)
+    return any(bench_report.flag_value(words, flag) is not None for flag in SPEC_FLAGS)
+
+
+def check_spec_states(states, commands=None):
+    """Refuse a candidate that does not run speculative decoding and a baseline that does (``ValidationError``).
+
+    ``states``: ``{side: spec_state_from_metrics(...)}`` for ``baseline``, ``candidate`` and optionally ``confirm``
+    (with ``"expected_k"``); ``commands``: ``{side: True/False/None}`` from ``spec_state_from_command``.
+    Returns notes for what could not be checked.
+    """
+    notes = []
+    wants = {"baseline": False, "candidate": True, "confirm": True}
+    fields = {"baseline": "baseline_url", "candidate": "candidate_url", "confirm": "confirm_url"}
+    for side, state in states.items():
+        seen = state.get("speculative")
+        if seen is None:
+            notes.append("the %s has no /metrics page, so whether it runs speculative decoding was not checked" % side)
+        elif seen != wants[side]:
+            if wants[side]:
+                raise ValidationError("shows no speculative decoding: its /metrics has no vllm:spec_decode_* counters, which vLLM "
+                                      "registers whenever a speculative config is set", field=fields[side],
+                                      hint="point %s at the server started with --speculative-config" % fields[side])
+            raise ValidationError("shows speculative decoding (vllm:spec_decode_* counters on its /metrics, k=%s): it is not a "
+                                  "baseline" % state.get("k"), field=fields[side],
+                                  hint="point baseline_url at the same model served without --speculative-config")
+        expected = state.get("expected_k")
+        if seen and expected is not None and state.get("k") is not None and state["k"] != expected:
+            raise ValidationError("serves num_speculative_tokens=%d (per-position series on /metrics), not the k=%d to confirm" % (
+                state["k"], expected), field=fields[side], hint="deploy the recommended k there, or set confirm_k to what it serves")
+    for side, flagged in (commands or {}).items():
+        if flagged is None or flagged == wants[side]:
+            continue
+        field = "report_context.%s_command" % side
+        if wants[side]:
+            raise ValidationError("has no --speculative-config: the candidate's command does not enable speculative decoding",
+                                  field=field, hint="give the command the candidate really runs")
+        raise ValidationError("sets %s: the baseline's command enables speculative decoding" % "/".join(SPEC_FLAGS[:1]),
+                              field=field, hint="the baseline is the same command without --speculative-config")
+    return notes
+
+
+# -- the k prediction from measured points --------------------------------------------------------------------------
+def pooled_acceptance(acceptances):
+    """Per-position rates and mean acceptance length over several /metrics windows (counts summed, then divided)."""
+    drafts, accepted, per_pos = 0.0, 0.0, []
+    for acc in acceptances:
+        if not acc or not acc.get("num_drafts"):
+            continue
+        drafts += acc["num_drafts"]
+        accepted += acc.get("num_accepted_tokens") or 0
+        for index, value in enumerate(acc.get("accepted_tokens_per_position") or []):
+            if index >= len(per_pos):
+                per_pos.append(0.0)
+            per_pos[index] += value or 0
+    if not drafts:
+        return None
+    rates = [value / drafts for value in per_pos]
+    for index in range(1, len(rates)):  # counter rounding cannot make a deeper slot exceed the one before
+        rates[index] = min(rates[index], rates[index - 1])
+    return {"num_drafts": drafts, "num_accepted_tokens": accepted, "per_position": rates,
+            "mean_acceptance_length": 1.0 + accepted / drafts}
+
+
+def predict_k(points, current_k, k_candidates, verify_cost_ratio=None):
+    """``recommend_k`` on the candidate's acceptance pooled over the sweep, restricted to ``k_candidates``.
+
+    ``verify_cost_ratio`` defaults to ``verify_cost_ratio_from`` at the lowest load (least queueing), with the
+    candidate's k. Returns ``recommend_k``'s dict plus ``predicted_k``, ``current_k``, ``pooled``, ``cost_source``;
+    ``None`` with no acceptance counts.
+    """
+    pooled = pooled_acceptance([_side(p, "candidate").get("acceptance") for p in points])
+    if pooled is None or not pooled["per_position"]:
+        return None
+    source = "given"
+    if verify_cost_ratio is None:
+        first = points[0]
+        b_tpot = ((_summary(first["baseline"]).get("tpot_ms") or {}).get("median"))
+        c_tpot = ((_summary(first["candidate"]).get("tpot_ms") or {}).get("median"))
+        own = pooled_acceptance([_side(first, "candidate").get("acceptance")]) or pooled
+        if not b_tpot or not c_tpot:
+            return None
+        verify_cost_ratio = verify_cost_ratio_from(b_tpot, c_tpot, own["mean_acceptance_length"], current_k or len(pooled["per_position"]))
+        source = "measured at load %g: baseline TPOT %.3f ms, candidate TPOT %.3f ms, mean acceptance length %.3f, k=%s" % (
+            first["load"], b_tpot, c_tpot, own["mean_acceptance_length"], current_k)
+    k_max = max(list(k_candidates) + ([current_k] if current_k else []))  # the current k's row too, for the comparison
+    out = recommend_k(pooled["per_position"], verify_cost_ratio, k_max)
+    rows = [row for row in out["table"] if row["k"] in k_candidates]
+    if not rows:
+        raise ValidationError("no candidate in %s was measured: the candidate proposes %d slot(s)" % (list(k_candidates), len(pooled["per_position"])),
+                              field="k_candidates", hint="run the candidate with num_speculative_tokens at least as large as the largest candidate")
+    best = max(rows, key=lambda row: (row["expected_gain"], -row["k"]))
+    out.update(predicted_k=best["k"], recommended_k=best["k"], expected_gain=best["expected_gain"], pays=best["expected_gain"] > 1.0,
+               current_k=current_k, pooled=pooled, verify_cost_ratio=verify_cost_ratio, cost_source=source, k_candidates=list(k_candidates))
+    current_row = next((row for row in out["table"] if row["k"] == current_k), None)
+    out["expected_gain_current"] = current_row["expected_gain"] if current_row else None
+    return out
+
+
+def _side(point, side):
+    return point.get(side) or {}
+
+
+def confirmation(prediction, confirm_units, sweep_point, keep_rule=None):
+    """The measured A/B of the predicted k against the current k, beside the prediction.
+
+    ``confirm_units``: ``{"current": side, "recommended": side}`` measured fresh at the same load (or ``None``);
+    ``sweep_point``: the sweep's point at that load (baseline vs current k). When the predicted k is the current k,
+    the sweep's own A/B is the measurement. Returns ``{"status": confirmed | rejected | not_measured, ...}``.
+    """
+    if prediction is None:
+        return {"status": "not_measured", "reason": "no acceptance counts were measured on the candidate, so there is no k prediction"}
+    pred, cur = prediction["predicted_k"], prediction["current_k"]
+    out = {"predicted_k": pred, "current_k": cur, "expected_gain": prediction["expected_gain"],
+           "expected_gain_current": prediction.get("expected_gain_current"),
+           "load": sweep_point["load"] if sweep_point else None, "kind": (sweep_point or {}).get("kind")}
+    if pred == cur:
+        summary_b, summary_c = _summary(sweep_point["baseline"]), _summary(sweep_point["candidate"])
+        speedup = bench_stats.ratio(summary_c.get("output_throughput"), summary_b.get("output_throughput"))
+        dec = _apply_keep_rule(keep_rule, sweep_point, sweep_point.get("kind", "request_rate"))
+        out.update(status="confirmed" if dec["decision"] == "keep" else "rejected", recommended_k=cur if dec["decision"] == "keep" else None,
+                   measured_speedup_vs_current=1.0, measured_speedup_vs_baseline=speedup, decision=dec,
+                   reason="the predicted k is the deployed k=%d; the sweep's A/B at this load measured it against the baseline: "
+                          "speedup %s, %s" % (cur, _fmt3(speedup), dec["decision"]))
+        return out
+    if not confirm_units:
+        out.update(status="not_measured", recommended_k=None,
+                   reason="predicted k=%d (expected gain %.3f vs %s at the current k=%s) is not confirmed: serve k=%d on confirm_url "
+                          "(or deploy it) and rerun with resume_from; never adopt a k from the curve alone" % (
+                              pred, prediction["expected_gain"], _fmt3(prediction.get("expected_gain_current")), cur, pred))
+        return out
+    cur_sum, rec_sum = _summary(confirm_units["current"]), _summary(confirm_units["recommended"])
+    dec = bench_report.decide(cur_sum, rec_sum, keep_rule if isinstance(keep_rule, dict) else None,
+                              {out["kind"] or "request_rate": out["load"]})
+    speedup = bench_stats.ratio(rec_sum.get("output_throughput"), cur_sum.get("output_throughput"))
+    base = _summary(sweep_point["baseline"]) if sweep_point else {}
+    vs_base = bench_stats.ratio(rec_sum.get("output_throughput"), base.get("output_throughput"))
+    predicted_ratio = bench_stats.ratio(prediction["expected_gain"], prediction.get("expected_gain_current"))
+    keep = dec["decision"] == "keep"
+    out.update(status="confirmed" if keep else "rejected", recommended_k=pred if keep else cur, decision=dec,
+               measured_speedup_vs_current=speedup, measured_speedup_vs_baseline=vs_base, predicted_speedup_vs_current=predicted_ratio,
+               reason=("k=%d measured against k=%d at load %g: speedup %s (predicted %s); %s" % (
+                   pred, cur, out["load"], _fmt3(speedup), _fmt3(predicted_ratio),
+                   "keep k=%d" % pred if keep else "keep the current k=%d: %s" % (cur, "; ".join(dec["reasons"])))))
+    return out
+
+
+def _fmt3(value):
+    return "n/a" if value is None else "%.3f" % value
+
+
+# -- the run ------------------------------------------------------------------------------------------------------
+# Protocol parameters recorded in the sweep JSON; a resumed run must match every one of them.
+PROTOCOL_KEYS = ("prompts_sha256", "seed", "temperature", "max_tokens", "api", "runs_per_prompt", "warmup", "arrival",
+                 "extra_body", "max_concurrency")
+
+
+def _unit_label(unit):
+    load = ("rate %g req/s" % unit["load"]) if unit["kind"] == "request_rate" else ("concurrency %d" % unit["load"])
+    side = unit["side"] if unit.get("k") is None else "%s k=%d" % (unit["side"], unit["k"])
+    return "%s %s" % (load, side)
+
+
+def _write_json(path, data):
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def _read_resume(path):
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError as exc:
+        raise ValidationError("cannot read %s (%s)" % (path, exc.strerror or exc), field="resume_from",
+                              hint="point it at the JSON an earlier sweep wrote (<report_dir>/<report_name>.json)") from exc
+
+
+def _point_view(point, decision_row):
+    """A point as the module returns it: medians and p99 of TTFT/TPOT/ITL, tok/s, speedup, acceptance, decision."""
+    out = {"kind": point["kind"], "load": point["load"], "speedup": decision_row["speedup"], "decision": decision_row["decision"],
+           "reasons": decision_row["reasons"]}
+    for side in SIDES:
+        summary = _summary(point[side])
+        view = {key: {"median": (summary.get(key) or {}).get("median"), "p99": (summary.get(key) or {}).get("p99")}
+                for key in ("ttft_ms", "tpot_ms", "itl_ms")}
+        view.update(output_throughput=summary.get("output_throughput"), completed=summary.get("completed"), failed=summary.get("failed"))
+        if side == "candidate":
+            view["acceptance"] = point[side].get("acceptance")
+        out[side] = view
+    return out
+
+
+def run_sweep(params, measure=None):
+    """The ``spec_sweep`` module's work; ``params`` are its options. Everything refusable is refused before the first
+    request (inputs, protocol, report context, each side's speculative state from /metrics and the commands).
+
+    ``measure``: ``bench_run.measure`` (tests may pass another with its signature).
+    """
+    measure = measure or bench_run.measure
+    sweep = validate_sweep(params["request_rates"], params["concurrencies"], params.get("k_candidates"), params.get("method"),
+                           params.get("target_qps"))
+    bench_run.check_protocol(dict(params, concurrency=params["max_concurrency"], request_rate=None))
+    if params.get("confirm_url") and not params.get("confirm_k"):
+        raise ValidationError("is required with confirm_url", field="confirm_k", hint="the num_speculative_tokens confirm_url serves")
+    if params.get("confirm_k") is not None and sweep["k_limit"] and not 1 <= params["confirm_k"] <= sweep["k_limit"]:
+        raise ValidationError("%d is outside 1..%d, the range allowed for method %s" % (params["confirm_k"], sweep["k_limit"], params["method"]),
+                              field="confirm_k", hint="confirm a k within the sweep's candidates")
+    prompts = bench_workloads.load_workload(params["workload"], params["prompts_file"], params["num_prompts"])
+    request_params = {"max_tokens": params["max_tokens"], "temperature": params["temperature"], "seed": params["seed"],
+                      "extra_body": dict(params["extra_body"] or {})}
+    protocol = {"prompts_sha256": prompts_sha256(prompts), "seed": params["seed"], "temperature": params["temperature"],
+                "max_tokens": params["max_tokens"], "api": params["api"], "runs_per_prompt": params["runs_per_prompt"],
+                "warmup": params["warmup"], "arrival": params["arrival"], "extra_body": dict(params["extra_body"] or {}),
+                "max_concurrency": params["max_concurrency"]}
+    public_request = {"api": params["api"], "workload": params["prompts_file"] or params["workload"], "num_prompts": len(prompts),
+                      "temperature": params["temperature"], "max_tokens": params["max_tokens"], "seed": params["seed"],
+                      "concurrency": sweep["concurrencies"] or params["max_concurrency"],
+                      "request_rate": sweep["request_rates"], "arrival": params["arrival"] if sweep["request_rates"] else None,
+                      "runs_per_prompt": params["runs_per_prompt"], "warmup_requests": params["warmup"],
+                      "sampling": dict(params["extra_body"] or {}, seed=params["seed"], temperature=params["temperature"])}
+    context = bench_report.build_context(params["report_context"], public_request)
+    bench_report.require_complete(context)
+    report_dir, name = params["report_dir"], params["report_name"]
+    json_path = os.path.join(report_dir, name + ".json")
+    resume_text = _read_resume(params.get("resume_from"))
+
+    sides = {"baseline": "baseline", "candidate": "candidate"}
+    if params.get("confirm_url"):
+        sides["confirm"] = "confirm"
+    endpoints = {}
+    for side in sides:
+        endpoints[side] = bench_client.Endpoint(
+            params["%s_url" % side], model=params.get("%s_model" % side), api=params["api"], token=params["bearer_token"],
+            headers=params["headers"], timeout=params["timeout"], validate_certs=params["validate_certs"], ca_path=params["ca_path"],
+            field="%s_url" % side)
+    # Spec state of every side before any inference request: /metrics (GET, not an inference) and the commands.
+    states = {}
+    for side, endpoint in endpoints.items():
+        states[side] = spec_state_from_metrics(bench_run.scrape(endpoint, True), endpoint.model)
+    if "confirm" in states:
+        states["confirm"]["expected_k"] = params["confirm_k"]
+    ctx = params["report_context"] or {}
+    commands = {"baseline": spec_state_from_command(ctx.get("baseline_command")),
+                "candidate": spec_state_from_command(ctx.get("candidate_command"), ctx.get("candidate_env"))}
+    notes = check_spec_states(states, commands)
+    current_k = params.get("current_k") or states["candidate"].get("k")
+    if sweep["num_speculative_tokens"] and current_k:
+        deeper = [k for k in sweep["num_speculative_tokens"] if k > current_k]
+        if len(deeper) == len(sweep["num_speculative_tokens"]):
+            raise ValidationError("every candidate (%s) is above the candidate's k=%d: its slots beyond %d are never measured" % (
+                deeper, current_k, current_k), field="k_candidates",
+                hint="run the candidate with num_speculative_tokens=%d (the largest candidate), or pick candidates up to %d" % (
+                    max(deeper), current_k))
+        if deeper:
+            notes.append("k_candidates %s are not predicted: the candidate runs k=%d, so slots beyond %d are not measured; run it "
+                         "with the largest candidate" % (deeper, current_k, current_k))
+
+    units = plan_units(sweep["request_rates"], sweep["concurrencies"])
+    confirm_load = None
+    if params.get("confirm_url"):
+        kind = "request_rate" if sweep["request_rates"] else "concurrency"
+        loads = sweep["request_rates"] or sweep["concurrencies"]
+        confirm_load = params.get("confirm_load") or (sweep["target_qps"] if kind == "request_rate" and sweep["target_qps"] else loads[0])
+        confirm_load = next((x for x in loads if x >= confirm_load * (1 - _LOAD_EPS)), loads[-1])
+        units += [{"kind": kind, "load": confirm_load, "side": "confirm_current", "k": current_k},
+                  {"kind": kind, "load": confirm_load, "side": "confirm", "k": params["confirm_k"]}]
+    state = resume_state(resume_text, {"protocol": protocol, "units": units})
+    os.makedirs(report_dir, exist_ok=True)
+    progress = bench_run.Progress(params["progress_file"] or os.path.join(report_dir, "%s-progress.log" % name), name="spec_sweep")
+    for note in notes:
+        progress.line("note: " + note)
+    measurements = [dict(m) for m in state["done"]]
+    progress.line("%d measurement(s) resumed from %s, %d to measure" % (len(measurements), params.get("resume_from"), len(state["todo"])) if measurements
+                  else "%d measurement(s) to measure" % len(state["todo"]))
+    total = len(units)
+    data = {"schema": SWEEP_SCHEMA, "protocol": protocol, "measurements": measurements, "complete": False}
+    for unit in state["todo"]:
+        endpoint = endpoints["baseline" if unit["side"] == "baseline" else "confirm" if unit["side"] == "confirm" else "candidate"]
+        load = {"concurrency": unit["load"], "request_rate": None} if unit["kind"] == "concurrency" else \
+            {"concurrency": params["max_concurrency"], "request_rate": unit["load"]}
+        label = "[%d/%d] %s" % (len(measurements) + 1, total, _unit_label(unit))
+        side = measure(label, endpoint, prompts, dict(params, **load), {"params": request_params}, progress)
+        item = {k: v for k, v in side.items() if k != "records"}
+        item.update(kind=unit["kind"], load=unit["load"], side=unit["side"], k=unit.get("k"))
+        measurements.append(item)
+        _write_json(json_path, data)  # after every measurement: an interrupted sweep resumes from here
+    result = analyse(measurements, sweep, params, current_k)
+    data.update(complete=True, context=context, result=result, notes=notes + result["notes"],
+                title=params.get("title") or "Speculative decoding load and k sweep", generated_at=bench_run.now())
+    data["resumed"] = len(state["done"])
+    paths = bench_report.write_sweep_report(data, report_dir, basename=name, plots=params["plots"])
+    progress.line("break-even: %s; target decision: %s; k: %s; report %s" % (
+        result["break_even"]["reason"] if result["break_even"] else "n/a",
+        (result["target"] or {}).get("decision", {}).get("decision", "n/a"), result["k"].get("reason"), paths["markdown"]))
+    return {"changed": False, "points": result["points"], "break_even": result["break_even"], "break_even_by_kind": result["break_even_by_kind"],
+            "decision": result["target"], "k": result["k"], "notes": data["notes"], "resumed": data["resumed"],
+            "measured": len(state["todo"]), "report_markdown": paths["markdown"], "report_json": paths["json"], "plots": paths["plots"],
+            "progress_file": progress.path}
+
+
+def analyse(measurements, sweep, params, current_k):
+    """Points, break-even per load kind, the target decision, the k prediction and its confirmation."""
+    by_key = {}
+    for item in measurements:
+        by_key[(item["kind"], round(float(item["load"]), 9), item["side"])] = item
+    points = {kind: [] for kind in LOAD_KINDS}
+    for kind in LOAD_KINDS:
+        for load in sweep[LOAD_FIELDS[kind]] or ():
+            base = by_key.get((kind, round(float(load), 9), "baseline"))
+            cand = by_key.get((kind, round(float(load), 9), "candidate"))
+            if base and cand:
+                points[kind].append({"kind": kind, "load": load, "baseline": base, "candidate": cand})
+    keep_rule = params.get("tolerances") or None
+    tables, views, notes = {}, [], []
+    for kind in LOAD_KINDS:
+        if points[kind]:
+            tables[kind] = break_even(points[kind], keep_rule)
+            views += [_point_view(p, row) for p, row in zip(points[kind], tables[kind]["points"])]
+    main_kind = "request_rate" if tables.get("request_rate") else "concurrency"
+    target = decision_for_target(points["request_rate"], sweep["target_qps"], keep_rule) if sweep["target_qps"] and points["request_rate"] else None
+    all_points = points["request_rate"] + points["concurrency"]
+    ks = sweep["num_speculative_tokens"] or ([current_k] if current_k else None)
+    prediction = predict_k(points[main_kind], current_k, ks, params.get("verify_cost_ratio")) if ks and points[main_kind] else None
+    confirm = None
+    if prediction:
+        ck = [m for m in measurements if m["side"] in ("confirm_current", "confirm")]
+        units = None
+        if ck:
+            cur = next((m for m in ck if m["side"] == "confirm_current"), None)
+            rec = next((m for m in ck if m["side"] == "confirm"), None)
+            if cur and rec:
+                units = {"current": cur, "recommended": rec}
+                if rec.get("k") != prediction["predicted_k"]:
+                    notes.append("confirm_k=%s is not the predicted k=%d: the A/B measured k=%s against k=%s" % (
+                        rec.get("k"), prediction["predicted_k"], rec.get("k"), current_k))
+        load = (ck[0]["load"] if ck else (target or {}).get("load")) or (points[main_kind][0]["load"])
+        kind = ck[0]["kind"] if ck else main_kind
+        sweep_point = next((p for p in all_points if p["kind"] == kind and abs(p["load"] - load) <= _LOAD_EPS * max(load, 1)), None)
+        confirm = confirmation(dict(prediction, predicted_k=(units["recommended"]["k"] if units else prediction["predicted_k"])), units,
+                               sweep_point, keep_rule)
+    k_block = {"prediction": prediction, "confirmation": confirm,
+               "recommended_k": (confirm or {}).get("recommended_k"), "current_k": current_k,
+               "reason": (confirm or {}).get("reason") or (
+                   "no acceptance counts on the candidate: no k prediction" if ks else
+                   "the candidate's k is unknown (no per-position series on /metrics); set current_k")}
+    if not all_points:
+        raise ValidationError("no load has both sides measured", field="request_rates", hint="rerun the sweep")
+    return {"points": views, "break_even": tables.get(main_kind), "break_even_by_kind": tables, "target": target, "k": k_block,
+            "notes": notes}

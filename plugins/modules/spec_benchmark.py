@@ -335,45 +335,19 @@ progress_file:
   type: str
 """
 
-import datetime
 import json
 import os
-import threading
-import time
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_client, bench_report, bench_stats, bench_workloads
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import prometheus_text, spec_metrics
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_client, bench_report, bench_workloads
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import prometheus_text
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench_run import Progress, check_protocol, measure
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench_run import acceptance as _acceptance  # noqa: F401  pylint: disable=unused-import
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench_run import now as _now
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 RESULTS_SCHEMA = "alauda.spec_decoding/benchmark-side/v1"
-
-
-class Progress:
-    """Appends one line per event to the progress file (the module cannot stream to the terminal)."""
-
-    def __init__(self, path):
-        self.path = path
-        self.lock = threading.Lock()
-        self.started = time.monotonic()
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write("%s spec_benchmark started\n" % _now())
-
-    def line(self, text):
-        with self.lock, open(self.path, "a", encoding="utf-8") as handle:
-            handle.write("%s +%7.1fs %s\n" % (_now(), time.monotonic() - self.started, text))
-
-    def request(self, label, done, total, record):
-        if record.get("success"):
-            detail = "ttft=%.1fms e2el=%.1fms tokens=%s" % (record["ttft"] * 1000, record["latency"] * 1000, record.get("output_tokens"))
-        else:
-            detail = "FAILED %s" % (record.get("error") or "")[:200]
-        self.line("%s %d/%d %s %s" % (label, done, total, record.get("prompt_id"), detail))
-
-
-def _now():
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def request_parameters(params, prompts):
@@ -391,97 +365,6 @@ def request_parameters(params, prompts):
         "warmup_requests": params["warmup"],
         "sampling": dict(params["extra_body"] or {}, seed=params["seed"], temperature=params["temperature"]),
     }
-
-
-def check_protocol(params):
-    if not 5 <= params["runs_per_prompt"] <= 10:
-        raise ValidationError("must be between 5 and 10, got %d" % params["runs_per_prompt"], field="runs_per_prompt",
-                              hint="the guide's protocol runs each prompt 5-10 times and reports medians")
-    if params["warmup"] < 3:
-        raise ValidationError("must be at least 3, got %d" % params["warmup"], field="warmup",
-                              hint="the guide discards at least 3 warmup requests per service")
-    if params["max_tokens"] < 1:
-        raise ValidationError("must be at least 1", field="max_tokens")
-    if params["request_rate"] is not None and params["request_rate"] <= 0:
-        raise ValidationError("must be positive", field="request_rate", hint="leave it unset to send all requests at once")
-    if params["concurrency"] < 1:
-        raise ValidationError("must be at least 1, got %d" % params["concurrency"], field="concurrency",
-                              hint="1 measures one request at a time; use the load you serve in production")
-    if params["temperature"] < 0:
-        raise ValidationError("must not be negative, got %s" % params["temperature"], field="temperature",
-                              hint="the guide's protocol uses 0 (greedy) on both sides")
-    name = params["report_name"]
-    if not name or name in (".", "..") or "/" in name or "\\" in name:
-        raise ValidationError("must be a plain file name, got %r" % (name,), field="report_name",
-                              hint="put the folder in report_dir and give only the base name here, e.g. 'llama-eagle3'")
-    bench_report.check_tolerances(params["tolerances"])
-
-
-def _scrape(endpoint, enabled):
-    if not enabled:
-        return None
-    try:
-        return endpoint.metrics_text()
-    except SpecDecodingError:
-        return None
-
-
-def _acceptance(before_text, after_text, model_name):
-    if before_text is None or after_text is None or not prometheus_text.HAS_PROMETHEUS_CLIENT:
-        return None
-    after = spec_metrics.parse_prometheus(after_text)
-    name = model_name if model_name in after.all_model_names else None
-    after = spec_metrics.parse_prometheus(after_text, model_name=name)
-    before = spec_metrics.parse_prometheus(before_text, model_name=name)
-    if not after.found:
-        return None
-    summary = spec_metrics.summarize(after.delta(before))
-    return {
-        "mean_acceptance_length": summary["mean_acceptance_length"],
-        "acceptance_rate": summary["draft_acceptance_rate"],
-        "per_position": summary["per_position_acceptance_rate"],
-        "num_drafts": summary["num_drafts"],
-        "num_draft_tokens": summary["num_draft_tokens"],
-        "num_accepted_tokens": summary["num_accepted_tokens"],
-        "accepted_tokens_per_position": summary["accepted_tokens_per_position"],
-        "diagnosis": summary["diagnosis"]["status"],
-        "counter_reset": summary["counter_reset"],
-    }
-
-
-def measure(name, endpoint, prompts, params, request, progress):
-    """Warm up, scrape, measure, scrape; returns the side dict (summary, records, metrics deltas)."""
-    progress.line("%s: %s (%s API), %d warmup + %d measured requests" % (
-        name, endpoint.url, endpoint.api, params["warmup"], len(prompts) * params["runs_per_prompt"]))
-    scrapes = {}
-
-    def before():
-        scrapes["before"] = _scrape(endpoint, params["scrape_metrics"])
-
-    result = bench_client.measure_side(
-        endpoint, prompts, request["params"], runs_per_prompt=params["runs_per_prompt"], warmup=params["warmup"],
-        concurrency=params["concurrency"], request_rate=params["request_rate"], arrival=params["arrival"], seed=params["seed"],
-        progress=progress.request, label=name, before_measure=before)
-    after = _scrape(endpoint, params["scrape_metrics"])
-    cache = bench_client.prefix_cache_window(scrapes.get("before"), after, endpoint.model)
-    summary = bench_stats.summarize_run(result["records"], result["duration_s"])
-    progress.line("%s done: %d ok, %d failed, %.1f s, median TTFT %s ms, median TPOT %s ms, %.1f output tok/s" % (
-        name, summary["completed"], summary["failed"], summary["duration_s"], _r(summary["ttft_ms"]["median"]),
-        _r(summary["tpot_ms"]["median"]), summary["output_throughput"] or 0))
-    return {
-        "url": endpoint.url,
-        "model": endpoint.model,
-        "api": endpoint.api,
-        "summary": summary,
-        "prefix_cache": cache,
-        "warmup": result["warmup"],
-        "acceptance": _acceptance(scrapes.get("before"), after, endpoint.model),
-        "records": result["records"],
-    }
-
-
-def _r(value):
-    return "n/a" if value is None else "%.2f" % value
 
 
 def _endpoint(params, side):

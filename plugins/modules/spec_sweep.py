@@ -1,0 +1,366 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: spec_sweep
+short_description: Load and k sweep of baseline vs speculative decoding - the break-even load and the best num_speculative_tokens
+version_added: 0.2.0
+description:
+  - Runs the A/B protocol of M(alauda.spec_decoding.spec_benchmark) (same prompts in the same order, temperature 0,
+    a fixed seed, warmups, 5 to 10 runs per prompt, medians; its client and statistics) at each load of
+    O(request_rates) and/or O(concurrencies), the baseline and the candidate interleaved at each load.
+  - Returns per load TTFT, TPOT and ITL medians and p99, output tokens/s, the speedup (candidate tok/s / baseline tok/s)
+    and the candidate's acceptance figures from its C(/metrics) deltas.
+  - O(ignore:break_even) is the highest load at which the candidate still meets the keep rule of
+    M(alauda.spec_decoding.spec_benchmark) (median TTFT, median TPOT and output throughput all at least as good, within
+    O(tolerances)), the first at which it does not, the interpolated crossover and the metric that crossed first.
+  - Predicts the best C(num_speculative_tokens) among O(k_candidates) from the per-position acceptance rates measured
+    over the sweep (expected tokens per step 1 + r_1 + ... + r_k with k slots) against the measured cost of a verify step.
+    The prediction is only a recommendation once a measured A/B confirms it. With O(confirm_url) (a server running
+    the predicted k) the module measures the current k against it at the target load. When the predicted k is the
+    deployed k, the sweep's own A/B at that load is the measurement.
+  - The decision for O(target_qps) uses the sweep point at or above it.
+  - Checks, before any inference request, that the candidate runs speculative decoding and the baseline does not.
+    It reads the C(vllm:spec_decode_*) counters on C(/metrics) and the commands in O(report_context). It also reads
+    the candidate's k from the number of per-position series.
+  - Writes C(<report_name>.json) after every measurement. O(resume_from) set to that file continues an interrupted
+    sweep without measuring finished points again. At the end it writes the Markdown report and PNG plots
+    (speedup and TPOT against load with the break-even and target QPS, the per-position curve with the k prediction).
+  - A module cannot stream output. Progress (the point, the side, requests done of total) goes to O(progress_file).
+author:
+  - Alauda Platform Team (@alauda)
+options:
+  baseline_url:
+    description: Base URL of the baseline server (no speculative decoding).
+    type: str
+    required: true
+  candidate_url:
+    description: Base URL of the speculative-decoding server with the current k.
+    type: str
+    required: true
+  baseline_model:
+    description: Served model name of the baseline. Defaults to the first id of C(GET /v1/models).
+    type: str
+  candidate_model:
+    description: Served model name of the candidate. Defaults to the first id of C(GET /v1/models).
+    type: str
+  request_rates:
+    description: Request rates to sweep (requests/s), strictly increasing, each above 0.
+    type: list
+    elements: float
+  concurrencies:
+    description: Concurrencies to sweep (requests in flight), strictly increasing, each at least 1.
+    type: list
+    elements: int
+  max_concurrency:
+    description: Upper bound of requests in flight at the request-rate points.
+    type: int
+    default: 64
+  target_qps:
+    description:
+      - The request rate the service really runs. The decision uses the sweep point at or above it. Needs
+        O(request_rates) reaching it.
+    type: float
+  method:
+    description:
+      - Speculative method of the candidate (for the range of O(k_candidates)), for example V(ngram).
+    type: str
+  k_candidates:
+    description:
+      - The C(num_speculative_tokens) values to predict among, within 1 and the method's limit (10 for ngram,
+        draft_model, eagle and eagle3, 5 for mtp, 24 for suffix). Only slots measured by the candidate are predicted,
+        so run the candidate with the largest k. Defaults to the candidate's own k. Needs O(method).
+    type: list
+    elements: int
+  current_k:
+    description: The candidate's C(num_speculative_tokens). Defaults to the number of per-position series on its C(/metrics).
+    type: int
+  verify_cost_ratio:
+    description:
+      - Cost of one proposed token as a fraction of a baseline decode step, for the k model. By default it is
+        measured at the lowest load, from both sides' TPOT and the candidate's mean acceptance length.
+    type: float
+  confirm_url:
+    description: Base URL of a server that runs the predicted k (O(confirm_k)), for the confirmation A/B.
+    type: str
+  confirm_model:
+    description: Served model name of O(confirm_url).
+    type: str
+  confirm_k:
+    description: The C(num_speculative_tokens) O(confirm_url) serves. Required with O(confirm_url).
+    type: int
+  confirm_load:
+    description: Load of the confirmation A/B. Defaults to the sweep point at or above O(target_qps), else the lowest load.
+    type: float
+  resume_from:
+    description: A previous run's JSON (C(<report_dir>/<report_name>.json)); its finished measurements are reused.
+    type: path
+  api:
+    description: OpenAI API to call (see M(alauda.spec_decoding.spec_benchmark)).
+    type: str
+    choices: [chat, completions]
+    default: chat
+  workload:
+    description: Built-in workload, ignored with O(prompts_file).
+    type: str
+    choices: [code_refactor, general_chat]
+    default: code_refactor
+  prompts_file:
+    description: JSONL prompts, one per line (a JSON string, or an object with C(prompt) or C(messages)).
+    type: path
+  num_prompts:
+    description: Use only the first N prompts.
+    type: int
+  runs_per_prompt:
+    description: Measured runs of each prompt per side and load (5 to 10).
+    type: int
+    default: 5
+  warmup:
+    description: Warmup requests per side and load, discarded (at least 3).
+    type: int
+    default: 3
+  arrival:
+    description: Arrival process at the request-rate points, seeded by O(seed).
+    type: str
+    choices: [poisson, fixed]
+    default: poisson
+  temperature:
+    description: Sampling temperature (the guide uses 0).
+    type: float
+    default: 0.0
+  max_tokens:
+    description: Maximum output tokens per request.
+    type: int
+    default: 1024
+  seed:
+    description: Seed sent with every request and used for the arrival times.
+    type: int
+    default: 0
+  extra_body:
+    description: Further request fields sent to every side, for example C(ignore_eos).
+    type: dict
+    default: {}
+  bearer_token:
+    description: Bearer token for every endpoint.
+    type: str
+  headers:
+    description: Extra HTTP headers for every endpoint.
+    type: dict
+    default: {}
+  validate_certs:
+    description: Verify TLS certificates of https endpoints.
+    type: bool
+    default: true
+  ca_path:
+    description: CA bundle for https endpoints.
+    type: path
+  timeout:
+    description: Seconds to wait for each response chunk.
+    type: float
+    default: 600
+  scrape_metrics:
+    description: Read C(/metrics) before and after each measurement (acceptance, prefix cache).
+    type: bool
+    default: true
+  report_dir:
+    description: Folder for the JSON, the report, the plots and the progress log.
+    type: path
+    required: true
+  report_name:
+    description: Base name of the report files.
+    type: str
+    default: sweep
+  report_context:
+    description:
+      - The report's context, as for M(alauda.spec_decoding.spec_benchmark) (C(gpu_model), C(gpu_count), C(model),
+        C(dtype), C(vllm_version), C(image), C(baseline_command), C(candidate_command); optional C(hardware_notes),
+        C(candidate_env), C(speculative_config), C(notes)). The report is refused without the required ones.
+    type: dict
+    default: {}
+  tolerances:
+    description: How much worse C(ttft), C(tpot) (higher) or C(throughput) (lower) may be and still count, as fractions.
+    type: dict
+    default: {}
+  plots:
+    description: Write the PNG plots.
+    type: bool
+    default: true
+  title:
+    description: Report title.
+    type: str
+  progress_file:
+    description: Progress log path. Defaults to C(<report_name>-progress.log) in O(report_dir).
+    type: path
+extends_documentation_fragment:
+  - alauda.spec_decoding.attributes.READ_ONLY
+  - alauda.spec_decoding.attributes.ACTION_GROUP
+notes:
+  - C(changed) is always false. The module sends inference requests and writes only its own report files.
+  - The plots are drawn by a built-in PNG writer with a bitmap font (no matplotlib needed), axes labelled with units.
+seealso:
+  - module: alauda.spec_decoding.spec_benchmark
+"""
+
+EXAMPLES = r"""
+- name: Up to what load does ngram pay, and with which k
+  alauda.spec_decoding.spec_sweep:
+    baseline_url: http://llama-baseline.models.svc
+    candidate_url: http://llama-ngram.models.svc
+    request_rates: [1, 2, 4, 8]
+    target_qps: 4
+    method: ngram
+    k_candidates: [1, 2, 3, 4, 5]
+    report_dir: /tmp/tune
+    report_context: "{{ my_context }}"
+  register: sweep
+
+- name: Confirm the predicted k on a second endpoint, reusing the sweep's measurements
+  alauda.spec_decoding.spec_sweep:
+    baseline_url: http://llama-baseline.models.svc
+    candidate_url: http://llama-ngram.models.svc
+    request_rates: [1, 2, 4, 8]
+    target_qps: 4
+    method: ngram
+    k_candidates: [1, 2, 3, 4, 5]
+    confirm_url: http://llama-ngram-k2.models.svc
+    confirm_k: "{{ sweep.k.prediction.predicted_k }}"
+    resume_from: /tmp/tune/sweep.json
+    report_dir: /tmp/tune
+    report_context: "{{ my_context }}"
+"""
+
+RETURN = r"""
+points:
+  description:
+    - One entry per load, with C(kind), C(load), C(speedup), C(decision), C(reasons), and per side (C(baseline), C(candidate))
+      C(ttft_ms), C(tpot_ms), C(itl_ms) (C(median), C(p99)), C(output_throughput), C(completed), C(failed); the candidate
+      also has C(acceptance).
+  returned: always
+  type: list
+  elements: dict
+break_even:
+  description:
+    - C(status) (V(crossed), V(pays_everywhere), V(pays_nowhere)), C(last_keep_load), C(first_roll_back_load),
+      C(crossover_load) (null with a C(reason) when it pays everywhere or nowhere), C(crossed_first), C(reason).
+    - For the request-rate points, else the concurrency points.
+  returned: always
+  type: dict
+break_even_by_kind:
+  description: The break-even of each load kind swept.
+  returned: always
+  type: dict
+decision:
+  description: The keep/roll_back decision at the sweep point at or above O(target_qps) (C(load), C(decision), C(speedup)).
+  returned: always
+  type: dict
+k:
+  description:
+    - C(prediction) (table of expected tokens, cost and gain per k, C(predicted_k)), C(confirmation) (C(status) V(confirmed),
+      V(rejected) or V(not_measured), measured speedups beside the prediction), C(recommended_k) (set only from a measured
+      A/B), C(current_k) and C(reason).
+  returned: always
+  type: dict
+resumed:
+  description: Measurements reused from O(resume_from).
+  returned: always
+  type: int
+measured:
+  description: Measurements taken in this run.
+  returned: always
+  type: int
+report_markdown:
+  description: Path of the Markdown report.
+  returned: always
+  type: str
+report_json:
+  description: Path of the JSON report (also the resume file).
+  returned: always
+  type: str
+plots:
+  description: Paths of the PNG plots (C(load), C(k)).
+  returned: always
+  type: dict
+notes:
+  description: What could not be checked or needs attention.
+  returned: always
+  type: list
+  elements: str
+progress_file:
+  description: Path of the progress log.
+  returned: always
+  type: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_client, bench_workloads, prometheus_text, spec_sweep
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            baseline_url=dict(type="str", required=True),
+            candidate_url=dict(type="str", required=True),
+            baseline_model=dict(type="str"),
+            candidate_model=dict(type="str"),
+            request_rates=dict(type="list", elements="float"),
+            concurrencies=dict(type="list", elements="int"),
+            max_concurrency=dict(type="int", default=64),
+            target_qps=dict(type="float"),
+            method=dict(type="str"),
+            k_candidates=dict(type="list", elements="int"),
+            current_k=dict(type="int"),
+            verify_cost_ratio=dict(type="float"),
+            confirm_url=dict(type="str"),
+            confirm_model=dict(type="str"),
+            confirm_k=dict(type="int"),
+            confirm_load=dict(type="float"),
+            resume_from=dict(type="path"),
+            api=dict(type="str", choices=list(bench_client.APIS), default="chat"),
+            workload=dict(type="str", choices=list(bench_workloads.WORKLOADS), default="code_refactor"),
+            prompts_file=dict(type="path"),
+            num_prompts=dict(type="int"),
+            runs_per_prompt=dict(type="int", default=5),
+            warmup=dict(type="int", default=3),
+            arrival=dict(type="str", choices=list(bench_client.ARRIVALS), default="poisson"),
+            temperature=dict(type="float", default=0.0),
+            max_tokens=dict(type="int", default=1024, no_log=False),
+            seed=dict(type="int", default=0),
+            extra_body=dict(type="dict", default={}),
+            bearer_token=dict(type="str", no_log=True),
+            headers=dict(type="dict", default={}, no_log=True),
+            validate_certs=dict(type="bool", default=True),
+            ca_path=dict(type="path"),
+            timeout=dict(type="float", default=600.0),
+            scrape_metrics=dict(type="bool", default=True),
+            report_dir=dict(type="path", required=True),
+            report_name=dict(type="str", default="sweep"),
+            report_context=dict(type="dict", default={}),
+            tolerances=dict(type="dict", default={}),
+            plots=dict(type="bool", default=True),
+            title=dict(type="str"),
+            progress_file=dict(type="path"),
+        ),
+        required_one_of=[("request_rates", "concurrencies")],
+        required_by={"confirm_url": ("confirm_k",), "k_candidates": ("method",)},
+        supports_check_mode=True,
+    )
+    if not prometheus_text.HAS_PROMETHEUS_CLIENT:
+        module.fail_json(msg=missing_required_lib("prometheus_client"), exception=str(prometheus_text.PROMETHEUS_IMPORT_ERROR))
+    try:
+        result = spec_sweep.run_sweep(module.params)
+    except SpecDecodingError as exc:
+        module.fail_json(msg=str(exc), field=exc.field)
+    except OSError as exc:
+        module.fail_json(msg="spec_sweep: %s" % exc)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""spec_sweep's run-side logic: each side's speculative state, pooled acceptance, the k prediction over a sweep and
+its confirmation by a measured A/B (issue #18). The sweep itself runs in tests/unit/plugins/modules/test_spec_sweep_module.py."""
+import pytest
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import spec_sweep
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from tests.paced_server import paced_handler
+from tests.paths import read_capture
+
+
+def side(ttft, tpot, tps, acceptance=None):
+    summary = {"completed": 10, "failed": 0, "burst_delivered": 0, "output_throughput": tps,
+               "ttft_ms": {"median": ttft, "p99": ttft * 2}, "tpot_ms": {"median": tpot, "p99": tpot * 2},
+               "itl_ms": {"median": tpot, "p99": tpot * 2}}
+    return {"summary": summary, "acceptance": acceptance}
+
+
+def acceptance(drafts, per_pos):
+    return {"num_drafts": drafts, "num_accepted_tokens": sum(per_pos), "accepted_tokens_per_position": per_pos,
+            "per_position": [v / float(drafts) for v in per_pos]}
+
+
+def test_spec_state_from_a_real_ngram_capture_and_a_baseline_page():
+    text = read_capture("ngram", "metrics.txt")
+    state = spec_sweep.spec_state_from_metrics(text, "t-ngram")
+    assert state == {"speculative": True, "k": 5}
+    assert spec_sweep.spec_state_from_metrics(paced_handler("b", 0, 0).metrics_text()) == {"speculative": False, "k": None}
+    assert spec_sweep.spec_state_from_metrics(None) == {"speculative": None, "k": None}
+    assert spec_sweep.spec_state_from_metrics(paced_handler("c", 0, 0, spec_rates=[0.5, 0.2]).metrics_text())["k"] == 2
+
+
+@pytest.mark.parametrize("command, expected", [
+    (["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m"], False),
+    (["python3", "-m", "vllm.entrypoints.openai.api_server", "--speculative-config", "{}"], True),
+    ("bash -c 'exec vllm serve /m --speculative-config={\"method\":\"ngram\"}'", True),
+    ("vllm serve /m --spec-method ngram --spec-tokens 3", True),
+    (None, None),
+])
+def test_spec_state_from_command(command, expected):
+    assert spec_sweep.spec_state_from_command(command) is expected
+
+
+@pytest.mark.parametrize("states, commands, field, needle", [
+    ({"baseline": {"speculative": True, "k": 3}, "candidate": {"speculative": True, "k": 3}}, None, "baseline_url", "not a baseline"),
+    ({"baseline": {"speculative": False}, "candidate": {"speculative": False}}, None, "candidate_url", "no speculative decoding"),
+    ({"baseline": {"speculative": False}, "candidate": {"speculative": True, "k": 5},
+      "confirm": {"speculative": True, "k": 5, "expected_k": 2}}, None, "confirm_url", "not the k=2"),
+    ({"baseline": {"speculative": False}, "candidate": {"speculative": True}}, {"baseline": True}, "report_context.baseline_command", "enables"),
+    ({"baseline": {"speculative": False}, "candidate": {"speculative": True}}, {"candidate": False}, "report_context.candidate_command",
+     "does not enable"),
+])
+def test_spec_state_refusals_name_the_field(states, commands, field, needle):
+    with pytest.raises(ValidationError) as err:
+        spec_sweep.check_spec_states(states, commands)
+    assert err.value.field == field and needle in str(err.value)
+
+
+def test_spec_state_without_metrics_is_a_note_not_a_pass_or_fail():
+    notes = spec_sweep.check_spec_states({"baseline": {"speculative": None}, "candidate": {"speculative": True, "k": 2}},
+                                         {"baseline": None, "candidate": True})
+    assert len(notes) == 1 and "baseline has no /metrics" in notes[0]
+
+
+def test_pooled_acceptance_sums_counts_before_dividing():
+    pooled = spec_sweep.pooled_acceptance([acceptance(100, [50, 20]), acceptance(300, [60, 30]), None, {"num_drafts": 0}])
+    assert pooled["num_drafts"] == 400 and pooled["per_position"] == pytest.approx([110 / 400.0, 50 / 400.0])
+    assert pooled["mean_acceptance_length"] == pytest.approx(1 + 160 / 400.0)
+    assert spec_sweep.pooled_acceptance([None, {"num_drafts": 0}]) is None
+
+
+def sweep_points(per_pos, drafts=100, base_tpot=10.0, cand_tpot=6.0):
+    return [{"kind": "request_rate", "load": load, "baseline": side(50, base_tpot, 100),
+             "candidate": side(45, cand_tpot, 150, acceptance(drafts, per_pos))} for load in (1.0, 2.0)]
+
+
+def test_predict_k_collapse_at_slot_2_gives_k1_and_flat_gives_the_largest_candidate():
+    collapse = spec_sweep.predict_k(sweep_points([90, 5, 2, 1, 0]), 5, [1, 2, 3, 4, 5], verify_cost_ratio=0.1)
+    assert collapse["predicted_k"] == 1 and collapse["current_k"] == 5
+    flat = spec_sweep.predict_k(sweep_points([95, 95, 95, 95, 95]), 5, [1, 2, 3, 4, 5], verify_cost_ratio=0.1)
+    assert flat["predicted_k"] == 5
+    only = spec_sweep.predict_k(sweep_points([95, 95, 95, 95, 95]), 5, [1, 3], verify_cost_ratio=0.1)
+    assert only["predicted_k"] == 3 and only["expected_gain_current"] == pytest.approx(flat["table"][4]["expected_gain"])
+
+
+def test_predict_k_measures_the_verify_cost_at_the_lowest_load():
+    # baseline TPOT 10 ms, candidate 6 ms, mean acceptance length 1 + 1.5 = 2.5 at k=3: cost = 6 * 2.5 / 10 = 1.5
+    pred = spec_sweep.predict_k(sweep_points([80, 50, 20]), 3, [1, 2, 3])
+    assert pred["verify_cost_ratio"] == pytest.approx((1.5 - 1) / 3)
+    assert "measured at load 1" in pred["cost_source"]
+    assert spec_sweep.predict_k([{"kind": "request_rate", "load": 1.0, "baseline": side(1, 1, 1), "candidate": side(1, 1, 1)}],
+                                3, [1, 2, 3]) is None
+
+
+def test_confirmation_needs_a_measured_ab_when_the_prediction_differs():
+    pts = sweep_points([90, 5, 2, 1, 0])
+    pred = spec_sweep.predict_k(pts, 5, [1, 2, 3, 4, 5], verify_cost_ratio=0.1)
+    out = spec_sweep.confirmation(pred, None, pts[0])
+    assert out["status"] == "not_measured" and out["recommended_k"] is None and "never adopt" in out["reason"]
+    better = spec_sweep.confirmation(pred, {"current": side(45, 6.0, 150), "recommended": side(44, 5.0, 170)}, pts[0])
+    assert better["status"] == "confirmed" and better["recommended_k"] == 1
+    assert better["measured_speedup_vs_current"] == pytest.approx(170 / 150.0)
+    assert better["measured_speedup_vs_baseline"] == pytest.approx(1.7)
+    worse = spec_sweep.confirmation(pred, {"current": side(45, 6.0, 150), "recommended": side(44, 7.0, 140)}, pts[0])
+    assert worse["status"] == "rejected" and worse["recommended_k"] == 5 and "keep the current k=5" in worse["reason"]
+
+
+def test_confirmation_of_the_deployed_k_is_the_sweeps_own_ab():
+    pts = sweep_points([95, 95, 95])
+    pred = spec_sweep.predict_k(pts, 3, [1, 2, 3], verify_cost_ratio=0.05)
+    out = spec_sweep.confirmation(pred, None, pts[0])
+    assert out["status"] == "confirmed" and out["recommended_k"] == 3 and out["measured_speedup_vs_baseline"] == pytest.approx(1.5)
+    losing = [{"kind": "request_rate", "load": 1.0, "baseline": side(50, 10.0, 100),
+               "candidate": side(45, 12.0, 90, acceptance(100, [95, 95, 95]))}]
+    pred = spec_sweep.predict_k(losing, 3, [1, 2, 3], verify_cost_ratio=0.05)
+    assert spec_sweep.confirmation(pred, None, losing[0])["status"] == "rejected"
+    assert spec_sweep.confirmation(None, None, None)["status"] == "not_measured"
+
+
+def test_analyse_builds_points_break_even_target_and_k_from_measurements():
+    sweep = spec_sweep.validate_sweep([1.0, 2.0, 4.0], None, [1, 2, 3], "ngram", 2.0)
+    measurements = []
+    for load, tpot in ((1.0, 6.0), (2.0, 8.0), (4.0, 12.0)):
+        measurements.append(dict(side(50, 10.0, 100), kind="request_rate", load=load, side="baseline", k=None))
+        measurements.append(dict(side(45, tpot, 100, acceptance(100, [80, 40, 10])), kind="request_rate", load=load, side="candidate", k=None))
+    out = spec_sweep.analyse(measurements, sweep, {"tolerances": {}, "verify_cost_ratio": 0.1}, 3)
+    assert out["break_even"]["status"] == "crossed" and out["break_even"]["last_keep_load"] == 2.0
+    assert out["break_even"]["crossover_load"] == pytest.approx(2.0 + 2.0 * 0.2 / (0.2 + 0.2))
+    assert out["target"]["load"] == 2.0 and out["target"]["decision"]["decision"] == "keep"
+    assert [p["speedup"] for p in out["points"]] == [1.0, 1.0, 1.0]
+    assert out["k"]["prediction"]["predicted_k"] in (1, 2, 3) and out["k"]["current_k"] == 3

@@ -74,7 +74,55 @@ def _watch_unavailable(exc):
     return getattr(exc, "status", None) in (403, 405, 406, 501)
 
 
-def _watch_for_change(api_client, namespace, name, resource_version, seconds):
+class _Kind:
+    """What differs between the kinds this waiter watches: the API path, the readiness predicate, the pod listing."""
+
+    def __init__(self, kind="InferenceService", version=None):
+        self.kind = kind
+        if kind == "LLMInferenceService":
+            from ansible_collections.alauda.spec_decoding.plugins.module_utils import llmisvc  # pylint: disable=import-outside-toplevel
+            self.llmisvc = llmisvc
+            self.group, self.version, self.plural = llmisvc.GROUP, llmisvc.check_api_version(version, field="api_version"), llmisvc.PLURAL
+        else:
+            self.llmisvc = None
+            self.group, self.version, self.plural = k8s_pods.KSERVE_GROUP, version or k8s_pods.KSERVE_VERSION, "inferenceservices"
+
+    def get(self, api_client, namespace, name):
+        if self.llmisvc is None:
+            return k8s_pods.get_inference_service(api_client, namespace, name)
+        from kubernetes.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
+        from kubernetes.client.rest import ApiException  # pylint: disable=import-outside-toplevel
+        try:
+            return CustomObjectsApi(api_client).get_namespaced_custom_object(self.group, self.version, namespace, self.plural, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise SpecDecodingError("LLMInferenceService %s/%s not found" % (namespace, name), field="name",
+                                        hint="check name and namespace (kubectl get llminferenceservices -n %s)" % namespace) from exc
+            raise
+
+    def rollout_pending(self, api_client, obj):
+        return None if self.llmisvc is None else self.llmisvc.rollout_pending(api_client, obj)
+
+    def readiness(self, obj):
+        return k8s_pods.readiness(obj) if self.llmisvc is None else self.llmisvc.readiness(obj)
+
+    def describe(self, obj, pods):
+        return describe(obj, pods) if self.llmisvc is None else self.llmisvc.describe(obj)
+
+    def pods(self, api_client, namespace, name):
+        if self.llmisvc is None:
+            return _pod_states(api_client, namespace, name)
+        out = []
+        for pool in self.llmisvc.POOLS:
+            try:
+                keep, skipped = k8s_pods.list_pods(api_client, namespace, self.llmisvc.pod_selector(name, pool))
+            except SpecDecodingError as exc:
+                return [{"error": str(exc)}]
+            out += [dict(p, pool=pool) for p in keep + skipped]
+        return out
+
+
+def _watch_for_change(api_client, namespace, name, resource_version, seconds, kind=None):
     """Block until the InferenceService changes after ``resource_version`` or ``seconds`` pass.
 
     Returns the changed object (a dict), or None when the window ended without an event or the object was deleted: the
@@ -85,8 +133,9 @@ def _watch_for_change(api_client, namespace, name, resource_version, seconds):
     watcher = watch.Watch()
     api = CustomObjectsApi(api_client)
     try:
-        for event in watcher.stream(api.list_namespaced_custom_object, k8s_pods.KSERVE_GROUP, k8s_pods.KSERVE_VERSION,
-                                    namespace, "inferenceservices", field_selector="metadata.name=%s" % name,
+        kind = kind or _Kind()
+        for event in watcher.stream(api.list_namespaced_custom_object, kind.group, kind.version,
+                                    namespace, kind.plural, field_selector="metadata.name=%s" % name,
                                     resource_version=resource_version, timeout_seconds=max(1, int(seconds)),
                                     _request_timeout=max(1, int(seconds)) + 10):
             kind, obj = event.get("type"), event.get("object")
@@ -101,40 +150,92 @@ def _watch_for_change(api_client, namespace, name, resource_version, seconds):
     return None
 
 
-def wait_ready(api_client, namespace, name, timeout=1200, interval=5, clock=time.monotonic, sleep=time.sleep, watch=True):
+def wait_ready(api_client, namespace, name, timeout=1200, interval=5, clock=time.monotonic, sleep=time.sleep, watch=True,
+               kind="InferenceService", api_version=None):
     """Wait until Ready at the current generation. Returns (isvc, elapsed seconds); raises WaitTimeout.
 
     It watches the InferenceService (one watch request from the resourceVersion it last read), so it returns as soon as
     the controller writes the status, not up to ``interval`` later. Where the API server refuses the watch (a role
     without the ``watch`` verb) it falls back to reading the object every ``interval`` seconds.
     An API server outage during the wait (restart, overload) is waited out until the timeout; if the server
-    is still unreachable then, the error names the connection problem."""
+    is still unreachable then, the error names the connection problem.
+    ``kind="LLMInferenceService"`` waits the same way on KServe's LLMInferenceService (``api_version`` v1alpha1 or
+    v1alpha2) with the readiness of ``llmisvc.readiness``; a PresetsCombined=False at the current generation (a missing
+    or broken baseRefs preset) fails at once, since waiting does not fix it."""
+    res = _Kind(kind, api_version)
     start = clock()
     isvc = None
     while True:
         if isvc is None:
             try:
-                isvc = k8s_pods.get_inference_service(api_client, namespace, name)
+                isvc = res.get(api_client, namespace, name)
             except Exception as exc:  # pylint: disable=broad-except
                 why = transient_error(exc)
                 if why is None:
                     raise
                 elapsed = clock() - start
                 if elapsed >= timeout:
-                    raise SpecDecodingError("waiting for InferenceService %s/%s: %s (still after %ds)" % (namespace, name, why, int(elapsed)),
+                    raise SpecDecodingError("waiting for %s %s/%s: %s (still after %ds)" % (res.kind, namespace, name, why, int(elapsed)),
                                             field="name", hint="check that the API server is up and reachable, then rerun") from exc
                 sleep(min(interval, max(0.1, timeout - elapsed)))
                 continue
-        state = k8s_pods.readiness(isvc)
-        if state["ready"] and state["up_to_date"]:
+        state = res.readiness(isvc)
+        pending = res.rollout_pending(api_client, isvc) if state["ready"] and state["up_to_date"] else None
+        if state["ready"] and state["up_to_date"] and pending is None:
+            return isvc, clock() - start
+        elapsed = clock() - start
+        if pending is not None and elapsed < timeout:
+            # Ready at this generation, but the pool Deployments still roll out (nothing on the resource will change):
+            # look again shortly.
+            sleep(min(1.0, max(0.1, timeout - elapsed)))
+            isvc = None
+            continue
+        if state.get("failed"):
+            raise WaitTimeout("%s %s/%s cannot become Ready: %s" % (res.kind, namespace, name, state["failed"]), isvc,
+                              res.pods(api_client, namespace, name))
+        if elapsed >= timeout:
+            pods = res.pods(api_client, namespace, name)
+            why = "not reconciled yet" if not state["up_to_date"] else "not Ready"
+            raise WaitTimeout("%s %s/%s is %s after %ds: %s. A cold start with a draft model takes about 5 "
+                              "minutes; raise the timeout if pods are still starting"
+                              % (res.kind, namespace, name, why, int(elapsed), res.describe(isvc, pods)), isvc, pods)
+        remaining = timeout - elapsed
+        if watch:
+            try:
+                isvc = _watch_for_change(api_client, namespace, name, (isvc.get("metadata") or {}).get("resourceVersion"),
+                                         min(remaining, WATCH_SECONDS_MAX), **({"kind": res} if res.llmisvc else {}))
+                continue
+            except Exception as exc:  # pylint: disable=broad-except
+                if getattr(exc, "status", None) == 410:
+                    # The resourceVersion is older than the API server's watch cache (it restarted, or compacted):
+                    # read the object again and watch from its new resourceVersion, without waiting.
+                    isvc = None
+                    continue
+                if _watch_unavailable(exc):
+                    watch = False
+                elif transient_error(exc) is None:
+                    raise
+        isvc = None
+        sleep(min(interval, max(0.1, remaining)))
+
+
+def wait_until(api_client, namespace, name, done, timeout=1200, interval=5, clock=time.monotonic, sleep=time.sleep, watch=True,
+               what="the condition"):
+    """Wait until ``done(isvc)`` is true; like wait_ready (a watch from the last resourceVersion, reads every ``interval``
+    where watching is refused) but for any condition on the object (a canary step: both revisions ready at a percent).
+    Returns (isvc, elapsed seconds); raises WaitTimeout naming ``what`` (a str, or a callable isvc -> str)."""
+    start = clock()
+    isvc = None
+    while True:
+        if isvc is None:
+            isvc = k8s_pods.get_inference_service(api_client, namespace, name)
+        if done(isvc):
             return isvc, clock() - start
         elapsed = clock() - start
         if elapsed >= timeout:
             pods = _pod_states(api_client, namespace, name)
-            why = "not reconciled yet" if not state["up_to_date"] else "not Ready"
-            raise WaitTimeout("InferenceService %s/%s is %s after %ds: %s. A cold start with a draft model takes about 5 "
-                              "minutes; raise the timeout if pods are still starting" % (namespace, name, why, int(elapsed), describe(isvc, pods)),
-                              isvc, pods)
+            text = what(isvc) if callable(what) else what
+            raise WaitTimeout("InferenceService %s/%s: %s after %ds: %s" % (namespace, name, text, int(elapsed), describe(isvc, pods)), isvc, pods)
         remaining = timeout - elapsed
         if watch:
             try:
@@ -143,8 +244,6 @@ def wait_ready(api_client, namespace, name, timeout=1200, interval=5, clock=time
                 continue
             except Exception as exc:  # pylint: disable=broad-except
                 if getattr(exc, "status", None) == 410:
-                    # The resourceVersion is older than the API server's watch cache (it restarted, or compacted):
-                    # read the object again and watch from its new resourceVersion, without waiting.
                     isvc = None
                     continue
                 if _watch_unavailable(exc):

@@ -169,6 +169,26 @@ def _pod_summary(pod):
     }
 
 
+def list_pods(api_client, namespace, selector):
+    """Pods matching ``selector`` (any workload, e.g. an LLMInferenceService pool): ``(pods, skipped)`` as summary dicts,
+    pods being deleted or finished in ``skipped`` with the reason."""
+    try:
+        pods = CoreV1Api(api_client).list_namespaced_pod(namespace, label_selector=selector)
+    except ApiException as exc:
+        raise PodAccessError("listing pods %s in namespace %s failed: %s" % (selector, namespace, api_error_message(exc)),
+                             field="namespace", hint="the identity needs list on pods in that namespace") from exc
+    keep, skipped = [], []
+    for pod in sorted(pods.items, key=lambda p: p.metadata.name):
+        info = _pod_summary(pod)
+        if info["deleting"]:
+            skipped.append(dict(info, reason="being deleted"))
+        elif info["phase"] in ("Succeeded", "Failed"):
+            skipped.append(dict(info, reason="phase %s" % info["phase"]))
+        else:
+            keep.append(info)
+    return keep, skipped
+
+
 def list_predictor_pods(api_client, namespace, name, label_selector=None, component="predictor"):
     """Predictor pods of an InferenceService: ``(pods, skipped)`` as summary dicts.
 
@@ -179,24 +199,12 @@ def list_predictor_pods(api_client, namespace, name, label_selector=None, compon
     selector = "%s=%s" % (ISVC_LABEL, name)
     if label_selector:
         selector += "," + label_selector
-    try:
-        pods = CoreV1Api(api_client).list_namespaced_pod(namespace, label_selector=selector)
-    except ApiException as exc:
-        raise PodAccessError("listing pods %s in namespace %s failed: %s" % (selector, namespace, api_error_message(exc)),
-                             field="namespace", hint="the identity needs list on pods in that namespace") from exc
-    keep, skipped = [], []
-    for pod in sorted(pods.items, key=lambda p: p.metadata.name):
-        info = _pod_summary(pod)
+    keep, skipped = list_pods(api_client, namespace, selector)
+
+    def wanted(info):
         comp = info["labels"].get("component")
-        if component and comp and comp != component:
-            continue
-        if info["deleting"]:
-            skipped.append(dict(info, reason="being deleted"))
-        elif info["phase"] in ("Succeeded", "Failed"):
-            skipped.append(dict(info, reason="phase %s" % info["phase"]))
-        else:
-            keep.append(info)
-    return keep, skipped
+        return not (component and comp and comp != component)
+    return [p for p in keep if wanted(p)], [p for p in skipped if wanted(p)]
 
 
 def stream_pod_log(api_client, namespace, pod, container=DEFAULT_CONTAINER, since_seconds=None, tail_lines=None,

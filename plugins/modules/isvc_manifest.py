@@ -179,6 +179,54 @@ options:
   existing:
     description: The InferenceService currently on the cluster, if any (from M(kubernetes.core.k8s_info)).
     type: dict
+  resource_kind:
+    description:
+      - V(InferenceService) (the default) or KServe's V(LLMInferenceService), rendered from the same options plus O(llmisvc).
+      - An LLMInferenceService takes one C(spec.model.uri) (C(pvc://), C(oci://), C(hf://), C(s3://)), so a draft comes in
+        the Modelcar image or on the PVC with the target; O(artifact_mode=storage_uris) with a draft is refused.
+        O(runtime), O(runtimes) and O(runtime_flag) do not apply to it.
+    type: str
+    choices: [InferenceService, LLMInferenceService]
+    default: InferenceService
+  llmisvc:
+    description: What only an O(resource_kind=LLMInferenceService) has.
+    type: dict
+    default: {}
+    suboptions:
+      api_version:
+        description: V(v1alpha2) (the CRD's storage version) or V(v1alpha1).
+        type: str
+        choices: [v1alpha1, v1alpha2]
+        default: v1alpha2
+      image:
+        description: Image of the C(main) container; required unless O(llmisvc.base_refs) names a preset that sets it.
+        type: str
+      base_refs:
+        description: Names of C(LLMInferenceServiceConfig) presets (C(spec.baseRefs)).
+        type: list
+        elements: str
+      parallelism:
+        description:
+          - C(spec.parallelism) (C(tensor), C(pipeline), C(data), C(dataLocal), C(dataRPCPort), C(expert)). C(tensor) and
+            C(pipeline) also become C(--tensor-parallel-size) and C(--pipeline-parallel-size); the draft's
+            C(draft_tensor_parallel_size) must then be 1 or C(tensor).
+        type: dict
+      prefill:
+        description: A prefill pool (C(spec.prefill)) for prefill/decode disaggregation, for example a dict with C(replicas) 1.
+        type: dict
+      speculative_pools:
+        description: Pools that get the speculative config; V([decode]) by default, V([decode, prefill]) on request. Prefill only is refused.
+        type: list
+        elements: str
+      criticality:
+        description: C(spec.model.criticality) (v1alpha1 only).
+        type: str
+      kv_cache_offloading:
+        description: C(spec.kvCacheOffloading) (v1alpha2 only).
+        type: dict
+      confidential:
+        description: C(spec.model.confidential) (v1alpha2 only).
+        type: dict
 extends_documentation_fragment:
   - alauda.spec_decoding.attributes.READ_ONLY
   - alauda.spec_decoding.attributes.ACTION_GROUP
@@ -200,6 +248,23 @@ EXAMPLES = r"""
     runtime: aml-vllm-0.32.0
     vllm_version: "0.32.0"
   register: rendered
+
+- name: The same as a KServe LLMInferenceService with a prefill pool and two-way tensor parallelism
+  alauda.spec_decoding.isvc_manifest:
+    resource_kind: LLMInferenceService
+    name: llama-eagle3
+    namespace: models
+    method: eagle3
+    artifact_mode: pvc
+    artifacts:
+      pvc_name: model-store
+    runtime: unused
+    llmisvc:
+      image: registry.local/vllm/vllm-openai:v0.32.0
+      parallelism:
+        tensor: 2
+      prefill:
+        replicas: 1
 """
 
 RETURN = r"""
@@ -240,6 +305,16 @@ runtime_check:
   returned: success
   type: dict
   sample: models-llama-eagle3.yaml
+resource_kind:
+  description: The kind rendered (O(resource_kind)).
+  returned: success
+  type: str
+  sample: LLMInferenceService
+api_version:
+  description: C(apiVersion) of the manifest.
+  returned: success
+  type: str
+  sample: serving.kserve.io/v1alpha2
 warnings:
   description: Advice that does not block the rollout.
   returned: success
@@ -250,6 +325,7 @@ warnings:
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import llmisvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
 
 ARGUMENT_SPEC = dict(
@@ -290,6 +366,18 @@ ARGUMENT_SPEC = dict(
     existing=dict(type="dict"),
     runtimes=dict(type="dict"),
     runtime_flag=dict(type="str", default="refuse", choices=["refuse", "replace"]),
+    resource_kind=dict(type="str", default="InferenceService", choices=["InferenceService", "LLMInferenceService"]),
+    llmisvc=dict(type="dict", default={}, options=dict(
+        api_version=dict(type="str", default="v1alpha2", choices=["v1alpha1", "v1alpha2"]),
+        image=dict(type="str"),
+        base_refs=dict(type="list", elements="str"),
+        parallelism=dict(type="dict"),
+        prefill=dict(type="dict"),
+        speculative_pools=dict(type="list", elements="str"),
+        criticality=dict(type="str"),
+        kv_cache_offloading=dict(type="dict"),
+        confidential=dict(type="dict"),
+    )),
 )
 
 
@@ -299,8 +387,12 @@ def main():
         module.fail_json(msg=missing_required_lib("PyYAML"))
     params = dict(module.params)
     existing = params.pop("existing")
+    kind = params.pop("resource_kind")
     try:
-        rendered = isvc.render(params, existing=existing)
+        if kind == llmisvc.KIND:
+            rendered = llmisvc.render(params, existing=existing)
+        else:
+            rendered = isvc.render(params, existing=existing)
     except SpecDecodingError as exc:
         module.fail_json(msg=str(exc), field=exc.field)
     for warning in rendered["warnings"]:
@@ -311,7 +403,8 @@ def main():
     module.exit_json(changed=False, manifest=manifest, manifest_yaml=isvc.to_yaml(manifest),
                      speculative_json=spec.json if spec else None, artifact_mode=art.mode,
                      target_path=art.target_path, draft_path=art.draft_path,
-                     filename=isvc.manifest_filename(manifest), runtime_check=rendered["runtime_check"])
+                     filename=(llmisvc.manifest_filename(manifest) if kind == llmisvc.KIND else isvc.manifest_filename(manifest)),
+                     runtime_check=rendered["runtime_check"], resource_kind=kind, api_version=manifest["apiVersion"])
 
 
 if __name__ == "__main__":

@@ -37,6 +37,19 @@ options:
         C(watch) verb). With C(watch) allowed the module returns as soon as the controller writes the Ready status.
     type: int
     default: 5
+  kind:
+    description:
+      - The resource to wait for. V(LLMInferenceService) waits on KServe's LLMInferenceService with the readiness its
+        controller reports (C(Ready) from C(PresetsCombined), C(WorkloadsReady), C(RouterReady)) at the current
+        generation; a C(PresetsCombined=False) fails at once.
+    type: str
+    choices: [InferenceService, LLMInferenceService]
+    default: InferenceService
+  api_version:
+    description: API version of an O(kind=LLMInferenceService) (V(v1alpha1) or V(v1alpha2)); ignored for InferenceServices.
+    type: str
+    choices: [v1alpha1, v1alpha2]
+    default: v1alpha2
 extends_documentation_fragment:
   - kubernetes.core.k8s_auth_options
   - alauda.spec_decoding.attributes.READ_ONLY
@@ -51,6 +64,12 @@ EXAMPLES = r"""
     name: llama-eagle3
     namespace: models
     timeout: 900
+
+- name: Wait for an LLMInferenceService (decode and prefill pools)
+  alauda.spec_decoding.isvc_wait:
+    kind: LLMInferenceService
+    name: llama-eagle3
+    namespace: models
 """
 
 RETURN = r"""
@@ -89,6 +108,8 @@ def main():
         namespace=dict(type="str", required=True),
         timeout=dict(type="int", default=1200),
         interval=dict(type="int", default=5),
+        kind=dict(type="str", default="InferenceService", choices=["InferenceService", "LLMInferenceService"]),
+        api_version=dict(type="str", default="v1alpha2", choices=["v1alpha1", "v1alpha2"]),
     )
     spec.update(AUTH_ARG_SPEC)
     module = AnsibleK8SModule(argument_spec=spec, supports_check_mode=True)
@@ -99,7 +120,8 @@ def main():
     api_client = get_api_client(module=module).client.client
     try:
         isvc, elapsed = isvc_wait.wait_ready(api_client, params["namespace"], params["name"],
-                                             timeout=params["timeout"], interval=params["interval"])
+                                             timeout=params["timeout"], interval=params["interval"],
+                                             kind=params["kind"], api_version=params["api_version"])
     except isvc_wait.WaitTimeout as exc:
         module.fail_json(msg=str(exc), ready=False, resource=exc.isvc, pods=exc.pods)
     except SpecDecodingError as exc:

@@ -36,10 +36,11 @@ def test_wait_returns_on_the_status_write_not_on_the_next_poll(k8s_client, kserv
     assert abs(elapsed - took) < 1.0
 
     # A new generation: the Ready=True of generation 1 is still in the status right after the patch; the wait must not
-    # take it, and must wake up on the stand-in's status write for generation 2.
+    # take it, and must wake up on the stand-in's status write for generation 2. The patch changes the pod template (an
+    # env variable), so new pods roll out as on KServe; a replica-bound change (maxReplicas) would only touch the HPA.
     kserve.set_behaviour(namespace, NAME, ready_after=1.0, generation=2)
     _api(k8s_client).patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, NAME,
-                                                    {"spec": {"predictor": {"minReplicas": 1, "maxReplicas": 2}}})
+                                                    {"spec": {"predictor": {"model": {"env": [{"name": "WAIT_WATCH", "value": "2"}]}}}})
     stale = _api(k8s_client).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, NAME)
     assert stale["metadata"]["generation"] == 2
     seen = {}

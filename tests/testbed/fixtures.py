@@ -23,7 +23,7 @@ from .kserve_standin import KServeStandIn
 from .kubelet import KubeletStandIn
 
 __all__ = ["k8s_binaries", "kserve_crd_dir", "controlplane", "kubeconfig", "k8s_client", "kubelet", "kserve",
-           "namespace", "prebuild"]
+           "namespace", "prebuild", "llmisvc"]
 
 _BUILD = {}
 
@@ -114,3 +114,15 @@ def namespace(request, controlplane):
                 raise
     finally:
         api.close()
+
+
+@pytest.fixture(scope="session")
+def llmisvc(controlplane, kubelet, kserve_crd_dir):
+    """KServe's LLMInferenceService: the real CRD (with the 1.20 edits of llmisvc_standin.crd_body) and the controller
+    stand-in, on the session's control plane."""
+    from .llmisvc_standin import LLMISvcStandIn, install_crd, refresh_discovery_cache  # pylint: disable=import-outside-toplevel
+    install_crd(controlplane, kserve_crd_dir)
+    refresh_discovery_cache(controlplane.kubeconfig)
+    standin = LLMISvcStandIn(controlplane, kubelet=kubelet).start()
+    yield standin
+    standin.stop()

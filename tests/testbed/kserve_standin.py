@@ -26,11 +26,25 @@ so product code sees the same objects and status it would see on a real cluster:
   the Deployment controller. (KServe itself copies the Deployment's observedGeneration there, which can lag
   or differ in number; tests get the value they can compare with metadata.generation.)
 
+Canary (Standard mode, KServe v0.20 `spec.canary[]`), as kserve/kserve
+pkg/controller/v1beta1/inferenceservice/canary_controller_test.go describes it: every entry `{trafficPercent,
+predictor: {name, ...}}` gets its own Deployment and Service `<isvc>-predictor-<name>` (pods labelled
+`app: isvc.<isvc>-predictor-<name>`, KServe's GetRawServiceLabel of the Deployment name); the stable predictor keeps
+`<isvc>-predictor`, or `<isvc>-predictor-<spec.predictor.name>` when it has a name (after a promotion). Replicas split
+by the percent: canary `max(1, round(total * percent / 100))` of the stable predictor's minReplicas, the stable one
+`total - canary` once the canary is available (never below 1 here, so a one-replica service keeps serving; KServe's test
+only shows 4 -> 3 + 1). Removing an entry deletes its Deployment and Service and gives the stable one its replicas
+back; a promotion (spec.predictor.name = the canary's name, spec.canary removed) keeps the canary's Deployment
+untouched (same name, same pod template: named Deployments carry no generation annotation) and deletes the old
+stable one. `status.canaryStatuses[]` = `{name, ready, trafficPercent, modelStatus}` per entry, ready by the same
+PropagateRawStatus rules as PredictorReady. Knative mode (`canaryTrafficPercent`, revisions) is not modelled.
+
 Test controls (never visible to product code):
     standin.set_behaviour(namespace, name, ready_after=2.0, logs={"kserve-container": "text"})
     standin.set_behaviour(namespace, name, never_ready=True)
     standin.set_behaviour(namespace, name, crash_loop=True, previous_logs={...})
     standin.set_behaviour(namespace, name, pod_ip=host_ipv4(), http={port: {"/metrics": [page1, page2]}})
+`deployment="<isvc>-predictor-spec"` limits a behaviour to the pods of that Deployment (one revision).
 `generation=N` limits a behaviour to pods of that InferenceService generation (pods carry the annotation
 `testbed.alauda.io/isvc-generation`). `strict_runtimes=True` reports a missing runtime the way KServe does
 (modelStatus InvalidSpec / RuntimeNotRecognized, no Deployment); by default a missing runtime is treated as a
@@ -95,7 +109,7 @@ class KServeStandIn:
     def set_behaviour(self, namespace: str, name: str, ready_after: float | None = 0.0, never_ready: bool = False,
                       logs: dict | None = None, log_text: str | None = None, previous_logs: dict | None = None,
                       crash_loop: bool = False, generation: int | None = None, pod_ip: str = "127.0.0.1",
-                      http: dict | None = None, https: bool = False) -> None:
+                      http: dict | None = None, https: bool = False, deployment: str | None = None) -> None:
         """How predictor pods of namespace/name behave (delegated to the kubelet stand-in).
 
         `http={port: {path: [responses]}}` with `pod_ip=host_ipv4()` serves real HTTP on the pods (reachable through
@@ -113,6 +127,8 @@ class KServeStandIn:
             meta = pod["metadata"]
             if meta["namespace"] != namespace or \
                     (meta.get("labels") or {}).get("serving.kserve.io/inferenceservice") != name:
+                return False
+            if deployment is not None and (meta.get("labels") or {}).get("app") != f"isvc.{deployment}":
                 return False
             return generation is None or (meta.get("annotations") or {}).get(GEN_ANNOTATION) == str(generation)
         self.kubelet.set_behaviour(match, behaviour)
@@ -198,10 +214,32 @@ class KServeStandIn:
             status.pop("clusterServingRuntimeName", None)
             status["servingRuntimeName" if runtime_kind == "ServingRuntime" else "clusterServingRuntimeName"] = \
                 runtime["metadata"]["name"]
-        deployment = self._desired_deployment(isvc, predictor, runtime)
+        stable_name = _deployment_name(name, predictor.get("name"))
+        deployment = self._desired_deployment(isvc, predictor, runtime, stable_name)
+        canaries = []
+        for entry in (isvc.get("spec") or {}).get("canary") or []:
+            cpred = entry.get("predictor") or {}
+            crt, _kind = self._resolve_runtime(api, cpred, ns)
+            if crt is None:
+                crt = runtime
+            cname = _deployment_name(name, cpred.get("name") or "canary")
+            canaries.append((entry, self._desired_deployment(isvc, cpred, crt, cname)))
+        total = deployment["spec"]["replicas"]
+        live_canaries = []
+        for entry, desired in canaries:
+            percent = int(entry.get("trafficPercent") or 0)
+            desired["spec"]["replicas"] = max(1, int(round(total * percent / 100.0)))
+            _rehash(desired)
+            live_canaries.append((entry, self._apply_deployment(api, desired)))
+            self._apply_service(api, isvc, desired["metadata"]["name"])
+        available = sum(min(int((c.get("status") or {}).get("availableReplicas") or 0), c["spec"]["replicas"]) for _e, c in live_canaries)
+        if available:
+            deployment["spec"]["replicas"] = max(1, total - available)
+            _rehash(deployment)
         live = self._apply_deployment(api, deployment)
-        self._apply_service(api, isvc)
-        status = self._status(isvc, status, live)
+        self._apply_service(api, isvc, stable_name)
+        self._delete_stale(api, isvc, {stable_name} | {c["metadata"]["name"] for _e, c in live_canaries})
+        status = self._status(isvc, status, live, live_canaries)
         self._write_status(api, isvc, status)
 
     def _resolve_runtime(self, api, predictor: dict, ns: str):
@@ -313,10 +351,12 @@ class KServeStandIn:
         merged.setdefault("image", DEFAULT_RUNTIME_IMAGE)
         return _placeholders(merged, meta or {})
 
-    def _desired_deployment(self, isvc: dict, predictor: dict, runtime: dict) -> dict:
+    def _desired_deployment(self, isvc: dict, predictor: dict, runtime: dict, dep_name: str | None = None) -> dict:
         meta = isvc["metadata"]
         name = meta["name"]
+        dep_name = dep_name or f"{name}-predictor"
         labels = self._labels(isvc)
+        labels["app"] = f"isvc.{dep_name}"
         annotations = {k: v for k, v in (meta.get("annotations") or {}).items()
                        if k != "kubectl.kubernetes.io/last-applied-configuration"}
         container = self._container(predictor, runtime, meta)
@@ -334,11 +374,13 @@ class KServeStandIn:
             uris.append({"uri": entry["uri"], "mountPath": entry.get("mountPath") or "/mnt/models"})
         self._add_storage(pod_spec, container, uris)
         template_annotations = dict(annotations)
-        template_annotations[GEN_ANNOTATION] = str(meta.get("generation"))
+        if dep_name == f"{name}-predictor":
+            # Named (canary / promoted) Deployments keep their pod template across generations, as KServe's do.
+            template_annotations[GEN_ANNOTATION] = str(meta.get("generation"))
         replicas = max(1, int(predictor.get("minReplicas") or 1))
         spec = {
             "replicas": replicas,
-            "selector": {"matchLabels": {"app": f"isvc.{name}-predictor"}},
+            "selector": {"matchLabels": {"app": f"isvc.{dep_name}"}},
             "template": {"metadata": {"labels": labels, "annotations": template_annotations}, "spec": pod_spec},
         }
         if self.progress_deadline_seconds:
@@ -347,7 +389,7 @@ class KServeStandIn:
         dep_annotations = dict(annotations)
         dep_annotations[HASH_ANNOTATION] = digest[:16]
         return {"apiVersion": "apps/v1", "kind": "Deployment",
-                "metadata": {"name": f"{name}-predictor", "namespace": meta["namespace"], "labels": labels,
+                "metadata": {"name": dep_name, "namespace": meta["namespace"], "labels": labels,
                              "annotations": dep_annotations, "ownerReferences": self._owner(isvc)},
                 "spec": spec}
 
@@ -406,6 +448,16 @@ class KServeStandIn:
             if exc.status != 404:
                 raise
             return api.post(base, desired)
+        # A spec change that leaves this predictor's pod template as it was (a canary added, removed or re-weighted) does
+        # not roll its pods: keep the generation annotation of the pods that run (KServe's Deployment stays untouched too).
+        live_tpl = copy.deepcopy(live["spec"]["template"])
+        want_tpl = copy.deepcopy(desired["spec"]["template"])
+        live_gen = (live_tpl["metadata"].get("annotations") or {}).pop(GEN_ANNOTATION, None)
+        (want_tpl["metadata"].get("annotations") or {}).pop(GEN_ANNOTATION, None)
+        if live_gen is not None and GEN_ANNOTATION in (desired["spec"]["template"]["metadata"].get("annotations") or {}) and \
+                _strip_defaults(live_tpl) == _strip_defaults(want_tpl):
+            desired["spec"]["template"]["metadata"]["annotations"][GEN_ANNOTATION] = live_gen
+            _rehash(desired)
         if (live["metadata"].get("annotations") or {}).get(HASH_ANNOTATION) == meta["annotations"][HASH_ANNOTATION]:
             return live
         live["metadata"]["labels"] = meta["labels"]
@@ -416,27 +468,45 @@ class KServeStandIn:
             live["spec"]["progressDeadlineSeconds"] = desired["spec"]["progressDeadlineSeconds"]
         return api.put(f"{base}/{meta['name']}", live)
 
-    def _apply_service(self, api, isvc: dict) -> None:
+    def _apply_service(self, api, isvc: dict, svc_name: str | None = None) -> None:
         from .rest import ApiError  # pylint: disable=import-outside-toplevel
         name, ns = isvc["metadata"]["name"], isvc["metadata"]["namespace"]
+        svc_name = svc_name or f"{name}-predictor"
         try:
-            api.get(f"/api/v1/namespaces/{ns}/services/{name}-predictor")
+            api.get(f"/api/v1/namespaces/{ns}/services/{svc_name}")
             return
         except ApiError as exc:
             if exc.status != 404:
                 raise
         api.post(f"/api/v1/namespaces/{ns}/services", {
             "apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": f"{name}-predictor", "namespace": ns, "labels": self._labels(isvc),
+            "metadata": {"name": svc_name, "namespace": ns, "labels": dict(self._labels(isvc), app=f"isvc.{svc_name}"),
                          "ownerReferences": self._owner(isvc)},
-            "spec": {"selector": {"app": f"isvc.{name}-predictor"},
-                     "ports": [{"name": f"{name}-predictor", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}})
+            "spec": {"selector": {"app": f"isvc.{svc_name}"},
+                     "ports": [{"name": svc_name, "port": 80, "targetPort": 8080, "protocol": "TCP"}]}})
+
+    @staticmethod
+    def _delete_stale(api, isvc: dict, keep: set) -> None:
+        """Delete this InferenceService's predictor Deployments/Services that no longer have a predictor (a removed canary,
+        the old stable one after a promotion)."""
+        from .rest import ApiError  # pylint: disable=import-outside-toplevel
+        name, ns = isvc["metadata"]["name"], isvc["metadata"]["namespace"]
+        selector = f"serving.kserve.io/inferenceservice={name},component=predictor"
+        for base in (f"/apis/apps/v1/namespaces/{ns}/deployments", f"/api/v1/namespaces/{ns}/services"):
+            for item in api.get(base, labelSelector=selector)["items"]:
+                if item["metadata"]["name"] in keep or item["metadata"].get("deletionTimestamp"):
+                    continue
+                try:
+                    api.delete(f"{base}/{item['metadata']['name']}", {"propagationPolicy": "Background"})
+                except ApiError as exc:
+                    if exc.status != 404:
+                        raise
 
     # -- status -----------------------------------------------------------------------------------
 
-    def _status(self, isvc: dict, status: dict, deployment: dict) -> dict:
-        meta = isvc["metadata"]
-        name, ns = meta["name"], meta["namespace"]
+    @staticmethod
+    def _propagate(deployment: dict) -> tuple:
+        """(PredictorReady-style condition, observed) of one predictor Deployment: KServe's PropagateRawStatus."""
         dstatus = deployment.get("status") or {}
         conds = {c["type"]: c for c in dstatus.get("conditions") or []}
         observed = dstatus.get("observedGeneration", 0) >= deployment["metadata"].get("generation", 1)
@@ -468,6 +538,30 @@ class KServeStandIn:
         if pred["status"] == "True":
             # knative MarkTrue keeps neither reason nor message
             pred = {"type": "PredictorReady", "status": "True"}
+        return pred, observed
+
+    def _status(self, isvc: dict, status: dict, deployment: dict, canaries=()) -> dict:
+        meta = isvc["metadata"]
+        name, ns = meta["name"], meta["namespace"]
+        dstatus = deployment.get("status") or {}
+        pred, observed = self._propagate(deployment)
+        canary_statuses = []
+        for entry, live in canaries:
+            cpred, cobserved = self._propagate(live)
+            observed = observed and cobserved
+            cready = cpred["status"] == "True" and cobserved
+            copies = int((live.get("status") or {}).get("readyReplicas") or 0)
+            canary_statuses.append({
+                "name": (entry.get("predictor") or {}).get("name") or "canary", "ready": cready,
+                "trafficPercent": int(entry.get("trafficPercent") or 0),
+                "modelStatus": {"transitionStatus": "UpToDate" if cready else "InProgress",
+                                "states": {"activeModelState": "Loaded" if cready else "Pending",
+                                           "targetModelState": "Loaded" if cready else "Pending"},
+                                "copies": {"failedCopies": 0, "totalCopies": copies}}})
+        if canary_statuses:
+            status["canaryStatuses"] = canary_statuses
+        else:
+            status.pop("canaryStatuses", None)
         ingress = {"type": "IngressReady", "status": "True"}
         if pred["status"] == "True":
             ready = {"type": "Ready", "status": "True"}
@@ -503,6 +597,32 @@ class KServeStandIn:
         body = {"apiVersion": isvc["apiVersion"], "kind": isvc["kind"], "metadata": meta, "spec": isvc.get("spec"),
                 "status": status}
         api.put(f"/apis/{GROUP}/{VERSION}/namespaces/{meta['namespace']}/{PLURAL}/{meta['name']}/status", body)
+
+
+def _deployment_name(isvc_name: str, predictor_name: str | None) -> str:
+    """KServe's PredictorServiceName(isvc, name): `<isvc>-predictor`, or `<isvc>-predictor-<name>` for a named predictor."""
+    return f"{isvc_name}-predictor-{predictor_name}" if predictor_name else f"{isvc_name}-predictor"
+
+
+def _strip_defaults(template: dict) -> str:
+    """A pod template without the fields the API server defaults, to compare what the stand-in wrote with what it reads."""
+    def clean(value):
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items() if v not in (None, {}, []) and k not in _DEFAULTED}
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        return value
+    return json.dumps(clean(template), sort_keys=True)
+
+
+_DEFAULTED = {"terminationMessagePath", "terminationMessagePolicy", "imagePullPolicy", "restartPolicy", "dnsPolicy",
+              "schedulerName", "terminationGracePeriodSeconds", "protocol", "creationTimestamp"}
+
+
+def _rehash(deployment: dict) -> None:
+    spec, meta = deployment["spec"], deployment["metadata"]
+    digest = hashlib.sha256(json.dumps({"spec": spec, "labels": meta["labels"]}, sort_keys=True).encode()).hexdigest()
+    meta["annotations"][HASH_ANNOTATION] = digest[:16]
 
 
 def _deep_merge(base: dict, patch: dict) -> dict:

@@ -1,0 +1,210 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: canary_observe
+short_description: Measure both revisions of a speculative-decoding canary on live traffic and decide
+version_added: 0.2.0
+description:
+  - Reads C(/metrics) of every pod of the stable and of the canary revision (through the API server's pod proxy, as
+    M(alauda.spec_decoding.spec_metrics) does), waits O(window) seconds of live traffic and reads them again.
+  - Per revision, from the deltas of vLLM's server-side histograms (C(vllm:time_to_first_token_seconds),
+    C(vllm:request_time_per_output_token_seconds), C(vllm:inter_token_latency_seconds),
+    C(vllm:e2e_request_latency_seconds)) - medians and p99 as Prometheus' C(histogram_quantile) computes them - the
+    finished requests, the output tokens per second of request time, and the canary's acceptance figures.
+  - Decides with the benchmark's keep rule (median TTFT, median TPOT, output rate; see M(alauda.spec_decoding.spec_benchmark)) -
+    C(promote) or C(roll_back). No decision (C(none)) while a side has fewer than O(min_requests) finished requests (the
+    window is extended up to O(max_window) first) or a pod's metrics are missing (named in C(missing)).
+  - Only reads; C(changed) is always false.
+author:
+  - Alauda Platform Team (@alauda)
+options:
+  name:
+    description: InferenceService name.
+    type: str
+    required: true
+  namespace:
+    description: Namespace.
+    type: str
+    required: true
+  canary_name:
+    description: Name of the canary predictor (Standard mode).
+    type: str
+    default: spec
+  selectors:
+    description:
+      - Label selectors of the pods of each revision (keys C(stable), C(canary)); default from the InferenceService
+        (what M(alauda.spec_decoding.canary_rollout) returns as C(selectors)).
+    type: dict
+  window:
+    description: Seconds of live traffic to observe.
+    type: float
+    default: 300
+  max_window:
+    description: Seconds the window may grow to while a side has fewer than O(min_requests) requests (default O(window)).
+    type: float
+  min_requests:
+    description: Finished requests each revision needs in the window before any decision.
+    type: int
+    default: 20
+  tolerances:
+    description: How much worse (a fraction) each metric may be and still count (keys C(ttft), C(tpot), C(throughput)).
+    type: dict
+  model_name:
+    description: Count only series of this served model name.
+    type: str
+  container:
+    description: Container whose port serves C(/metrics).
+    type: str
+    default: kserve-container
+  port:
+    description: Port of C(/metrics) (default from the pod spec, see M(alauda.spec_decoding.spec_metrics)).
+    type: str
+  scheme:
+    description: C(http) or C(https) (default from the pod spec).
+    type: str
+    choices: [http, https]
+  percent:
+    description: The canary's traffic share, for the report.
+    type: int
+  timeout:
+    description: Seconds for each C(/metrics) request.
+    type: int
+    default: 30
+extends_documentation_fragment:
+  - kubernetes.core.k8s_auth_options
+  - alauda.spec_decoding.attributes.READ_ONLY
+  - alauda.spec_decoding.attributes.ACTION_GROUP
+requirements:
+  - kubernetes >= 24.2.0
+  - prometheus_client
+"""
+
+EXAMPLES = r"""
+- name: Observe 10 minutes of live traffic, at least 50 requests per side
+  alauda.spec_decoding.canary_observe:
+    name: llama
+    namespace: models
+    window: 600
+    max_window: 1800
+    min_requests: 50
+  register: observed
+"""
+
+RETURN = r"""
+decision:
+  description: C(promote), C(roll_back) or C(none) (not enough evidence).
+  returned: always
+  type: str
+reasons:
+  description: Why.
+  returned: always
+  type: list
+  elements: str
+checks:
+  description: The keep rule's checks (metric, baseline = stable, candidate = canary, limit, passed).
+  returned: always
+  type: list
+  elements: dict
+stable:
+  description: Figures of the stable revision (requests, C(ttft_ms)/C(tpot_ms)/C(itl_ms)/C(e2el_ms) with median, p99, mean, count).
+  returned: always
+  type: dict
+canary:
+  description: Figures of the canary revision, plus C(acceptance) (the spec_metrics summary of the window).
+  returned: always
+  type: dict
+missing:
+  description: Pods per side whose C(/metrics) could not be read or had no vLLM histograms.
+  returned: always
+  type: dict
+window_s:
+  description: Seconds actually observed.
+  returned: always
+  type: float
+extended:
+  description: How many times the window was extended for too few requests.
+  returned: always
+  type: int
+selectors:
+  description: The label selectors used.
+  returned: always
+  type: dict
+report:
+  description: The report (JSON-ready) - window, both revisions' figures, the decision and why.
+  returned: always
+  type: dict
+markdown:
+  description: The report as Markdown.
+  returned: always
+  type: str
+"""
+
+from ansible.module_utils.basic import missing_required_lib
+from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
+from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+
+
+def main():
+    spec = dict(
+        name=dict(type="str", required=True),
+        namespace=dict(type="str", required=True),
+        canary_name=dict(type="str", default="spec"),
+        selectors=dict(type="dict"),
+        window=dict(type="float", default=300),
+        max_window=dict(type="float"),
+        min_requests=dict(type="int", default=20),
+        tolerances=dict(type="dict"),
+        model_name=dict(type="str"),
+        container=dict(type="str", default="kserve-container"),
+        port=dict(type="str"),
+        scheme=dict(type="str", choices=["http", "https"]),
+        timeout=dict(type="int", default=30),
+        percent=dict(type="int"),
+    )
+    spec.update(AUTH_ARG_SPEC)
+    module = AnsibleK8SModule(argument_spec=spec, supports_check_mode=True)
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils import canary, k8s_pods, prometheus_text  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_report  # pylint: disable=import-outside-toplevel
+    if not prometheus_text.HAS_PROMETHEUS_CLIENT:
+        module.fail_json(msg=missing_required_lib("prometheus_client"), exception=str(prometheus_text.PROMETHEUS_IMPORT_ERROR))
+    params = module.params
+    try:
+        if params["window"] <= 0:
+            raise ValidationError("must be more than 0 seconds", field="window", hint="observe at least a few minutes of live traffic")
+        if params["min_requests"] < 1:
+            raise ValidationError("must be at least 1", field="min_requests", hint="ask for enough requests per side to decide on, e.g. 50")
+        bench_report.check_tolerances(params.get("tolerances"))
+        k8s_pods.check_port(params.get("port"))
+        selectors = params.get("selectors")
+        mode = None
+        from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
+        api_client = get_api_client(module=module).client.client
+        if not selectors:
+            isvc = k8s_pods.get_inference_service(api_client, params["namespace"], params["name"])
+            mode = canary.deployment_mode(isvc)
+            selectors = canary.revision_selectors(isvc, mode, canary.check_canary_name(params["canary_name"]))
+        elif set(selectors) != {"stable", "canary"}:
+            raise ValidationError("needs exactly the keys stable and canary, got %s" % ", ".join(sorted(selectors)), field="selectors",
+                                  hint="pass the selectors canary_rollout returned, e.g. {stable: app=isvc.x-predictor, canary: app=isvc.x-predictor-spec}")
+        result = canary.observe(api_client, params["namespace"], params["name"], selectors, params["window"],
+                                max_window=params.get("max_window"), min_requests=params["min_requests"],
+                                tolerances=params.get("tolerances"), model_name=params.get("model_name"),
+                                container=params["container"], port=params.get("port"), scheme=params.get("scheme"),
+                                timeout=params["timeout"])
+    except SpecDecodingError as exc:
+        module.fail_json(msg=str(exc))
+    report = canary.build_report(params["namespace"], params["name"], result, percent=params.get("percent"),
+                                 canary_name=params["canary_name"], mode=mode)
+    module.exit_json(changed=False, report=report, markdown=canary.render_markdown(report), **result)
+
+
+if __name__ == "__main__":
+    main()

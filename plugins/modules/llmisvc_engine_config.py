@@ -1,0 +1,155 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: llmisvc_engine_config
+short_description: Prove per pool which speculative config the vLLM engines of a KServe LLMInferenceService run
+version_added: 0.2.0
+description:
+  - Lists the pods of each pool the way KServe's LLMInferenceService controller labels them (C(decode), or the single
+    pool, by C(app.kubernetes.io/component=llminferenceservice-workload); C(prefill) by
+    C(llminferenceservice-workload-prefill); both with C(app.kubernetes.io/name=<name>)), reads the engine-config line
+    from each pod's C(main) container and compares every pool separately with what it must run.
+  - Without O(expected), a pool must run the speculative config its own flag (or the baseRefs preset's) carries, and a
+    pool without the flag (the prefill pool, by default) must run C(speculative_config=None).
+  - With data parallelism (C(spec.parallelism.data) x C(dataLocal) above 1) vLLM 0.24+ logs the line on data-parallel
+    rank 0 only; the pool passes when one pod logged it, and RV(pools) names that pod as C(engine_pod).
+author:
+  - Alauda Platform Team (@alauda)
+options:
+  name:
+    description: LLMInferenceService name.
+    type: str
+    required: true
+  namespace:
+    description: Namespace.
+    type: str
+    required: true
+  api_version:
+    description: API version to read.
+    type: str
+    choices: [v1alpha1, v1alpha2]
+    default: v1alpha2
+  container:
+    description: Container whose log holds the vLLM output (KServe's controller edits the one named C(main)).
+    type: str
+    default: main
+  expected:
+    description:
+      - What the pools that carry the flag must run (keys left out are not compared); pools without the flag must always
+        run without speculative decoding. C(enabled) V(false) requires C(speculative_config=None) everywhere (after a rollback).
+    type: dict
+    suboptions:
+      enabled:
+        description: V(false) requires C(speculative_config=None); V(true) requires speculative decoding.
+        type: bool
+      method:
+        description: Expected method (C(*_mtp) aliases compare as C(mtp)).
+        type: str
+      model:
+        description: Expected draft path as vLLM sees it.
+        type: str
+      num_speculative_tokens:
+        description: Expected number of speculative tokens.
+        type: int
+  config_namespace:
+    description: KServe's system namespace, where shared C(LLMInferenceServiceConfig) presets live.
+    type: str
+    default: kserve
+  timeout:
+    description: Seconds for each pod log read.
+    type: int
+    default: 60
+extends_documentation_fragment:
+  - kubernetes.core.k8s_auth_options
+  - alauda.spec_decoding.attributes.READ_ONLY
+  - alauda.spec_decoding.attributes.ACTION_GROUP
+requirements:
+  - kubernetes >= 24.2.0
+"""
+
+EXAMPLES = r"""
+- name: Verify the decode pool runs EAGLE-3 and the prefill pool runs without it
+  alauda.spec_decoding.llmisvc_engine_config:
+    name: llama-eagle3
+    namespace: models
+
+- name: After a rollback, no pool may run speculative decoding
+  alauda.spec_decoding.llmisvc_engine_config:
+    name: llama-eagle3
+    namespace: models
+    expected:
+      enabled: false
+"""
+
+RETURN = r"""
+pools:
+  description:
+    - Per pool, C({expected, flag, pods, skipped_pods, engine_pod, speculative_config, vllm_version, differences,
+      data_parallel}); C(pods) holds C({name, found, speculative_config, vllm_version, error}) of each pod.
+  returned: always
+  type: dict
+speculative_config:
+  description: The decode pool's engine speculative config (null when it runs without).
+  returned: always
+  type: dict
+problems:
+  description: Why the check failed (empty when it passed).
+  returned: always
+  type: list
+  elements: str
+"""
+
+from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
+from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import llmisvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+
+
+def argument_spec():
+    spec = dict(
+        name=dict(type="str", required=True),
+        namespace=dict(type="str", required=True),
+        api_version=dict(type="str", default="v1alpha2", choices=["v1alpha1", "v1alpha2"]),
+        container=dict(type="str", default=llmisvc.MAIN_CONTAINER),
+        expected=dict(type="dict", options=dict(
+            enabled=dict(type="bool"),
+            method=dict(type="str"),
+            model=dict(type="str"),
+            num_speculative_tokens=dict(type="int", no_log=False),
+        )),
+        config_namespace=dict(type="str", default="kserve"),
+        timeout=dict(type="int", default=60),
+    )
+    spec.update(AUTH_ARG_SPEC)
+    return spec
+
+
+def main():
+    module = AnsibleK8SModule(argument_spec=argument_spec(), supports_check_mode=True)
+    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
+    params = module.params
+    api_client = get_api_client(module=module).client.client
+    expected = {k: v for k, v in (params["expected"] or {}).items() if v is not None} or None
+    try:
+        obj = llmisvc.get(api_client, params["namespace"], params["name"], params["api_version"])
+        presets = llmisvc.read_presets(api_client, obj, params["config_namespace"], params["api_version"])
+        report, problems = llmisvc.engine_report(api_client, obj, expected=expected, container=params["container"],
+                                                 timeout=params["timeout"], presets=presets)
+    except SpecDecodingError as exc:
+        module.fail_json(msg=str(exc), field=exc.field, changed=False)
+    result = {"changed": False, "pools": report, "problems": problems,
+              "speculative_config": (report.get("decode") or {}).get("speculative_config")}
+    if problems:
+        module.fail_json(msg="LLMInferenceService %s/%s: %s" % (params["namespace"], params["name"], "; ".join(problems)), **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

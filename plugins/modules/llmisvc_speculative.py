@@ -1,0 +1,182 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: llmisvc_speculative
+short_description: Find or strip vLLM's speculative config on a KServe LLMInferenceService, in every pool and form
+version_added: 0.2.0
+description:
+  - Reads the LLMInferenceService and the C(LLMInferenceServiceConfig) presets its C(spec.baseRefs) name (in its namespace,
+    then in O(config_namespace), as KServe's config loader does) and reports, per pool (C(decode) = C(spec.template),
+    C(prefill) = C(spec.prefill.template), C(worker), C(prefill_worker)) and container, where a speculative flag is and
+    what it says - argv in C(command)/C(args), a C(bash -c) script (also with the script in C(args)), or the
+    C(VLLM_ADDITIONAL_ARGS) env variable that KServe's data-parallel presets expand.
+  - O(state=absent) removes the flag and nothing else (token-exact, the same editor as
+    M(alauda.spec_decoding.isvc_speculative)) with one JSON patch whose C(test) operations make a concurrent edit fail
+    instead of being overwritten. It refuses, naming the preset, when the flag comes from a preset the resource does not
+    own, and refuses a flag inside a quoted string (C(eval "...")) that cannot be removed token-exact.
+  - Writes as the field manager C(alauda-spec-decoding-rollback), like the InferenceService rollback, so the next deploy
+    takes the fields back.
+author:
+  - Alauda Platform Team (@alauda)
+options:
+  name:
+    description: LLMInferenceService name.
+    type: str
+    required: true
+  namespace:
+    description: Namespace.
+    type: str
+    required: true
+  api_version:
+    description: API version to read and patch.
+    type: str
+    choices: [v1alpha1, v1alpha2]
+    default: v1alpha2
+  state:
+    description: V(query) only reports; V(absent) strips the flag.
+    type: str
+    choices: [query, absent]
+    default: query
+  config_namespace:
+    description: KServe's system namespace, where shared C(LLMInferenceServiceConfig) presets live.
+    type: str
+    default: kserve
+extends_documentation_fragment:
+  - kubernetes.core.k8s_auth_options
+  - alauda.spec_decoding.attributes.WRITES
+  - alauda.spec_decoding.attributes.ACTION_GROUP
+requirements:
+  - kubernetes >= 24.2.0
+"""
+
+EXAMPLES = r"""
+- name: Where is the flag?
+  alauda.spec_decoding.llmisvc_speculative:
+    name: llama-eagle3
+    namespace: models
+  register: found
+
+- name: Roll back speculative decoding on every pool
+  alauda.spec_decoding.llmisvc_speculative:
+    name: llama-eagle3
+    namespace: models
+    state: absent
+"""
+
+RETURN = r"""
+flags:
+  description: Each flag found before any change, C({pool, container, source, field, forms, config, error}); C(source) is
+    V(resource) or C(LLMInferenceServiceConfig/<name>).
+  returned: always
+  type: list
+  elements: dict
+previous_config:
+  description: Per pool, the speculative config it carried before (null when none).
+  returned: always
+  type: dict
+changes:
+  description: Each field edited, C({pool, container, field, before, after}).
+  returned: always
+  type: list
+  elements: dict
+patch:
+  description: The JSON patch sent (empty when nothing changed).
+  returned: always
+  type: list
+  elements: dict
+generation:
+  description: metadata.generation after the change (what a wait must see observed).
+  returned: always
+  type: int
+resource:
+  description: The LLMInferenceService after the change (or as read, in check mode and with O(state=query)).
+  returned: always
+  type: dict
+"""
+
+import copy
+
+from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
+from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import llmisvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ssa_conflicts import ROLLBACK_FIELD_MANAGER
+
+
+def argument_spec():
+    spec = dict(
+        name=dict(type="str", required=True),
+        namespace=dict(type="str", required=True),
+        api_version=dict(type="str", default="v1alpha2", choices=["v1alpha1", "v1alpha2"]),
+        state=dict(type="str", default="query", choices=["query", "absent"]),
+        config_namespace=dict(type="str", default="kserve"),
+    )
+    spec.update(AUTH_ARG_SPEC)
+    return spec
+
+
+def _patch(api_client, params, ops, dry_run):
+    kwargs = {"field_manager": ROLLBACK_FIELD_MANAGER}
+    if dry_run:
+        kwargs["dry_run"] = "All"
+    api = llmisvc._custom_api(api_client)  # pylint: disable=protected-access
+    args = (llmisvc.GROUP, params["api_version"], params["namespace"], llmisvc.PLURAL, params["name"], ops)
+    try:
+        return api.patch_namespaced_custom_object(*args, _content_type="application/json-patch+json", **kwargs)
+    except TypeError:  # kubernetes < 31 picks the content type from the body (a list: JSON patch)
+        return api.patch_namespaced_custom_object(*args, **kwargs)
+
+
+def run(module, api_client):
+    params = module.params
+    obj = llmisvc.get(api_client, params["namespace"], params["name"], params["api_version"])
+    presets = llmisvc.read_presets(api_client, obj, params["config_namespace"], params["api_version"])
+    found = llmisvc.flags(obj, presets)
+    previous = {pool: None for pool in llmisvc.pools_of(obj)}
+    for entry in found:
+        if previous.get(entry["pool"]) is None:
+            previous[entry["pool"]] = entry["config"]
+    for entry in found:
+        entry.pop("unstrippable", None)
+    result = {"flags": found, "previous_config": previous, "changes": [], "patch": [], "resource": obj,
+              "generation": obj["metadata"].get("generation")}
+    if params["state"] == "query":
+        return False, result
+    ops, changes = llmisvc.strip(obj, presets)
+    result.update(changes=changes, patch=ops)
+    if not ops:
+        return False, result
+    from kubernetes.client.rest import ApiException  # pylint: disable=import-outside-toplevel
+    try:
+        after = _patch(api_client, params, ops, module.check_mode)
+    except ApiException as exc:
+        if exc.status == 422 and "test" in str(exc.body or ""):
+            raise SpecDecodingError("LLMInferenceService %s/%s changed while the rollback read it (a JSON patch test failed)"
+                                    % (params["namespace"], params["name"]), field="name", hint="rerun the rollback") from exc
+        raise
+    result.update(resource=after, generation=after["metadata"].get("generation"))
+    if module._diff:  # pylint: disable=protected-access
+        result["diff"] = {"before": {"spec": copy.deepcopy(obj.get("spec"))}, "after": {"spec": after.get("spec")}}
+    return True, result
+
+
+def main():
+    module = AnsibleK8SModule(argument_spec=argument_spec(), supports_check_mode=True)
+    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
+    api_client = get_api_client(module=module).client.client
+    try:
+        changed, result = run(module, api_client)
+    except SpecDecodingError as exc:
+        module.fail_json(msg=str(exc), field=exc.field, changed=False)
+    module.exit_json(changed=changed, **result)
+
+
+if __name__ == "__main__":
+    main()

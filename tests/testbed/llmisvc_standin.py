@@ -1,0 +1,458 @@
+"""A KServe LLMInferenceService controller stand-in for the loopback test bed (single-node workloads).
+
+Written from kserve/kserve's source (pkg/controller/v1alpha1/llmisvc/, pkg/apis/serving/v1alpha2/
+llm_inference_service_lifecycle.go) so product code sees the objects and status a real cluster shows:
+
+- finalizer ``serving.kserve.io/llmisvc-finalizer`` added, removed on deletion (owned objects then go through the
+  controller manager's garbage collector);
+- ``spec.baseRefs``: each ``LLMInferenceServiceConfig`` is looked up in the object's namespace, then in the system
+  namespace (``kserve``); a missing one gives ``PresetsCombined=False`` (reason ``CombineBaseError``) and nothing else
+  is reconciled (the controller returns before the workloads). Presets merge under the resource: containers by name
+  with a strategic merge (``command``/``args`` lists replaced, ``env`` merged by name), other pod fields replaced;
+- Deployment ``<name>-kserve`` from ``spec.template`` (pod labels ``app.kubernetes.io/component=
+  llminferenceservice-workload``, ``app.kubernetes.io/name``, ``app.kubernetes.io/part-of=llminferenceservice``,
+  ``kserve.io/component=workload``, ``llm-d.ai/role`` = ``decode`` with a prefill pool else ``both``), and
+  ``<name>-kserve-prefill`` from ``spec.prefill.template`` (component ``llminferenceservice-workload-prefill``, role
+  ``prefill``); a removed prefill pool's Deployment is deleted. Model: ``pvc://claim/path`` becomes a read-only PVC
+  mount at /mnt/models (subPath), ``oci://`` the Modelcar sidecar, ``hf://``/``s3://`` a storage-initializer init
+  container; ``spec.worker`` (LeaderWorkerSet) is not modelled;
+- status as ``propagateDeploymentStatus`` + the living condition set: ``MainWorkloadReady`` /
+  ``PrefillWorkloadReady`` True when the Deployment's ``Available`` is True, else False with its reason (or
+  ``Progressing`` when there is no Available condition yet); ``WorkloadsReady`` = first False sub-condition, else
+  True; ``RouterReady`` True (no router sub-conditions without spec.router); ``Ready`` True when PresetsCombined,
+  WorkloadsReady and RouterReady are; ``observedGeneration`` = metadata.generation after every reconcile (knative's
+  PostProcessReconcile bumps it whether or not the reconcile succeeded). Like the real controller, Ready can be True at
+  a new generation while the Deployment still rolls out (Available stays True on the old pods): a waiter has to look
+  at the rollout itself.
+
+Test controls (never visible to product code), delegated to the kubelet stand-in:
+    standin.set_behaviour(namespace, name, pool="decode", logs={"main": text}, ready_after=0.2, generation=2)
+Pods carry the annotation ``testbed.alauda.io/isvc-generation`` = the LLMInferenceService generation they were made for.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import threading
+import time
+
+from .kserve_standin import GEN_ANNOTATION, HASH_ANNOTATION, KServeStandIn, _now
+from .kubelet import PodBehaviour
+
+GROUP, VERSION, PLURAL = "serving.kserve.io", "v1alpha2", "llminferenceservices"
+CONFIG_PLURAL = "llminferenceserviceconfigs"
+FINALIZER = "serving.kserve.io/llmisvc-finalizer"
+SYSTEM_NAMESPACE = "kserve"
+CRD_FILE = "serving.kserve.io_llminferenceservices.yaml"
+PART_OF = "llminferenceservice"
+COMPONENTS = {"decode": "llminferenceservice-workload", "prefill": "llminferenceservice-workload-prefill"}
+STORAGE_INITIALIZER_IMAGE = "kserve/storage-initializer:v0.20.0"
+
+
+def crd_body(crd_dir: str) -> dict:
+    """The LLMInferenceService CRD as a Kubernetes 1.20 API server accepts it.
+
+    Two edits, both needed on 1.20 only: the `default: ""` lines are dropped (controlplane._load_crd, as for the other
+    KServe CRDs), and then every property named in `x-kubernetes-list-map-keys` that lost its default is made required
+    in its list items (1.20: "this property is in x-kubernetes-list-map-keys, so it must have a default or be a required
+    property"; 12 places, all `imagePullSecrets[].name`). 1.20 also ignores the CRD's `x-kubernetes-validations` (CEL
+    arrived in 1.25), so those rules are not enforced here."""
+    import os  # pylint: disable=import-outside-toplevel
+    from .controlplane import _load_crd  # pylint: disable=import-outside-toplevel
+    body = copy.deepcopy(_load_crd(os.path.join(crd_dir, CRD_FILE)))
+
+    def walk(node):
+        if isinstance(node, dict):
+            keys, items = node.get("x-kubernetes-list-map-keys"), node.get("items")
+            if keys and isinstance(items, dict):
+                props = items.get("properties") or {}
+                required = items.setdefault("required", [])
+                required += [k for k in keys if "default" not in (props.get(k) or {}) and k not in required]
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+    walk(body)
+    return body
+
+
+def _pruned(obj, schema, path="") -> list:
+    """Fields of obj the API server would drop silently (not in the structural schema, no preserve-unknown-fields)."""
+    out = []
+    if not isinstance(schema, dict) or schema.get("x-kubernetes-preserve-unknown-fields"):
+        return out
+    if isinstance(obj, dict):
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        for key, value in obj.items():
+            if props is not None and key in props:
+                out += _pruned(value, props[key], f"{path}.{key}")
+            elif isinstance(extra, dict):
+                out += _pruned(value, extra, f"{path}.{key}")
+            elif props is not None or extra is False:
+                out.append(f"{path}.{key}")
+    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        for i, value in enumerate(obj):
+            out += _pruned(value, schema["items"], f"{path}[{i}]")
+    return out
+
+
+def schema_errors(manifest: dict, crd_dir: str) -> list:
+    """What the real LLMInferenceService CRD says about a manifest: schema violations (types, required, enums, ranges) and
+    fields it would prune. Empty: it validates. (CEL x-kubernetes-validations are not evaluated.)"""
+    import jsonschema  # pylint: disable=import-outside-toplevel
+    import os  # pylint: disable=import-outside-toplevel
+    from .controlplane import _load_crd  # pylint: disable=import-outside-toplevel
+    body = _load_crd(os.path.join(crd_dir, CRD_FILE))
+    version = manifest["apiVersion"].rsplit("/", 1)[-1]
+    schema = next(v for v in body["spec"]["versions"] if v["name"] == version)["schema"]["openAPIV3Schema"]
+    meta_free = dict(manifest)
+    meta_free.pop("metadata", None)
+    errors = [f"{'.'.join(str(p) for p in e.absolute_path)}: {e.message}"
+              for e in jsonschema.Draft7Validator(schema).iter_errors(meta_free)]  # no check_schema: 2 MB meta-check is slow
+    return errors + [f"{p}: not in the schema (the API server would drop it)" for p in _pruned(meta_free, schema)]
+
+
+def config_crd_body(crd_dir: str) -> dict:
+    """A CRD for LLMInferenceServiceConfig, derived from the LLMInferenceService one.
+
+    ../shared/kserve-crds has no LLMInferenceServiceConfig CRD. In KServe's types (llm_inference_service_types.go)
+    `LLMInferenceServiceConfig.Spec` is the same `LLMInferenceServiceSpec`, with `model` optional for configs; so the
+    derived CRD keeps the spec schema, drops `model.uri` from required, and renames the kind (short name llmconfig)."""
+    body = crd_body(crd_dir)
+    body["metadata"] = {"name": f"{CONFIG_PLURAL}.{GROUP}"}
+    body["spec"]["names"] = {"kind": "LLMInferenceServiceConfig", "listKind": "LLMInferenceServiceConfigList",
+                             "plural": CONFIG_PLURAL, "singular": "llminferenceserviceconfig", "shortNames": ["llmconfig"]}
+    for version in body["spec"]["versions"]:
+        version.pop("additionalPrinterColumns", None)
+        version.pop("subresources", None)
+        schema = version["schema"]["openAPIV3Schema"]
+        schema["properties"].pop("status", None)
+        model = schema["properties"]["spec"]["properties"].get("model") or {}
+        model.pop("required", None)
+        schema["properties"]["spec"].pop("required", None)
+    return body
+
+
+def install_crd(controlplane, crd_dir: str, timeout: float = 180.0) -> str:
+    """Create the LLMInferenceService CRD (see crd_body) and the derived LLMInferenceServiceConfig one (config_crd_body);
+    wait until discovery lists both in both versions (clients
+    such as kubernetes.core find resources through discovery, which lags behind the resource path itself)."""
+    from .rest import ApiError  # pylint: disable=import-outside-toplevel
+    body = crd_body(crd_dir)
+    api = controlplane.rest(timeout=timeout)
+    name = body["metadata"]["name"]
+    try:
+        for crd in (body, config_crd_body(crd_dir)):
+            try:
+                api.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+        deadline = time.monotonic() + timeout
+        for path in [f"/apis/{GROUP}/{v['name']}" for v in body["spec"]["versions"] if v.get("served")]:
+            while True:
+                try:
+                    listed = {r.get("name") for r in api.get(path).get("resources") or []}
+                    if {PLURAL, CONFIG_PLURAL} <= listed:
+                        break
+                except ApiError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"discovery {path} does not list {PLURAL} after {timeout} s")
+                time.sleep(0.05)
+    finally:
+        api.close()
+    return name
+
+
+def refresh_discovery_cache(kubeconfig: str) -> None:
+    """Rewrite kubernetes.core's discovery cache for this API server after a CRD was added.
+
+    kubernetes.core keeps API discovery in ``$TMPDIR/k8srcp-<sha256 of host and OS user>.json`` and does not refresh it
+    when a group version is missing. Test beds reuse loopback ports, so a file left by an earlier control plane on the
+    same port (with the four default KServe CRDs) would hide serving.kserve.io/v1alpha2 from the k8s module."""
+    from kubernetes import config as kube_config  # pylint: disable=import-outside-toplevel
+    from ansible_collections.kubernetes.core.plugins.module_utils.client.discovery import LazyDiscoverer  # pylint: disable=import-outside-toplevel
+    from ansible_collections.kubernetes.core.plugins.module_utils.k8sdynamicclient import K8SDynamicClient  # pylint: disable=import-outside-toplevel
+    api_client = kube_config.new_client_from_config(config_file=kubeconfig)
+    try:
+        K8SDynamicClient(api_client, discoverer=LazyDiscoverer).resources.invalidate_cache()
+    finally:
+        api_client.close()
+
+
+def _merge_container(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if key == "env":
+            env = {e["name"]: e for e in out.get("env") or []}
+            order = [e["name"] for e in out.get("env") or []]
+            for item in value or []:
+                if item["name"] not in env:
+                    order.append(item["name"])
+                env[item["name"]] = item
+            out["env"] = [env[n] for n in order]
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _merge_podspec(base: dict | None, over: dict | None) -> dict | None:
+    if base is None:
+        return copy.deepcopy(over)
+    if over is None:
+        return copy.deepcopy(base)
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if key == "containers":
+            mine = {c["name"]: c for c in out.get("containers") or []}
+            merged = [(_merge_container(mine[c["name"]], c) if c["name"] in mine else copy.deepcopy(c)) for c in value]
+            names = {c["name"] for c in value}
+            out["containers"] = merged + [c for c in out.get("containers") or [] if c["name"] not in names]
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def merge_spec(presets: list, spec: dict) -> dict:
+    """Presets in baseRefs order, then the resource itself (config_merge.go order)."""
+    out: dict = {}
+    for layer in [p.get("spec") or {} for p in presets] + [spec]:
+        for key, value in layer.items():
+            if key in ("template", "worker"):
+                out[key] = _merge_podspec(out.get(key), value)
+            elif key == "prefill" and isinstance(value, dict):
+                pre = dict(out.get("prefill") or {})
+                for pkey, pval in value.items():
+                    pre[pkey] = _merge_podspec(pre.get(pkey), pval) if pkey in ("template", "worker") else copy.deepcopy(pval)
+                out["prefill"] = pre
+            else:
+                out[key] = copy.deepcopy(value)
+    return out
+
+
+class LLMISvcStandIn:
+    """Reconciles LLMInferenceServices in a background thread. start()/stop() or a context manager."""
+
+    def __init__(self, controlplane, kubelet=None, poll_interval: float = 0.1, idle_interval: float = 0.5):
+        self.cp = controlplane
+        self.kubelet = kubelet
+        self.poll_interval = poll_interval
+        self.idle_interval = idle_interval
+        self._stop = threading.Event()
+        self._thread = None
+        self.errors: list = []
+        self.reconciles = 0
+
+    def set_behaviour(self, namespace: str, name: str, pool: str | None = None, ready_after: float | None = 0.0,
+                      never_ready: bool = False, logs: dict | None = None, generation: int | None = None,
+                      pod: str | None = None) -> None:
+        """How the pods of namespace/name behave (all pools, or one `pool`; one `generation`; one pod by name prefix
+        `pod`), delegated to the kubelet stand-in."""
+        if self.kubelet is None:
+            raise RuntimeError("set_behaviour needs the kubelet stand-in (LLMISvcStandIn(cp, kubelet=...))")
+        behaviour = PodBehaviour(ready_after=None if never_ready else ready_after, logs=dict(logs or {}))
+
+        def match(p):
+            meta = p["metadata"]
+            labels = meta.get("labels") or {}
+            if meta["namespace"] != namespace or labels.get("app.kubernetes.io/name") != name or labels.get("app.kubernetes.io/part-of") != PART_OF:
+                return False
+            if pool is not None and labels.get("app.kubernetes.io/component") != COMPONENTS[pool]:
+                return False
+            if pod is not None and not meta["name"].startswith(pod):
+                return False
+            return generation is None or (meta.get("annotations") or {}).get(GEN_ANNOTATION) == str(generation)
+        self.kubelet.set_behaviour(match, behaviour)
+
+    def start(self) -> "LLMISvcStandIn":
+        self._thread = threading.Thread(target=self._loop, name="llmisvc-standin", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def _loop(self) -> None:
+        from .rest import ApiError  # pylint: disable=import-outside-toplevel
+        api = self.cp.rest()
+        try:
+            last_rv, last_change = None, time.monotonic()
+            while not self._stop.is_set():
+                try:
+                    objs = api.get(f"/apis/{GROUP}/{VERSION}/{PLURAL}")
+                    deps = api.get("/apis/apps/v1/deployments", labelSelector=f"app.kubernetes.io/part-of={PART_OF}")
+                    rv = (objs["metadata"].get("resourceVersion"), deps["metadata"].get("resourceVersion"))
+                    if rv != last_rv:
+                        last_rv, last_change = rv, time.monotonic()
+                    for obj in objs["items"]:
+                        try:
+                            self.reconcile(api, obj)
+                        except ApiError as exc:
+                            if exc.status not in (404, 409):
+                                self.errors.append(f"reconcile {obj['metadata']['namespace']}/{obj['metadata']['name']}: {exc}")
+                except Exception as exc:  # pylint: disable=broad-except
+                    if not self._stop.is_set():
+                        self.errors.append(f"llmisvc stand-in loop: {exc!r}")
+                busy = time.monotonic() - last_change < 3
+                self._stop.wait(self.poll_interval if busy else self.idle_interval)
+        finally:
+            api.close()
+
+    # -- reconcile ----------------------------------------------------------------------------------
+
+    def _presets(self, api, obj):
+        from .rest import ApiError  # pylint: disable=import-outside-toplevel
+        found, missing = [], []
+        for ref in (obj.get("spec") or {}).get("baseRefs") or []:
+            for ns in (obj["metadata"]["namespace"], SYSTEM_NAMESPACE):
+                try:
+                    found.append(api.get(f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{CONFIG_PLURAL}/{ref['name']}"))
+                    break
+                except ApiError as exc:
+                    if exc.status != 404:
+                        raise
+            else:
+                missing.append(ref["name"])
+        return found, missing
+
+    def reconcile(self, api, obj: dict) -> None:
+        meta = obj["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}/{name}"
+        finalizers = meta.get("finalizers") or []
+        if meta.get("deletionTimestamp"):
+            if FINALIZER in finalizers:
+                api.patch(path, {"metadata": {"finalizers": [f for f in finalizers if f != FINALIZER],
+                                              "resourceVersion": meta["resourceVersion"]}})
+            return
+        if FINALIZER not in finalizers:
+            api.patch(path, {"metadata": {"finalizers": finalizers + [FINALIZER], "resourceVersion": meta["resourceVersion"]}})
+            return
+        self.reconciles += 1
+        old_status = obj.get("status") or {}
+        conds = {}
+        presets, missing = self._presets(api, obj)
+        if missing:
+            conds["PresetsCombined"] = {"type": "PresetsCombined", "status": "False", "reason": "CombineBaseError",
+                                        "message": "failed to combine base-configurations: LLMInferenceServiceConfig %s not found"
+                                                   % ", ".join(missing)}
+        else:
+            conds["PresetsCombined"] = {"type": "PresetsCombined", "status": "True"}
+            spec = merge_spec(presets, obj.get("spec") or {})
+            pools = {"decode": spec.get("template")}
+            prefill = (spec.get("prefill") or {}).get("template")
+            for pool, podspec in (("decode", pools["decode"]), ("prefill", prefill)):
+                cond_type = "MainWorkloadReady" if pool == "decode" else "PrefillWorkloadReady"
+                dep_name = name + ("-kserve" if pool == "decode" else "-kserve-prefill")
+                if podspec is None:
+                    self._delete(api, ns, dep_name)
+                    continue
+                desired = self._deployment(obj, spec, pool, podspec, dep_name, has_prefill=prefill is not None)
+                live = KServeStandIn._apply_deployment(api, desired)  # pylint: disable=protected-access
+                conds[cond_type] = self._propagate(cond_type, live)
+            sub = [conds[c] for c in ("MainWorkloadReady", "PrefillWorkloadReady") if c in conds]
+            bad = next((c for c in sub if c["status"] == "False"), None)
+            conds["WorkloadsReady"] = ({"type": "WorkloadsReady", "status": "False", "reason": bad.get("reason"),
+                                        "message": bad.get("message")} if bad else {"type": "WorkloadsReady", "status": "True"})
+            conds["RouterReady"] = {"type": "RouterReady", "status": "True"}
+        top = [conds.get(c) for c in ("PresetsCombined", "WorkloadsReady", "RouterReady")]
+        failing = next((c for c in top if c is None or c["status"] != "True"), None)
+        if failing is None:
+            conds["Ready"] = {"type": "Ready", "status": "True"}
+        elif failing is not None and failing.get("type"):
+            conds["Ready"] = {"type": "Ready", "status": failing["status"], "reason": failing.get("reason"),
+                              "message": failing.get("message")}
+        else:
+            conds["Ready"] = {"type": "Ready", "status": "Unknown"}
+        previous = {c["type"]: c for c in old_status.get("conditions") or []}
+        conditions = []
+        for cond in sorted(conds.values(), key=lambda c: c["type"]):
+            cond = {k: v for k, v in cond.items() if v not in (None, "")}
+            prev = previous.get(cond["type"])
+            same = prev is not None and all(prev.get(k) == cond.get(k) for k in ("status", "reason", "message"))
+            cond["lastTransitionTime"] = prev.get("lastTransitionTime") if same else _now()
+            conditions.append(cond)
+        status = {"observedGeneration": meta.get("generation"), "conditions": conditions,
+                  "url": f"http://{name}.{ns}.svc.cluster.local"}
+        if status != old_status:
+            api.put(f"{path}/status", dict(obj, status=status))
+
+    @staticmethod
+    def _propagate(cond_type: str, deployment: dict) -> dict:
+        """propagateDeploymentStatus: the Deployment's Available condition decides."""
+        for cond in (deployment.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == "Available":
+                if cond.get("status") == "True":
+                    return {"type": cond_type, "status": "True"}
+                return {"type": cond_type, "status": "False", "reason": cond.get("reason"), "message": cond.get("message")}
+        return {"type": cond_type, "status": "False", "reason": "Progressing"}
+
+    @staticmethod
+    def _delete(api, ns, dep_name):
+        from .rest import ApiError  # pylint: disable=import-outside-toplevel
+        try:
+            api.delete(f"/apis/apps/v1/namespaces/{ns}/deployments/{dep_name}", {"propagationPolicy": "Background"})
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+
+    @staticmethod
+    def _attach_model(uri: str, podspec: dict) -> None:
+        main = next((c for c in podspec.get("containers") or [] if c.get("name") == "main"), None)
+        if main is None:
+            return
+        mounts = main.setdefault("volumeMounts", [])
+        volumes = podspec.setdefault("volumes", [])
+        if uri.startswith("pvc://"):
+            claim, sub = (uri[len("pvc://"):].split("/", 1) + [""])[:2]
+            volumes.append({"name": "kserve-pvc-source", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+            mount = {"name": "kserve-pvc-source", "mountPath": "/mnt/models", "readOnly": True}
+            if sub.strip("/"):
+                mount["subPath"] = sub.strip("/")
+            mounts.append(mount)
+        elif uri.startswith("oci://"):
+            volumes.append({"name": "kserve-provision-location", "emptyDir": {}})
+            mounts.append({"name": "kserve-provision-location", "mountPath": "/mnt"})
+            podspec.setdefault("containers", []).append({
+                "name": "modelcar", "image": uri[len("oci://"):], "args": ["sh", "-c", "ln -sf /proc/$$/root/models /mnt/models && sleep infinity"],
+                "volumeMounts": [{"name": "kserve-provision-location", "mountPath": "/mnt"}]})
+            podspec["shareProcessNamespace"] = True
+        else:
+            volumes.append({"name": "kserve-provision-location", "emptyDir": {}})
+            mounts.append({"name": "kserve-provision-location", "mountPath": "/mnt/models", "readOnly": True})
+            podspec.setdefault("initContainers", []).append({
+                "name": "storage-initializer", "image": STORAGE_INITIALIZER_IMAGE, "args": [uri, "/mnt/models"],
+                "volumeMounts": [{"name": "kserve-provision-location", "mountPath": "/mnt/models"}]})
+
+    def _deployment(self, obj, spec, pool, podspec, dep_name, has_prefill):
+        meta = obj["metadata"]
+        labels = {"app.kubernetes.io/component": COMPONENTS[pool], "app.kubernetes.io/name": meta["name"],
+                  "app.kubernetes.io/part-of": PART_OF, "kserve.io/component": "workload",
+                  "llm-d.ai/role": ("decode" if has_prefill else "both") if pool == "decode" else "prefill"}
+        podspec = copy.deepcopy(podspec)
+        self._attach_model(((spec.get("model") or {}).get("uri")) or "", podspec)
+        replicas = spec.get("replicas") if pool == "decode" else (spec.get("prefill") or {}).get("replicas")
+        template = {"metadata": {"labels": dict(labels), "annotations": {GEN_ANNOTATION: str(meta.get("generation"))}},
+                    "spec": podspec}
+        # Only a change of the pod template or replicas rolls the Deployment (a prefill-only edit leaves decode alone).
+        digest = hashlib.sha256(json.dumps([podspec, labels, replicas], sort_keys=True).encode()).hexdigest()[:16]
+        return {"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": dep_name, "namespace": meta["namespace"], "labels": dict(labels),
+                             "annotations": {HASH_ANNOTATION: digest},
+                             "ownerReferences": [{"apiVersion": obj["apiVersion"], "kind": "LLMInferenceService",
+                                                  "name": meta["name"], "uid": meta["uid"], "controller": True,
+                                                  "blockOwnerDeletion": True}]},
+                "spec": {"replicas": 1 if replicas is None else replicas, "selector": {"matchLabels": dict(labels)},
+                         "template": template}}

@@ -1,0 +1,191 @@
+"""canary module_utils: the plan's validation, each step's manifest, readiness per revision, histogram-delta quantiles
+checked against prometheus_client's own histogram counting, and the decision (bench_report.decide's keep rule)."""
+
+import random
+
+import pytest
+from prometheus_client import CollectorRegistry, Histogram, Counter, generate_latest
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_stats
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import canary
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+
+# vLLM 0.32's bucket bounds for time_to_first_token_seconds (tests/fixtures/vllm/ngram/metrics.txt)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+                160.0, 640.0, 2560.0)
+
+
+class FakeVllm:
+    """A prometheus_client registry with vLLM's metric names (the page a pod serves)."""
+
+    def __init__(self, model="m"):
+        self.registry = CollectorRegistry()
+        self.model = model
+        kw = {"labelnames": ["model_name", "engine"], "registry": self.registry}
+        self.hists = {key: Histogram("vllm:" + base, "h", buckets=TTFT_BUCKETS, **kw) for key, base in canary.HISTOGRAMS.items()}
+        self.tokens = Counter("vllm:generation_tokens", "c", **kw)
+
+    def serve(self, ttft, tpot, tokens=10):
+        labels = {"model_name": self.model, "engine": "0"}
+        self.hists["ttft"].labels(**labels).observe(ttft)
+        self.hists["tpot"].labels(**labels).observe(tpot)
+        self.hists["itl"].labels(**labels).observe(tpot)
+        self.hists["e2el"].labels(**labels).observe(ttft + tpot * (tokens - 1))
+        self.tokens.labels(**labels).inc(tokens)
+
+    def page(self):
+        return generate_latest(self.registry).decode()
+
+    def value(self, name, **labels):
+        return self.registry.get_sample_value(name, dict({"model_name": self.model, "engine": "0"}, **labels))
+
+
+def test_histogram_delta_counts_equal_prometheus_clients_own_counts():
+    rng = random.Random(7)
+    server = FakeVllm()
+    for _i in range(40):
+        server.serve(rng.uniform(0.01, 0.3), rng.uniform(0.005, 0.05))
+    before = canary.scrape(server.page())
+    window = FakeVllm()  # prometheus_client counting only the window's requests
+    values = []
+    for _i in range(101):
+        ttft = rng.uniform(0.02, 0.9)
+        values.append(ttft)
+        server.serve(ttft, 0.02)
+        window.serve(ttft, 0.02)
+    after = canary.scrape(server.page())
+    delta = canary.histogram_delta(after["histograms"]["ttft"], before["histograms"]["ttft"])
+    assert delta["count"] == 101 == window.value("vllm:time_to_first_token_seconds_count")
+    assert delta["sum"] == pytest.approx(window.value("vllm:time_to_first_token_seconds_sum"))
+    for upper, count in delta["buckets"]:
+        le = "+Inf" if upper == float("inf") else str(upper)
+        assert count == window.value("vllm:time_to_first_token_seconds_bucket", le=le), le
+    median = canary.histogram_quantile(0.5, delta["buckets"])
+    true_median = bench_stats.median(values)
+    # the histogram's median lies in the bucket that holds the true median
+    bounds = [0.0] + [upper for upper, _count in delta["buckets"]]
+    bucket = next(i for i in range(1, len(bounds)) if true_median <= bounds[i])
+    assert bounds[bucket - 1] <= median <= bounds[bucket]
+
+
+def test_histogram_quantile_interpolates_like_prometheus():
+    # 10 requests: 4 in (0, 0.1], 6 in (0.1, 0.25]: rank 5 is 1 of 6 into the second bucket
+    buckets = [(0.1, 4.0), (0.25, 10.0), (float("inf"), 10.0)]
+    assert canary.histogram_quantile(0.5, buckets) == pytest.approx(0.1 + 0.15 * (1 / 6))
+    assert canary.histogram_quantile(0.2, buckets) == pytest.approx(0.05)
+    assert canary.histogram_quantile(0.99, [(0.1, 1.0), (float("inf"), 3.0)]) == 0.1  # in +Inf: highest finite bound
+    assert canary.histogram_quantile(0.5, [(0.1, 0.0), (float("inf"), 0.0)]) is None
+
+
+def test_counter_reset_takes_the_later_page():
+    server = FakeVllm()
+    for _i in range(30):
+        server.serve(0.05, 0.01)
+    before = canary.scrape(server.page())
+    restarted = FakeVllm()
+    for _i in range(5):
+        restarted.serve(0.05, 0.01)
+    delta = canary.window_delta(canary.scrape(restarted.page()), before)
+    assert delta["histograms"]["ttft"]["reset"] is True
+    assert delta["histograms"]["ttft"]["count"] == 5
+
+
+def _figures(ttft, tpot, n, model="m"):
+    server = FakeVllm(model)
+    before = canary.scrape(server.page())
+    for _i in range(n):
+        server.serve(ttft, tpot)
+    return canary.revision_figures([canary.window_delta(canary.scrape(server.page()), before)], 10.0)
+
+
+def test_decision_promotes_a_faster_canary_and_rolls_back_a_slower_one():
+    stable = _figures(0.05, 0.03, 30)
+    fast = _figures(0.05, 0.015, 30)
+    slow = _figures(0.07, 0.045, 30)
+    assert stable["requests"] == 30 and stable["tpot_ms"]["median"] is not None
+    verdict = canary.decide(stable, fast, min_requests=20)
+    assert verdict["decision"] == "promote", verdict
+    verdict = canary.decide(stable, slow, min_requests=20)
+    assert verdict["decision"] == "roll_back"
+    assert any("median TPOT" in r for r in verdict["reasons"])
+
+
+def test_no_decision_on_too_few_requests_or_missing_metrics():
+    stable, canary_fig = _figures(0.05, 0.03, 30), _figures(0.05, 0.01, 3)
+    verdict = canary.decide(stable, canary_fig, min_requests=20)
+    assert verdict["decision"] == "none"
+    assert "canary revision finished 3 requests" in verdict["reasons"][0]
+    verdict = canary.decide(stable, stable, missing={"canary": ["isvc-predictor-spec-abc"]})
+    assert verdict["decision"] == "none" and "isvc-predictor-spec-abc" in verdict["reasons"][0]
+
+
+@pytest.mark.parametrize("value", [0, 100, -5, "ten", 10.5, True])
+def test_percent_outside_1_99_is_refused(value):
+    with pytest.raises(ValidationError, match=r"^percent: .*Fix:"):
+        canary.check_percent(value)
+
+
+def test_steps():
+    assert canary.check_steps([10, 50, 100]) == [10, 50]
+    assert canary.check_steps([], percent=10) == [10]
+    with pytest.raises(ValidationError, match=r"steps\[1\]: 5 does not rise"):
+        canary.check_steps([10, 5])
+    with pytest.raises(ValidationError, match=r"steps\[1\]: 100 is outside"):
+        canary.check_steps([10, 100, 100])
+
+
+def test_standard_mode_needs_kserve_0_20():
+    assert canary.check_mode("Standard", "0.20.0") == "Standard"
+    assert canary.check_mode("Knative", "0.15.2") == "Knative"
+    with pytest.raises(ValidationError, match=r"^kserve_version: KServe 0.19.1 has no spec.canary.*Fix: upgrade"):
+        canary.check_mode("Standard", "0.19.1")
+
+
+ISVC = {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
+        "metadata": {"name": "llm", "namespace": "ns", "generation": 3, "annotations": {"serving.kserve.io/deploymentMode": "Standard"}},
+        "spec": {"predictor": {"minReplicas": 1, "model": {"modelFormat": {"name": "vLLM"},
+                                                           "args": ["--model", "/mnt/models", "--port", "8080"]}}}}
+NGRAM = '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":4}'
+
+
+def test_step_promote_and_rollback_manifests():
+    can = canary.canary_predictor(ISVC["spec"]["predictor"], NGRAM, "spec")
+    assert can["name"] == "spec" and can["model"]["args"][-2:] == ["--speculative-config", NGRAM]
+    assert "--speculative-config" not in ISVC["spec"]["predictor"]["model"]["args"]
+    step = canary.manifest(ISVC, canary.step_patch(ISVC, "Standard", 10, can))
+    assert step["spec"]["canary"] == [{"trafficPercent": 10, "predictor": can}]
+    assert step["spec"]["predictor"] == ISVC["spec"]["predictor"] and "generation" not in step["metadata"]
+    promoted = canary.merge_patch(step, canary.promote_patch(step, "Standard", can))
+    assert promoted["spec"] == {"predictor": can}
+    rolled = canary.merge_patch(step, canary.rollback_patch(step, "Standard", ISVC["spec"]["predictor"]))
+    assert rolled["spec"] == ISVC["spec"]
+    knative = canary.step_patch(ISVC, "Knative", 10, can)["spec"]["predictor"]
+    assert knative["canaryTrafficPercent"] == 10 and "name" not in knative
+    with pytest.raises(ValidationError, match="already runs with --speculative-config"):
+        canary.canary_predictor(can, NGRAM, "spec")
+
+
+def test_rollout_state_is_generation_and_revision_aware():
+    isvc = dict(ISVC, status={"observedGeneration": 3, "conditions": [{"type": "Ready", "status": "True"}],
+                              "canaryStatuses": [{"name": "spec", "ready": False, "trafficPercent": 10}]})
+    state = canary.rollout_state(isvc, "Standard", "spec", 10)
+    assert not state["done"] and "canary spec not ready" in state["why"]
+    isvc["status"]["canaryStatuses"][0]["ready"] = True
+    assert canary.rollout_state(isvc, "Standard", "spec", 10)["done"]
+    assert not canary.rollout_state(isvc, "Standard", "spec", 50)["done"]
+    isvc["status"]["observedGeneration"] = 2
+    assert not canary.rollout_state(isvc, "Standard", "spec", 10)["done"]
+    assert canary.revision_selectors(isvc, "Standard", "spec") == {"stable": "app=isvc.llm-predictor",
+                                                                   "canary": "app=isvc.llm-predictor-spec"}
+
+
+def test_report_markdown_has_both_sides_and_the_reason():
+    stable, fast = _figures(0.05, 0.03, 30), _figures(0.05, 0.015, 30)
+    verdict = canary.decide(stable, fast, min_requests=20)
+    report = {"namespace": "ns", "name": "llm", "mode": "Standard", "canary_name": "spec", "percent": 10, "window_s": 10.0,
+              "min_requests": 20, "decision": verdict["decision"], "reasons": verdict["reasons"], "stable": stable, "canary": fast,
+              "selectors": {"stable": "app=isvc.llm-predictor", "canary": "app=isvc.llm-predictor-spec"}}
+    text = canary.render_markdown(report)
+    assert "**promote**" in text and "| requests | 30 | 30 |" in text
+    row = [line for line in text.splitlines() if line.startswith("| median TPOT")][0]
+    assert row.split("|")[2].strip() != row.split("|")[3].strip()

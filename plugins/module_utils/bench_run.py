@@ -14,7 +14,7 @@ import datetime
 import threading
 import time
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_client, bench_report, bench_stats
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_client, bench_report, bench_stats, bench_workloads
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import prometheus_text, spec_metrics
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
@@ -140,3 +140,37 @@ def measure(name, endpoint, prompts, params, request, progress):
         "acceptance": acceptance(scrapes.get("before"), after, endpoint.model),
         "records": result["records"],
     }
+
+
+def protocol_arg_spec(report_name):
+    """The options ``spec_benchmark`` and ``spec_sweep`` share: the models, the guide's A/B protocol (prompts, warmups,
+    repeats, temperature, seed), the endpoints' TLS and auth, the metrics scrape and the report. One spec for both, as
+    kubernetes.core shares AUTH_ARG_SPEC; each module documents them in its own words. A fresh dict on every call."""
+    return dict(
+        baseline_model=dict(type="str"),
+        candidate_model=dict(type="str"),
+        api=dict(type="str", choices=list(bench_client.APIS), default="chat"),
+        workload=dict(type="str", choices=list(bench_workloads.WORKLOADS), default="code_refactor"),
+        prompts_file=dict(type="path"),
+        num_prompts=dict(type="int"),
+        runs_per_prompt=dict(type="int", default=5),
+        warmup=dict(type="int", default=3),
+        arrival=dict(type="str", choices=list(bench_client.ARRIVALS), default="poisson"),
+        temperature=dict(type="float", default=0.0),
+        max_tokens=dict(type="int", default=1024, no_log=False),
+        seed=dict(type="int", default=0),
+        extra_body=dict(type="dict", default={}),
+        bearer_token=dict(type="str", no_log=True),
+        headers=dict(type="dict", default={}, no_log=True),
+        validate_certs=dict(type="bool", default=True),
+        ca_path=dict(type="path"),
+        timeout=dict(type="float", default=600.0),
+        scrape_metrics=dict(type="bool", default=True),
+        report_dir=dict(type="path", required=True),
+        report_name=dict(type="str", default=report_name),
+        report_context=dict(type="dict", default={}),
+        tolerances=dict(type="dict", default={}),
+        plots=dict(type="bool", default=True),
+        title=dict(type="str"),
+        progress_file=dict(type="path"),
+    )

@@ -149,6 +149,21 @@ def carries_flag(predictor):
         vllm_command.has_speculative_config(container.get("args") or [])
 
 
+def serving_config(predictor):
+    """The speculative config (a dict) the predictor's vLLM command passes, or None."""
+    _key, container = _predictor_container(predictor or {})
+    return vllm_command.find_speculative_config(container.get("command"), container.get("args"))
+
+
+def already_promoted(isvc, canonical_config):
+    """True when no canary runs and the serving revision already passes ``canonical_config`` (a dict, as
+    speculative_config.canonical_json normalises it): a rerun after a promotion, which has nothing left to do."""
+    spec = (isvc or {}).get("spec") or {}
+    if spec.get("canary") or (spec.get("predictor") or {}).get("canaryTrafficPercent") is not None:
+        return False
+    return serving_config(spec.get("predictor")) == canonical_config
+
+
 def canary_predictor(predictor, canonical_json, canary_name):
     """The stable predictor with ``--speculative-config <canonical_json>`` set and the canary's ``name``."""
     if carries_flag(predictor):

@@ -329,6 +329,33 @@ def bash_script(args):
     return "\n".join(lines) + "\n"
 
 
+def engine_sizing(p, spec, warnings):
+    """The vLLM sizing options both resources render: ``gpu_memory_utilization`` in (0, 1], lowered by
+    ``draft_memory_headroom`` when a draft's weights load outside vLLM's budget (a warning says so), and positive
+    ``max_model_len``/``max_num_seqs`` and a non-negative ``seed``. Returns the GPU memory utilization to pass."""
+    gmu = float(p.get("gpu_memory_utilization", 0.9))
+    if not 0 < gmu <= 1:
+        raise ValidationError("must be in (0, 1], got %r" % gmu, field="gpu_memory_utilization", hint="use e.g. 0.9")
+    if spec is not None and spec.has_draft_weights:
+        headroom = float(p.get("draft_memory_headroom", 0.05))
+        if headroom > 0:
+            lowered = round(gmu - headroom, 4)
+            if lowered <= 0:
+                raise ValidationError("draft_memory_headroom %.2f leaves no GPU memory (gpu_memory_utilization %.2f)" % (headroom, gmu),
+                                      field="draft_memory_headroom", hint="lower the headroom")
+            warnings.append("gpu_memory_utilization lowered from %g to %g: draft weights are outside vLLM's budget" % (gmu, lowered))
+            gmu = lowered
+        else:
+            warnings.append("draft weights are not counted in --gpu-memory-utilization (%g) and draft_memory_headroom is 0: "
+                            "the pod may run out of GPU memory" % gmu)
+    for key in ("max_model_len", "max_num_seqs", "seed"):
+        value = p.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "seed" else 1):
+            raise ValidationError("must be a %s integer, got %r" % ("non-negative" if key == "seed" else "positive", value),
+                                  field=key, hint="write a bare number")
+    return gmu
+
+
 def render(p, existing=None):
     """Render the InferenceService for parameters `p` (the role's variables without prefix).
 
@@ -368,26 +395,7 @@ def render(p, existing=None):
     if spec is not None:
         warnings.extend(w for w in spec.warnings if "--gpu-memory-utilization" not in w)
 
-    gmu = float(p.get("gpu_memory_utilization", 0.9))
-    if not 0 < gmu <= 1:
-        raise ValidationError("must be in (0, 1], got %r" % gmu, field="gpu_memory_utilization", hint="use e.g. 0.9")
-    if spec is not None and spec.has_draft_weights:
-        headroom = float(p.get("draft_memory_headroom", 0.05))
-        if headroom > 0:
-            lowered = round(gmu - headroom, 4)
-            if lowered <= 0:
-                raise ValidationError("draft_memory_headroom %.2f leaves no GPU memory (gpu_memory_utilization %.2f)" % (headroom, gmu),
-                                      field="draft_memory_headroom", hint="lower the headroom")
-            warnings.append("gpu_memory_utilization lowered from %g to %g: draft weights are outside vLLM's budget" % (gmu, lowered))
-            gmu = lowered
-        else:
-            warnings.append("draft weights are not counted in --gpu-memory-utilization (%g) and draft_memory_headroom is 0: "
-                            "the pod may run out of GPU memory" % gmu)
-    for key in ("max_model_len", "max_num_seqs", "seed"):
-        value = p.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "seed" else 1):
-            raise ValidationError("must be a %s integer, got %r" % ("non-negative" if key == "seed" else "positive", value),
-                                  field=key, hint="write a bare number")
+    gmu = engine_sizing(p, spec, warnings)
     served = p.get("served_model_name") or p["name"]
     q = dict(p, served_model_name=served, gpu_memory_utilization=gmu)
     args = server_args(q, artifacts.target_path, spec)

@@ -132,22 +132,76 @@ def _watch_for_change(api_client, namespace, name, resource_version, seconds, ki
     from kubernetes.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
     watcher = watch.Watch()
     api = CustomObjectsApi(api_client)
+    res = kind or _Kind()
     try:
-        kind = kind or _Kind()
-        for event in watcher.stream(api.list_namespaced_custom_object, kind.group, kind.version,
-                                    namespace, kind.plural, field_selector="metadata.name=%s" % name,
+        for event in watcher.stream(api.list_namespaced_custom_object, res.group, res.version,
+                                    namespace, res.plural, field_selector="metadata.name=%s" % name,
                                     resource_version=resource_version, timeout_seconds=max(1, int(seconds)),
                                     _request_timeout=max(1, int(seconds)) + 10):
-            kind, obj = event.get("type"), event.get("object")
-            if kind == "ERROR" or not isinstance(obj, dict):
+            event_type, obj = event.get("type"), event.get("object")
+            if event_type == "ERROR" or not isinstance(obj, dict):
                 return None  # clients that pass an expired resourceVersion on as an ERROR event: read the object again
-            if kind in ("ADDED", "MODIFIED"):
+            if event_type in ("ADDED", "MODIFIED"):
                 return obj
-            if kind == "DELETED":
+            if event_type == "DELETED":
                 return None
     finally:
         watcher.stop()
     return None
+
+
+def _wait(api_client, namespace, name, res, check, on_timeout, timeout, interval, clock, sleep, watch):
+    """The loop of every wait here: read the object, ``check(obj)``, then watch it from the resourceVersion last read (or
+    read it every ``interval`` where the API server refuses the watch) until the check passes or ``timeout`` runs out.
+
+    ``check`` returns True (done), False (wait for the object's next change) or a number of seconds after which to read
+    the object again without waiting for a change (progress the object itself does not report, such as a Deployment
+    still rolling out); it may raise to fail at once. ``on_timeout(obj, elapsed)`` raises the timeout error.
+    An API server outage (restart, overload) is waited out until the timeout; then the error names the problem."""
+    start = clock()
+    obj = None
+    while True:
+        if obj is None:
+            try:
+                obj = res.get(api_client, namespace, name)
+            except Exception as exc:  # pylint: disable=broad-except
+                why = transient_error(exc)
+                if why is None:
+                    raise
+                elapsed = clock() - start
+                if elapsed >= timeout:
+                    raise SpecDecodingError("waiting for %s %s/%s: %s (still after %ds)" % (res.kind, namespace, name, why, int(elapsed)),
+                                            field="name", hint="check that the API server is up and reachable, then rerun") from exc
+                sleep(min(interval, max(0.1, timeout - elapsed)))
+                continue
+        verdict = check(obj)
+        if verdict is True:
+            return obj, clock() - start
+        elapsed = clock() - start
+        if elapsed >= timeout:
+            on_timeout(obj, elapsed)
+        remaining = timeout - elapsed
+        if verdict:
+            sleep(min(verdict, max(0.1, remaining)))
+            obj = None
+            continue
+        if watch:
+            try:
+                obj = _watch_for_change(api_client, namespace, name, (obj.get("metadata") or {}).get("resourceVersion"),
+                                        min(remaining, WATCH_SECONDS_MAX), kind=res)
+                continue
+            except Exception as exc:  # pylint: disable=broad-except
+                if getattr(exc, "status", None) == 410:
+                    # The resourceVersion is older than the API server's watch cache (it restarted, or compacted):
+                    # read the object again and watch from its new resourceVersion, without waiting.
+                    obj = None
+                    continue
+                if _watch_unavailable(exc):
+                    watch = False
+                elif transient_error(exc) is None:
+                    raise
+        obj = None
+        sleep(min(interval, max(0.1, remaining)))
 
 
 def wait_ready(api_client, namespace, name, timeout=1200, interval=5, clock=time.monotonic, sleep=time.sleep, watch=True,
@@ -163,92 +217,39 @@ def wait_ready(api_client, namespace, name, timeout=1200, interval=5, clock=time
     v1alpha2) with the readiness of ``llmisvc.readiness``; a PresetsCombined=False at the current generation (a missing
     or broken baseRefs preset) fails at once, since waiting does not fix it."""
     res = _Kind(kind, api_version)
-    start = clock()
-    isvc = None
-    while True:
-        if isvc is None:
-            try:
-                isvc = res.get(api_client, namespace, name)
-            except Exception as exc:  # pylint: disable=broad-except
-                why = transient_error(exc)
-                if why is None:
-                    raise
-                elapsed = clock() - start
-                if elapsed >= timeout:
-                    raise SpecDecodingError("waiting for %s %s/%s: %s (still after %ds)" % (res.kind, namespace, name, why, int(elapsed)),
-                                            field="name", hint="check that the API server is up and reachable, then rerun") from exc
-                sleep(min(interval, max(0.1, timeout - elapsed)))
-                continue
-        state = res.readiness(isvc)
-        pending = res.rollout_pending(api_client, isvc) if state["ready"] and state["up_to_date"] else None
-        if state["ready"] and state["up_to_date"] and pending is None:
-            return isvc, clock() - start
-        elapsed = clock() - start
-        if pending is not None and elapsed < timeout:
-            # Ready at this generation, but the pool Deployments still roll out (nothing on the resource will change):
-            # look again shortly.
-            sleep(min(1.0, max(0.1, timeout - elapsed)))
-            isvc = None
-            continue
+
+    def check(obj):
+        state = res.readiness(obj)
+        if state["ready"] and state["up_to_date"]:
+            # Ready at this generation; an LLMInferenceService's pool Deployments may still roll out (its status does
+            # not change meanwhile): look again in a second.
+            return True if res.rollout_pending(api_client, obj) is None else 1.0
         if state.get("failed"):
-            raise WaitTimeout("%s %s/%s cannot become Ready: %s" % (res.kind, namespace, name, state["failed"]), isvc,
+            raise WaitTimeout("%s %s/%s cannot become Ready: %s" % (res.kind, namespace, name, state["failed"]), obj,
                               res.pods(api_client, namespace, name))
-        if elapsed >= timeout:
-            pods = res.pods(api_client, namespace, name)
-            why = "not reconciled yet" if not state["up_to_date"] else "not Ready"
-            raise WaitTimeout("%s %s/%s is %s after %ds: %s. A cold start with a draft model takes about 5 "
-                              "minutes; raise the timeout if pods are still starting"
-                              % (res.kind, namespace, name, why, int(elapsed), res.describe(isvc, pods)), isvc, pods)
-        remaining = timeout - elapsed
-        if watch:
-            try:
-                isvc = _watch_for_change(api_client, namespace, name, (isvc.get("metadata") or {}).get("resourceVersion"),
-                                         min(remaining, WATCH_SECONDS_MAX), **({"kind": res} if res.llmisvc else {}))
-                continue
-            except Exception as exc:  # pylint: disable=broad-except
-                if getattr(exc, "status", None) == 410:
-                    # The resourceVersion is older than the API server's watch cache (it restarted, or compacted):
-                    # read the object again and watch from its new resourceVersion, without waiting.
-                    isvc = None
-                    continue
-                if _watch_unavailable(exc):
-                    watch = False
-                elif transient_error(exc) is None:
-                    raise
-        isvc = None
-        sleep(min(interval, max(0.1, remaining)))
+        return False
+
+    def on_timeout(obj, elapsed):
+        pods = res.pods(api_client, namespace, name)
+        why = "not reconciled yet" if not res.readiness(obj)["up_to_date"] else "not Ready"
+        raise WaitTimeout("%s %s/%s is %s after %ds: %s. A cold start with a draft model takes about 5 "
+                          "minutes; raise the timeout if pods are still starting"
+                          % (res.kind, namespace, name, why, int(elapsed), res.describe(obj, pods)), obj, pods)
+
+    return _wait(api_client, namespace, name, res, check, on_timeout, timeout, interval, clock, sleep, watch)
 
 
 def wait_until(api_client, namespace, name, done, timeout=1200, interval=5, clock=time.monotonic, sleep=time.sleep, watch=True,
                what="the condition"):
     """Wait until ``done(isvc)`` is true; like wait_ready (a watch from the last resourceVersion, reads every ``interval``
-    where watching is refused) but for any condition on the object (a canary step: both revisions ready at a percent).
-    Returns (isvc, elapsed seconds); raises WaitTimeout naming ``what`` (a str, or a callable isvc -> str)."""
-    start = clock()
-    isvc = None
-    while True:
-        if isvc is None:
-            isvc = k8s_pods.get_inference_service(api_client, namespace, name)
-        if done(isvc):
-            return isvc, clock() - start
-        elapsed = clock() - start
-        if elapsed >= timeout:
-            pods = _pod_states(api_client, namespace, name)
-            text = what(isvc) if callable(what) else what
-            raise WaitTimeout("InferenceService %s/%s: %s after %ds: %s" % (namespace, name, text, int(elapsed), describe(isvc, pods)), isvc, pods)
-        remaining = timeout - elapsed
-        if watch:
-            try:
-                isvc = _watch_for_change(api_client, namespace, name, (isvc.get("metadata") or {}).get("resourceVersion"),
-                                         min(remaining, WATCH_SECONDS_MAX))
-                continue
-            except Exception as exc:  # pylint: disable=broad-except
-                if getattr(exc, "status", None) == 410:
-                    isvc = None
-                    continue
-                if _watch_unavailable(exc):
-                    watch = False
-                elif transient_error(exc) is None:
-                    raise
-        isvc = None
-        sleep(min(interval, max(0.1, remaining)))
+    where watching is refused, outages waited out) but for any condition on the InferenceService (a canary step: both
+    revisions ready at a percent). Returns (isvc, elapsed seconds); raises WaitTimeout naming ``what`` (a str, or a
+    callable isvc -> str)."""
+    res = _Kind()
+
+    def on_timeout(obj, elapsed):
+        pods = _pod_states(api_client, namespace, name)
+        text = what(obj) if callable(what) else what
+        raise WaitTimeout("InferenceService %s/%s: %s after %ds: %s" % (namespace, name, text, int(elapsed), describe(obj, pods)), obj, pods)
+
+    return _wait(api_client, namespace, name, res, lambda obj: bool(done(obj)), on_timeout, timeout, interval, clock, sleep, watch)

@@ -239,20 +239,7 @@ def render(p, existing=None):
         raise ValidationError("names the prefill pool but llmisvc.prefill is not set", field="llmisvc.speculative_pools",
                               hint="add llmisvc.prefill (e.g. {replicas: 1}) or drop prefill from speculative_pools")
 
-    gmu = float(p.get("gpu_memory_utilization", 0.9))
-    if not 0 < gmu <= 1:
-        raise ValidationError("must be in (0, 1], got %r" % gmu, field="gpu_memory_utilization", hint="use e.g. 0.9")
-    if spec is not None and spec.has_draft_weights and float(p.get("draft_memory_headroom", 0.05)) > 0:
-        lowered = round(gmu - float(p.get("draft_memory_headroom", 0.05)), 4)
-        if lowered <= 0:
-            raise ValidationError("leaves no GPU memory", field="draft_memory_headroom", hint="lower the headroom")
-        warnings.append("gpu_memory_utilization lowered from %g to %g: draft weights are outside vLLM's budget" % (gmu, lowered))
-        gmu = lowered
-    for key in ("max_model_len", "max_num_seqs", "seed"):
-        value = p.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "seed" else 1):
-            raise ValidationError("must be a %s integer, got %r" % ("non-negative" if key == "seed" else "positive", value),
-                                  field=key, hint="write a bare number")
+    gmu = isvc.engine_sizing(p, spec, warnings)
     served = p.get("served_model_name") or p["name"]
     extra = [str(a) for a in (p.get("extra_args") or [])]
     if tensor > 1:

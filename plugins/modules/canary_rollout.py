@@ -131,9 +131,20 @@ resource:
   description: The InferenceService as read last.
   returned: when a cluster was read
   type: dict
+already_promoted:
+  description:
+    - True when O(state=present) found no canary and the serving revision already passing O(speculative_config)
+      (a rerun after the promotion); nothing was changed.
+  returned: when a cluster was read and that is the case
+  type: bool
+msg:
+  description: What the module found, when there was nothing to do.
+  returned: when RV(already_promoted) is true
+  type: str
 """
 
 import copy
+import json
 
 from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
 from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
@@ -153,6 +164,8 @@ def _plan(params, isvc, kserve_version):
     canary_pred = None
     if params.get("speculative_config") is not None:
         json_text = spec_config.canonical_json(params["speculative_config"], vllm_version=params.get("vllm_version"))[0]
+        if state == "present" and entry is None and canary.already_promoted(isvc, json.loads(json_text)):
+            return mode, None, None  # a rerun after the promotion: the serving revision already runs this config
         stable = spec.get("predictor") or {}
         if mode == canary.KNATIVE and stable.get("canaryTrafficPercent") is not None:
             stable = canary.rollback_source(isvc)
@@ -205,6 +218,7 @@ def main():
         isvc = params["definition"]
         try:
             mode, patch, _pred = _plan(params, isvc, params.get("kserve_version"))
+            patch = patch or {}
             out = canary.manifest(isvc, patch)
             selectors = canary.revision_selectors(out, mode, params["canary_name"]) if mode == canary.STANDARD else {}
         except SpecDecodingError as exc:
@@ -219,6 +233,10 @@ def main():
         isvc = k8s_pods.get_inference_service(api_client, ns, name)
         version = params.get("kserve_version") or kserve_facts.kserve_release(api_client).get("kserve_version")
         mode, patch, _pred = _plan(params, isvc, version)
+        if patch is None:
+            module.exit_json(changed=False, already_promoted=True, mode=mode, resource=isvc, selectors={}, patch={},
+                             manifest=canary.manifest(isvc, {}),
+                             msg="%s/%s already serves this speculative config without a canary: nothing to do" % (ns, name))
         before = canary.manifest(isvc, {})
         after = canary.manifest(isvc, patch)
         changed = before["spec"] != after["spec"]

@@ -342,7 +342,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_client, bench_report, bench_workloads
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import prometheus_text
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench_run import Progress, check_protocol, measure
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench_run import Progress, check_protocol, measure, protocol_arg_spec
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench_run import acceptance as _acceptance  # noqa: F401  pylint: disable=unused-import
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench_run import now as _now
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
@@ -459,34 +459,9 @@ def main():
             candidate_url=dict(type="str"),
             phase=dict(type="str", choices=["both", "baseline", "candidate"], default="both"),
             baseline_results=dict(type="path"),
-            baseline_model=dict(type="str"),
-            candidate_model=dict(type="str"),
-            api=dict(type="str", choices=list(bench_client.APIS), default="chat"),
-            workload=dict(type="str", choices=list(bench_workloads.WORKLOADS), default="code_refactor"),
-            prompts_file=dict(type="path"),
-            num_prompts=dict(type="int"),
-            runs_per_prompt=dict(type="int", default=5),
-            warmup=dict(type="int", default=3),
             concurrency=dict(type="int", default=1),
             request_rate=dict(type="float"),
-            arrival=dict(type="str", choices=list(bench_client.ARRIVALS), default="poisson"),
-            temperature=dict(type="float", default=0.0),
-            max_tokens=dict(type="int", default=1024, no_log=False),
-            seed=dict(type="int", default=0),
-            extra_body=dict(type="dict", default={}),
-            bearer_token=dict(type="str", no_log=True),
-            headers=dict(type="dict", default={}, no_log=True),
-            validate_certs=dict(type="bool", default=True),
-            ca_path=dict(type="path"),
-            timeout=dict(type="float", default=600.0),
-            scrape_metrics=dict(type="bool", default=True),
-            report_dir=dict(type="path", required=True),
-            report_name=dict(type="str", default="report"),
-            report_context=dict(type="dict", default={}),
-            tolerances=dict(type="dict", default={}),
-            plots=dict(type="bool", default=True),
-            title=dict(type="str"),
-            progress_file=dict(type="path"),
+            **protocol_arg_spec(report_name="report"),
         ),
         required_if=[
             ("phase", "both", ("baseline_url", "candidate_url")),

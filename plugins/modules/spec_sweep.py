@@ -298,7 +298,8 @@ progress_file:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_client, bench_workloads, prometheus_text, spec_sweep
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import prometheus_text, spec_sweep
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench_run import protocol_arg_spec
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
 
 
@@ -307,8 +308,6 @@ def main():
         argument_spec=dict(
             baseline_url=dict(type="str", required=True),
             candidate_url=dict(type="str", required=True),
-            baseline_model=dict(type="str"),
-            candidate_model=dict(type="str"),
             request_rates=dict(type="list", elements="float"),
             concurrencies=dict(type="list", elements="int"),
             max_concurrency=dict(type="int", default=64),
@@ -322,30 +321,7 @@ def main():
             confirm_k=dict(type="int"),
             confirm_load=dict(type="float"),
             resume_from=dict(type="path"),
-            api=dict(type="str", choices=list(bench_client.APIS), default="chat"),
-            workload=dict(type="str", choices=list(bench_workloads.WORKLOADS), default="code_refactor"),
-            prompts_file=dict(type="path"),
-            num_prompts=dict(type="int"),
-            runs_per_prompt=dict(type="int", default=5),
-            warmup=dict(type="int", default=3),
-            arrival=dict(type="str", choices=list(bench_client.ARRIVALS), default="poisson"),
-            temperature=dict(type="float", default=0.0),
-            max_tokens=dict(type="int", default=1024, no_log=False),
-            seed=dict(type="int", default=0),
-            extra_body=dict(type="dict", default={}),
-            bearer_token=dict(type="str", no_log=True),
-            headers=dict(type="dict", default={}, no_log=True),
-            validate_certs=dict(type="bool", default=True),
-            ca_path=dict(type="path"),
-            timeout=dict(type="float", default=600.0),
-            scrape_metrics=dict(type="bool", default=True),
-            report_dir=dict(type="path", required=True),
-            report_name=dict(type="str", default="sweep"),
-            report_context=dict(type="dict", default={}),
-            tolerances=dict(type="dict", default={}),
-            plots=dict(type="bool", default=True),
-            title=dict(type="str"),
-            progress_file=dict(type="path"),
+            **protocol_arg_spec(report_name="sweep"),
         ),
         required_one_of=[("request_rates", "concurrencies")],
         required_by={"confirm_url": ("confirm_k",), "k_candidates": ("method",)},

@@ -132,6 +132,17 @@ def test_step_observe_and_promote_a_faster_canary(k8s_client, kubeconfig, kserve
     assert sorted(deps) == ["llm-predictor-spec"]  # the old revision retired, the canary's Deployment kept as it was
     assert deps["llm-predictor-spec"].spec.template == template
 
+    # a rerun of the first step after the promotion (a scheduled canary) has nothing to do and writes nothing
+    generation = isvc["metadata"]["generation"]
+    rerun = rollout(kubeconfig, namespace, name, speculative_config=NGRAM, percent=10, steps=[10, 50, 100], wait_timeout=60)
+    assert not rerun.failed, rerun.msg
+    assert rerun["changed"] is False and rerun["already_promoted"] is True
+    assert _get(k8s_client, namespace, name)["metadata"]["generation"] == generation
+    # another config is still refused on a serving revision that runs one (roll back first)
+    other = rollout(kubeconfig, namespace, name, speculative_config=dict(NGRAM, num_speculative_tokens=5),
+                    percent=10, wait_timeout=60)
+    assert other.failed and "already runs with --speculative-config" in other.msg
+
 
 def test_bad_input_is_refused_before_any_write(k8s_client, kubeconfig, kserve, namespace):
     name = "llm"

@@ -15,7 +15,9 @@ from tests.ansible_run import run_playbook
 from tests.module_run import run_module
 from tests.paths import read_capture
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import vllm_command
+from tests.testbed.kubelet import free_port_on, host_ipv4
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import spec_metrics, vllm_command
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1alpha2", "llminferenceservices"
 NAME = "llama-eagle3"
@@ -175,9 +177,13 @@ def test_playbooks_deploy_verify_and_rollback_an_llminferenceservice(tmp_path, k
     """The wiring, as users run it: deploy-eagle3.yml (apply, wait, verify per pool) and rollback.yml with
     spec_decoding_resource_kind=LLMInferenceService."""
     name = "pb-eagle3"
-    eagle3 = read_capture("eagle3", "startup.log")
+    eagle3, metrics = read_capture("eagle3", "startup.log"), read_capture("eagle3", "metrics.txt")
+    pod_ip = host_ipv4()
+    port = free_port_on(pod_ip)
     llmisvc.set_behaviour(namespace, name, ready_after=0.2, logs={"main": read_capture("baseline", "startup.log")})
-    llmisvc.set_behaviour(namespace, name, pool="decode", generation=1, ready_after=0.2, logs={"main": eagle3})
+    # The decode pods of generation 1 run EAGLE-3 and serve the recorded /metrics page through the API server's pod proxy.
+    llmisvc.set_behaviour(namespace, name, pool="decode", generation=1, ready_after=0.2, logs={"main": eagle3},
+                          pod_ip=pod_ip, http={port: {"/metrics": metrics}})
     common = {"spec_decoding_hosts": "localhost", "spec_decoding_target": "cluster", "spec_decoding_namespace": namespace,
               "spec_decoding_isvc_name": name, "spec_decoding_resource_kind": "LLMInferenceService",
               "spec_decoding_llmisvc": {"image": "registry.local/vllm/vllm-openai:v0.32.0", "prefill": {"replicas": 1}}}
@@ -188,6 +194,19 @@ def test_playbooks_deploy_verify_and_rollback_an_llminferenceservice(tmp_path, k
     engine = deploy.result("Check the engine-config line of every pod, per pool")
     assert engine["pools"]["decode"]["speculative_config"] == EAGLE3 and engine["pools"]["prefill"]["speculative_config"] is None
     assert _get(k8s_client, namespace, name)["metadata"]["generation"] == 1
+
+    # verify.yml reads the acceptance metrics of every decode pod (the prefill pool never drafts).
+    verify = run_playbook(tmp_path, "playbooks/verify.yml", kubeconfig=kubeconfig, extra_vars=dict(
+        common, verify_name=name, verify_namespace=namespace, verify_wait_timeout=60, verify_metrics_port=port,
+        verify_metrics_scheme="http"))
+    assert verify.rc == 0, verify.output
+    expected = spec_metrics.summarize(spec_metrics.parse_prometheus(metrics), method="eagle3")
+    per_pod = verify.result("Register the full verification data")["ansible_facts"]["verify_result"]["metrics"]
+    decode_pods = [p["name"] for p in engine["pools"]["decode"]["pods"]]
+    assert sorted(per_pod) == sorted(decode_pods) and decode_pods
+    for figures in per_pod.values():
+        assert figures["mean_acceptance_length"] == pytest.approx(expected["mean_acceptance_length"])
+        assert figures["draft_acceptance_rate"] == pytest.approx(expected["draft_acceptance_rate"])
 
     rollback = run_playbook(tmp_path, "playbooks/rollback.yml", kubeconfig=kubeconfig, extra_vars=dict(
         common, rollback_names=["%s/%s" % (namespace, name)], rollback_wait_timeout=60, rollback_wait_sleep=1,

@@ -87,21 +87,84 @@ def _normalise_mode(value: str | None) -> str:
     return {"RawDeployment": "Standard", "Serverless": "Knative"}.get(value or "Standard", value or "Standard")
 
 
-class KServeStandIn:
-    """Reconciles InferenceServices in a background thread. start()/stop() or a context manager."""
+class ControllerLoop:
+    """A controller stand-in's reconcile thread: lists its resources and the Deployments it owns, reconciles each
+    object, polls fast while either changes and slowly when idle. Subclasses set the class attributes and
+    ``reconcile(api, obj)``; ``self.cp``, ``poll_interval``, ``idle_interval``, ``errors`` are theirs."""
 
-    def __init__(self, controlplane, kubelet=None, poll_interval: float = 0.1, strict_runtimes: bool = False,
-                 progress_deadline_seconds: int | None = None, idle_interval: float = 0.5):
+    LIST_PATH = ""
+    DEPLOYMENT_SELECTOR = ""
+    NAME = "controller stand-in"
+
+    def _init_loop(self, controlplane, poll_interval, idle_interval):
         self.cp = controlplane
-        self.kubelet = kubelet
         self.poll_interval = poll_interval
         self.idle_interval = idle_interval
-        self.strict_runtimes = strict_runtimes
-        self.progress_deadline_seconds = progress_deadline_seconds
         self._stop = threading.Event()
         self._thread = None
         self.errors = []
         self.reconciles = 0
+
+    def reconcile(self, api, obj: dict) -> None:
+        raise NotImplementedError
+
+    def start(self):
+        self._thread = threading.Thread(target=self._loop, name=self.NAME.replace(" ", "-"), daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def _loop(self) -> None:
+        from .rest import ApiError  # pylint: disable=import-outside-toplevel
+        api = self.cp.rest()
+        try:
+            last_rv, last_change = None, time.monotonic()
+            while not self._stop.is_set():
+                try:
+                    objs = api.get(self.LIST_PATH)
+                    deps = api.get("/apis/apps/v1/deployments", labelSelector=self.DEPLOYMENT_SELECTOR)
+                    rv = (objs["metadata"].get("resourceVersion"), deps["metadata"].get("resourceVersion"))
+                    if rv != last_rv:
+                        last_rv, last_change = rv, time.monotonic()
+                    for obj in objs["items"]:
+                        try:
+                            self.reconcile(api, obj)
+                        except ApiError as exc:
+                            if exc.status not in (404, 409):
+                                self.errors.append(f"reconcile {obj['metadata']['namespace']}/{obj['metadata']['name']}: {exc}")
+                except Exception as exc:  # pylint: disable=broad-except
+                    if not self._stop.is_set():
+                        self.errors.append(f"{self.NAME} loop: {exc!r}")
+                # Poll fast while the resources or their Deployments change, slowly when idle.
+                busy = time.monotonic() - last_change < 3
+                self._stop.wait(self.poll_interval if busy else self.idle_interval)
+        finally:
+            api.close()
+
+
+class KServeStandIn(ControllerLoop):
+    """Reconciles InferenceServices in a background thread. start()/stop() or a context manager."""
+
+    LIST_PATH = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
+    DEPLOYMENT_SELECTOR = "component=predictor"
+    NAME = "kserve stand-in"
+
+    def __init__(self, controlplane, kubelet=None, poll_interval: float = 0.1, strict_runtimes: bool = False,
+                 progress_deadline_seconds: int | None = None, idle_interval: float = 0.5):
+        self._init_loop(controlplane, poll_interval, idle_interval)
+        self.kubelet = kubelet
+        self.strict_runtimes = strict_runtimes
+        self.progress_deadline_seconds = progress_deadline_seconds
 
     # ---------------------------------------------------------------------------------------------
     # test controls
@@ -132,53 +195,6 @@ class KServeStandIn:
                 return False
             return generation is None or (meta.get("annotations") or {}).get(GEN_ANNOTATION) == str(generation)
         self.kubelet.set_behaviour(match, behaviour)
-
-    # ---------------------------------------------------------------------------------------------
-    # lifecycle
-
-    def start(self) -> "KServeStandIn":
-        self._thread = threading.Thread(target=self._loop, name="kserve-standin", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=10)
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
-
-    def _loop(self) -> None:
-        from .rest import ApiError  # pylint: disable=import-outside-toplevel
-        api = self.cp.rest()
-        try:
-            last_rv, last_change = None, time.monotonic()
-            while not self._stop.is_set():
-                try:
-                    isvcs = api.get(f"/apis/{GROUP}/{VERSION}/{PLURAL}")
-                    deps = api.get("/apis/apps/v1/deployments", labelSelector="component=predictor")
-                    rv = (isvcs["metadata"].get("resourceVersion"), deps["metadata"].get("resourceVersion"))
-                    if rv != last_rv:
-                        last_rv, last_change = rv, time.monotonic()
-                    for isvc in isvcs["items"]:
-                        try:
-                            self.reconcile(api, isvc)
-                        except ApiError as exc:
-                            if exc.status not in (404, 409):
-                                self.errors.append(f"reconcile {isvc['metadata']['namespace']}/"
-                                                   f"{isvc['metadata']['name']}: {exc}")
-                except Exception as exc:  # pylint: disable=broad-except
-                    if not self._stop.is_set():
-                        self.errors.append(f"kserve stand-in loop: {exc!r}")
-                # Poll fast while InferenceServices or predictor Deployments change, slowly when idle.
-                busy = time.monotonic() - last_change < 3
-                self._stop.wait(self.poll_interval if busy else self.idle_interval)
-        finally:
-            api.close()
 
     # ---------------------------------------------------------------------------------------------
     # reconcile

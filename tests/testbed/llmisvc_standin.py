@@ -34,10 +34,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import threading
 import time
 
-from .kserve_standin import GEN_ANNOTATION, HASH_ANNOTATION, KServeStandIn, _now
+from .kserve_standin import GEN_ANNOTATION, HASH_ANNOTATION, ControllerLoop, KServeStandIn, _now
 from .kubelet import PodBehaviour
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1alpha2", "llminferenceservices"
@@ -234,27 +233,26 @@ def merge_spec(presets: list, spec: dict) -> dict:
     return out
 
 
-class LLMISvcStandIn:
+class LLMISvcStandIn(ControllerLoop):
     """Reconciles LLMInferenceServices in a background thread. start()/stop() or a context manager."""
 
+    LIST_PATH = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
+    DEPLOYMENT_SELECTOR = f"app.kubernetes.io/part-of={PART_OF}"
+    NAME = "llmisvc stand-in"
+
     def __init__(self, controlplane, kubelet=None, poll_interval: float = 0.1, idle_interval: float = 0.5):
-        self.cp = controlplane
+        self._init_loop(controlplane, poll_interval, idle_interval)
         self.kubelet = kubelet
-        self.poll_interval = poll_interval
-        self.idle_interval = idle_interval
-        self._stop = threading.Event()
-        self._thread = None
-        self.errors: list = []
-        self.reconciles = 0
 
     def set_behaviour(self, namespace: str, name: str, pool: str | None = None, ready_after: float | None = 0.0,
                       never_ready: bool = False, logs: dict | None = None, generation: int | None = None,
-                      pod: str | None = None) -> None:
+                      pod: str | None = None, pod_ip: str | None = None, http: dict | None = None) -> None:
         """How the pods of namespace/name behave (all pools, or one `pool`; one `generation`; one pod by name prefix
-        `pod`), delegated to the kubelet stand-in."""
+        `pod`), delegated to the kubelet stand-in; `pod_ip` and `http` serve scripted pages as PodBehaviour does."""
         if self.kubelet is None:
             raise RuntimeError("set_behaviour needs the kubelet stand-in (LLMISvcStandIn(cp, kubelet=...))")
-        behaviour = PodBehaviour(ready_after=None if never_ready else ready_after, logs=dict(logs or {}))
+        extra = {"pod_ip": pod_ip, "http": dict(http)} if http else {}
+        behaviour = PodBehaviour(ready_after=None if never_ready else ready_after, logs=dict(logs or {}), **extra)
 
         def match(p):
             meta = p["metadata"]
@@ -267,48 +265,6 @@ class LLMISvcStandIn:
                 return False
             return generation is None or (meta.get("annotations") or {}).get(GEN_ANNOTATION) == str(generation)
         self.kubelet.set_behaviour(match, behaviour)
-
-    def start(self) -> "LLMISvcStandIn":
-        self._thread = threading.Thread(target=self._loop, name="llmisvc-standin", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=10)
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
-
-    def _loop(self) -> None:
-        from .rest import ApiError  # pylint: disable=import-outside-toplevel
-        api = self.cp.rest()
-        try:
-            last_rv, last_change = None, time.monotonic()
-            while not self._stop.is_set():
-                try:
-                    objs = api.get(f"/apis/{GROUP}/{VERSION}/{PLURAL}")
-                    deps = api.get("/apis/apps/v1/deployments", labelSelector=f"app.kubernetes.io/part-of={PART_OF}")
-                    rv = (objs["metadata"].get("resourceVersion"), deps["metadata"].get("resourceVersion"))
-                    if rv != last_rv:
-                        last_rv, last_change = rv, time.monotonic()
-                    for obj in objs["items"]:
-                        try:
-                            self.reconcile(api, obj)
-                        except ApiError as exc:
-                            if exc.status not in (404, 409):
-                                self.errors.append(f"reconcile {obj['metadata']['namespace']}/{obj['metadata']['name']}: {exc}")
-                except Exception as exc:  # pylint: disable=broad-except
-                    if not self._stop.is_set():
-                        self.errors.append(f"llmisvc stand-in loop: {exc!r}")
-                busy = time.monotonic() - last_change < 3
-                self._stop.wait(self.poll_interval if busy else self.idle_interval)
-        finally:
-            api.close()
 
     # -- reconcile ----------------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """canary module_utils: the plan's validation, each step's manifest, readiness per revision, histogram-delta quantiles
 checked against prometheus_client's own histogram counting, and the decision (bench_report.decide's keep rule)."""
 
+import json
 import random
 
 import pytest
@@ -189,3 +190,15 @@ def test_report_markdown_has_both_sides_and_the_reason():
     assert "**promote**" in text and "| requests | 30 | 30 |" in text
     row = [line for line in text.splitlines() if line.startswith("| median TPOT")][0]
     assert row.split("|")[2].strip() != row.split("|")[3].strip()
+
+
+def test_already_promoted_only_when_no_canary_runs_and_the_serving_config_matches():
+    config = {"method": "ngram", "num_speculative_tokens": 3}
+    serving = {"spec": {"predictor": {"model": {"args": ["--port", "8080", "--speculative-config", json.dumps(config)]}}}}
+    assert canary.already_promoted(serving, config) is True
+    assert canary.already_promoted(serving, dict(config, num_speculative_tokens=4)) is False
+    with_canary = {"spec": dict(serving["spec"], canary=[{"trafficPercent": 10, "predictor": {"name": "spec"}}])}
+    assert canary.already_promoted(with_canary, config) is False
+    knative = {"spec": {"predictor": dict(serving["spec"]["predictor"], canaryTrafficPercent=10)}}
+    assert canary.already_promoted(knative, config) is False
+    assert canary.already_promoted({"spec": {"predictor": {"model": {"args": ["--port", "8080"]}}}}, config) is False

@@ -41,7 +41,7 @@ def reads(monkeypatch):
             raise item
         return item
 
-    def watch(_api, _ns, _name, _rv, _seconds):
+    def watch(_api, _ns, _name, _rv, _seconds, kind=None):  # pylint: disable=unused-argument
         script["watches"] += 1
         raise script["watch_errors"].pop(0)
     monkeypatch.setattr(isvc_wait.k8s_pods, "get_inference_service", get)

@@ -15,7 +15,10 @@ def _load(path):
 
 def test_export_writes_the_installed_crds_with_their_schemas(tmp_path, controlplane, kserve_crd_dir):
     names = crds.export_from_cluster(controlplane.kubeconfig, None, str(tmp_path / "out"))
-    assert sorted(names) == sorted(crds.REQUIRED)  # every serving.kserve.io CRD the test bed has, nothing else
+    # Every serving.kserve.io CRD the test bed has, nothing else; the llmisvc fixture adds the LLMInferenceService CRDs to
+    # the worker's shared control plane when a test file of the same worker used it first.
+    optional = {"serving.kserve.io_llminferenceservices.yaml", "serving.kserve.io_llminferenceserviceconfigs.yaml"}
+    assert sorted(n for n in names if n not in optional) == sorted(crds.REQUIRED)
     for name in crds.REQUIRED:
         exported = _load(str(tmp_path / "out" / name))
         source = _load_crd(os.path.join(kserve_crd_dir, name))

@@ -105,9 +105,6 @@ class ControllerLoop:
         self.errors = []
         self.reconciles = 0
 
-    def reconcile(self, api, obj: dict) -> None:
-        raise NotImplementedError
-
     def start(self):
         self._thread = threading.Thread(target=self._loop, name=self.NAME.replace(" ", "-"), daemon=True)
         self._thread.start()

@@ -85,7 +85,8 @@ class _Kind:
             self.group, self.version, self.plural = llmisvc.GROUP, llmisvc.check_api_version(version, field="api_version"), llmisvc.PLURAL
         else:
             self.llmisvc = None
-            self.group, self.version, self.plural = k8s_pods.KSERVE_GROUP, version or k8s_pods.KSERVE_VERSION, "inferenceservices"
+            # ``version`` is the LLMInferenceService API version; an InferenceService is always read as serving.kserve.io/v1beta1.
+            self.group, self.version, self.plural = k8s_pods.KSERVE_GROUP, k8s_pods.KSERVE_VERSION, "inferenceservices"
 
     def get(self, api_client, namespace, name):
         if self.llmisvc is None:

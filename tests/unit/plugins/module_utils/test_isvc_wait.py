@@ -92,3 +92,12 @@ def test_timeout_names_the_stale_generation(reads, monkeypatch):
     with pytest.raises(isvc_wait.WaitTimeout) as err:
         isvc_wait.wait_ready(None, "ns", "m", timeout=10, interval=4, clock=clock, sleep=clock.sleep)
     assert "ns/m is not reconciled yet after 10s" in str(err.value) and "generation 3, observedGeneration 2" in str(err.value)
+
+
+def test_an_inference_service_is_watched_at_v1beta1_whatever_api_version_the_caller_passes():
+    """The isvc_wait module always passes api_version (the LLMInferenceService option, default v1alpha2): an
+    InferenceService watch at that version is a 404, which failed every wait that did not return at the first read."""
+    kind = isvc_wait._Kind("InferenceService", "v1alpha2")  # pylint: disable=protected-access
+    assert (kind.group, kind.version, kind.plural) == ("serving.kserve.io", "v1beta1", "inferenceservices")
+    llm = isvc_wait._Kind("LLMInferenceService", "v1alpha1")  # pylint: disable=protected-access
+    assert (llm.version, llm.plural) == ("v1alpha1", "llminferenceservices")

@@ -91,15 +91,7 @@ class _Kind:
     def get(self, api_client, namespace, name):
         if self.llmisvc is None:
             return k8s_pods.get_inference_service(api_client, namespace, name)
-        from kubernetes.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
-        from kubernetes.client.rest import ApiException  # pylint: disable=import-outside-toplevel
-        try:
-            return CustomObjectsApi(api_client).get_namespaced_custom_object(self.group, self.version, namespace, self.plural, name)
-        except ApiException as exc:
-            if exc.status == 404:
-                raise SpecDecodingError("LLMInferenceService %s/%s not found" % (namespace, name), field="name",
-                                        hint="check name and namespace (kubectl get llminferenceservices -n %s)" % namespace) from exc
-            raise
+        return self.llmisvc.get(api_client, namespace, name, self.version)
 
     def rollout_pending(self, api_client, obj):
         return None if self.llmisvc is None else self.llmisvc.rollout_pending(api_client, obj)

@@ -95,6 +95,7 @@ class ControllerLoop:
     LIST_PATH = ""
     DEPLOYMENT_SELECTOR = ""
     NAME = "controller stand-in"
+    FINALIZER_NAME = ""
 
     def _init_loop(self, controlplane, poll_interval, idle_interval):
         self.cp = controlplane
@@ -104,6 +105,21 @@ class ControllerLoop:
         self._thread = None
         self.errors = []
         self.reconciles = 0
+
+    def _finalized(self, api, obj: dict, path: str) -> bool:
+        """KServe's finalizer handling: added on a new object, removed once it is being deleted. True when that
+        was all this pass had to do (the caller returns; the next event brings the object back)."""
+        meta = obj["metadata"]
+        finalizers = meta.get("finalizers") or []
+        if meta.get("deletionTimestamp"):
+            if self.FINALIZER_NAME in finalizers:
+                api.patch(path, {"metadata": {"finalizers": [f for f in finalizers if f != self.FINALIZER_NAME],
+                                              "resourceVersion": meta["resourceVersion"]}})
+            return True
+        if self.FINALIZER_NAME not in finalizers:
+            api.patch(path, {"metadata": {"finalizers": finalizers + [self.FINALIZER_NAME], "resourceVersion": meta["resourceVersion"]}})
+            return True
+        return False
 
     def start(self):
         self._thread = threading.Thread(target=self._loop, name=self.NAME.replace(" ", "-"), daemon=True)
@@ -155,6 +171,7 @@ class KServeStandIn(ControllerLoop):
     LIST_PATH = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
     DEPLOYMENT_SELECTOR = "component=predictor"
     NAME = "kserve stand-in"
+    FINALIZER_NAME = FINALIZER
 
     def __init__(self, controlplane, kubelet=None, poll_interval: float = 0.1, strict_runtimes: bool = False,
                  progress_deadline_seconds: int | None = None, idle_interval: float = 0.5):
@@ -200,15 +217,7 @@ class KServeStandIn(ControllerLoop):
         meta = isvc["metadata"]
         ns, name = meta["namespace"], meta["name"]
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}/{name}"
-        finalizers = meta.get("finalizers") or []
-        if meta.get("deletionTimestamp"):
-            if FINALIZER in finalizers:
-                api.patch(path, {"metadata": {"finalizers": [f for f in finalizers if f != FINALIZER],
-                                              "resourceVersion": meta["resourceVersion"]}})
-            return
-        if FINALIZER not in finalizers:
-            api.patch(path, {"metadata": {"finalizers": finalizers + [FINALIZER],
-                                          "resourceVersion": meta["resourceVersion"]}})
+        if self._finalized(api, isvc, path):
             return  # the next poll sees the new resourceVersion
         self.reconciles += 1
         predictor = (isvc.get("spec") or {}).get("predictor") or {}

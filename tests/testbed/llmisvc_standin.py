@@ -239,6 +239,7 @@ class LLMISvcStandIn(ControllerLoop):
     LIST_PATH = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
     DEPLOYMENT_SELECTOR = f"app.kubernetes.io/part-of={PART_OF}"
     NAME = "llmisvc stand-in"
+    FINALIZER_NAME = FINALIZER
 
     def __init__(self, controlplane, kubelet=None, poll_interval: float = 0.1, idle_interval: float = 0.5):
         self._init_loop(controlplane, poll_interval, idle_interval)
@@ -287,14 +288,7 @@ class LLMISvcStandIn(ControllerLoop):
         meta = obj["metadata"]
         ns, name = meta["namespace"], meta["name"]
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}/{name}"
-        finalizers = meta.get("finalizers") or []
-        if meta.get("deletionTimestamp"):
-            if FINALIZER in finalizers:
-                api.patch(path, {"metadata": {"finalizers": [f for f in finalizers if f != FINALIZER],
-                                              "resourceVersion": meta["resourceVersion"]}})
-            return
-        if FINALIZER not in finalizers:
-            api.patch(path, {"metadata": {"finalizers": finalizers + [FINALIZER], "resourceVersion": meta["resourceVersion"]}})
+        if self._finalized(api, obj, path):
             return
         self.reconciles += 1
         old_status = obj.get("status") or {}

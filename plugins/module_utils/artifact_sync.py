@@ -1464,11 +1464,13 @@ def check_dest(dest, name=None, rehash=True, workers=None):
 # A tiny file server for the controller-directory source (the Job pulls from it)
 
 
-def serve(root, host="127.0.0.1", port=0, ready=None, idle_exit=0):  # pragma: no cover - exercised through the CLI in tests
+def serve(root, host="127.0.0.1", port=0, ready=None, idle_exit=0, ready_file=None):  # pragma: no cover - exercised through the CLI in tests
     """Serve ``root`` read-only with a generated index (sizes) at /.spec-decoding-manifest.json and Range support.
 
     With ``idle_exit`` the server stops once it has served something and then sat that many seconds
     without a request in flight (the stager pod may take long to start; a hard limit is the caller's).
+    ``ready_file`` is written with the URL once the port is bound and removed when the server stops, so a
+    caller that starts the server in the background knows it listens (and not some other process on the port).
     """
     import http.server  # pylint: disable=import-outside-toplevel
     import socketserver  # pylint: disable=import-outside-toplevel,unused-import
@@ -1536,9 +1538,12 @@ def serve(root, host="127.0.0.1", port=0, ready=None, idle_exit=0):  # pragma: n
                 shutil.copyfileobj(fh, self.wfile, 1 << 20)
 
     server = http.server.ThreadingHTTPServer((host, port), Handler)
+    url = "http://%s:%d/" % server.server_address[:2]
     if ready is not None:
         ready(server)
-    emit(sys.stdout, json.dumps({"serving": root, "url": "http://%s:%d/" % server.server_address[:2], "files": len(files)}))
+    if ready_file:
+        atomic_write_json(ready_file, {"url": url, "pid": os.getpid()}, fsync=False)
+    emit(sys.stdout, json.dumps({"serving": root, "url": url, "files": len(files)}))
 
     def watchdog():
         while idle_exit:
@@ -1555,6 +1560,11 @@ def serve(root, host="127.0.0.1", port=0, ready=None, idle_exit=0):  # pragma: n
         server.serve_forever()
     finally:
         server.server_close()
+        if ready_file:
+            try:
+                os.unlink(ready_file)
+            except FileNotFoundError:  # the caller already removed its marker directory
+                pass
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1603,6 +1613,7 @@ def build_parser():
     parser.add_argument("--bind", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--idle-exit", type=float, default=0, help="with --serve: stop after this many idle seconds")
+    parser.add_argument("--ready-file", help="with --serve: write the URL to this file once the port is bound")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return parser
 
@@ -1654,7 +1665,11 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     log = None if args.quiet else sys.stderr
     if args.serve:
-        serve(args.serve, args.bind, args.port, idle_exit=args.idle_exit)
+        try:
+            serve(args.serve, args.bind, args.port, idle_exit=args.idle_exit, ready_file=args.ready_file)
+        except OSError as exc:
+            emit(sys.stderr, "[artifact-sync] ERROR: cannot serve %s on %s:%d: %s" % (args.serve, args.bind, args.port, exc.strerror or exc))
+            return 1
         return 0
     results = []
     code = 0

@@ -42,10 +42,25 @@ def _write_model(root, seed, shards=2, mib=2):
     return root
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _free_port(count=2):
+    """The first of `count` consecutive loopback ports that are free now (the role serves one per controller directory)."""
+    for _attempt in range(50):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            base = sock.getsockname()[1]
+        held = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    raise AssertionError("no %d consecutive free loopback ports" % count)
 
 
 def _core(k8s_client):
@@ -329,6 +344,23 @@ def test_failed_job_reports_its_log_and_the_next_run_retries(tmp_path, kubeconfi
     assert list(pod2.played) == [first_job]
     assert _batch(k8s_client).read_namespaced_job(first_job, namespace).metadata.uid != first_uid
     assert json.loads(_core(k8s_client).read_namespaced_persistent_volume_claim("models", namespace).metadata.annotations[STAGED])["target"]["name"] == TARGET
+
+
+def test_controller_port_in_use_fails_clearly_and_starts_no_job(tmp_path, kubeconfig, k8s_client, namespace):
+    draft = _write_model(str(tmp_path / "controller" / "eagle3"), seed=2, shards=1, mib=1)
+    port = _free_port()
+    with socket.socket() as squatter:  # another program listens on the port the role would serve the draft on
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        items = [{"name": DRAFT, "subdir": "draft", "source": draft}]
+        run = _run_role(tmp_path, kubeconfig, _vars(namespace, "models", items, stage_pvc_controller_address="127.0.0.1",
+                                                    stage_pvc_controller_bind="127.0.0.1", stage_pvc_controller_port=port,
+                                                    stage_pvc_controller_start_timeout=3, stage_pvc_min_size="1Mi"))
+    assert run.rc != 0
+    msg = run.failed[-1]["msg"]
+    assert "did not start listening on 127.0.0.1:%d" % port in msg, msg
+    assert "Address already in use" in msg and "stage_pvc_controller_port" in msg and "No Job was started" in msg
+    assert not _batch(k8s_client).list_namespaced_job(namespace).items
 
 
 def test_missing_source_fails_before_anything_is_written(tmp_path, kubeconfig, k8s_client, namespace):

@@ -17,6 +17,9 @@ description:
     C(spec-decoding.alauda.io/baseline-twin=true) and the annotation C(spec-decoding.alauda.io/baseline-twin-of).
     The C(kubectl.kubernetes.io/last-applied-configuration) and rollback-backup annotations are dropped.
   - Fails when the InferenceService runs no speculative decoding (it already is a baseline).
+  - A KServe C(LLMInferenceService) (C(kind) V(LLMInferenceService)) gets the same twin with the flag removed from every
+    pool (argv, C(bash -c) script, C(VLLM_ADDITIONAL_ARGS)), token-exact as its rollback does. It fails when a C(baseRefs)
+    preset supplies the flag (pass O(flags)) or the router names a shared HTTPRoute or InferencePool.
 author:
   - Alauda Platform Team (@alauda)
 options:
@@ -31,6 +34,12 @@ options:
     description: Suffix added to the source name when O(name) is not given.
     type: str
     default: -baseline
+  flags:
+    description:
+      - LLMInferenceService only; the C(flags) that M(alauda.spec_decoding.llmisvc_speculative) found (with the baseRefs
+        presets). Without them only the resource's own flags are seen.
+    type: list
+    elements: dict
 """
 
 EXAMPLES = r"""
@@ -48,15 +57,18 @@ _value:
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_twin
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import llmisvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
 
 
-def baseline_twin(isvc, name=None, suffix=bench_twin.DEFAULT_SUFFIX):
+def baseline_twin(isvc, name=None, suffix=bench_twin.DEFAULT_SUFFIX, flags=None):
     """InferenceService dict -> the manifest of its baseline twin."""
     if not isinstance(isvc, dict):
         raise AnsibleFilterError("baseline_twin: expects an InferenceService (a dict), got %s; pass resources[0] of "
                                  "kubernetes.core.k8s_info" % type(isvc).__name__)
     try:
+        if isvc.get("kind") == llmisvc.KIND:
+            return llmisvc.baseline_twin(isvc, name=name or None, suffix=suffix or None, found_flags=flags)
         return bench_twin.baseline_twin(isvc, name=name or None, suffix=suffix or bench_twin.DEFAULT_SUFFIX)
     except SpecDecodingError as exc:
         raise AnsibleFilterError("baseline_twin: %s" % exc) from exc

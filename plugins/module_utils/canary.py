@@ -6,11 +6,16 @@ over a window of live traffic from vLLM's own histograms, and the decision.
 
 How KServe splits traffic (read in kserve/kserve, see docs/rollback.md "Canary rollout"):
 
-- Knative mode: ``spec.predictor.canaryTrafficPercent: N`` on an updated predictor. KServe sends N% to the latest
-  ready revision and the rest to the last revision that had 100% (``status.components.predictor``:
-  ``latestCreatedRevision``, ``latestReadyRevision``, ``previousRolledoutRevision``, ``latestRolledoutRevision``,
-  and ``traffic[]`` entries ``{revisionName, percent, latestRevision}``). Pods of a revision carry the label
-  ``serving.knative.dev/revision=<revision>``. Removing ``canaryTrafficPercent`` promotes (100% to latest).
+- Knative mode: ``spec.predictor.canaryTrafficPercent: N`` on an updated predictor (a new pod template, so a new
+  Knative revision). KServe (``reconcilers/knative/ksvc_reconciler.go``) routes N% to ``latestRevision`` (the latest
+  ready revision) and 100-N% to the last revision that had 100% (``latestRolledoutRevision``), tagged ``prev``;
+  ``status.components.predictor`` carries
+  ``latestCreatedRevision``, ``latestReadyRevision``, ``latestRolledoutRevision``, ``previousRolledoutRevision`` and
+  ``traffic[]`` ``{revisionName, percent, latestRevision, tag}``. Pods of a revision carry the label
+  ``serving.knative.dev/revision=<revision>``. Removing ``canaryTrafficPercent`` promotes (100% to the latest
+  revision; the previous one gets no traffic and scales to zero). The rollback is KServe's ``canaryTrafficPercent: 0``
+  (100% back on the ``prev`` revision, which is not touched) together with the predictor without the flag: the spec no
+  longer names the speculative config, and the revision Knative makes of it (the previous spec again) gets 0%.
 - Standard mode (KServe v0.20, ``spec.canary[]`` in the v0.20 CRD): each entry ``{trafficPercent, predictor}`` with a
   ``predictor.name`` gets its own Deployment and Service (``controllers/v1beta1/inferenceservice/canary_controller_test.go``:
   ``constants.PredictorServiceName(isvc, name)``, here ``<isvc>-predictor-<name>``), the stable Deployment
@@ -193,6 +198,10 @@ def step_patch(isvc, mode, percent, canary):
         return {"spec": {"canary": [{"trafficPercent": percent, "predictor": canary}]}}
     predictor = copy.deepcopy(canary)
     predictor.pop("name", None)
+    # spec.canary[] needs model.name; the Knative predictor keeps the model as it was (same pod template but the flag).
+    stable_model = (((isvc or {}).get("spec") or {}).get("predictor") or {}).get("model")
+    if isinstance(predictor.get("model"), dict) and isinstance(stable_model, dict) and "name" not in stable_model:
+        predictor["model"].pop("name", None)
     predictor["canaryTrafficPercent"] = percent
     return {"spec": {"predictor": predictor}}
 
@@ -204,12 +213,28 @@ def promote_patch(isvc, mode, canary):
     return {"spec": {"predictor": {"canaryTrafficPercent": None}}}
 
 
+def check_knative_promotion(isvc):
+    """Knative: removing ``canaryTrafficPercent`` sends 100% to the latest revision, so promote only a predictor that carries
+    the flag (after a rollback, ``canaryTrafficPercent: 0`` sits on the predictor without it: promoting that would move
+    all the traffic to a revision without speculative decoding)."""
+    predictor = ((isvc or {}).get("spec") or {}).get("predictor") or {}
+    if predictor.get("canaryTrafficPercent") is not None and not carries_flag(predictor):
+        raise ValidationError("there is no canary to promote: the predictor has canaryTrafficPercent %s but no --speculative-config"
+                              % predictor.get("canaryTrafficPercent"), field="spec.predictor",
+                              hint="start the canary first (state: present); the predictor was rolled back")
+
+
 def rollback_patch(isvc, mode, stable):
-    """Canary removed, 100% back on the previous revision; ``stable`` is the predictor without the flag."""
+    """Canary removed, 100% back on the previous revision; ``stable`` is the predictor without the flag.
+
+    Knative: ``canaryTrafficPercent: 0`` (KServe's rollback: 100% on the ``prev`` revision, untouched) with the flag
+    gone from the predictor; without a canary (no canaryTrafficPercent) there is nothing to remove."""
     if mode == STANDARD:
         return {"spec": {"canary": None}}
+    if (((isvc or {}).get("spec") or {}).get("predictor") or {}).get("canaryTrafficPercent") is None:
+        return {}
     predictor = copy.deepcopy(stable)
-    predictor.pop("canaryTrafficPercent", None)
+    predictor["canaryTrafficPercent"] = 0
     return {"spec": {"predictor": predictor}}
 
 
@@ -273,11 +298,13 @@ def rollout_state(isvc, mode, canary_name, percent):
             state["canary_ready"] = bool(entry.get("ready")) and up_to_date
             state["traffic"] = entry.get("trafficPercent")
     else:
-        comp = (status.get("components") or {}).get("predictor") or {}
-        latest = [t for t in comp.get("traffic") or [] if t.get("latestRevision")]
-        state["traffic"] = latest[0].get("percent") if latest else None
-        state["canary_ready"] = up_to_date and bool(comp.get("latestReadyRevision")) and \
-            comp.get("latestReadyRevision") == comp.get("latestCreatedRevision")
+        split = knative_split(isvc)
+        state["traffic"] = split["canary_percent"]
+        # revision-aware: the revision on the canary share is the latest created one, and it is ready; the rest of the
+        # traffic is on another (the previous rolled-out) revision
+        state["canary_ready"] = up_to_date and bool(split["canary"]) and split["canary"] == split["latest_created"] and \
+            split["canary"] == split["latest_ready"] and bool(split["stable"]) and split["stable"] != split["canary"]
+        state["revisions"] = {"stable": split["stable"], "canary": split["canary"]}
     state["done"] = state["stable_ready"] and state["canary_ready"] and state["traffic"] == percent
     why = []
     if not up_to_date:
@@ -293,6 +320,46 @@ def rollout_state(isvc, mode, canary_name, percent):
     return state
 
 
+def knative_split(isvc):
+    """Knative mode: where the traffic is, from ``status.components.predictor``: ``{stable, canary, canary_percent,
+    stable_percent, latest_created, latest_ready, rolled_out}`` (revision names or None)."""
+    comp = ((((isvc or {}).get("status") or {}).get("components") or {}).get("predictor")) or {}
+    traffic = comp.get("traffic") or []
+    latest = next((t for t in traffic if t.get("latestRevision")), None)
+    prev = next((t for t in traffic if not t.get("latestRevision") and t.get("revisionName")), None)
+    return {"canary": (latest or {}).get("revisionName") if prev else None,
+            "canary_percent": (latest or {}).get("percent") if latest else None,
+            "stable": (prev or {}).get("revisionName"), "stable_percent": (prev or {}).get("percent"),
+            "latest_created": comp.get("latestCreatedRevision"), "latest_ready": comp.get("latestReadyRevision"),
+            "rolled_out": comp.get("latestRolledoutRevision"),
+            "serving": [t.get("revisionName") for t in traffic if t.get("percent")]}
+
+
+def knative_settled(isvc, state, stable_revision=None):
+    """Knative mode after a promotion / a rollback: 100% on one revision - the latest (ready) one for ``promoted``, the
+    previous one (``stable_revision`` when known) for ``absent``."""
+    split = knative_split(isvc)
+    if len(split["serving"]) != 1:
+        return False
+    if state == "promoted":
+        return split["serving"][0] == split["latest_ready"] == split["latest_created"]
+    return stable_revision is None or split["serving"][0] == stable_revision
+
+
+def knative_retired(isvc, state):
+    """Knative mode, before a promotion / a rollback is written: ``(stable revision, selector of the pods that go)``.
+
+    Promoted: the previous revision goes. Absent: the canary revision, i.e. the latest created one (when it never became
+    ready, Knative routes its share to the previous revision, so the traffic does not name it). None where nothing goes."""
+    split = knative_split(isvc)
+    stable = split["stable"] or split["rolled_out"]
+    if state == "promoted":
+        gone = stable if stable and stable != split["latest_created"] else None
+    else:
+        gone = split["latest_created"] if split["latest_created"] and split["latest_created"] != stable else None
+    return stable, ("%s=%s" % (REVISION_LABEL, gone) if gone else None)
+
+
 def revision_selectors(isvc, mode, canary_name):
     """Label selectors of the pods of each revision: ``{"stable": sel, "canary": sel}``."""
     name = isvc["metadata"]["name"]
@@ -300,12 +367,12 @@ def revision_selectors(isvc, mode, canary_name):
         stable_name = ((isvc.get("spec") or {}).get("predictor") or {}).get("name")
         stable = "%s-predictor-%s" % (name, stable_name) if stable_name else "%s-predictor" % name
         return {"stable": "%s=isvc.%s" % (APP_LABEL, stable), "canary": "%s=isvc.%s-predictor-%s" % (APP_LABEL, name, canary_name)}
-    comp = ((isvc.get("status") or {}).get("components") or {}).get("predictor") or {}
-    previous, latest = comp.get("previousRolledoutRevision"), comp.get("latestReadyRevision")
-    if not previous or not latest:
-        raise ValidationError("status.components.predictor has no previousRolledoutRevision/latestReadyRevision", field="name",
-                              hint="wait until the canary step is ready (both revisions) before observing")
-    return {"stable": "%s=%s" % (REVISION_LABEL, previous), "canary": "%s=%s" % (REVISION_LABEL, latest)}
+    split = knative_split(isvc)
+    if not split["stable"] or not split["canary"] or split["stable"] == split["canary"]:
+        raise ValidationError("status.components.predictor.traffic splits no traffic between two revisions (%s)"
+                              % (((isvc.get("status") or {}).get("components") or {}).get("predictor") or {}).get("traffic"),
+                              field="name", hint="wait until the canary step is ready (both revisions) before observing")
+    return {"stable": "%s=%s" % (REVISION_LABEL, split["stable"]), "canary": "%s=%s" % (REVISION_LABEL, split["canary"])}
 
 
 # -- on the cluster (kubernetes client objects from the calling module) --------------------------------------------------
@@ -329,10 +396,11 @@ def canary_pods(api_client, namespace, name, selector):
 
 
 def wait_step(api_client, namespace, name, state, mode, canary_name, percent, timeout, retired=None, poll=0.5,
-              clock=None, sleep=None):
+              clock=None, sleep=None, stable_revision=None):
     """Wait until the step took effect: present - both revisions ready with the canary on ``percent``; promoted / absent -
-    Ready at the generation without a canary, then no pod of the ``retired`` revision (a label selector) left serving.
-    Returns (isvc, elapsed, state); raises isvc_wait.WaitTimeout."""
+    Ready at the generation without a canary (Knative: 100% on one revision, ``stable_revision`` after a rollback), then no
+    pod of the ``retired`` revision (a label selector) left serving. Returns (isvc, elapsed, state); raises
+    isvc_wait.WaitTimeout."""
     import time  # pylint: disable=import-outside-toplevel
     clock, sleep = clock or time.monotonic, sleep or time.sleep
     start = clock()
@@ -343,9 +411,14 @@ def wait_step(api_client, namespace, name, state, mode, canary_name, percent, ti
 
     def settled(obj):
         ready = k8s_pods.readiness(obj)
+        if mode == KNATIVE and not knative_settled(obj, state, stable_revision):
+            return False
         return ready["ready"] and ready["up_to_date"] and not (obj.get("status") or {}).get("canaryStatuses")
-    isvc, _elapsed = isvc_wait.wait_until(api_client, namespace, name, settled, timeout=timeout,
-                                          what="not Ready without a canary at the current generation")
+    what = "not Ready without a canary at the current generation"
+    if mode == KNATIVE:
+        what += " (traffic %s)" % ("100% on the latest revision" if state == "promoted" else
+                                   "100%% on %s" % (stable_revision or "the previous revision"))
+    isvc, _elapsed = isvc_wait.wait_until(api_client, namespace, name, settled, timeout=timeout, what=what)
     while retired:
         left = [p["name"] for p in canary_pods(api_client, namespace, name, retired)]
         if not left:

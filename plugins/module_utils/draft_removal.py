@@ -20,8 +20,13 @@ and the path the old speculative config gave vLLM (``model``, e.g. ``/mnt/models
   the registry into the upload, never held whole, and every blob read is checked against its digest.
 
 Nothing is removed that the current (rolled-back) command, args or env still name, nor the directory that
-holds them (the target), nor a path outside the volume (``..``, other absolute paths). Plain Python, no
-Ansible imports.
+holds them (the target), nor a path outside the volume (``..``, other absolute paths). A PVC subdirectory
+another InferenceService or LLMInferenceService of the namespace mounts or names (``other_users``) is kept.
+
+KServe's LLMInferenceService works the same way (``kind: LLMInferenceService``): its one ``spec.model.uri``
+(``pvc://claim/path`` mounted at /mnt/models with the path as subPath, or ``oci://`` as a Modelcar at
+/mnt/models) holds target and draft (llmisvc.render), so the draft is a PVC subdirectory or Modelcar layers;
+the paths still named are those of every pool's containers. Plain Python, no Ansible imports.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import json
 import posixpath
 import re
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import artifact_sync, isvc_patch, layer_stream, pvc_stage
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import artifact_sync, isvc_patch, layer_stream, llmisvc, pvc_stage
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.oci_layout import (
     ANN_FILES, ANN_ROLE, ANN_TITLE, MT_CONFIG, MT_DOCKER_LAYER_TAR, MT_DOCKER_MANIFEST, MT_LAYER_TAR, BytesSource, canonical_json, sha256_digest,
@@ -70,15 +75,69 @@ def _under(path, parent):
     return path == parent or parent == "/" or path.startswith(parent.rstrip("/") + "/")
 
 
+def is_llmisvc(obj):
+    return ((obj or {}).get("kind")) == llmisvc.KIND
+
+
+def _containers(obj):
+    """The containers whose command, args and env the rolled-back resource runs: the predictor's, or every pool's."""
+    spec = (obj or {}).get("spec") or {}
+    if is_llmisvc(obj):
+        out = []
+        for info in llmisvc.POOLS.values():
+            node = spec
+            for key in info["path"]:
+                node = node.get(key) if isinstance(node, dict) else None
+            out.extend(c for c in ((node or {}).get("containers") or []) if isinstance(c, dict))
+        return out
+    predictor = spec.get("predictor") or {}
+    out = [predictor["model"]] if isinstance(predictor.get("model"), dict) else []
+    return out + [c for c in predictor.get("containers") or [] if isinstance(c, dict)]
+
+
+def _pvc_paths(obj, claim):
+    """[(PVC path the object mounts, [PVC paths its containers name below that mount])] for ``claim``."""
+    out = []
+    named = referenced_paths(obj)
+    for _index, uri, mount in _mounts(obj):
+        if not (uri or "").startswith("pvc://"):
+            continue
+        other_claim, _sep, prefix = uri[len("pvc://"):].partition("/")
+        if other_claim != claim:
+            continue
+        prefix = "/" + "/".join(p for p in prefix.split("/") if p)
+        below = [posixpath.normpath(posixpath.join(prefix, posixpath.relpath(p, mount))) for p in named if _under(p, mount)]
+        out.append((prefix, below))
+    return out
+
+
+def other_users(objects, this, claim, subdir):
+    """Which other InferenceServices / LLMInferenceServices still use the PVC subdirectory ``subdir`` of ``claim``: those
+    mounting it (or a directory inside it), and those mounting a directory above it whose containers name a path in it.
+    ``objects``: the namespace's InferenceServices and LLMInferenceServices. Returns ``["Kind ns/name (why)"]``."""
+    draft = "/" + subdir.strip("/")
+    me = ((this or {}).get("kind"), ((this or {}).get("metadata") or {}).get("name"))
+    out = []
+    for obj in objects or []:
+        meta = obj.get("metadata") or {}
+        if (obj.get("kind"), meta.get("name")) == me:
+            continue
+        for prefix, below in _pvc_paths(obj, claim):
+            label = "%s %s/%s" % (obj.get("kind"), meta.get("namespace"), meta.get("name"))
+            if _under(prefix, draft):
+                out.append("%s (mounts pvc://%s%s)" % (label, claim, prefix))
+                break
+            names = [p for p in below if _under(p, draft)]
+            if _under(draft, prefix) and names:
+                out.append("%s (names %s on pvc://%s)" % (label, ", ".join(sorted(set(names))), claim))
+                break
+    return out
+
+
 def referenced_paths(isvc):
     """Absolute paths the predictor's containers still name (command, args, env values), normalised."""
     found = set()
-    predictor = ((isvc or {}).get("spec") or {}).get("predictor") or {}
-    containers = []
-    if isinstance(predictor.get("model"), dict):
-        containers.append(predictor["model"])
-    containers.extend(c for c in predictor.get("containers") or [] if isinstance(c, dict))
-    for container in containers:
+    for container in _containers(isvc):
         texts = list(container.get("command") or []) + list(container.get("args") or [])
         texts += [e.get("value") for e in container.get("env") or [] if isinstance(e, dict) and isinstance(e.get("value"), str)]
         for text in texts:
@@ -106,6 +165,9 @@ def draft_path_from(isvc, previous_config=None, draft_path=None):
 
 def _mounts(isvc):
     """[(index or None, uri, mountPath)]: storageUris entries, or the single storageUri at /mnt/models."""
+    if is_llmisvc(isvc):
+        uri = ((((isvc or {}).get("spec") or {}).get("model")) or {}).get("uri")
+        return [(None, uri, DEFAULT_MOUNT)] if uri else []
     predictor = ((isvc or {}).get("spec") or {}).get("predictor") or {}
     uris = predictor.get("storageUris")
     if uris:
@@ -120,6 +182,8 @@ def _mounts(isvc):
 
 
 def _storage_uri_pointer(isvc):
+    if is_llmisvc(isvc):
+        return "/spec/model/uri", ((isvc.get("spec") or {}).get("model") or {}).get("uri")
     predictor = ((isvc or {}).get("spec") or {}).get("predictor") or {}
     if isinstance(predictor.get("model"), dict) and predictor["model"].get("storageUri"):
         return "/spec/predictor/model/storageUri", predictor["model"]["storageUri"]
@@ -148,7 +212,7 @@ def locate(isvc, draft_path, source="draft_path"):
     if not isinstance(draft_path, str) or not draft_path.startswith("/"):
         return Location("none", draft_path, "the draft %r is not a path in the container (a hub id?); nothing mounted to remove" % (draft_path,))
     draft = clean_abs_path(draft_path, source)
-    if isvc_patch.current_config(isvc) is not None:
+    if llmisvc.flags(isvc) if is_llmisvc(isvc) else isvc_patch.current_config(isvc) is not None:
         raise ValidationError("the predictor still runs speculative decoding; refusing to remove the draft", field=FIELD,
                               hint="roll back first (isvc_speculative state=absent), then remove the draft")
     referenced = referenced_paths(isvc)
@@ -487,7 +551,9 @@ def removed_records(pvc):
 def execute(params, cluster, open_registry=None, check_mode=False):
     """Plan and (outside check mode) carry out the removal; returns the module result.
 
-    ``cluster``: get_isvc(), patch_isvc(ops, dry_run), wait_ready(), get_pvc(name), patch_pvc_annotations(name, dict).
+    ``cluster``: get_isvc(), patch_isvc(ops, dry_run), wait_ready(), get_pvc(name), patch_pvc_annotations(name, dict), and
+    optionally list_users() -> (the namespace's InferenceServices and LLMInferenceServices, [kinds it could not list]):
+    with it a PVC subdirectory another of them still uses (other_users), or that it could not check, is kept.
     ``open_registry(image_ref, repository=None)`` returns an oci_registry.RegistryClient (modelcar mode only).
     """
     isvc = cluster.get_isvc()
@@ -515,6 +581,15 @@ def execute(params, cluster, open_registry=None, check_mode=False):
         job = pvc_job(loc, pvc, params.get("script_sha256") or "")
         result["pvc_job"] = job
         subdir = loc.details["subdir"]
+        lister = getattr(cluster, "list_users", None)
+        if params.get("remover_log") is None and lister is not None:
+            objects, unchecked = lister()
+            users = other_users(objects, isvc, loc.details["pvc"], subdir) + unchecked
+            if users:
+                result.update(run_job=False, kept=True, still_used_by=users,
+                              note="the subdirectory %s of PVC %s is kept: still used by %s" % (subdir, loc.details["pvc"], "; ".join(users)))
+                result["warnings"] = [result["note"]]
+                return result
         staged = staged_records(pvc)
         done = removed_records(pvc).get(subdir)
         if params.get("remover_log") is None:
@@ -539,7 +614,9 @@ def execute(params, cluster, open_registry=None, check_mode=False):
 
 
 def readiness_of(isvc):
-    """Ready / up-to-date of an InferenceService (k8s_pods.readiness)."""
+    """Ready / up-to-date of an InferenceService (k8s_pods.readiness) or an LLMInferenceService (llmisvc.readiness)."""
+    if is_llmisvc(isvc):
+        return llmisvc.readiness(isvc)
     # imported here: k8s_pods loads the kubernetes client (40+ MiB), which the image rewrite does not need
     from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
     return k8s_pods.readiness(isvc)

@@ -105,14 +105,12 @@ class _Kind:
     def pods(self, api_client, namespace, name):
         if self.llmisvc is None:
             return _pod_states(api_client, namespace, name)
-        out = []
-        for pool in self.llmisvc.POOLS:
-            try:
-                keep, skipped = k8s_pods.list_pods(api_client, namespace, self.llmisvc.pod_selector(name, pool))
-            except SpecDecodingError as exc:
-                return [{"error": str(exc)}]
-            out += [dict(p, pool=pool) for p in keep + skipped]
-        return out
+        # One listing for every pool, single-node (Deployment) and multi-node (LeaderWorkerSet leaders and workers).
+        try:
+            keep, skipped = k8s_pods.list_pods(api_client, namespace, self.llmisvc.all_pods_selector(name))
+        except SpecDecodingError as exc:
+            return [{"error": str(exc)}]
+        return [dict(p, pool=self.llmisvc.pod_pool(p.get("labels"))) for p in keep + skipped]
 
 
 def _watch_for_change(api_client, namespace, name, resource_version, seconds, kind=None):

@@ -184,12 +184,11 @@ def main():
         bench_report.check_tolerances(params.get("tolerances"))
         k8s_pods.check_port(params.get("port"))
         selectors = params.get("selectors")
-        mode = None
         from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
         api_client = get_api_client(module=module).client.client
+        isvc = k8s_pods.get_inference_service(api_client, params["namespace"], params["name"])
+        mode = canary.deployment_mode(isvc)
         if not selectors:
-            isvc = k8s_pods.get_inference_service(api_client, params["namespace"], params["name"])
-            mode = canary.deployment_mode(isvc)
             selectors = canary.revision_selectors(isvc, mode, canary.check_canary_name(params["canary_name"]))
         elif set(selectors) != {"stable", "canary"}:
             raise ValidationError("needs exactly the keys stable and canary, got %s" % ", ".join(sorted(selectors)), field="selectors",

@@ -18,9 +18,11 @@ description:
     and the canary carries O(percent) (C(status.canaryStatuses), or the predictor's traffic in Knative mode).
   - O(state=promoted) moves the canary to 100% the way KServe does it (Standard - the canary's predictor, with its
     name, becomes C(spec.predictor) and C(spec.canary) goes, so KServe keeps the canary's Deployment and deletes the old
-    one; Knative - C(canaryTrafficPercent) is removed).
+    one; Knative - C(canaryTrafficPercent) is removed, 100% goes to the latest revision and the previous one scales to
+    zero).
   - O(state=absent) removes the canary and waits until 100% is back on the previous revision and no canary pod serves;
-    the previous revision is not touched.
+    the previous revision is not touched. Knative mode does it KServe's way, C(canaryTrafficPercent=0) (100% on the
+    revision tagged C(prev)), with the flag removed from the predictor (the revision made of that spec gets 0%).
   - With O(definition) (a manifest) nothing is read or written on a cluster; the module returns the manifest of the
     step (GitOps).
   - Bad input (a percent outside 1..99, Standard mode on KServe older than 0.20, a revision that already runs
@@ -179,6 +181,8 @@ def _plan(params, isvc, kserve_version):
         if canary_pred is None and mode == canary.STANDARD:
             raise ValidationError("there is no canary %r to promote" % name, field="canary_name",
                                   hint="start the canary first (state: present), or give speculative_config to render the promotion")
+        if mode == canary.KNATIVE:
+            canary.check_knative_promotion(isvc)
         return mode, canary.promote_patch(isvc, mode, canary_pred), canary_pred
     return mode, canary.rollback_patch(isvc, mode, canary.rollback_source(isvc)), canary_pred
 
@@ -237,6 +241,7 @@ def main():
             module.exit_json(changed=False, already_promoted=True, mode=mode, resource=isvc, selectors={}, patch={},
                              manifest=canary.manifest(isvc, {}),
                              msg="%s/%s already serves this speculative config without a canary: nothing to do" % (ns, name))
+        read = isvc
         before = canary.manifest(isvc, {})
         after = canary.manifest(isvc, patch)
         changed = before["spec"] != after["spec"]
@@ -248,11 +253,15 @@ def main():
             isvc = canary.apply_merge_patch(api_client, ns, name, patch, dry_run=module.check_mode)
         result["resource"] = isvc
         if params["wait"] and not module.check_mode:
-            retired = None
+            retired, stable_revision = None, None
             if mode == canary.STANDARD and params["state"] != "present":
                 retired = canary.revision_selectors(before, mode, params["canary_name"])["stable" if params["state"] == "promoted" else "canary"]
+            elif mode == canary.KNATIVE and params["state"] != "present" and changed:
+                # the revisions as they were before this write: the one that goes out of the traffic is retired
+                stable_revision, retired = canary.knative_retired(read, params["state"])
             isvc, _elapsed, rollout = canary.wait_step(api_client, ns, name, params["state"], mode, params["canary_name"],
-                                                       params.get("percent"), params["wait_timeout"], retired=retired)
+                                                       params.get("percent"), params["wait_timeout"], retired=retired,
+                                                       stable_revision=stable_revision)
             result.update(resource=isvc, rollout=rollout)
             if mode == canary.KNATIVE and params["state"] == "present":
                 result["selectors"] = canary.revision_selectors(isvc, mode, params["canary_name"])

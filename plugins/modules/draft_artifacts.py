@@ -28,13 +28,29 @@ description:
     never held in memory; every blob read is checked against its digest.
   - Refuses to remove what the rolled-back command, args or env still name, the directory holding them (the target),
     the whole volume, and paths with C(..). Idempotent - a rerun finds nothing left to remove.
+  - A PVC subdirectory that another InferenceService or LLMInferenceService of the namespace still mounts (its storage
+    URI points into it) or names (its command, args or env name a path in it) is kept, with a warning naming them; so is
+    one the module cannot check (listing a kind forbidden). A Modelcar image is never changed in place (the others keep
+    the old digest).
+  - O(kind=LLMInferenceService) does the same for KServe's LLMInferenceService - its one C(spec.model.uri) (C(pvc://)
+    subdirectory or C(oci://) Modelcar) holds target and draft; the paths still named are those of every pool.
 author:
   - Alauda Platform Team (@alauda)
 options:
   name:
-    description: InferenceService name.
+    description: InferenceService (or LLMInferenceService) name.
     type: str
     required: true
+  kind:
+    description: Kind of the rolled-back resource.
+    type: str
+    choices: [InferenceService, LLMInferenceService]
+    default: InferenceService
+  api_version:
+    description: API version of an LLMInferenceService (O(kind=LLMInferenceService)).
+    type: str
+    choices: [v1alpha1, v1alpha2]
+    default: v1alpha2
   namespace:
     description: Namespace of the InferenceService.
     type: str
@@ -101,7 +117,8 @@ extends_documentation_fragment:
 requirements:
   - kubernetes >= 24.2.0
 notes:
-  - Needs C(get)/C(patch) on C(inferenceservices) and, in PVC mode, C(get)/C(patch) on C(persistentvolumeclaims).
+  - Needs C(get)/C(patch) on C(inferenceservices) (or C(llminferenceservices)) and, in PVC mode, C(get)/C(patch) on
+    C(persistentvolumeclaims) and C(list) on C(inferenceservices) and C(llminferenceservices) (the other users of the PVC).
 seealso:
   - module: alauda.spec_decoding.isvc_speculative
   - module: alauda.spec_decoding.modelcar_image
@@ -140,6 +157,11 @@ removed:
   description: The storageUris entry, the remover's summary of the PVC subdirectory, or the image path removed.
   returned: when something was removed
   type: dict
+still_used_by:
+  description: PVC mode - the other InferenceServices / LLMInferenceServices that still use the subdirectory (it was kept).
+  returned: when the draft was kept for them
+  type: list
+  elements: str
 pvc_job:
   description: PVC mode - the remover Job's name, ConfigMap, plan (JSON), PVC, subdirectory and kept paths.
   returned: in pvc mode
@@ -175,6 +197,8 @@ def argument_spec():
     spec = dict(
         name=dict(type="str", required=True),
         namespace=dict(type="str", required=True),
+        kind=dict(type="str", default="InferenceService", choices=["InferenceService", "LLMInferenceService"]),
+        api_version=dict(type="str", default="v1alpha2", choices=["v1alpha1", "v1alpha2"]),
         previous_config=dict(type="dict"),
         draft_path=dict(type="str"),
         remover_log=dict(type="str"),
@@ -207,9 +231,35 @@ class Cluster:
         from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
         return SpecDecodingError("%s failed: %s" % (what, k8s_pods.api_error_message(exc)), field="name")
 
+    def _llm(self):
+        return self.params.get("kind") == "LLMInferenceService"
+
     def get_isvc(self):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods, llmisvc  # pylint: disable=import-outside-toplevel
+        if self._llm():
+            return llmisvc.get(self.api_client, self.params["namespace"], self.params["name"], self.params["api_version"])
         return k8s_pods.get_inference_service(self.api_client, self.params["namespace"], self.params["name"])
+
+    def list_users(self):
+        """The namespace's InferenceServices and LLMInferenceServices (other users of a PVC), and the kinds that could
+        not be listed (a kind whose CRD is not installed has no objects)."""
+        from kubernetes.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
+        objects, unchecked = [], []
+        for kind, version, plural in (("InferenceService", "v1beta1", "inferenceservices"),
+                                      ("LLMInferenceService", self.params["api_version"], "llminferenceservices")):
+            try:
+                items = CustomObjectsApi(self.api_client).list_namespaced_custom_object(
+                    "serving.kserve.io", version, self.params["namespace"], plural).get("items") or []
+            except Exception as exc:  # pylint: disable=broad-except
+                if getattr(exc, "status", None) is None:
+                    raise
+                if exc.status == 404:
+                    continue
+                unchecked.append("%ss (listing them failed, so it is unknown whether one uses it: %s)" % (kind, k8s_pods.api_error_message(exc)))
+                continue
+            objects += [dict(item, kind=kind) for item in items]
+        return objects, unchecked
 
     def patch_isvc(self, ops, dry_run=False):
         from kubernetes.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
@@ -218,8 +268,9 @@ class Cluster:
         kwargs = {"field_manager": ROLLBACK_FIELD_MANAGER}
         if dry_run:
             kwargs["dry_run"] = "All"
+        version, plural = (self.params["api_version"], "llminferenceservices") if self._llm() else ("v1beta1", "inferenceservices")
         try:
-            return api.patch_namespaced_custom_object("serving.kserve.io", "v1beta1", self.params["namespace"], "inferenceservices",
+            return api.patch_namespaced_custom_object("serving.kserve.io", version, self.params["namespace"], plural,
                                                       self.params["name"], ops, _content_type="application/json-patch+json", **kwargs)
         except Exception as exc:  # pylint: disable=broad-except
             if getattr(exc, "status", None) is None:
@@ -229,7 +280,8 @@ class Cluster:
     def wait_ready(self):
         from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_wait  # pylint: disable=import-outside-toplevel
         isvc, _elapsed = isvc_wait.wait_ready(self.api_client, self.params["namespace"], self.params["name"],
-                                              timeout=self.params["wait_timeout"], interval=self.params["wait_sleep"])
+                                              timeout=self.params["wait_timeout"], interval=self.params["wait_sleep"],
+                                              kind=self.params["kind"], api_version=self.params["api_version"] if self._llm() else None)
         return isvc
 
     def get_pvc(self, name):

@@ -19,6 +19,12 @@ description:
     pool without the flag (the prefill pool, by default) must run C(speculative_config=None).
   - With data parallelism (C(spec.parallelism.data) x C(dataLocal) above 1) vLLM 0.24+ logs the line on data-parallel
     rank 0 only; the pool passes when one pod logged it, and RV(pools) names that pod as C(engine_pod).
+  - A multi-node pool (C(spec.worker) or C(spec.prefill.worker), in the resource or a baseRefs preset) runs as a
+    LeaderWorkerSet C(<name>-kserve-mn) (C(<name>-kserve-mn-prefill)); its pods are selected by
+    C(leaderworkerset.sigs.k8s.io/name). The leader of each group (worker index 0, data-parallel rank 0, the API server)
+    must log the line; workers (Ray or multiprocessing workers, C(--headless) data-parallel ranks) may be silent, and a
+    worker that logs a line that contradicts the flag fails the check. C(engine_pod) is the leader of the lowest group,
+    C(groups) says per group which pod logged it. Without a leader template the worker template's flag is what counts.
 author:
   - Alauda Platform Team (@alauda)
 options:
@@ -90,8 +96,11 @@ EXAMPLES = r"""
 RETURN = r"""
 pools:
   description:
-    - Per pool, C({expected, flag, pods, skipped_pods, engine_pod, speculative_config, vllm_version, differences,
-      data_parallel}); C(pods) holds C({name, found, speculative_config, vllm_version, error}) of each pod.
+    - Per pool, C({expected, flag, workload, pods, skipped_pods, engine_pod, speculative_config, vllm_version, differences,
+      data_parallel}); C(workload) is C({kind, name}) (C(Deployment) or C(LeaderWorkerSet)); C(pods) holds
+      C({name, found, speculative_config, vllm_version, error}) of each pod, plus C(group), C(worker_index) and C(role)
+      (C(leader) or C(worker)) for LeaderWorkerSet pods.
+    - Multi-node pools also have C(groups), a list of C({group, leader, workers, engine_pod, logged_by}).
   returned: always
   type: dict
 speculative_config:
@@ -139,7 +148,11 @@ def main():
     expected = {k: v for k, v in (params["expected"] or {}).items() if v is not None} or None
     try:
         obj = llmisvc.get(api_client, params["namespace"], params["name"], params["api_version"])
-        presets = llmisvc.read_presets(api_client, obj, params["config_namespace"], params["api_version"])
+        unreadable = []
+        presets = llmisvc.read_presets(api_client, obj, params["config_namespace"], params["api_version"], unreadable=unreadable)
+        for preset in unreadable:
+            module.warn("could not read KServe's well-known preset %s (forbidden): what each pool must run is taken from the "
+                        "resource and its baseRefs only" % preset)
         report, problems = llmisvc.engine_report(api_client, obj, expected=expected, container=params["container"],
                                                  timeout=params["timeout"], presets=presets)
     except SpecDecodingError as exc:

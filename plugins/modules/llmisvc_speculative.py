@@ -11,15 +11,23 @@ module: llmisvc_speculative
 short_description: Find or strip vLLM's speculative config on a KServe LLMInferenceService, in every pool and form
 version_added: 0.2.0
 description:
-  - Reads the LLMInferenceService and the C(LLMInferenceServiceConfig) presets its C(spec.baseRefs) name (in its namespace,
-    then in O(config_namespace), as KServe's config loader does) and reports, per pool (C(decode) = C(spec.template),
+  - Reads the LLMInferenceService and the C(LLMInferenceServiceConfig) presets KServe's controller merges into it - the
+    well-known ones it picks by the resource's shape (C(kserve-config-llm-template), C(kserve-config-llm-decode-template) and
+    C(kserve-config-llm-prefill-template) with a prefill pool, the C(...-worker-data-parallel) ones with workers and data
+    parallelism, names pinned in C(status.annotations) win) and those its C(spec.baseRefs) name, in the controller's merge
+    order, each in its namespace first, then in O(config_namespace) - and reports, per pool (C(decode) = C(spec.template),
     C(prefill) = C(spec.prefill.template), C(worker), C(prefill_worker)) and container, where a speculative flag is and
     what it says - argv in C(command)/C(args), a C(bash -c) script (also with the script in C(args)), or the
-    C(VLLM_ADDITIONAL_ARGS) env variable that KServe's data-parallel presets expand.
+    C(VLLM_ADDITIONAL_ARGS) env variable that KServe's data-parallel presets expand, with its C(value) or through
+    C(valueFrom.configMapKeyRef) (the ConfigMap's key is read and scanned). A C(valueFrom.secretKeyRef) is never read.
   - O(state=absent) removes the flag and nothing else (token-exact, the same editor as
     M(alauda.spec_decoding.isvc_speculative)) with one JSON patch whose C(test) operations make a concurrent edit fail
-    instead of being overwritten. It refuses, naming the preset, when the flag comes from a preset the resource does not
-    own, and refuses a flag inside a quoted string (C(eval "...")) that cannot be removed token-exact.
+    instead of being overwritten. It refuses, before anything is written, naming the preset, when the flag comes from a
+    preset the resource does not own (well-known or baseRefs); naming the variable, ConfigMap and key when
+    C(VLLM_ADDITIONAL_ARGS) comes from a ConfigMap holding the flag (or one it cannot read); when it comes from a Secret
+    (unless O(secret_env_has_no_flag)); and a flag inside a quoted string (C(eval "...")) that cannot be removed token-exact.
+  - Needs C(get) on C(llminferenceserviceconfigs) (its namespace and O(config_namespace)) and on C(configmaps) a
+    C(VLLM_ADDITIONAL_ARGS) refers to.
   - Writes as the field manager C(alauda-spec-decoding-rollback), like the InferenceService rollback, so the next deploy
     takes the fields back.
 author:
@@ -47,6 +55,20 @@ options:
     description: KServe's system namespace, where shared C(LLMInferenceServiceConfig) presets live.
     type: str
     default: kserve
+  config_prefix:
+    description:
+      - Prefix of KServe's well-known preset names (the controller's C(LLM_INFERENCE_SERVICE_CONFIG_PREFIX), V(kserve-) by
+        default; for example V(v3-4-0-kserve-) where the platform versions them). Names the resource's
+        C(status.annotations) pin (C(serving.kserve.io/config-llm-template) ...) win.
+    type: str
+    default: kserve-
+  secret_env_has_no_flag:
+    description:
+      - C(VLLM_ADDITIONAL_ARGS) set through C(valueFrom.secretKeyRef) is never read, so by default O(state=absent) refuses.
+        Set this after checking that the Secret's key holds no speculative flag; the rollback role's engine-line proof
+        still checks every pod.
+    type: bool
+    default: false
 extends_documentation_fragment:
   - kubernetes.core.k8s_auth_options
   - alauda.spec_decoding.attributes.WRITES
@@ -71,8 +93,11 @@ EXAMPLES = r"""
 
 RETURN = r"""
 flags:
-  description: Each flag found before any change, C({pool, container, source, field, forms, config, error}); C(source) is
-    V(resource) or C(LLMInferenceServiceConfig/<name>).
+  description:
+    - Each flag found before any change, C({pool, container, source, preset, field, forms, config, error}); C(source) is
+      V(resource) or C(LLMInferenceServiceConfig/<name>), C(preset) V(well-known), V(baseRefs) or null (with C(preset_namespace)).
+    - A C(VLLM_ADDITIONAL_ARGS) from valueFrom adds C(value_from) C({kind, name, key, optional}) and, when its value could not
+      be inspected (a Secret, an unreadable ConfigMap), C(opaque) with the reason.
   returned: always
   type: list
   elements: dict
@@ -117,6 +142,8 @@ def argument_spec():
         api_version=dict(type="str", default="v1alpha2", choices=["v1alpha1", "v1alpha2"]),
         state=dict(type="str", default="query", choices=["query", "absent"]),
         config_namespace=dict(type="str", default="kserve"),
+        config_prefix=dict(type="str", default=llmisvc.WELL_KNOWN_PREFIX),
+        secret_env_has_no_flag=dict(type="bool", default=False),
     )
     spec.update(AUTH_ARG_SPEC)
     return spec
@@ -137,8 +164,15 @@ def _patch(api_client, params, ops, dry_run):
 def run(module, api_client):
     params = module.params
     obj = llmisvc.get(api_client, params["namespace"], params["name"], params["api_version"])
-    presets = llmisvc.read_presets(api_client, obj, params["config_namespace"], params["api_version"])
-    found = llmisvc.flags(obj, presets)
+    prefix = params["config_prefix"]
+    unreadable = []
+    presets = llmisvc.read_presets(api_client, obj, params["config_namespace"], params["api_version"], config_prefix=prefix,
+                                   unreadable=unreadable)
+    for preset in unreadable:
+        module.warn("could not read KServe's well-known preset %s (forbidden): a flag it sets is not seen here; the engine "
+                    "line on the pods still shows what runs" % preset)
+    env_sources = llmisvc.read_env_sources(api_client, obj, presets, config_prefix=prefix)
+    found = llmisvc.flags(obj, presets, env_sources, config_prefix=prefix)
     previous = {pool: None for pool in llmisvc.pools_of(obj)}
     for entry in found:
         if previous.get(entry["pool"]) is None:
@@ -149,7 +183,7 @@ def run(module, api_client):
               "generation": obj["metadata"].get("generation")}
     if params["state"] == "query":
         return False, result
-    ops, changes = llmisvc.strip(obj, presets)
+    ops, changes = llmisvc.strip(obj, presets, env_sources, secret_env_has_no_flag=params["secret_env_has_no_flag"], config_prefix=prefix)
     result.update(changes=changes, patch=ops)
     if not ops:
         return False, result

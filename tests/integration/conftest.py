@@ -19,3 +19,16 @@ def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argu
 def pytest_collection_finish(session):
     """Build the Kubernetes binaries (first run on a machine only) before the first test's timeout starts."""
     prebuild(session)
+
+
+# The benchmark reads the GPU model and count from the node of the first predictor pod.
+GPU_LABELS = {"nvidia.com/gpu.product": "NVIDIA-L4", "nvidia.com/gpu.count": "8"}
+
+
+@pytest.fixture
+def gpu_node(k8s_client, kubelet):
+    from kubernetes import client  # pylint: disable=import-outside-toplevel
+    core = client.CoreV1Api(k8s_client)
+    core.patch_node(kubelet.node_name, {"metadata": {"labels": GPU_LABELS}})
+    yield kubelet.node_name
+    core.patch_node(kubelet.node_name, {"metadata": {"labels": {k: None for k in GPU_LABELS}}})

@@ -26,7 +26,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 DATA = os.path.join(REPO, "tests", "unit", "plugins", "module_utils", "data", "rollback")
 BASE, CAND = "llama31-8b-base", "llama31-8b-eagle3"
-GPU_LABELS = {"nvidia.com/gpu.product": "NVIDIA-L4", "nvidia.com/gpu.count": "8"}
 
 
 class SlowSSE(ScriptedSSE):
@@ -53,15 +52,6 @@ def endpoints():
     for server in servers:
         server.shutdown()
         server.server_close()
-
-
-@pytest.fixture
-def gpu_node(k8s_client, kubelet):
-    from kubernetes import client  # pylint: disable=import-outside-toplevel
-    core = client.CoreV1Api(k8s_client)
-    core.patch_node(kubelet.node_name, {"metadata": {"labels": GPU_LABELS}})
-    yield kubelet.node_name
-    core.patch_node(kubelet.node_name, {"metadata": {"labels": {k: None for k in GPU_LABELS}}})
 
 
 def _wait_ready(k8s_client, namespace, name):

@@ -236,26 +236,7 @@ def test_playbook_renders_every_step_for_gitops(tmp_path):
     assert rollback["spec"] == isvc_manifest("llm", ARGS)["spec"]
 
 
-def test_playbook_renders_the_scheduled_canary(tmp_path):
-    out = tmp_path / "schedule"
-    extra = _vars("models", "llm", "", canary_target="schedule", canary_schedule_output_dir=str(out), canary_kserve_version="0.20.0",
-                  canary_schedule_cron="0 10 * * 1", canary_window=600)
-    run = run_playbook(tmp_path, "playbooks/canary.yml", extra_vars=extra)
-    assert run.rc == 0, run.output
-    docs = {name: yaml.safe_load((out / name).read_text()) for name in os.listdir(out) if name != "kustomization.yaml"}
-    kustomization = yaml.safe_load((out / "kustomization.yaml").read_text())
-    assert sorted(kustomization["resources"]) == sorted(docs)
-    cron = docs["cronjob-models-spec-decoding-canary.yaml"]
-    assert cron["spec"]["schedule"] == "0 10 * * 1"
-    command = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert command[:2] == ["ansible-playbook", "alauda.spec_decoding.canary"]
-    job_vars = yaml.safe_load(docs["configmap-models-spec-decoding-canary-vars.yaml"]["data"]["vars.yml"])
-    assert job_vars["canary_target"] == "cluster" and job_vars["canary_speculative_config"] == NGRAM
-    assert job_vars["canary_steps"] == [10, 50, 100] and float(job_vars["canary_window"]) == 600
-    role = docs["role-models-spec-decoding-canary-metrics.yaml"]
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get"]}]
-    binding = docs["rolebinding-models-spec-decoding-canary-metrics.yaml"]
-    assert binding["subjects"][0]["name"] == "spec-decoding-canary"
+# The scheduled form (canary_target: schedule) is rendered, applied and run for real in test_canary_schedule.py.
 
 
 def test_no_decision_on_too_few_requests_or_missing_metrics(k8s_client, kubeconfig, kserve, namespace):

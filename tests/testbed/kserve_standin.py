@@ -1,4 +1,4 @@
-"""A KServe controller stand-in for the loopback test bed (Standard / raw-deployment mode only).
+"""A KServe controller stand-in for the loopback test bed (Standard / raw-deployment mode, and Knative mode below).
 
 It reconciles `serving.kserve.io/v1beta1` InferenceServices the way KServe v0.20's raw-deployment path does,
 so product code sees the same objects and status it would see on a real cluster:
@@ -37,14 +37,34 @@ only shows 4 -> 3 + 1). Removing an entry deletes its Deployment and Service and
 back; a promotion (spec.predictor.name = the canary's name, spec.canary removed) keeps the canary's Deployment
 untouched (same name, same pod template: named Deployments carry no generation annotation) and deletes the old
 stable one. `status.canaryStatuses[]` = `{name, ready, trafficPercent, modelStatus}` per entry, ready by the same
-PropagateRawStatus rules as PredictorReady. Knative mode (`canaryTrafficPercent`, revisions) is not modelled.
+PropagateRawStatus rules as PredictorReady.
+
+Knative mode (annotation `serving.kserve.io/deploymentMode: Serverless` or `Knative`), as kserve/kserve
+pkg/controller/v1beta1/inferenceservice/reconcilers/knative/ksvc_reconciler.go (createKnativeService) and
+pkg/apis/serving/v1beta1/inference_service_status.go (PropagateStatus) describe it, with Knative Serving's part played
+here too: the Knative Service `<isvc>-predictor` gets a new Revision `<isvc>-predictor-000NN` whenever the pod template
+KServe renders changes (a traffic change alone makes none); each revision runs as Deployment `<revision>-deployment`
+(pods labelled `serving.knative.dev/revision=<revision>`, `serving.knative.dev/configuration`/`service`
+`<isvc>-predictor`, `app=<revision>`, `component: predictor`, `serving.kserve.io/inferenceservice`). Traffic as KServe
+writes it: `canaryTrafficPercent: N` with a rolled-out revision gives `[{latestRevision: true, percent: N},
+{tag: prev, revisionName: <latestRolledoutRevision>, latestRevision: false, percent: 100-N}]`, otherwise
+`[{latestRevision: true, percent: 100}]`; with `serving.kserve.io/enable-tag-routing: "true"` the latest target is
+tagged `latest`. Knative routes `latestRevision` to the latest ready revision. Pods run for the latest created
+revision and for every revision the traffic names (also at 0%); the others scale to zero (their pods go, the
+Deployment stays at 0 replicas). Status: `components.predictor` `latestCreatedRevision`, `latestReadyRevision`,
+`latestRolledoutRevision`, `previousRolledoutRevision` (PropagateStatus: a latest ready revision at 100% becomes the
+rolled-out one, the one before becomes the previous), `traffic` (resolved revision names, `url` for tagged targets),
+`PredictorReady`/`Ready` from the latest created revision's Deployment (Knative's ConfigurationsReady: a canary
+revision that is not ready leaves Ready Unknown/False while the previous one keeps serving). No Knative Service,
+Route or Revision objects are created (the stand-in cluster has no Knative CRDs).
 
 Test controls (never visible to product code):
     standin.set_behaviour(namespace, name, ready_after=2.0, logs={"kserve-container": "text"})
     standin.set_behaviour(namespace, name, never_ready=True)
     standin.set_behaviour(namespace, name, crash_loop=True, previous_logs={...})
     standin.set_behaviour(namespace, name, pod_ip=host_ipv4(), http={port: {"/metrics": [page1, page2]}})
-`deployment="<isvc>-predictor-spec"` limits a behaviour to the pods of that Deployment (one revision).
+`deployment="<isvc>-predictor-spec"` limits a behaviour to the pods of that Deployment (one revision); in Knative mode
+`revision="<isvc>-predictor-00002"` does that for one revision.
 `generation=N` limits a behaviour to pods of that InferenceService generation (pods carry the annotation
 `testbed.alauda.io/isvc-generation`). `strict_runtimes=True` reports a missing runtime the way KServe does
 (modelStatus InvalidSpec / RuntimeNotRecognized, no Deployment); by default a missing runtime is treated as a
@@ -65,6 +85,11 @@ from .kubelet import PodBehaviour
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
 FINALIZER = "inferenceservice.finalizers"
 GEN_ANNOTATION = "testbed.alauda.io/isvc-generation"
+REVISION_LABEL = "serving.knative.dev/revision"
+CONFIGURATION_LABEL = "serving.knative.dev/configuration"
+SERVICE_LABEL = "serving.knative.dev/service"
+TEMPLATE_ANNOTATION = "testbed.alauda.io/revision-template"
+TAG_ROUTING_ANNOTATION = "serving.kserve.io/enable-tag-routing"
 HASH_ANNOTATION = "testbed.alauda.io/spec-hash"
 DEFAULT_RUNTIME_IMAGE = "registry.invalid/kserve/vllm-standin:latest"
 STORAGE_INITIALIZER_IMAGE = "kserve/storage-initializer:v0.20.0"
@@ -186,7 +211,8 @@ class KServeStandIn(ControllerLoop):
     def set_behaviour(self, namespace: str, name: str, ready_after: float | None = 0.0, never_ready: bool = False,
                       logs: dict | None = None, log_text: str | None = None, previous_logs: dict | None = None,
                       crash_loop: bool = False, generation: int | None = None, pod_ip: str = "127.0.0.1",
-                      http: dict | None = None, https: bool = False, deployment: str | None = None) -> None:
+                      http: dict | None = None, https: bool = False, deployment: str | None = None,
+                      revision: str | None = None) -> None:
         """How predictor pods of namespace/name behave (delegated to the kubelet stand-in).
 
         `http={port: {path: [responses]}}` with `pod_ip=host_ipv4()` serves real HTTP on the pods (reachable through
@@ -206,6 +232,8 @@ class KServeStandIn(ControllerLoop):
                     (meta.get("labels") or {}).get("serving.kserve.io/inferenceservice") != name:
                 return False
             if deployment is not None and (meta.get("labels") or {}).get("app") != f"isvc.{deployment}":
+                return False
+            if revision is not None and (meta.get("labels") or {}).get(REVISION_LABEL) != revision:
                 return False
             return generation is None or (meta.get("annotations") or {}).get(GEN_ANNOTATION) == str(generation)
         self.kubelet.set_behaviour(match, behaviour)
@@ -236,6 +264,9 @@ class KServeStandIn(ControllerLoop):
             status.pop("clusterServingRuntimeName", None)
             status["servingRuntimeName" if runtime_kind == "ServingRuntime" else "clusterServingRuntimeName"] = \
                 runtime["metadata"]["name"]
+        if status["deploymentMode"] == "Knative":
+            self._reconcile_knative(api, isvc, predictor, runtime, status)
+            return
         stable_name = _deployment_name(name, predictor.get("name"))
         deployment = self._desired_deployment(isvc, predictor, runtime, stable_name)
         canaries = []
@@ -263,6 +294,124 @@ class KServeStandIn(ControllerLoop):
         self._delete_stale(api, isvc, {stable_name} | {c["metadata"]["name"] for _e, c in live_canaries})
         status = self._status(isvc, status, live, live_canaries)
         self._write_status(api, isvc, status)
+
+    # -- Knative mode -----------------------------------------------------------------------------
+
+    def _reconcile_knative(self, api, isvc: dict, predictor: dict, runtime: dict, status: dict) -> None:
+        """One pass of KServe's Knative path plus Knative Serving's: revision per pod-template change, traffic from
+        canaryTrafficPercent, pods for the revisions the traffic names, and PropagateStatus."""
+        meta = isvc["metadata"]
+        name, ns = meta["name"], meta["namespace"]
+        ksvc = f"{name}-predictor"
+        base = f"/apis/apps/v1/namespaces/{ns}/deployments"
+        template, digest = self._revision_template(isvc, predictor, runtime, ksvc)
+        revisions = self._revisions(api, ns, name, ksvc)
+        latest = revisions[-1] if revisions else None
+        if latest is None or (latest["metadata"].get("annotations") or {}).get(TEMPLATE_ANNOTATION) != digest:
+            number = _revision_number(latest["metadata"]["labels"][REVISION_LABEL]) + 1 if latest else 1
+            latest = api.post(base, self._revision_deployment(isvc, ksvc, "%s-%05d" % (ksvc, number), template, digest, predictor))
+            revisions.append(latest)
+        by_name = {d["metadata"]["labels"][REVISION_LABEL]: d for d in revisions}
+        created = latest["metadata"]["labels"][REVISION_LABEL]
+        old = dict((status.get("components") or {}).get("predictor") or {})
+        ready_now = [r for r, d in by_name.items() if _revision_ready(d)]
+        if old.get("latestReadyRevision") in by_name:
+            ready_now.append(old["latestReadyRevision"])
+        latest_ready = max(ready_now, key=_revision_number) if ready_now else None
+        # KServe createKnativeService: the route's traffic targets, from the status KServe read before this pass.
+        canary_pct = predictor.get("canaryTrafficPercent")
+        last = old.get("latestRolledoutRevision")
+        targets = [{"latestRevision": True, "percent": int(canary_pct) if canary_pct is not None and last else 100}]
+        if (meta.get("annotations") or {}).get(TAG_ROUTING_ANNOTATION) == "true":
+            targets[0]["tag"] = "latest"
+        if canary_pct is not None and last and int(canary_pct) < 100:
+            targets.append({"tag": "prev", "revisionName": last, "latestRevision": False, "percent": 100 - int(canary_pct)})
+        # Knative's route: latestRevision resolves to the latest ready revision; tagged targets get their own URL.
+        traffic = []
+        if latest_ready is not None:
+            for target in targets:
+                entry = dict(target, revisionName=target.get("revisionName") or latest_ready)
+                if entry.get("tag"):
+                    entry["url"] = f"http://{entry['tag']}-{ksvc}-{ns}.{INGRESS_DOMAIN}"
+                traffic.append(entry)
+        routed = {t["revisionName"] for t in traffic} | {created}
+        replicas = max(1, int(predictor.get("minReplicas") or 1))
+        for rev, dep in by_name.items():
+            want = replicas if rev in routed else 0
+            if dep["spec"].get("replicas") != want:
+                by_name[rev] = api.patch(f"{base}/{dep['metadata']['name']}", {"spec": {"replicas": want}})
+        status.pop("canaryStatuses", None)
+        self._write_status(api, isvc, self._knative_status(isvc, status, old, by_name, created, latest_ready, traffic))
+
+    def _revision_template(self, isvc: dict, predictor: dict, runtime: dict, ksvc: str):
+        """(pod template, digest) KServe renders into the Knative Service for this predictor."""
+        desired = self._desired_deployment(isvc, predictor, runtime, ksvc)
+        tpl = copy.deepcopy(desired["spec"]["template"])
+        (tpl["metadata"].get("annotations") or {}).pop(GEN_ANNOTATION, None)
+        tpl["metadata"]["labels"].pop("app", None)
+        digest = hashlib.sha256(json.dumps(tpl, sort_keys=True).encode()).hexdigest()[:16]
+        return tpl, digest
+
+    def _revisions(self, api, ns: str, name: str, ksvc: str) -> list:
+        items = api.get(f"/apis/apps/v1/namespaces/{ns}/deployments",
+                        labelSelector=f"serving.kserve.io/inferenceservice={name},{CONFIGURATION_LABEL}={ksvc}")["items"]
+        items = [d for d in items if not d["metadata"].get("deletionTimestamp")]
+        return sorted(items, key=lambda d: _revision_number(d["metadata"]["labels"][REVISION_LABEL]))
+
+    def _revision_deployment(self, isvc: dict, ksvc: str, rev: str, template: dict, digest: str, predictor: dict) -> dict:
+        meta = isvc["metadata"]
+        tpl = copy.deepcopy(template)
+        tpl["metadata"]["labels"].update({REVISION_LABEL: rev, CONFIGURATION_LABEL: ksvc, SERVICE_LABEL: ksvc, "app": rev})
+        tpl["metadata"].setdefault("annotations", {})[GEN_ANNOTATION] = str(meta.get("generation"))
+        labels = dict(self._labels(isvc), app=rev)
+        labels.update({REVISION_LABEL: rev, CONFIGURATION_LABEL: ksvc, SERVICE_LABEL: ksvc})
+        spec = {"replicas": max(1, int(predictor.get("minReplicas") or 1)), "selector": {"matchLabels": {REVISION_LABEL: rev}},
+                "template": tpl}
+        if self.progress_deadline_seconds:
+            spec["progressDeadlineSeconds"] = self.progress_deadline_seconds
+        return {"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": f"{rev}-deployment", "namespace": meta["namespace"], "labels": labels,
+                             "annotations": {TEMPLATE_ANNOTATION: digest}, "ownerReferences": self._owner(isvc)},
+                "spec": spec}
+
+    def _knative_status(self, isvc: dict, status: dict, old: dict, by_name: dict, created: str, latest_ready, traffic) -> dict:
+        meta = isvc["metadata"]
+        name, ns = meta["name"], meta["namespace"]
+        component = {k: v for k, v in old.items() if k in ("latestRolledoutRevision", "previousRolledoutRevision")}
+        # KServe PropagateStatus: the latest ready revision at 100% through latestRevision is the rolled-out one.
+        for entry in traffic:
+            if entry["revisionName"] == latest_ready and entry.get("latestRevision") and \
+                    component.get("latestRolledoutRevision") != latest_ready and entry.get("percent") == 100:
+                if component.get("latestRolledoutRevision"):
+                    component["previousRolledoutRevision"] = component["latestRolledoutRevision"]
+                component["latestRolledoutRevision"] = latest_ready
+        component["latestCreatedRevision"] = created
+        if latest_ready:
+            component["latestReadyRevision"] = latest_ready
+        component["traffic"] = traffic
+        pred, observed = self._propagate(by_name[created])
+        if pred["status"] == "True" and not traffic:
+            pred = {"type": "PredictorReady", "status": "Unknown", "reason": "RoutesNotReady"}
+        if pred["status"] == "True":
+            component["url"] = f"http://{name}-predictor-{ns}.{INGRESS_DOMAIN}"
+            component["address"] = {"url": f"http://{name}-predictor.{ns}.svc.cluster.local"}
+        status["components"] = dict(status.get("components") or {}, predictor=component)
+        ingress = {"type": "IngressReady", "status": "True"}
+        ready = {"type": "Ready", "status": "True"} if pred["status"] == "True" else \
+            dict({k: v for k, v in pred.items() if k != "type" and v}, type="Ready")
+        status["conditions"] = _merge_conditions(status.get("conditions"), [ingress, pred, ready])
+        status["url"] = f"http://{name}-{ns}.{INGRESS_DOMAIN}"
+        status["address"] = {"url": f"http://{name}-predictor.{ns}.svc.cluster.local"}
+        copies = int((by_name[created].get("status") or {}).get("readyReplicas") or 0)
+        loaded = ready["status"] == "True" and created == latest_ready
+        prev_active = ((status.get("modelStatus") or {}).get("states") or {}).get("activeModelState") or "Pending"
+        status["modelStatus"] = {"transitionStatus": "UpToDate" if loaded else "InProgress",
+                                 "states": {"activeModelState": "Loaded" if loaded else prev_active,
+                                            "targetModelState": "Loaded" if loaded else "Pending"},
+                                 "copies": {"failedCopies": 0, "totalCopies": copies}}
+        if observed:
+            status["observedGeneration"] = meta.get("generation")
+        return status
 
     def _resolve_runtime(self, api, predictor: dict, ns: str):
         """Return (runtime object or a generic one, kind or None); (None, None) if strict and missing."""
@@ -624,6 +773,21 @@ class KServeStandIn(ControllerLoop):
 def _deployment_name(isvc_name: str, predictor_name: str | None) -> str:
     """KServe's PredictorServiceName(isvc, name): `<isvc>-predictor`, or `<isvc>-predictor-<name>` for a named predictor."""
     return f"{isvc_name}-predictor-{predictor_name}" if predictor_name else f"{isvc_name}-predictor"
+
+
+def _revision_number(revision: str) -> int:
+    """00002 of `<isvc>-predictor-00002` (Knative names a Configuration's revisions by its generation)."""
+    return int(revision.rsplit("-", 1)[-1])
+
+
+def _revision_ready(deployment: dict) -> bool:
+    """A revision is ready once its Deployment, scaled up, has all its pods available at its current spec."""
+    dstatus = deployment.get("status") or {}
+    conds = {c["type"]: c for c in dstatus.get("conditions") or []}
+    return bool(deployment["spec"].get("replicas")) and \
+        dstatus.get("observedGeneration", 0) >= deployment["metadata"].get("generation", 1) and \
+        (conds.get("Available") or {}).get("status") == "True" and \
+        int(dstatus.get("readyReplicas") or 0) >= int(deployment["spec"]["replicas"])
 
 
 def _strip_defaults(template: dict) -> str:

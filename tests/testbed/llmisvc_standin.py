@@ -15,7 +15,8 @@ llm_inference_service_lifecycle.go) so product code sees the objects and status 
   ``<name>-kserve-prefill`` from ``spec.prefill.template`` (component ``llminferenceservice-workload-prefill``, role
   ``prefill``); a removed prefill pool's Deployment is deleted. Model: ``pvc://claim/path`` becomes a read-only PVC
   mount at /mnt/models (subPath), ``oci://`` the Modelcar sidecar, ``hf://``/``s3://`` a storage-initializer init
-  container; ``spec.worker`` (LeaderWorkerSet) is not modelled;
+  container; ``spec.worker`` / ``spec.prefill.worker`` run the pool as a LeaderWorkerSet instead (see LLMISvcStandIn._lws
+  and _lws_controller; the LWS CRD, trimmed, is installed by install_crd);
 - status as ``propagateDeploymentStatus`` + the living condition set: ``MainWorkloadReady`` /
   ``PrefillWorkloadReady`` True when the Deployment's ``Available`` is True, else False with its reason (or
   ``Progressing`` when there is no Available condition yet); ``WorkloadsReady`` = first False sub-condition, else
@@ -47,6 +48,87 @@ CRD_FILE = "serving.kserve.io_llminferenceservices.yaml"
 PART_OF = "llminferenceservice"
 COMPONENTS = {"decode": "llminferenceservice-workload", "prefill": "llminferenceservice-workload-prefill"}
 STORAGE_INITIALIZER_IMAGE = "kserve/storage-initializer:v0.20.0"
+# Multi-node pools (workload_multi_node.go): LeaderWorkerSet names and the leader/worker pod components.
+LWS_GROUP, LWS_VERSION, LWS_PLURAL = "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"
+MN_SUFFIX = {"decode": "-kserve-mn", "prefill": "-kserve-mn-prefill"}
+MN_COMPONENTS = {"decode": ("llminferenceservice-workload-leader", "llminferenceservice-workload-worker"),
+                 "prefill": ("llminferenceservice-workload-leader-prefill", "llminferenceservice-workload-worker-prefill")}
+# set_behaviour(pool=...) also takes the multi-node roles
+COMPONENTS.update({"decode_leader": MN_COMPONENTS["decode"][0], "decode_worker": MN_COMPONENTS["decode"][1],
+                   "prefill_leader": MN_COMPONENTS["prefill"][0], "prefill_worker": MN_COMPONENTS["prefill"][1]})
+LWS_LABELS = {"name": "leaderworkerset.sigs.k8s.io/name", "group": "leaderworkerset.sigs.k8s.io/group-index",
+              "worker": "leaderworkerset.sigs.k8s.io/worker-index", "revision": "leaderworkerset.sigs.k8s.io/template-revision-hash",
+              "group_key": "leaderworkerset.sigs.k8s.io/group-key"}
+LWS_ANNOTATIONS = {"size": "leaderworkerset.sigs.k8s.io/size", "leader": "leaderworkerset.sigs.k8s.io/leader-name"}
+
+
+def _discovery(api, path) -> list:
+    from .rest import ApiError  # pylint: disable=import-outside-toplevel
+    try:
+        return api.get(path).get("resources") or []
+    except ApiError:
+        return []
+
+
+def lws_crd_body() -> dict:
+    """A minimal LeaderWorkerSet CRD (kubernetes-sigs/lws config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml).
+
+    Kept from upstream: group, names (short name lws), the one version v1 (served, storage), the status and scale
+    subresources, the spec fields with their defaults and enums (replicas 1; size 1; restartPolicy
+    RecreateGroupOnPodRestart; rolloutStrategy.type RollingUpdate with maxUnavailable 1 / maxSurge 0; startupPolicy
+    LeaderCreated) and the status schema (conditions as metav1.Condition, readyReplicas, updatedReplicas, replicas,
+    hpaPodSelector, observedGeneration of newer releases). Trimmed: the two pod templates are
+    ``x-kubernetes-preserve-unknown-fields`` objects instead of the 1.2 MB inlined PodTemplateSpec schema (the API
+    server then keeps every pod field as written), volumeClaimTemplates likewise."""
+    def integer(minimum=None, default=None):
+        out = {"type": "integer", "format": "int32"}
+        if minimum is not None:
+            out["minimum"] = minimum
+        if default is not None:
+            out["default"] = default
+        return out
+    free = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    int_or_string = {"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": True}
+    condition = {"type": "object", "required": ["lastTransitionTime", "message", "reason", "status", "type"], "properties": {
+        "lastTransitionTime": {"type": "string", "format": "date-time"}, "message": {"type": "string", "maxLength": 32768},
+        "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
+        "reason": {"type": "string", "maxLength": 1024, "minLength": 1, "pattern": "^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"},
+        "status": {"type": "string", "enum": ["True", "False", "Unknown"]}, "type": {"type": "string", "maxLength": 316}}}
+    spec = {"type": "object", "required": ["leaderWorkerTemplate"], "properties": {
+        "replicas": integer(default=1),
+        "leaderWorkerTemplate": {"type": "object", "required": ["workerTemplate"], "properties": {
+            "leaderTemplate": free, "workerTemplate": free, "size": integer(default=1),
+            "restartPolicy": {"type": "string", "default": "RecreateGroupOnPodRestart",
+                              "enum": ["Default", "RecreateGroupOnPodRestart", "RecreateGroupAfterStart", "None"]},
+            "subGroupPolicy": {"type": "object", "properties": {
+                "subGroupPolicyType": {"type": "string", "default": "LeaderWorker", "enum": ["LeaderWorker", "LeaderExcluded"]},
+                "subGroupSize": integer()}},
+            "volumeClaimTemplates": {"type": "array", "items": free},
+            "persistentVolumeClaimRetentionPolicy": free}},
+        "rolloutStrategy": {"type": "object", "properties": {
+            "type": {"type": "string", "default": "RollingUpdate", "enum": ["RollingUpdate"]},
+            "rollingUpdateConfiguration": {"type": "object", "properties": {
+                "partition": integer(default=0), "maxUnavailable": dict(int_or_string, default=1),
+                "maxSurge": dict(int_or_string, default=0)}}}},
+        "startupPolicy": {"type": "string", "default": "LeaderCreated", "enum": ["LeaderCreated", "LeaderReady"]},
+        "networkConfig": {"type": "object", "properties": {
+            "subdomainPolicy": {"type": "string", "enum": ["Shared", "UniquePerReplica"]}}}}}
+    status = {"type": "object", "properties": {
+        "conditions": {"type": "array", "items": condition, "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+        "readyReplicas": integer(), "updatedReplicas": integer(), "replicas": integer(), "hpaPodSelector": {"type": "string"},
+        "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0}}}
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"{LWS_PLURAL}.{LWS_GROUP}"},
+            "spec": {"group": LWS_GROUP, "scope": "Namespaced",
+                     "names": {"kind": "LeaderWorkerSet", "listKind": "LeaderWorkerSetList", "plural": LWS_PLURAL,
+                               "singular": "leaderworkerset", "shortNames": ["lws"]},
+                     "versions": [{"name": LWS_VERSION, "served": True, "storage": True,
+                                   "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                                       "apiVersion": {"type": "string"}, "kind": {"type": "string"},
+                                       "metadata": {"type": "object"}, "spec": spec, "status": status}}},
+                                   "subresources": {"status": {}, "scale": {
+                                       "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+                                       "labelSelectorPath": ".status.hpaPodSelector"}}}]}}
 
 
 def crd_body(crd_dir: str) -> dict:
@@ -144,7 +226,7 @@ def install_crd(controlplane, crd_dir: str, timeout: float = 180.0) -> str:
     api = controlplane.rest(timeout=timeout)
     name = body["metadata"]["name"]
     try:
-        for crd in (body, config_crd_body(crd_dir)):
+        for crd in (body, config_crd_body(crd_dir), lws_crd_body()):
             try:
                 api.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
             except ApiError as exc:
@@ -162,6 +244,10 @@ def install_crd(controlplane, crd_dir: str, timeout: float = 180.0) -> str:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"discovery {path} does not list {PLURAL} after {timeout} s")
                 time.sleep(0.05)
+        while LWS_PLURAL not in {r.get("name") for r in _discovery(api, f"/apis/{LWS_GROUP}/{LWS_VERSION}")}:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"discovery /apis/{LWS_GROUP}/{LWS_VERSION} does not list {LWS_PLURAL} after {timeout} s")
+            time.sleep(0.05)
     finally:
         api.close()
     return name
@@ -214,6 +300,18 @@ def _merge_podspec(base: dict | None, over: dict | None) -> dict | None:
         else:
             out[key] = copy.deepcopy(value)
     return out
+
+
+def lws_size(parallelism: dict | None) -> int | None:
+    """ParallelismSpec.GetSize: data-parallel: max(data / dataLocal, 1) pods per group; else pipeline; else unset (1)."""
+    if not parallelism:
+        return None
+    data, local = parallelism.get("data"), parallelism.get("dataLocal")
+    if (data or 0) > 0 or (local or 0) > 0:
+        return max(max(data or 1, 1) // max(local or 1, 1), 1)
+    if (parallelism.get("pipeline") or 0) > 0:
+        return parallelism["pipeline"]
+    return None
 
 
 def merge_spec(presets: list, spec: dict) -> dict:
@@ -301,18 +399,31 @@ class LLMISvcStandIn(ControllerLoop):
         else:
             conds["PresetsCombined"] = {"type": "PresetsCombined", "status": "True"}
             spec = merge_spec(presets, obj.get("spec") or {})
-            pools = {"decode": spec.get("template")}
-            prefill = (spec.get("prefill") or {}).get("template")
-            for pool, podspec in (("decode", pools["decode"]), ("prefill", prefill)):
+            prefill_spec = spec.get("prefill")
+            prefill = (prefill_spec or {}).get("template")
+            for pool, podspec, worker in (("decode", spec.get("template"), spec.get("worker")),
+                                          ("prefill", prefill, (prefill_spec or {}).get("worker"))):
                 cond_type = "MainWorkloadReady" if pool == "decode" else "PrefillWorkloadReady"
                 dep_name = name + ("-kserve" if pool == "decode" else "-kserve-prefill")
+                lws_name = name + MN_SUFFIX[pool]
+                if worker is not None:
+                    # reconcileMultiNodeWorkload: the pool runs as a LeaderWorkerSet; the single-node Deployment is
+                    # deleted and its condition cleared (Mark*WorkloadUnset).
+                    self._delete(api, ns, dep_name)
+                    mn_cond = "WorkerWorkloadReady" if pool == "decode" else "PrefillWorkerWorkloadReady"
+                    desired = self._lws(obj, spec, pool, podspec, worker, lws_name, has_prefill=prefill_spec is not None)
+                    live = self._lws_controller(api, self._apply_lws(api, desired))
+                    conds[mn_cond] = self._propagate(mn_cond, live)
+                    continue
+                self._delete_lws(api, ns, lws_name)
                 if podspec is None:
                     self._delete(api, ns, dep_name)
                     continue
                 desired = self._deployment(obj, spec, pool, podspec, dep_name, has_prefill=prefill is not None)
                 live = KServeStandIn._apply_deployment(api, desired)  # pylint: disable=protected-access
                 conds[cond_type] = self._propagate(cond_type, live)
-            sub = [conds[c] for c in ("MainWorkloadReady", "PrefillWorkloadReady") if c in conds]
+            sub = [conds[c] for c in ("MainWorkloadReady", "WorkerWorkloadReady", "PrefillWorkloadReady",
+                                      "PrefillWorkerWorkloadReady") if c in conds]
             bad = next((c for c in sub if c["status"] == "False"), None)
             conds["WorkloadsReady"] = ({"type": "WorkloadsReady", "status": "False", "reason": bad.get("reason"),
                                         "message": bad.get("message")} if bad else {"type": "WorkloadsReady", "status": "True"})
@@ -357,6 +468,202 @@ class LLMISvcStandIn(ControllerLoop):
         except ApiError as exc:
             if exc.status != 404:
                 raise
+
+    # -- multi-node: the LeaderWorkerSet KServe writes, and the LWS controller's part ------------------------------
+
+    def _lws(self, obj, spec, pool, podspec, worker, lws_name, has_prefill):
+        """expectedMainMultiNodeLWS / expectedPrefillMultiNodeLWS (workload_multi_node.go). Not modelled: the
+        <name>-kserve-mn ServiceAccount the controller creates and sets on both templates, and the routing sidecar."""
+        meta = obj["metadata"]
+        leader_component, worker_component = MN_COMPONENTS[pool]
+        common = {"app.kubernetes.io/name": meta["name"], "app.kubernetes.io/part-of": PART_OF}
+        role = ("decode" if has_prefill else "both") if pool == "decode" else "prefill"
+        worker_labels = dict(common, **{"app.kubernetes.io/component": worker_component})
+        if podspec is None:  # without a leader template the workers join the InferencePool selector
+            worker_labels.update({"kserve.io/component": "workload", "llm-d.ai/role": "decode" if pool == "decode" else "prefill"})
+        leader_labels = dict(common, **{"app.kubernetes.io/component": leader_component, "kserve.io/component": "workload",
+                                        "llm-d.ai/role": role})
+        section = spec if pool == "decode" else (spec.get("prefill") or {})
+        uri = ((spec.get("model") or {}).get("uri")) or ""
+        gen = {GEN_ANNOTATION: str(meta.get("generation"))}
+        wspec = copy.deepcopy(worker)
+        self._attach_model(uri, wspec)
+        lwt = {"workerTemplate": {"metadata": {"labels": worker_labels, "annotations": dict(gen)}, "spec": wspec},
+               "restartPolicy": "RecreateGroupOnPodRestart"}
+        size = lws_size(section.get("parallelism"))
+        if size is not None:
+            lwt["size"] = size
+        if podspec is not None:
+            lspec = copy.deepcopy(podspec)
+            self._attach_model(uri, lspec)
+            lwt["leaderTemplate"] = {"metadata": {"labels": leader_labels, "annotations": dict(gen)}, "spec": lspec}
+        if pool == "prefill" and (section.get("parallelism") or {}).get("data") and size is not None:
+            lwt["subGroupPolicy"] = {"subGroupSize": size}
+        body_spec = {"leaderWorkerTemplate": lwt, "rolloutStrategy": {"type": "RollingUpdate"}, "startupPolicy": "LeaderCreated"}
+        if section.get("replicas") is not None:
+            body_spec["replicas"] = section["replicas"]
+        # Only a change of what the pods run (not of the LLMInferenceService generation alone) rolls the groups.
+        pods_run = [{k: v for k, v in lwt.items() if k not in ("leaderTemplate", "workerTemplate")},
+                    (lwt.get("leaderTemplate") or {}).get("spec"), wspec, worker_labels, leader_labels, body_spec.get("replicas")]
+        digest = hashlib.sha256(json.dumps(pods_run, sort_keys=True).encode()).hexdigest()[:16]
+        return {"apiVersion": f"{LWS_GROUP}/{LWS_VERSION}", "kind": "LeaderWorkerSet",
+                "metadata": {"name": lws_name, "namespace": meta["namespace"], "labels": worker_labels,
+                             "annotations": {HASH_ANNOTATION: digest},
+                             "ownerReferences": [{"apiVersion": obj["apiVersion"], "kind": "LLMInferenceService",
+                                                  "name": meta["name"], "uid": meta["uid"], "controller": True,
+                                                  "blockOwnerDeletion": True}]},
+                "spec": body_spec}
+
+    @staticmethod
+    def _apply_lws(api, desired: dict) -> dict:
+        from .rest import ApiError  # pylint: disable=import-outside-toplevel
+        meta = desired["metadata"]
+        base = f"/apis/{LWS_GROUP}/{LWS_VERSION}/namespaces/{meta['namespace']}/{LWS_PLURAL}"
+        try:
+            live = api.get(f"{base}/{meta['name']}")
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            return api.post(base, desired)
+        if (live["metadata"].get("annotations") or {}).get(HASH_ANNOTATION) == meta["annotations"][HASH_ANNOTATION]:
+            return live
+        live["metadata"]["labels"] = meta["labels"]
+        live["metadata"]["annotations"] = meta["annotations"]
+        live["spec"] = desired["spec"]
+        return api.put(f"{base}/{meta['name']}", live)
+
+    @staticmethod
+    def _delete_lws(api, ns, lws_name):
+        from .rest import ApiError  # pylint: disable=import-outside-toplevel
+        try:
+            api.delete(f"/apis/{LWS_GROUP}/{LWS_VERSION}/namespaces/{ns}/{LWS_PLURAL}/{lws_name}", {"propagationPolicy": "Background"})
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+
+    def _lws_controller(self, api, lws: dict) -> dict:
+        """The LWS controller, collapsed: groups of pods made directly (the real one goes through a leader StatefulSet
+        and one worker StatefulSet per group, which the test bed's controller manager would run, but 1.20 has no
+        StatefulSet start ordinal for workers numbered from 1). Faithful where product code looks: pod names
+        (<lws>-<group>, <lws>-<group>-<worker>), labels (set name, group index, worker index, template revision hash,
+        group key) and annotations (size, leader name), the LWS_* env variables, the template (leader template for worker
+        index 0 when set, else the worker template), owner references for the garbage collector, a rolling update one
+        group at a time from the highest index (maxUnavailable 1, maxSurge 0), and the status as updateConditions writes
+        it (readyReplicas, updatedReplicas, replicas, hpaPodSelector, observedGeneration; UpdateInProgress+Progressing
+        while groups run an old revision, Available once every group is updated and ready, else Progressing)."""
+        from .rest import ApiError  # pylint: disable=import-outside-toplevel
+        meta, spec = lws["metadata"], lws.get("spec") or {}
+        ns, lname = meta["namespace"], meta["name"]
+        lwt = spec.get("leaderWorkerTemplate") or {}
+        size = int(lwt.get("size") or 1)
+        replicas = 1 if spec.get("replicas") is None else int(spec["replicas"])
+        revision = hashlib.sha256(json.dumps(lwt, sort_keys=True).encode()).hexdigest()[:10]
+        pod_base = f"/api/v1/namespaces/{ns}/pods"
+        pods = api.get(pod_base, labelSelector=f"{LWS_LABELS['name']}={lname}")["items"]
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        groups: dict = {}
+        for pod in live:
+            labels = pod["metadata"].get("labels") or {}
+            groups.setdefault(int(labels.get(LWS_LABELS["group"], "0")), []).append(pod)
+
+        def ready(pod):
+            st = pod.get("status") or {}
+            return st.get("phase") == "Running" and any(c.get("type") == "Ready" and c.get("status") == "True"
+                                                        for c in st.get("conditions") or [])
+
+        def updated(members):
+            return len(members) == size and all((m["metadata"].get("labels") or {}).get(LWS_LABELS["revision"]) == revision
+                                                for m in members)
+        # scale down / out-of-range workers: delete
+        doomed = [p for g, members in groups.items() for p in members
+                  if g >= replicas or int((p["metadata"].get("labels") or {}).get(LWS_LABELS["worker"], "0")) >= size]
+        # rolling update: recreate the highest-index old group once every other group is ready
+        old = sorted((g for g, members in groups.items() if g < replicas and not updated(members)), reverse=True)
+        others_ready = all(len(m) == size and all(ready(p) for p in m) for g, m in groups.items() if g < replicas and g not in old[:1])
+        if old and others_ready and any((p["metadata"].get("labels") or {}).get(LWS_LABELS["revision"]) != revision
+                                        for p in groups[old[0]]):
+            doomed += groups[old[0]]
+        for pod in doomed:
+            try:
+                api.delete(f"{pod_base}/{pod['metadata']['name']}", {"propagationPolicy": "Background"})
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+        names = {p["metadata"]["name"] for p in pods}
+        for group in range(replicas):
+            if any((p["metadata"].get("labels") or {}).get(LWS_LABELS["revision"]) != revision for p in groups.get(group, [])):
+                continue  # an old group keeps running until its turn
+            for worker in range(size):
+                pod_name = f"{lname}-{group}" if worker == 0 else f"{lname}-{group}-{worker}"
+                if pod_name not in names:
+                    try:
+                        api.post(pod_base, self._lws_pod(lws, lwt, group, worker, size, revision))
+                    except ApiError as exc:
+                        if exc.status != 409:  # the previous pod of that name is still terminating
+                            raise
+        pods = [p for p in api.get(pod_base, labelSelector=f"{LWS_LABELS['name']}={lname}")["items"]
+                if not p["metadata"].get("deletionTimestamp")]
+        groups = {}
+        for pod in pods:
+            groups.setdefault(int((pod["metadata"].get("labels") or {}).get(LWS_LABELS["group"], "0")), []).append(pod)
+        leaders = [g for g, m in groups.items() if any((p["metadata"].get("labels") or {}).get(LWS_LABELS["worker"]) == "0" for p in m)]
+        ready_groups = [g for g in leaders if len(groups[g]) == size and all(ready(p) for p in groups[g])]
+        updated_groups = [g for g in leaders if updated(groups[g])]
+        current = [g for g in leaders if g < replicas]
+        if len([g for g in updated_groups if g < replicas]) < len(current):
+            true = ("UpdateInProgress", "Progressing")
+        elif len([g for g in ready_groups if g < replicas]) == replicas and \
+                len([g for g in current if g in ready_groups and g in updated_groups]) == len(current):
+            true = ("Available",)
+        else:
+            true = ("Progressing",)
+        texts = {"Available": ("AllGroupsReady", "All replicas are ready"),
+                 "UpdateInProgress": ("GroupsUpdating", "Rolling Upgrade is in progress"),
+                 "Progressing": ("GroupsProgressing", "Replicas are progressing")}
+        old_status = lws.get("status") or {}
+        previous = {c["type"]: c for c in old_status.get("conditions") or []}
+        conditions = []
+        for ctype in ("Available", "Progressing", "UpdateInProgress"):
+            if ctype not in true and ctype not in previous:
+                continue
+            status = "True" if ctype in true else "False"
+            prev = previous.get(ctype) or {}
+            conditions.append({"type": ctype, "status": status, "reason": texts[ctype][0], "message": texts[ctype][1],
+                               "lastTransitionTime": prev.get("lastTransitionTime") if prev.get("status") == status else _now()})
+        status = {"conditions": conditions, "readyReplicas": len(ready_groups), "updatedReplicas": len(updated_groups),
+                  "replicas": len(leaders), "hpaPodSelector": f"{LWS_LABELS['name']}={lname},{LWS_LABELS['worker']}=0",
+                  "observedGeneration": meta.get("generation")}
+        if status == old_status:
+            return lws
+        return api.put(f"/apis/{LWS_GROUP}/{LWS_VERSION}/namespaces/{ns}/{LWS_PLURAL}/{lname}/status", dict(lws, status=status))
+
+    @staticmethod
+    def _lws_pod(lws, lwt, group, worker, size, revision):
+        meta = lws["metadata"]
+        lname, ns = meta["name"], meta["namespace"]
+        template = lwt.get("leaderTemplate") if worker == 0 and lwt.get("leaderTemplate") else lwt["workerTemplate"]
+        leader = f"{lname}-{group}"
+        name = leader if worker == 0 else f"{leader}-{worker}"
+        labels = dict((template.get("metadata") or {}).get("labels") or {})
+        labels.update({LWS_LABELS["name"]: lname, LWS_LABELS["group"]: str(group), LWS_LABELS["worker"]: str(worker),
+                       LWS_LABELS["revision"]: revision,
+                       LWS_LABELS["group_key"]: hashlib.sha1(f"{ns}/{leader}".encode()).hexdigest()})
+        annotations = dict((template.get("metadata") or {}).get("annotations") or {})
+        annotations[LWS_ANNOTATIONS["size"]] = str(size)
+        if worker:
+            annotations[LWS_ANNOTATIONS["leader"]] = leader
+        podspec = copy.deepcopy(template.get("spec") or {})
+        env = [{"name": "LWS_LEADER_ADDRESS", "value": f"{leader}.{lname}.{ns}"}, {"name": "LWS_GROUP_SIZE", "value": str(size)},
+               {"name": "LWS_WORKER_INDEX", "value": str(worker)}]
+        for container in (podspec.get("containers") or []) + (podspec.get("initContainers") or []):
+            container["env"] = [e for e in container.get("env") or [] if e.get("name") not in {v["name"] for v in env}] + env
+        podspec.setdefault("hostname", name)
+        podspec.setdefault("subdomain", lname)
+        return {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": ns, "labels": labels, "annotations": annotations,
+                             "ownerReferences": [{"apiVersion": lws["apiVersion"], "kind": "LeaderWorkerSet", "name": lname,
+                                                  "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}]},
+                "spec": podspec}
 
     @staticmethod
     def _attach_model(uri: str, podspec: dict) -> None:

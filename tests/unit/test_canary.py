@@ -202,3 +202,82 @@ def test_already_promoted_only_when_no_canary_runs_and_the_serving_config_matche
     knative = {"spec": {"predictor": dict(serving["spec"]["predictor"], canaryTrafficPercent=10)}}
     assert canary.already_promoted(knative, config) is False
     assert canary.already_promoted({"spec": {"predictor": {"model": {"args": ["--port", "8080"]}}}}, config) is False
+
+
+def _knative(traffic, created="llm-predictor-00002", ready="llm-predictor-00002", rolled="llm-predictor-00001", generation=3):
+    meta = dict(ISVC["metadata"], annotations={"serving.kserve.io/deploymentMode": "Serverless"}, generation=3)
+    return {"metadata": meta, "spec": ISVC["spec"],
+            "status": {"observedGeneration": generation, "conditions": [{"type": "Ready", "status": "True"}],
+                       "components": {"predictor": {"latestCreatedRevision": created, "latestReadyRevision": ready,
+                                                    "latestRolledoutRevision": rolled, "traffic": traffic}}}}
+
+
+CANARY_10 = [{"revisionName": "llm-predictor-00002", "latestRevision": True, "percent": 10},
+             {"revisionName": "llm-predictor-00001", "latestRevision": False, "percent": 90, "tag": "prev"}]
+
+
+def test_knative_rollout_state_and_selectors_follow_the_revisions_in_the_traffic():
+    isvc = _knative(CANARY_10)
+    assert canary.deployment_mode(isvc) == "Knative"
+    state = canary.rollout_state(isvc, "Knative", "spec", 10)
+    assert state["done"] and state["revisions"] == {"stable": "llm-predictor-00001", "canary": "llm-predictor-00002"}
+    assert canary.revision_selectors(isvc, "Knative", "spec") == {"stable": "serving.knative.dev/revision=llm-predictor-00001",
+                                                                  "canary": "serving.knative.dev/revision=llm-predictor-00002"}
+    assert not canary.rollout_state(isvc, "Knative", "spec", 50)["done"]
+    assert not canary.rollout_state(_knative(CANARY_10, generation=2), "Knative", "spec", 10)["done"]
+    # the canary revision not ready yet: Knative routes the latest target to the previous revision (both entries on 00001)
+    waiting = _knative([dict(CANARY_10[0], revisionName="llm-predictor-00001"), CANARY_10[1]], ready="llm-predictor-00001")
+    state = canary.rollout_state(waiting, "Knative", "spec", 10)
+    assert not state["done"] and "canary spec not ready" in state["why"]
+    with pytest.raises(ValidationError, match=r"^name: .*splits no traffic between two revisions"):
+        canary.revision_selectors(waiting, "Knative", "spec")
+    # a newer revision created (another spec change) than the one on the canary share: not this step's revision
+    assert not canary.rollout_state(_knative(CANARY_10, created="llm-predictor-00003"), "Knative", "spec", 10)["done"]
+
+
+def test_knative_settled_after_promotion_and_rollback():
+    promoted = _knative([{"revisionName": "llm-predictor-00002", "latestRevision": True, "percent": 100}], rolled="llm-predictor-00002")
+    assert canary.knative_settled(promoted, "promoted") and not canary.knative_settled(_knative(CANARY_10), "promoted")
+    rolled_back = _knative([{"revisionName": "llm-predictor-00003", "latestRevision": True, "percent": 0},
+                            {"revisionName": "llm-predictor-00001", "latestRevision": False, "percent": 100, "tag": "prev"}],
+                           created="llm-predictor-00003", ready="llm-predictor-00003")
+    assert canary.knative_settled(rolled_back, "absent", "llm-predictor-00001")
+    assert not canary.knative_settled(rolled_back, "absent", "llm-predictor-00002")
+    assert not canary.knative_settled(_knative(CANARY_10), "absent", "llm-predictor-00001")
+
+
+def test_knative_step_and_rollback_patches():
+    can = canary.canary_predictor(ISVC["spec"]["predictor"], NGRAM, "spec")
+    step = canary.manifest(ISVC, canary.step_patch(ISVC, "Knative", 10, can))
+    predictor = step["spec"]["predictor"]
+    # the predictor as it was plus the flag and the percent: no canary name, no model.name the Standard entry needs
+    assert predictor["canaryTrafficPercent"] == 10 and "name" not in predictor and "name" not in predictor["model"]
+    assert predictor["model"]["args"] == ISVC["spec"]["predictor"]["model"]["args"] + ["--speculative-config", NGRAM]
+    rolled = canary.merge_patch(step, canary.rollback_patch(step, "Knative", canary.rollback_source(step)))
+    assert rolled["spec"]["predictor"] == dict(ISVC["spec"]["predictor"], canaryTrafficPercent=0)
+    assert canary.rollback_patch(ISVC, "Knative", canary.rollback_source(ISVC)) == {}  # no canary: nothing to remove
+    promoted = canary.merge_patch(step, canary.promote_patch(step, "Knative", None))
+    assert "canaryTrafficPercent" not in promoted["spec"]["predictor"] and promoted["spec"]["predictor"]["model"] == predictor["model"]
+
+
+def test_knative_retired_revision_before_promotion_and_rollback():
+    assert canary.knative_retired(_knative(CANARY_10), "promoted") == ("llm-predictor-00001", "serving.knative.dev/revision=llm-predictor-00001")
+    assert canary.knative_retired(_knative(CANARY_10), "absent") == ("llm-predictor-00001", "serving.knative.dev/revision=llm-predictor-00002")
+    # a canary revision that never became ready: the traffic names only the previous revision, the canary still goes
+    never = _knative([dict(CANARY_10[0], revisionName="llm-predictor-00001"), CANARY_10[1]], ready="llm-predictor-00001")
+    assert canary.knative_retired(never, "absent") == ("llm-predictor-00001", "serving.knative.dev/revision=llm-predictor-00002")
+    # no canary: nothing goes
+    single = _knative([{"revisionName": "llm-predictor-00001", "latestRevision": True, "percent": 100}], created="llm-predictor-00001",
+                      ready="llm-predictor-00001")
+    assert canary.knative_retired(single, "absent") == ("llm-predictor-00001", None)
+    assert canary.knative_retired(single, "promoted") == ("llm-predictor-00001", None)
+
+
+def test_knative_promotion_refused_after_a_rollback():
+    can = canary.canary_predictor(ISVC["spec"]["predictor"], NGRAM, "spec")
+    step = canary.manifest(ISVC, canary.step_patch(ISVC, "Knative", 10, can))
+    canary.check_knative_promotion(step)  # a running canary: promotable
+    canary.check_knative_promotion(ISVC)  # no canaryTrafficPercent: nothing to do, not an error
+    rolled = canary.merge_patch(step, canary.rollback_patch(step, "Knative", canary.rollback_source(step)))
+    with pytest.raises(ValidationError, match=r"^spec.predictor: there is no canary to promote.*canaryTrafficPercent 0"):
+        canary.check_knative_promotion(rolled)

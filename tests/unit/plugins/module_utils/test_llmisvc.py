@@ -341,3 +341,298 @@ def test_wait_returns_only_when_ready_at_the_generation_and_the_pools_rolled_out
     with pytest.raises(isvc_wait.WaitTimeout) as err:
         isvc_wait.wait_ready(None, "ns", "m", timeout=600, clock=clock, sleep=clock.sleep, kind="LLMInferenceService")
     assert "cannot become Ready: PresetsCombined=False" in str(err.value) and clock.sleeps == [1.0]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# KServe's well-known presets (config_merge.go combineBaseRefsConfig) and VLLM_ADDITIONAL_ARGS through valueFrom
+
+def _upstream(name, pool_paths, container):
+    """An LLMInferenceServiceConfig shaped like KServe's config/llmisvc/<name>.yaml (main container, its own fields)."""
+    spec = {}
+    for path in pool_paths:
+        node = spec
+        for key in path:
+            node = node.setdefault(key, {})
+        node["containers"] = [dict({"name": "main", "image": "ghcr.io/llm-d/llm-d:0.0.8"}, **copy.deepcopy(container))]
+    return {"apiVersion": "serving.kserve.io/v1alpha1", "kind": "LLMInferenceServiceConfig",
+            "metadata": {"name": name, "namespace": "kserve"}, "spec": spec}
+
+
+# config-llm-template.yaml: argv, command [vllm, serve, model] + args; the admin appended the flag to the args.
+TEMPLATE_ARGS = {"command": ["vllm", "serve", "{{ .Spec.Model.Name }}"],
+                 "args": ["--served-model-name", "{{ .Spec.Model.Name }}", "--port", "8000", "--speculative-config", SPEC_JSON],
+                 "env": [{"name": "HOME", "value": "/home"}, {"name": "VLLM_LOGGING_LEVEL", "value": "INFO"}]}
+# config-llm-decode-worker-data-parallel.yaml: bash -c eval "vllm serve ... ${VLLM_ADDITIONAL_ARGS} ..." in template and worker.
+DP_PRESET = {"command": ["/bin/bash", "-c"], "args": [DP_SCRIPT],
+             "env": [{"name": "HOME", "value": "/home"},
+                     {"name": "VLLM_ADDITIONAL_ARGS", "value": "--speculative-config '%s'" % SPEC_JSON}]}
+
+
+@pytest.mark.parametrize("spec,expected", [
+    ({}, ["kserve-config-llm-template"]),
+    ({"prefill": {"replicas": 1}}, ["kserve-config-llm-prefill-template", "kserve-config-llm-decode-template"]),
+    ({"worker": {}, "parallelism": {"data": 2, "dataLocal": 1}}, ["kserve-config-llm-worker-data-parallel"]),
+    ({"worker": {}, "parallelism": {"pipeline": 2}}, ["kserve-config-llm-worker-pipeline-parallel"]),
+    ({"worker": {}, "parallelism": {"tensor": 2}}, []),  # multi-node without data or pipeline parallelism: none
+    ({"worker": {}, "parallelism": {"data": 4}, "prefill": {"worker": {}, "parallelism": {"dataLocal": 2}}},
+     ["kserve-config-llm-prefill-worker-data-parallel", "kserve-config-llm-decode-worker-data-parallel"]),
+    ({"router": {"scheduler": {}, "route": {}}, "tracing": {}},
+     ["kserve-config-llm-scheduler", "kserve-config-llm-router-route", "kserve-config-llm-tracing", "kserve-config-llm-template"]),
+    ({"router": {"scheduler": {"pool": {"ref": {"name": "mine"}}}, "route": {"http": {"refs": [{"name": "r"}]}}}},
+     ["kserve-config-llm-template"]),
+])
+def test_well_known_presets_follow_the_controller_shape_rules(spec, expected):
+    assert llmisvc.well_known_presets({"spec": spec}) == expected
+
+
+def test_well_known_names_honour_the_prefix_the_pins_and_the_baserefs_shape():
+    obj = {"spec": {"baseRefs": [{"name": "pd"}]}, "status": {"annotations": {
+        "serving.kserve.io/config-llm-decode-template": "v0-20-0-kserve-config-llm-decode-template"}}}
+    # the shape comes from the resource merged with its baseRefs: a baseRef that adds a prefill pool makes it P/D
+    assert llmisvc.well_known_presets(obj, [{"prefill": {"replicas": 1}}], config_prefix="v3-4-0-kserve-") == [
+        "v3-4-0-kserve-config-llm-prefill-template", "v0-20-0-kserve-config-llm-decode-template"]
+    assert llmisvc.well_known_presets(obj) == ["kserve-config-llm-template"]
+
+
+def test_flag_from_the_well_known_template_is_found_in_merge_order_and_refused_naming_it():
+    preset = _upstream("kserve-config-llm-template", [("template",)], TEMPLATE_ARGS)
+    obj = _obj({"env": [{"name": "HF_TOKEN", "value": "x"}]})  # the resource sets neither command nor args
+    del main_container(obj)["image"]
+    presets = {"kserve-config-llm-template": preset}
+    found = llmisvc.flags(obj, presets)
+    assert [(f["pool"], f["source"], f["preset"], f["preset_namespace"]) for f in found] == [
+        ("decode", "LLMInferenceServiceConfig/kserve-config-llm-template", "well-known", "kserve")]
+    assert found[0]["config"] == json.loads(SPEC_JSON)
+    with pytest.raises(ValidationError) as err:
+        llmisvc.strip(obj, presets)
+    msg = str(err.value)
+    assert "kserve/kserve-config-llm-template" in msg and "well-known preset" in msg and err.value.field == "spec.template"
+    # a prefill pool changes the shape: the single-node template no longer applies, nothing is found
+    pd = copy.deepcopy(obj)
+    pd["spec"]["prefill"] = {"template": {"containers": [{"name": "main", "args": ["--port", "8000"]}]}}
+    assert llmisvc.flags(pd, presets) == []
+    # the resource's own args replace the preset's (strategic merge replaces the list): no flag in effect
+    own = copy.deepcopy(obj)
+    main_container(own)["args"] = ["--port", "8000"]
+    assert llmisvc.flags(own, presets) == [] and llmisvc.strip(own, presets) == ([], [])
+
+
+def test_baserefs_override_the_well_known_presets_and_the_resource_overrides_both():
+    preset = _upstream("kserve-config-llm-template", [("template",)], TEMPLATE_ARGS)
+    user = {"metadata": {"name": "team-args", "namespace": "ns"},
+            "spec": {"template": {"containers": [{"name": "main", "args": ["--port", "8000", "--max-num-seqs", "8"]}]}}}
+    obj = _obj({"env": [{"name": "HOME", "value": "/h"}]}, base_refs=["team-args"])
+    presets = {"kserve-config-llm-template": preset, "team-args": user}
+    assert llmisvc.flags(obj, presets) == []  # team-args' args replace the well-known template's
+    user["spec"]["template"]["containers"][0]["args"].append("--speculative-config=" + SPEC_JSON)
+    found = llmisvc.flags(obj, presets)
+    assert [(f["source"], f["preset"]) for f in found] == [("LLMInferenceServiceConfig/team-args", "baseRefs")]
+    with pytest.raises(ValidationError) as err:
+        llmisvc.strip(obj, presets)
+    assert err.value.field == "spec.baseRefs" and "team-args" in str(err.value)
+
+
+def test_data_parallel_preset_env_in_template_and_worker_and_the_resource_value_overriding_it():
+    preset = _upstream("kserve-config-llm-decode-worker-data-parallel", [("template",), ("worker",)], DP_PRESET)
+    spec = {"model": {"uri": "pvc://m/"}, "parallelism": {"data": 2}, "prefill": {"template": {"containers": [{"name": "main"}]},
+                                                                                  "worker": {"containers": [{"name": "main"}]},
+                                                                                  "parallelism": {"data": 2}},
+            "template": {"containers": [{"name": "main"}]}, "worker": {"containers": [{"name": "main"}]}}
+    obj = {"metadata": {"name": "m", "namespace": "ns"}, "spec": spec}
+    presets = {"kserve-config-llm-decode-worker-data-parallel": preset}
+    found = llmisvc.flags(obj, presets)
+    assert sorted((f["pool"], f["field"], f["preset"]) for f in found) == [
+        ("decode", "env[1] VLLM_ADDITIONAL_ARGS", "well-known"), ("worker", "env[1] VLLM_ADDITIONAL_ARGS", "well-known")]
+    # the resource sets VLLM_ADDITIONAL_ARGS itself in both pools (merge by env name): only its own flag is in effect,
+    # and the strip removes it token-exact, leaving the preset's script untouched
+    for path in (("template",), ("worker",)):
+        _dig_containers(obj, path)[0]["env"] = [{"name": "VLLM_ADDITIONAL_ARGS", "value": "--max-num-seqs 8 --speculative-config '%s'" % SPEC_JSON}]
+    found = llmisvc.flags(obj, presets)
+    assert sorted((f["pool"], f["source"]) for f in found) == [("decode", "resource"), ("worker", "resource")]
+    patch, _changes = llmisvc.strip(obj, presets)
+    after = _apply(obj, patch)
+    for path in (("template",), ("worker",)):
+        assert _dig_containers(after, path)[0]["env"] == [{"name": "VLLM_ADDITIONAL_ARGS", "value": "--max-num-seqs 8"}]
+    assert llmisvc.flags(after, presets) == []
+
+
+def _dig_containers(obj, path):
+    node = obj["spec"]
+    for key in path:
+        node = node[key]
+    return node["containers"]
+
+
+CM_REF = {"name": "VLLM_ADDITIONAL_ARGS", "valueFrom": {"configMapKeyRef": {"name": "vllm-args", "key": "extra"}}}
+SECRET_REF = {"name": "VLLM_ADDITIONAL_ARGS", "valueFrom": {"secretKeyRef": {"name": "vllm-secret", "key": "extra"}}}
+
+
+def test_additional_args_from_a_configmap_is_read_and_a_flag_there_is_refused_naming_it():
+    obj = _obj({"command": ["/bin/bash", "-c"], "args": [DP_SCRIPT], "env": [{"name": "HOME", "value": "/h"}, CM_REF]})
+    assert llmisvc.env_configmap_refs(obj) == [("vllm-args", "extra", False)]
+    # without the ConfigMap's value the valueFrom is not looked at (engine_report's use)
+    assert llmisvc.flags(obj) == []
+    sources = {("vllm-args", "extra"): {"value": "--max-num-seqs 8 --speculative-config '%s'" % SPEC_JSON, "reason": None}}
+    found = llmisvc.flags(obj, env_sources=sources)
+    assert len(found) == 1 and found[0]["source"] == "resource" and found[0]["forms"] == ["env_configmap"]
+    assert found[0]["value_from"] == {"kind": "ConfigMap", "name": "vllm-args", "key": "extra", "optional": False}
+    assert found[0]["config"] == json.loads(SPEC_JSON)
+    with pytest.raises(ValidationError) as err:
+        llmisvc.strip(obj, env_sources=sources)
+    msg = str(err.value) + " " + err.value.hint
+    assert "VLLM_ADDITIONAL_ARGS" in msg and "ConfigMap vllm-args key extra" in msg and "kubectl edit configmap vllm-args" in msg
+    assert "with value" in err.value.hint and err.value.field == "spec.template.containers[main].env[VLLM_ADDITIONAL_ARGS]"
+    # a ConfigMap without the flag: nothing found, the strip goes on with the rest (here: nothing)
+    clean = {("vllm-args", "extra"): {"value": "--max-num-seqs 8", "reason": None}}
+    assert llmisvc.flags(obj, env_sources=clean) == [] and llmisvc.strip(obj, env_sources=clean) == ([], [])
+    # a ConfigMap that could not be read is refused, with the reason
+    forbidden = {("vllm-args", "extra"): {"value": None, "reason": "HTTP 403 Forbidden"}}
+    with pytest.raises(ValidationError) as err:
+        llmisvc.strip(obj, env_sources=forbidden)
+    assert "could not be inspected" in str(err.value) and "403" in str(err.value)
+
+
+def test_additional_args_from_a_secret_is_never_read_and_refused_unless_the_user_vouches():
+    argv_flag = ["--port", "8000", "--speculative-config", SPEC_JSON]
+    obj = _obj({"command": ["vllm", "serve", "/mnt/models"], "args": argv_flag, "env": [SECRET_REF]})
+    assert llmisvc.env_configmap_refs(obj) == []  # nothing to read: a Secret is never fetched
+    found = llmisvc.flags(obj, env_sources={})
+    secret = [f for f in found if f.get("value_from")]
+    assert len(secret) == 1 and secret[0]["opaque"] and secret[0]["value_from"]["kind"] == "Secret" and secret[0]["config"] is None
+    with pytest.raises(ValidationError) as err:
+        llmisvc.strip(obj, env_sources={})
+    assert "Secret vllm-secret key extra" in str(err.value) and "secret_env_has_no_flag" in err.value.hint
+    patch, changes = llmisvc.strip(obj, env_sources={}, secret_env_has_no_flag=True)
+    assert [c["field"] for c in changes] == ["args"]
+    assert main_container(_apply(obj, patch))["args"] == ["--port", "8000"]
+    assert main_container(_apply(obj, patch))["env"] == [SECRET_REF]
+
+
+def test_configmap_refs_come_from_whichever_layer_owns_the_variable():
+    preset = _upstream("kserve-config-llm-template", [("template",)], {"env": [CM_REF]})
+    obj = _obj({"args": ["--port", "8000"]})
+    presets = {"kserve-config-llm-template": preset}
+    assert llmisvc.env_configmap_refs(obj, presets) == [("vllm-args", "extra", False)]
+    sources = {("vllm-args", "extra"): {"value": "--speculative-config '%s'" % SPEC_JSON, "reason": None}}
+    found = llmisvc.flags(obj, presets, sources)
+    assert [(f["source"], f["preset"], f["value_from"]["name"]) for f in found] == [
+        ("LLMInferenceServiceConfig/kserve-config-llm-template", "well-known", "vllm-args")]
+    with pytest.raises(ValidationError) as err:
+        llmisvc.strip(obj, presets, sources)
+    assert "kserve-config-llm-template" in str(err.value)
+    main_container(obj)["env"] = [{"name": "VLLM_ADDITIONAL_ARGS", "value": "--seed 1"}]  # the resource's own value wins
+    assert llmisvc.env_configmap_refs(obj, presets) == [] and llmisvc.flags(obj, presets, sources) == []
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Draft removal after a rollback (draft_removal, shared with the InferenceService path)
+
+def _rolled_back(uri, draft_subdir="tiny-eagle3", name="llama-eagle3"):
+    """An LLMInferenceService rendered with the draft on the PVC (or in the Modelcar image), then stripped."""
+    if uri.startswith("pvc://"):
+        art = dict(artifact_mode="pvc", artifacts={"pvc_name": uri[len("pvc://"):].strip("/"), "draft_subdir": draft_subdir})
+    else:
+        art = dict(artifact_mode="modelcar", artifacts={"modelcar_image": uri[len("oci://"):]})
+    obj = llmisvc.render(params(name=name, **art))["manifest"]
+    patch, _changes = llmisvc.strip(obj)
+    return obj, _apply(obj, patch)
+
+
+def test_the_draft_of_an_llminferenceservice_is_its_pvc_subdirectory_or_its_modelcar_layers():
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils import draft_removal  # pylint: disable=import-outside-toplevel
+    before, after = _rolled_back("pvc://model-store/")
+    with pytest.raises(ValidationError) as err:  # still speculative: the draft stays
+        draft_removal.locate(before, "/mnt/models/tiny-eagle3")
+    assert "still runs speculative decoding" in str(err.value)
+    loc = draft_removal.locate(after, "/mnt/models/tiny-eagle3")
+    assert (loc.mode, loc.details["pvc"], loc.details["subdir"], loc.details["keep"]) == ("pvc", "model-store", "tiny-eagle3", ["target"])
+    with pytest.raises(ValidationError):  # the target the rolled-back command names is never removed
+        draft_removal.locate(after, "/mnt/models/target")
+    _before, car = _rolled_back("oci://registry.local/models/llama-eagle3:v1")
+    loc = draft_removal.locate(car, "/mnt/models/draft")
+    assert loc.mode == "modelcar" and loc.details["image_path"] == "models/draft"
+    assert (loc.details["pointer"], loc.details["storage_uri"]) == ("/spec/model/uri", "oci://registry.local/models/llama-eagle3:v1")
+
+
+def test_a_pvc_draft_another_resource_still_uses_is_kept():
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils import draft_removal  # pylint: disable=import-outside-toplevel
+    _before, me = _rolled_back("pvc://model-store/")
+    me["kind"] = "LLMInferenceService"
+    as_model = {"kind": "LLMInferenceService", "metadata": {"name": "draft-alone", "namespace": "models"},
+                "spec": {"model": {"uri": "pvc://model-store/tiny-eagle3"}}}
+    still_speculative, _after = _rolled_back("pvc://model-store/", name="twin")
+    isvc_user = {"kind": "InferenceService", "metadata": {"name": "old", "namespace": "models"},
+                 "spec": {"predictor": {"model": {"storageUri": "pvc://model-store/",
+                                                  "args": ["--speculative-config", '{"model": "/mnt/models/tiny-eagle3"}']}}}}
+    other_claim = {"kind": "InferenceService", "metadata": {"name": "x", "namespace": "models"},
+                   "spec": {"predictor": {"model": {"storageUri": "pvc://elsewhere/tiny-eagle3"}}}}
+    assert draft_removal.other_users([me, other_claim, _after], me, "model-store", "tiny-eagle3") == []  # the twin rolled back
+    users = draft_removal.other_users([me, as_model, still_speculative, isvc_user, other_claim], me, "model-store", "tiny-eagle3")
+    assert users == ["LLMInferenceService models/draft-alone (mounts pvc://model-store/tiny-eagle3)",
+                     "LLMInferenceService models/twin (names /tiny-eagle3 on pvc://model-store)",
+                     "InferenceService models/old (names /tiny-eagle3 on pvc://model-store)"]
+
+
+class _DraftCluster:
+    """draft_removal.execute's cluster for a rolled-back LLMInferenceService on a PVC: records every write."""
+
+    def __init__(self, obj, users, unchecked=()):
+        self.obj, self.users, self.unchecked, self.writes = obj, users, list(unchecked), []
+
+    def get_isvc(self):
+        return self.obj
+
+    def patch_isvc(self, ops, dry_run=False):
+        self.writes.append(("patch", ops))
+
+    def get_pvc(self, name):
+        return {"metadata": {"name": name, "annotations": {}}}
+
+    def patch_pvc_annotations(self, name, annotations):
+        self.writes.append(("pvc", name, annotations))
+
+    def list_users(self):
+        return self.users, self.unchecked
+
+
+def test_the_removal_plan_keeps_a_used_or_unchecked_draft_and_runs_the_job_only_for_a_free_one():
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils import draft_removal  # pylint: disable=import-outside-toplevel
+    _before, after = _rolled_back("pvc://model-store/")
+    after.update(kind="LLMInferenceService")
+    after["metadata"]["generation"] = 2
+    after["status"] = {"observedGeneration": 2, "conditions": [{"type": "Ready", "status": "True"}]}
+    params = {"draft_path": "/mnt/models/tiny-eagle3", "script_sha256": "0" * 64}
+    user = {"kind": "InferenceService", "metadata": {"name": "old", "namespace": "models"},
+            "spec": {"predictor": {"model": {"storageUri": "pvc://model-store/tiny-eagle3"}}}}
+    used = draft_removal.execute(params, _DraftCluster(after, [after, user]))
+    assert (used["run_job"], used["kept"], used["still_used_by"]) == (
+        False, True, ["InferenceService models/old (mounts pvc://model-store/tiny-eagle3)"])
+    assert "still used by" in used["warnings"][0]
+    forbidden = "LLMInferenceServices (listing them failed, so it is unknown whether one uses it: 403)"
+    unchecked = _DraftCluster(after, [after], unchecked=[forbidden])
+    assert draft_removal.execute(params, unchecked)["still_used_by"] == [forbidden] and unchecked.writes == []
+    free = draft_removal.execute(params, _DraftCluster(after, [after]))
+    assert free["run_job"] is True and "kept" not in free and free["pvc_job"]["subdir"] == "tiny-eagle3"
+
+
+def test_read_presets_skips_a_forbidden_well_known_preset_but_refuses_a_forbidden_base_ref(monkeypatch):
+    """No rights in KServe's namespace: the well-known presets are named back (the engine line still proves what runs); a
+    preset the resource itself names cannot be guessed, so that is an error naming spec.baseRefs."""
+    from kubernetes.client.rest import ApiException
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+    reads = []
+
+    class Api:
+        def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+            reads.append((namespace, name))
+            raise ApiException(status=403 if namespace == "kserve" else 404)
+    monkeypatch.setattr(llmisvc, "_custom_api", lambda _client: Api())
+    obj = {"metadata": {"name": "m", "namespace": "ns"}, "spec": {"template": {"containers": [{"name": "main"}]}}}
+    unreadable = []
+    assert llmisvc.read_presets(None, obj, unreadable=unreadable) == {}
+    assert unreadable and all(u.startswith("kserve/kserve-") for u in unreadable)
+    assert ("ns", unreadable[0].split("/")[1]) in reads  # the object's namespace is asked first
+    obj["spec"]["baseRefs"] = [{"name": "shared-preset"}]
+    with pytest.raises(SpecDecodingError) as err:
+        llmisvc.read_presets(None, obj)
+    assert err.value.field == "spec.baseRefs" and "kserve/shared-preset" in str(err.value)

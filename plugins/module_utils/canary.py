@@ -567,12 +567,52 @@ def as_bench_summary(figures):
             "completed": figures["requests"], "failed": 0}
 
 
-def decide(stable, canary, min_requests=20, tolerances=None, missing=None):
+DEFAULT_P99_TOLERANCE = 0.5
+P99_CHECKS = (("ttft", "p99 TTFT"), ("tpot", "p99 TPOT (per-token latency)"))
+
+
+def check_p99_tolerance(value, field="p99_tolerance"):
+    """The p99 tolerance as a float >= 0, or None (tails not checked); ValidationError otherwise."""
+    if value is None:
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        value = -1.0
+    if value < 0:
+        raise ValidationError("must be a fraction >= 0, got %r" % (value,), field=field,
+                              hint="e.g. 0.5 lets the canary's p99 TTFT and TPOT be at most 50% worse; null leaves the tails out")
+    return value
+
+
+def _p99_checks(stable, canary, tolerance):
+    """The tail checks: the canary's p99 TTFT and p99 TPOT at most ``tolerance`` worse than the stable revision's. A p99
+    that one side's histogram cannot give (no requests in the window) is not a check: the medians already refuse that."""
+    checks, reasons = [], []
+    for key, label in P99_CHECKS:
+        s_val, c_val = (stable.get("%s_ms" % key) or {}).get("p99"), (canary.get("%s_ms" % key) or {}).get("p99")
+        if s_val is None or c_val is None:
+            continue
+        limit = s_val * (1.0 + tolerance)
+        check = {"metric": "%s_p99" % key, "label": label, "baseline": s_val, "candidate": c_val, "better": "lower",
+                 "tolerance": tolerance, "limit": limit, "passed": c_val <= limit,
+                 "change": (c_val - s_val) / s_val if s_val else None}
+        checks.append(check)
+        if not check["passed"]:
+            reasons.append("%s got worse: canary %.2f ms vs stable %.2f ms (%s, tail tolerance %.0f%%)" % (
+                label, c_val, s_val, "%+.1f%%" % (100.0 * check["change"]) if check["change"] is not None else "from 0",
+                100.0 * tolerance))
+    return checks, reasons
+
+
+def decide(stable, canary, min_requests=20, tolerances=None, missing=None, p99_tolerance=DEFAULT_P99_TOLERANCE):
     """``promote`` | ``roll_back`` | ``none`` (not enough evidence), with the reasons.
 
     The keep rule is the benchmark's (``bench_report.decide``: median TTFT, median TPOT and the output rate all at least as
-    good within the tolerances), on the medians of the window's histogram deltas. No decision when a side's pods had
-    no metrics (``missing``: ``{side: [pod, ...]}``) or fewer than ``min_requests`` requests finished on either side.
+    good within the tolerances), on the medians of the window's histogram deltas. Live traffic adds a tail guard: the
+    canary's p99 TTFT and p99 TPOT may be at most ``p99_tolerance`` worse (None: tails not checked), since a median
+    win can hide a tail that users feel. No decision when a side's pods had no metrics (``missing``:
+    ``{side: [pod, ...]}``) or fewer than ``min_requests`` requests finished on either side.
     """
     missing = {side: pods for side, pods in (missing or {}).items() if pods}
     if missing:
@@ -583,8 +623,14 @@ def decide(stable, canary, min_requests=20, tolerances=None, missing=None):
     if short:
         return {"decision": "none", "reasons": short, "checks": []}
     verdict = bench_report.decide(as_bench_summary(stable), as_bench_summary(canary), tolerances=tolerances)
-    return {"decision": "promote" if verdict["decision"] == "keep" else "roll_back", "reasons": verdict["reasons"],
-            "checks": verdict["checks"], "tolerances": verdict["tolerances"]}
+    tolerance = check_p99_tolerance(p99_tolerance)
+    tail_checks, tail_reasons = _p99_checks(stable, canary, tolerance) if tolerance is not None else ([], [])
+    if verdict["decision"] == "keep" and not tail_reasons:
+        return {"decision": "promote", "reasons": verdict["reasons"], "checks": verdict["checks"] + tail_checks,
+                "tolerances": dict(verdict["tolerances"], p99=tolerance)}
+    reasons = (verdict["reasons"] if verdict["decision"] != "keep" else []) + tail_reasons
+    return {"decision": "roll_back", "reasons": reasons, "checks": verdict["checks"] + tail_checks,
+            "tolerances": dict(verdict["tolerances"], p99=tolerance)}
 
 
 # -- observing a window of live traffic -----------------------------------------------------------------------------------
@@ -614,7 +660,8 @@ def _scrape_all(api_client, namespace, targets, model_name, timeout):
 
 
 def observe(api_client, namespace, name, selectors, window, max_window=None, min_requests=20, tolerances=None, model_name=None,
-            container=k8s_pods.DEFAULT_CONTAINER, port=None, scheme=None, timeout=30, clock=None, sleep=None):
+            container=k8s_pods.DEFAULT_CONTAINER, port=None, scheme=None, timeout=30, clock=None, sleep=None,
+            p99_tolerance=DEFAULT_P99_TOLERANCE):
     """Scrape every pod of both revisions, wait ``window`` seconds of live traffic, scrape again; while a side has fewer than
     ``min_requests`` finished requests, extend the window (up to ``max_window`` seconds in all) instead of deciding on noise.
 
@@ -643,7 +690,8 @@ def observe(api_client, namespace, name, selectors, window, max_window=None, min
             deltas = [window_delta(page, first[side].get(pod)) for pod, page in sorted(pages.items())]
             figures[side] = revision_figures(deltas, elapsed)
             figures[side]["pod_names"] = sorted(pages)
-        verdict = decide(figures["stable"], figures["canary"], min_requests=min_requests, tolerances=tolerances, missing=later_missing)
+        verdict = decide(figures["stable"], figures["canary"], min_requests=min_requests, tolerances=tolerances, missing=later_missing,
+                         p99_tolerance=p99_tolerance)
         short = verdict["decision"] == "none" and not any(later_missing.values())
         remaining = max_window - elapsed
         if not short or remaining <= 0.05:

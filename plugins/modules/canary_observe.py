@@ -55,6 +55,12 @@ options:
   tolerances:
     description: How much worse (a fraction) each metric may be and still count (keys C(ttft), C(tpot), C(throughput)).
     type: dict
+  p99_tolerance:
+    description:
+      - How much worse (a fraction, may exceed 1) the canary's p99 TTFT and p99 TPOT may be than the stable revision's;
+        a worse tail rolls back even when the medians win. V(null) leaves the tails out of the decision.
+    type: float
+    default: 0.5
   model_name:
     description: Count only series of this served model name.
     type: str
@@ -162,6 +168,7 @@ def main():
         max_window=dict(type="float"),
         min_requests=dict(type="int", default=20),
         tolerances=dict(type="dict"),
+        p99_tolerance=dict(type="float", default=0.5),  # canary.DEFAULT_P99_TOLERANCE
         model_name=dict(type="str"),
         container=dict(type="str", default="kserve-container"),
         port=dict(type="str"),
@@ -182,6 +189,7 @@ def main():
         if params["min_requests"] < 1:
             raise ValidationError("must be at least 1", field="min_requests", hint="ask for enough requests per side to decide on, e.g. 50")
         bench_report.check_tolerances(params.get("tolerances"))
+        canary.check_p99_tolerance(params.get("p99_tolerance"))
         k8s_pods.check_port(params.get("port"))
         selectors = params.get("selectors")
         from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
@@ -195,7 +203,8 @@ def main():
                                   hint="pass the selectors canary_rollout returned, e.g. {stable: app=isvc.x-predictor, canary: app=isvc.x-predictor-spec}")
         result = canary.observe(api_client, params["namespace"], params["name"], selectors, params["window"],
                                 max_window=params.get("max_window"), min_requests=params["min_requests"],
-                                tolerances=params.get("tolerances"), model_name=params.get("model_name"),
+                                tolerances=params.get("tolerances"), p99_tolerance=params.get("p99_tolerance"),
+                                model_name=params.get("model_name"),
                                 container=params["container"], port=params.get("port"), scheme=params.get("scheme"),
                                 timeout=params["timeout"])
     except SpecDecodingError as exc:

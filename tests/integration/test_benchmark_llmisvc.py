@@ -1,11 +1,12 @@
 """benchmark role with spec_decoding_resource_kind=LLMInferenceService, on the test bed (the real LLMInferenceService CRD,
 the controller stand-in written from KServe's llmisvc controller, pods logging the recorded vLLM 0.32 engine lines).
 
-benchmark.yml with guard=true deploys the baseline twin of a speculative-decoding LLMInferenceService (same spec, flag
-stripped), benchmarks both against loopback streaming servers (the API server cannot proxy to loopback, so the URLs are given; the
-URL the role read from status is checked apart), finds that the candidate does not pay and rolls it back through the
-rollback role: the API server then shows the flag gone and the twin deleted. benchmark.yml refuses bad input before it
-writes anything or sends a request.
+deploy-eagle3.yml with its guard (spec_decoding_guard=true, the benchmark role as benchmark.yml runs it) deploys a
+speculative-decoding LLMInferenceService, then its baseline twin (same spec, flag stripped), benchmarks both against
+loopback streaming servers (the API server cannot proxy to loopback, so the URLs are given; the URL the role read from
+status is checked apart), finds that the candidate does not pay and rolls it back through the rollback role: the API
+server then shows the flag gone and the twin deleted. The benchmark role refuses bad input before it writes anything or
+sends a request.
 """
 from __future__ import annotations
 
@@ -56,17 +57,21 @@ def test_benchmark_against_the_twin_and_the_guard_rolls_back(tmp_path, kubeconfi
     llmisvc.set_behaviour(namespace, NAME, ready_after=0.2, logs={"main": baseline})
     llmisvc.set_behaviour(namespace, NAME, pool="decode", generation=1, ready_after=0.2, logs={"main": eagle3})
     llmisvc.set_behaviour(namespace, TWIN, ready_after=0.2, logs={"main": baseline})
-    cand_applied = _apply_rendered(kubeconfig, namespace, NAME, "eagle3", gpu_count=1, dtype="bfloat16")
-    waited = run_module("isvc_wait", {"kubeconfig": kubeconfig, "kind": "LLMInferenceService", "name": NAME, "namespace": namespace,
-                                      "timeout": 60, "interval": 1})
-    assert not waited.failed, waited.msg
     report_dir = tmp_path / "report"
-    run = run_playbook(tmp_path, "playbooks/benchmark.yml", kubeconfig=kubeconfig, extra_vars=dict(
-        BENCH_VARS, spec_decoding_resource_kind="LLMInferenceService", benchmark_namespace=namespace, benchmark_candidate_name=NAME,
-        benchmark_baseline_twin=True, guard=True, benchmark_report_dir=str(report_dir),
+    # deploy-eagle3.yml, as users run it, with its guard: apply, wait, verify, then the benchmark role against the twin.
+    run = run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", kubeconfig=kubeconfig, timeout=900, extra_vars=dict(
+        BENCH_VARS, spec_decoding_hosts="localhost", spec_decoding_target="cluster", spec_decoding_namespace=namespace,
+        spec_decoding_isvc_name=NAME, spec_decoding_resource_kind="LLMInferenceService", spec_decoding_llmisvc={"image": IMAGE},
+        spec_decoding_vllm_version="0.32.0", spec_decoding_gpu_count=1, spec_decoding_dtype="bfloat16",
+        spec_decoding_wait_timeout=60, spec_decoding_artifact_mode="pvc",
+        spec_decoding_artifacts={"pvc_name": "model-store", "draft_subdir": "tiny-eagle3"}, spec_decoding_guard=True,
+        benchmark_baseline_twin=True, benchmark_report_dir=str(report_dir),
         benchmark_baseline_url=endpoints["baseline"], benchmark_candidate_url=endpoints["candidate"]))
     _ok(run)
-    twin = run.result("Apply the InferenceService")["result"]
+    applied = [res["result"] for name, _h, res in run.tasks if "Apply the InferenceService" in name]
+    assert [a["metadata"]["name"] for a in applied] == [NAME, TWIN]  # the rollout first, then its twin
+    cand_applied = applied[0]
+    twin = applied[1]
     # The twin, as the API server stored it: the candidate's spec with the flag removed token-exact, labelled a twin.
     cand_cmd = cand_applied["spec"]["template"]["containers"][0]["command"]
     twin_cmd = twin["spec"]["template"]["containers"][0]["command"]

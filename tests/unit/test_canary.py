@@ -111,6 +111,42 @@ def test_decision_promotes_a_faster_canary_and_rolls_back_a_slower_one():
     assert any("median TPOT" in r for r in verdict["reasons"])
 
 
+def _figures_with_tail(n, ttft, tpot, tail_tpot, tail_n):
+    server = FakeVllm()
+    before = canary.scrape(server.page())
+    for i in range(n):
+        server.serve(ttft, tail_tpot if i < tail_n else tpot)
+    return canary.revision_figures([canary.window_delta(canary.scrape(server.page()), before)], 10.0)
+
+
+def test_a_worse_p99_rolls_back_a_canary_whose_medians_win():
+    stable = _figures(0.05, 0.03, 50)
+    # 49 requests twice as fast per token, one stalls at 0.2 s per token: medians and the output rate win, the tail loses
+    tail = _figures_with_tail(50, 0.05, 0.015, 0.2, 1)
+    assert tail["tpot_ms"]["median"] < stable["tpot_ms"]["median"]
+    assert tail["output_rate_per_request"] > stable["output_rate_per_request"]
+    assert tail["tpot_ms"]["p99"] > 1.5 * stable["tpot_ms"]["p99"]
+    verdict = canary.decide(stable, tail, min_requests=20)
+    assert verdict["decision"] == "roll_back", verdict
+    assert verdict["reasons"] == [r for r in verdict["reasons"] if r.startswith("p99 TPOT (per-token latency) got worse")]
+    assert [c["metric"] for c in verdict["checks"] if not c["passed"]] == ["tpot_p99"]
+    assert verdict["tolerances"]["p99"] == canary.DEFAULT_P99_TOLERANCE
+    # a tolerance wide enough for that tail, or none at all, leaves the benchmark's median rule to decide
+    assert canary.decide(stable, tail, min_requests=20, p99_tolerance=20)["decision"] == "promote"
+    unchecked = canary.decide(stable, tail, min_requests=20, p99_tolerance=None)
+    assert unchecked["decision"] == "promote" and not [c for c in unchecked["checks"] if c["metric"].endswith("_p99")]
+    # a slower canary with a worse tail too: the benchmark's median reasons come first, the tail's after them
+    slow = canary.decide(stable, _figures_with_tail(50, 0.07, 0.045, 0.3, 1), min_requests=20)
+    assert slow["decision"] == "roll_back" and slow["reasons"][0].startswith("median TTFT got worse")
+    assert slow["reasons"][-1].startswith("p99 TPOT (per-token latency) got worse")
+
+
+@pytest.mark.parametrize("value", [-0.1, "wide"])
+def test_p99_tolerance_must_be_a_fraction_of_at_least_0(value):
+    with pytest.raises(ValidationError, match=r"^p99_tolerance: .*Fix:"):
+        canary.check_p99_tolerance(value)
+
+
 def test_no_decision_on_too_few_requests_or_missing_metrics():
     stable, canary_fig = _figures(0.05, 0.03, 30), _figures(0.05, 0.01, 3)
     verdict = canary.decide(stable, canary_fig, min_requests=20)

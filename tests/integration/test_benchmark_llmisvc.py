@@ -16,6 +16,7 @@ import pytest
 
 from tests.ansible_run import run_playbook
 from tests.integration.test_benchmark_role import _ok
+from tests.integration.test_deploy import _get
 from tests.loopback_http import serving
 from tests.module_run import run_module
 from tests.paced_server import paced_handler
@@ -34,14 +35,7 @@ BENCH_VARS = {"benchmark_workload": "general_chat", "benchmark_max_tokens": 16, 
 
 
 def _get_or_none(k8s_client, namespace, name):
-    from kubernetes import client  # pylint: disable=import-outside-toplevel
-    from kubernetes.client.rest import ApiException  # pylint: disable=import-outside-toplevel
-    try:
-        return client.CustomObjectsApi(k8s_client).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
+    return _get(k8s_client, namespace, name, version=VERSION, plural=PLURAL)
 
 
 @pytest.fixture

@@ -43,11 +43,12 @@ def _vars(namespace, name, **more):
     return out
 
 
-def _get(k8s_client, namespace, name):
+def _get(k8s_client, namespace, name, version=VERSION, plural=PLURAL):
+    """The serving.kserve.io object (an InferenceService unless told), or None."""
     from kubernetes import client  # pylint: disable=import-outside-toplevel
     from kubernetes.client.rest import ApiException  # pylint: disable=import-outside-toplevel
     try:
-        return client.CustomObjectsApi(k8s_client).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        return client.CustomObjectsApi(k8s_client).get_namespaced_custom_object(GROUP, version, namespace, plural, name)
     except ApiException as exc:
         if exc.status == 404:
             return None

@@ -122,6 +122,7 @@ class StagerPod:
         self.before = before  # called before the script runs (breaks or repairs the "volume")
         self.stop = threading.Event()
         self.played = {}  # job name -> (rc, output)
+        self.outcomes = {}  # job uid -> the status written for it
         self.errors = []
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -140,6 +141,11 @@ class StagerPod:
                 for job in _batch(self.k8s_client).list_namespaced_job(self.namespace).items:
                     name = job.metadata.name
                     done = any(c.type in ("Complete", "Failed") and c.status == "True" for c in (job.status.conditions or []))
+                    if not done and job.metadata.uid in self.outcomes:
+                        # The real Job controller (kube-controller-manager 1.20) writes the whole status from its cache:
+                        # a sync that began before our patch drops the condition. Write it again until it sticks.
+                        _batch(self.k8s_client).patch_namespaced_job_status(name, self.namespace, {"status": self.outcomes[job.metadata.uid]})
+                        continue
                     if done or name in self.played:
                         continue
                     pods = _core(self.k8s_client).list_namespaced_pod(self.namespace, label_selector="job-name=%s" % name).items
@@ -182,6 +188,7 @@ class StagerPod:
             cond.update(reason="BackoffLimitExceeded", message="Job has reached the specified backoff limit")
         status = {"conditions": [cond], "startTime": now, "active": 0}
         status.update({"succeeded": 1, "completionTime": now} if outcome == "Complete" else {"failed": 1})
+        self.outcomes[job.metadata.uid] = status
         _batch(self.k8s_client).patch_namespaced_job_status(name, self.namespace, {"status": status})
 
 

@@ -997,6 +997,12 @@ def render_sweep_markdown(data):
                   "| Predicted speedup vs current k | %s |" % _fmt(conf.get("predicted_speedup_vs_current"), 3),
                   "| Measured speedup vs current k | %s |" % _fmt(conf.get("measured_speedup_vs_current"), 3),
                   "| Measured speedup vs baseline | %s |" % _fmt(conf.get("measured_speedup_vs_baseline"), 3), ""]
+    checks = data.get("checks") or {}
+    if checks:
+        lines += ["## What each side runs", "", "Checked before the first request: the engine-config line each engine logged at "
+                  "start-up, and its /metrics.", "", "| Side | Engine line | /metrics |", "|---|---|---|"]
+        lines += ["| %s | %s | %s |" % (side, _md_cell(row["engine_line"]), _md_cell(row["metrics"])) for side, row in checks.items()]
+        lines.append("")
     lines += ["## Context", "", "| Field | Value |", "|---|---|"]
     hw = ctx.get("hardware") or {}
     for label, value in (("Hardware: GPU model", hw.get("gpu_model")), ("Hardware: GPU count", hw.get("gpu_count")),

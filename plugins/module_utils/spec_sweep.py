@@ -36,7 +36,7 @@ import math
 import os
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_client, bench_report, bench_run, bench_stats, bench_workloads
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import spec_metrics, speculative_config
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import engine_log, spec_metrics, speculative_config
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 SWEEP_SCHEMA = "alauda.spec_decoding/sweep-results/v1"
@@ -533,6 +533,104 @@ def spec_state_from_command(command, env=None):
     return any(bench_report.flag_value(words, flag) is not None for flag in SPEC_FLAGS)
 
 
+ENGINE_FIELDS = {"baseline": "baseline_engine_config", "candidate": "candidate_engine_config", "confirm": "confirm_engine_config"}
+
+
+def spec_state_from_engine(engine, field):
+    """``{"found": bool, "config": dict | None}`` from what a side's engine printed at start-up, ``None`` when not given.
+
+    ``engine``: the result of ``alauda.spec_decoding.engine_config`` or ``llmisvc_engine_config`` (``found`` and
+    ``speculative_config``, the parsed ``speculative_config=...`` of the "Initializing a V1 LLM engine" line), or
+    ``{"line": "<the engine-config line>"}``. The engine line is what the engine really runs: a flag lost on
+    the way (a ServingRuntime that drops args, a config the engine rejected and replaced) shows there first.
+    """
+    if engine is None or engine == {}:
+        return None
+    if not isinstance(engine, dict):
+        raise ValidationError("must be a dict, got %s" % type(engine).__name__, field=field,
+                              hint="register the result of alauda.spec_decoding.engine_config and pass it")
+    if engine.get("line") and "found" not in engine:
+        parsed = engine_log.parse_engine_line(engine["line"])
+        if parsed is None:
+            raise ValidationError("line is not vLLM's engine-config line (\"Initializing a V1 LLM engine (v...) with config: ...\")",
+                                  field=field + ".line", hint="give the line as the engine logged it, or the engine_config module's result")
+        return {"found": True, "config": parsed["speculative_config"]}
+    if "found" not in engine:
+        raise ValidationError("has neither found/speculative_config nor line", field=field,
+                              hint="register the result of alauda.spec_decoding.engine_config (found, speculative_config) and pass it")
+    config = engine.get("speculative_config")
+    if config is not None and not isinstance(config, dict):
+        raise ValidationError("speculative_config must be a dict or null, got %r" % (config,), field=field + ".speculative_config",
+                              hint="pass the engine_config module's result unchanged")
+    return {"found": bool(engine["found"]), "config": config}
+
+
+def check_engine_states(engines, metrics_states, method=None, current_k=None, confirm_k=None):
+    """Refuse, from each side's engine line, a baseline that runs speculative decoding, a candidate or confirm server
+    that does not, and an engine whose method or k contradicts the sweep's inputs or the same side's /metrics.
+
+    ``engines``: ``{side: spec_state_from_engine(...)}`` (``None`` values: not given). Returns
+    ``(notes, engine_k)``: what could not be checked, and the candidate's k as its engine printed it.
+    """
+    notes, engine_k = [], None
+    wants = {"baseline": False, "candidate": True, "confirm": True}
+    for side, state in engines.items():
+        field = ENGINE_FIELDS[side]
+        if state is None:
+            continue
+        if not state["found"]:
+            notes.append("the %s's engine-config line was not found (%s.found is false), so its speculative config was "
+                         "checked on /metrics only" % (side, field))
+            continue
+        config = state["config"]
+        printed = engine_log.format_config(config)
+        if not wants[side]:
+            if config is not None:
+                raise ValidationError("shows %s: the baseline's engine runs speculative decoding, so it is no baseline" % printed,
+                                      field=field, hint="give the engine line of the same model served without --speculative-config")
+            continue
+        if config is None:
+            raise ValidationError("shows speculative_config=None: the %s's engine runs without speculative decoding" % side, field=field,
+                                  hint="check that --speculative-config reached vLLM (alauda.spec_decoding.engine_config with "
+                                       "expected) and point %s_url at that server" % side)
+        got_method = engine_log.normalize_method(config.get("method"))
+        want_method = engine_log.normalize_method(speculative_config.printed_method(method))
+        if want_method and got_method and got_method != want_method:
+            raise ValidationError("is %s, but the %s's engine runs method %r (%s)" % (method, side, got_method, printed), field="method",
+                                  hint="set method to %s, the method the k candidates are checked against" % got_method)
+        k = config.get("num_spec_tokens")
+        seen = (metrics_states.get(side) or {}).get("k")
+        if isinstance(k, int) and seen is not None and seen != k:
+            raise ValidationError("shows num_spec_tokens=%d, but %s_url's /metrics has %d per-position series: the log and the URL "
+                                  "are of different servers" % (k, side, seen), field=field,
+                                  hint="give the engine line of the server %s_url serves" % side)
+        if side == "candidate" and isinstance(k, int):
+            engine_k = k
+            if current_k is not None and current_k != k:
+                raise ValidationError("is %d, but the candidate's engine runs num_spec_tokens=%d" % (current_k, k), field="current_k",
+                                      hint="leave current_k unset (it is read from the engine line) or set it to %d" % k)
+        if side == "confirm" and isinstance(k, int) and confirm_k is not None and confirm_k != k:
+            raise ValidationError("is %d, but the confirm server's engine runs num_spec_tokens=%d" % (confirm_k, k), field="confirm_k",
+                                  hint="deploy the predicted k there, or set confirm_k to %d" % k)
+    return notes, engine_k
+
+
+def describe_checks(states, engines):
+    """What the report says each side was found to run, before the first request."""
+    out = {}
+    for side, state in states.items():
+        engine = engines.get(side)
+        seen = state.get("speculative")
+        out[side] = {
+            "engine_line": (engine_log.format_config(engine["config"]) if engine and engine["found"] else
+                            "not found in the log" if engine else "not given"),
+            "metrics": ("no /metrics page" if seen is None else
+                        "vllm:spec_decode_* counters, %s per-position series" % state.get("k") if seen else
+                        "no vllm:spec_decode_* counters"),
+        }
+    return out
+
+
 def check_spec_states(states, commands=None):
     """Refuse a candidate that does not run speculative decoding and a baseline that does (``ValidationError``).
 
@@ -727,7 +825,8 @@ def _point_view(point, decision_row):
 
 def run_sweep(params, measure=None):
     """The ``spec_sweep`` module's work; ``params`` are its options. Everything refusable is refused before the first
-    request (inputs, protocol, report context, each side's speculative state from /metrics and the commands).
+    request (inputs, protocol, report context, each side's speculative state from its engine line, /metrics and the
+    commands).
 
     ``measure``: ``bench_run.measure`` (tests may pass another with its signature).
     """
@@ -778,7 +877,14 @@ def run_sweep(params, measure=None):
     commands = {"baseline": spec_state_from_command(ctx.get("baseline_command")),
                 "candidate": spec_state_from_command(ctx.get("candidate_command"), ctx.get("candidate_env"))}
     notes = check_spec_states(states, commands)
-    current_k = params.get("current_k") or states["candidate"].get("k")
+    engines = {side: spec_state_from_engine(params.get(ENGINE_FIELDS[side]), ENGINE_FIELDS[side]) for side in endpoints}
+    engine_notes, engine_k = check_engine_states(engines, states, params.get("method"), params.get("current_k"), params.get("confirm_k"))
+    notes += engine_notes
+    if all(engine is None for engine in engines.values()):
+        notes.append("no engine line was given (baseline_engine_config, candidate_engine_config), so what each side runs was "
+                     "checked on /metrics and the commands only")
+    checks = describe_checks(states, engines)
+    current_k = params.get("current_k") or engine_k or states["candidate"].get("k")
     if sweep["num_speculative_tokens"] and current_k:
         deeper = [k for k in sweep["num_speculative_tokens"] if k > current_k]
         if len(deeper) == len(sweep["num_speculative_tokens"]):
@@ -820,7 +926,7 @@ def run_sweep(params, measure=None):
         measurements.append(item)
         _write_json(json_path, data)  # after every measurement: an interrupted sweep resumes from here
     result = analyse(measurements, sweep, params, current_k)
-    data.update(complete=True, context=context, result=result, notes=notes + result["notes"],
+    data.update(complete=True, context=context, result=result, notes=notes + result["notes"], checks=checks,
                 title=params.get("title") or "Speculative decoding load and k sweep", generated_at=bench_run.now())
     data["resumed"] = len(state["done"])
     paths = bench_report.write_sweep_report(data, report_dir, basename=name, plots=params["plots"])
@@ -828,7 +934,7 @@ def run_sweep(params, measure=None):
         result["break_even"]["reason"] if result["break_even"] else "n/a",
         (result["target"] or {}).get("decision", {}).get("decision", "n/a"), result["k"].get("reason"), paths["markdown"]))
     return {"changed": False, "points": result["points"], "break_even": result["break_even"], "break_even_by_kind": result["break_even_by_kind"],
-            "decision": result["target"], "k": result["k"], "notes": data["notes"], "resumed": data["resumed"],
+            "decision": result["target"], "k": result["k"], "checks": checks, "notes": data["notes"], "resumed": data["resumed"],
             "measured": len(state["todo"]), "report_markdown": paths["markdown"], "report_json": paths["json"], "plots": paths["plots"],
             "progress_file": progress.path}
 

@@ -26,8 +26,11 @@ description:
     deployed k, the sweep's own A/B at that load is the measurement.
   - The decision for O(target_qps) uses the sweep point at or above it.
   - Checks, before any inference request, that the candidate runs speculative decoding and the baseline does not.
-    It reads the C(vllm:spec_decode_*) counters on C(/metrics) and the commands in O(report_context). It also reads
-    the candidate's k from the number of per-position series.
+    It reads each side's engine-config line (O(baseline_engine_config), O(candidate_engine_config),
+    O(confirm_engine_config), which show what the engine really runs), the C(vllm:spec_decode_*) counters on C(/metrics) and the
+    commands in O(report_context). It reads the candidate's k from its engine line, else from the number of
+    per-position series, and refuses an engine line whose method or k contradicts O(method), O(current_k),
+    O(confirm_k) or the same side's C(/metrics).
   - Writes C(<report_name>.json) after every measurement. O(resume_from) set to that file continues an interrupted
     sweep without measuring finished points again. At the end it writes the Markdown report and PNG plots
     (speedup and TPOT against load with the break-even and target QPS, the per-position curve with the k prediction).
@@ -85,6 +88,21 @@ options:
       - Cost of one proposed token as a fraction of a baseline decode step, for the k model. By default it is
         measured at the lowest load, from both sides' TPOT and the candidate's mean acceptance length.
     type: float
+  baseline_engine_config:
+    description:
+      - What the baseline's engine logged at start-up. Either the registered result of M(alauda.spec_decoding.engine_config)
+        (or M(alauda.spec_decoding.llmisvc_engine_config)) for it, of which C(found) and C(speculative_config) are read,
+        or a dict whose C(line) is the "Initializing a V1 LLM engine" line.
+      - Refused when the line shows a speculative config. With C(found=false) the check falls back to C(/metrics), with a note.
+    type: dict
+  candidate_engine_config:
+    description:
+      - As O(baseline_engine_config), for the candidate. Refused when the line shows C(speculative_config=None), or a
+        method other than O(method), or a k other than O(current_k) or than its C(/metrics) shows.
+    type: dict
+  confirm_engine_config:
+    description: As O(candidate_engine_config), for O(confirm_url); its k must be O(confirm_k).
+    type: dict
   confirm_url:
     description: Base URL of a server that runs the predicted k (O(confirm_k)), for the confirmation A/B.
     type: str
@@ -207,6 +225,14 @@ seealso:
 """
 
 EXAMPLES = r"""
+- name: Read what each engine really runs from its predictor log
+  alauda.spec_decoding.engine_config:
+    name: "{{ item }}"
+    namespace: models
+    expected_from_inference_service: false
+  loop: [llama-baseline, llama-ngram]
+  register: engines
+
 - name: Up to what load does ngram pay, and with which k
   alauda.spec_decoding.spec_sweep:
     baseline_url: http://llama-baseline.models.svc
@@ -217,6 +243,9 @@ EXAMPLES = r"""
     k_candidates: [1, 2, 3, 4, 5]
     report_dir: /tmp/tune
     report_context: "{{ my_context }}"
+    # what each engine really runs, from its start-up log (refused before any request if it contradicts the sweep)
+    baseline_engine_config: "{{ engines.results[0] }}"
+    candidate_engine_config: "{{ engines.results[1] }}"
   register: sweep
 
 - name: Confirm the predicted k on a second endpoint, reusing the sweep's measurements
@@ -258,6 +287,15 @@ decision:
   description: The keep/roll_back decision at the sweep point at or above O(target_qps) (C(load), C(decision), C(speedup)).
   returned: always
   type: dict
+checks:
+  description:
+    - Per side (C(baseline), C(candidate), C(confirm)) what was found before the first request, C(engine_line) (the
+      printed speculative config, V(not found in the log) or V(not given)) and C(metrics).
+  returned: always
+  type: dict
+  sample: {"baseline": {"engine_line": "speculative_config=None", "metrics": "no vllm:spec_decode_* counters"},
+           "candidate": {"engine_line": "SpeculativeConfig(method='ngram', model=None, num_spec_tokens=5)",
+                         "metrics": "vllm:spec_decode_* counters, 5 per-position series"}}
 k:
   description:
     - C(prediction) (table of expected tokens, cost and gain per k, C(predicted_k)), C(confirmation) (C(status) V(confirmed),
@@ -316,6 +354,9 @@ def main():
             k_candidates=dict(type="list", elements="int"),
             current_k=dict(type="int"),
             verify_cost_ratio=dict(type="float"),
+            baseline_engine_config=dict(type="dict"),
+            candidate_engine_config=dict(type="dict"),
+            confirm_engine_config=dict(type="dict"),
             confirm_url=dict(type="str"),
             confirm_model=dict(type="str"),
             confirm_k=dict(type="int"),
@@ -324,7 +365,7 @@ def main():
             **protocol_arg_spec(report_name="sweep"),
         ),
         required_one_of=[("request_rates", "concurrencies")],
-        required_by={"confirm_url": ("confirm_k",), "k_candidates": ("method",)},
+        required_by={"confirm_url": ("confirm_k",), "confirm_engine_config": ("confirm_url",), "k_candidates": ("method",)},
         supports_check_mode=True,
     )
     if not prometheus_text.HAS_PROMETHEUS_CLIENT:

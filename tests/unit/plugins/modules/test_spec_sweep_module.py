@@ -15,6 +15,7 @@ import pytest
 from tests.loopback_http import serving
 from tests.module_run import run_module
 from tests.paced_server import paced_handler
+from tests.unit.plugins.module_utils.test_spec_sweep_run import engine_line
 
 GAP = 0.010
 TOKENS = 8
@@ -37,6 +38,9 @@ def servers():
         yield {"baseline": (b_url, base), "candidate": (c_url, cand), "confirm": (k_url, k1)}
 
 
+# What the paced servers stand for, as vLLM prints it in its engine-config line (the module's engine_config shape).
+BASE_ENGINE = {"found": True, "speculative_config": None}
+CAND_ENGINE = {"found": True, "speculative_config": {"method": "ngram", "model": None, "num_spec_tokens": 3}}
 CONTEXT = {"gpu_model": "none (paced loopback server)", "gpu_count": 0, "model": "paced", "dtype": "none", "vllm_version": "none",
            "image": "none", "baseline_command": ["paced-sse"],
            "candidate_command": ["paced-sse", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']}
@@ -73,8 +77,12 @@ def png_size(path):
 
 def test_concurrency_sweep_finds_the_built_in_break_even_and_resumes(servers, tmp_path):
     before = posts(servers)
-    out = run_module("spec_sweep", args(servers, tmp_path, verify_cost_ratio=0.2))
+    out = run_module("spec_sweep", args(servers, tmp_path, verify_cost_ratio=0.2, baseline_engine_config=BASE_ENGINE,
+                                        candidate_engine_config=dict(CAND_ENGINE, changed=False, item="llama-ngram")))
     assert not out.failed, out.msg
+    assert out["checks"] == {"baseline": {"engine_line": "speculative_config=None", "metrics": "no vllm:spec_decode_* counters"},
+                             "candidate": {"engine_line": "SpeculativeConfig(method='ngram', model=None, num_spec_tokens=3)",
+                                           "metrics": "vllm:spec_decode_* counters, 3 per-position series"}}
     be = out["break_even"]
     assert be["kind"] == "concurrency" and be["status"] == "crossed", be
     assert (be["last_keep_load"], be["first_roll_back_load"]) == (2, 4), be["reason"]
@@ -96,7 +104,8 @@ def test_concurrency_sweep_finds_the_built_in_break_even_and_resumes(servers, tm
     assert out["k"]["confirmation"]["status"] == "not_measured" and out["k"]["recommended_k"] is None
     # the report: Markdown, JSON (resumable), two labelled PNGs
     md = open(out["report_markdown"], encoding="utf-8").read()
-    for needle in ("## Break-even (concurrency)", "Hardware: GPU model", "Runtime: vLLM version", "Speculative decoding:",
+    for needle in ("## Break-even (concurrency)", "| candidate | SpeculativeConfig(method='ngram', model=None, num_spec_tokens=3) |",
+                   "Hardware: GPU model", "Runtime: vLLM version", "Speculative decoding:",
                    "Recommended k: n/a", "-load.png", "-k.png"):
         assert needle in md, needle
     assert png_size(out["plots"]["load"]) == (1000, 400) and png_size(out["plots"]["k"]) == (1000, 400)
@@ -162,6 +171,13 @@ def test_predicted_k_is_confirmed_by_a_measured_ab(servers, tmp_path):
     ({"report_context": dict(CONTEXT, baseline_command=CONTEXT["candidate_command"])}, "report_context.baseline_command", "baseline"),
     ({"target_qps": 4.0}, "target_qps", "needs request_rates"),
     ({"confirm_url": "http://127.0.0.1:9", "confirm_k": 2, "k_candidates": [1, 2, 3]}, "confirm_url", "not the k=2"),
+    # what the engines logged (real vLLM 0.32 lines): a baseline that runs ngram, a candidate without a proposer or with
+    # another method, a log of another server than the URL
+    ({"baseline_engine_config": {"line": "ngram"}}, "baseline_engine_config", "so it is no baseline"),
+    ({"candidate_engine_config": {"line": "baseline"}}, "candidate_engine_config", "speculative_config=None"),
+    ({"candidate_engine_config": {"line": "eagle3"}}, "method", "runs method 'eagle3'"),
+    ({"candidate_engine_config": {"line": "ngram"}}, "candidate_engine_config", "different servers"),
+    ({"candidate_engine_config": CAND_ENGINE, "current_k": 2}, "current_k", "runs num_spec_tokens=3"),
 ])
 def test_bad_input_is_refused_before_any_request(servers, tmp_path, over, field, needle):
     over = dict(over)
@@ -172,6 +188,9 @@ def test_bad_input_is_refused_before_any_request(servers, tmp_path, over, field,
         a["candidate_url"] = a["baseline_url"]
     if "confirm_url" in over:
         over["confirm_url"] = servers["confirm"][0]  # serves k=1
+    for key in ("baseline_engine_config", "candidate_engine_config"):
+        if "line" in over.get(key, {}):
+            over[key] = {"line": engine_line(over[key]["line"])}
     a.update(over)
     before = posts(servers)
     out = run_module("spec_sweep", a)

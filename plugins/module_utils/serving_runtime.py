@@ -440,6 +440,29 @@ def resolve(isvc, reader, runtime_flag=None, missing_runtime="fail"):
     return result, warnings, problem, effective
 
 
+def flag_locations(isvc, effective=None):
+    """``(locations, source)``: where the predictor's vLLM gets a speculative flag from, as verify reports it.
+
+    With a runtime (``effective`` from ``effective_command``): each source in command-line order, the predictor's own
+    as ``kserve-container`` and the runtime's as ``<kind> <name>``. Without one (a custom predictor, or a runtime that
+    could not be read): every predictor container (``spec.predictor.model``, then ``spec.predictor.containers``) whose
+    command or args carry the flag in any form. ``source`` is ``effective.source()``, or ``inference_service`` when
+    only the predictor's containers carry it, else None.
+    """
+    if effective is not None and effective.runtime is not None:
+        where = ["kserve-container" if source == SOURCE_ISVC else "%s %s" % (effective.kind, effective.runtime_name)
+                 for source in effective.sources()]
+        return where, effective.source()
+    predictor = (isvc.get("spec") or {}).get("predictor") or {}
+    containers = ([predictor["model"]] if predictor.get("model") is not None else []) + list(predictor.get("containers") or [])
+    where = []
+    for container in containers:
+        argv = list(container.get("command") or []) + list(container.get("args") or [])
+        if vllm_command.strip_speculative_config(argv) != argv:
+            where.append(container.get("name") or "kserve-container")
+    return where, (SOURCE_ISVC if where else None)
+
+
 def _strip_container(container):
     """(new command, new args) of a runtime container without any speculative flag."""
     return (vllm_command.strip_speculative_config(container.get("command")),
@@ -547,6 +570,9 @@ class ClientReader:
 
     A 404 (object or CRD missing) reads as None / []; a 403 on cluster-scoped runtimes is remembered in
     ``forbidden`` and reads as none, so a namespaced identity still resolves namespaced runtimes.
+
+    One reader is one snapshot: each runtime and each list is read once per reader. A rollback resolves the merged
+    command before and after its strip; both must see the same runtime (and it saves the second round trip).
     """
 
     PLURALS = {SERVING_RUNTIME: "servingruntimes", CLUSTER_SERVING_RUNTIME: "clusterservingruntimes"}
@@ -555,8 +581,15 @@ class ClientReader:
         from kubernetes.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
         self.api = CustomObjectsApi(api_client)
         self.forbidden = []
+        self._read = {}
 
     def _call(self, kind, fn, *args):
+        key = (fn.__name__,) + args
+        if key not in self._read:
+            self._read[key] = self._fetch(kind, fn, *args)
+        return self._read[key]
+
+    def _fetch(self, kind, fn, *args):
         try:
             return fn(*args)
         except Exception as exc:  # pylint: disable=broad-except

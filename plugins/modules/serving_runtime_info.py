@@ -133,6 +133,19 @@ ignored_flags:
   returned: always
   type: list
   elements: dict
+flag_locations:
+  description:
+    - Where vLLM gets a speculative flag from. With a runtime, each source in command-line order (V(kserve-container)
+      for the predictor's own, C(<kind> <name>) for the runtime's). Without one (a custom predictor, or a runtime not
+      found), every predictor container whose command or args carry the flag in any form.
+  returned: always
+  type: list
+  elements: str
+  sample: ["ClusterServingRuntime vllm-runtime"]
+flag_source:
+  description: RV(source) with a runtime; without one V(inference_service) when a predictor container carries the flag, else null.
+  returned: always
+  type: str
 inference_service:
   description: The InferenceService as read from the cluster (so a caller needs no second read).
   returned: when O(name) is given and O(inference_service) is not
@@ -179,6 +192,7 @@ def run(module, api_client):
         isvc = k8s_pods.get_inference_service(api_client, params["namespace"], params["name"])
     reader = serving_runtime.ClientReader(api_client)
     result, warnings, problem, effective = serving_runtime.resolve(isvc, reader, params["runtime_flag"], params["missing_runtime"])
+    result["flag_locations"], result["flag_source"] = serving_runtime.flag_locations(isvc, effective)
     if params["list_users"] and effective is not None and effective.runtime is not None:
         result["users"] = reader.users(effective)
     if params["name"] and params["inference_service"] is None:

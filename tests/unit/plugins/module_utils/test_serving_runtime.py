@@ -203,6 +203,23 @@ def test_custom_predictor_has_no_runtime():
     assert eff.runtime is None and eff.source() == sr.SOURCE_ISVC and eff.as_dict()["runtime"] is None
 
 
+def test_flag_locations_name_the_runtime_or_the_containers():
+    rt = runtime("vllm-runtime", namespace=None, args=RT_ARGS + ["--speculative-config=" + json.dumps(NGRAM)], command=VLLM)
+    both = isvc(args=["--speculative-config", json.dumps(EAGLE)])
+    assert sr.flag_locations(both, sr.effective_command(both, Reader([], [rt]))) == (
+        ["ClusterServingRuntime vllm-runtime", "kserve-container"], sr.SOURCE_ISVC)
+    plain = runtime("vllm-runtime", namespace=None, args=RT_ARGS, command=VLLM)
+    assert sr.flag_locations(isvc(), sr.effective_command(isvc(), Reader([], [plain]))) == ([], None)
+    # no runtime (custom predictor, or one that could not be read): every container whose argv carries the flag, any form
+    script = "exec vllm serve /mnt/models --speculative-config '%s'\n" % json.dumps(NGRAM)
+    custom = {"metadata": {"name": "c", "namespace": "ns"}, "spec": {"predictor": {"containers": [
+        {"name": "kserve-container", "command": ["bash", "-c", script]}, {"name": "sidecar", "command": ["sleep", "inf"]}]}}}
+    assert sr.flag_locations(custom) == (["kserve-container"], sr.SOURCE_ISVC)
+    unread = isvc(args=["--speculative-config=" + json.dumps(EAGLE)])
+    assert sr.flag_locations(unread, None) == (["kserve-container"], sr.SOURCE_ISVC)
+    assert sr.flag_locations(isvc(args=["--seed", "0"])) == ([], None)
+
+
 # -- rollback fixes ---------------------------------------------------------------------------
 
 def test_runtime_strip_patch_and_copy():
@@ -264,6 +281,28 @@ def test_client_reader_reads_404_and_403_as_nothing():
     assert [r["metadata"]["name"] for r in reader.list(sr.SERVING_RUNTIME, "ns")] == ["x"]
     with pytest.raises(sr.SpecDecodingError, match="reading ClusterServingRuntimes failed"):
         reader.list(sr.CLUSTER_SERVING_RUNTIME, None)
+
+
+def test_client_reader_reads_each_runtime_once():
+    """The rollback resolves the merged command before and after its strip through one reader: one GET, one snapshot."""
+    calls = []
+
+    class Api:
+        def get_namespaced_custom_object(self, *args):
+            calls.append(args)
+            return runtime(args[-1], command=VLLM)
+
+        def list_namespaced_custom_object(self, *args):
+            calls.append(args)
+            return {"items": [runtime("x")]}
+
+    reader = sr.ClientReader(None)
+    reader.api = Api()
+    first = sr.effective_command(isvc(), reader)
+    again = sr.effective_command(isvc(), reader)
+    assert first.runtime is again.runtime and first.runtime_name == "vllm-runtime"
+    assert reader.list(sr.SERVING_RUNTIME, "ns") == reader.list(sr.SERVING_RUNTIME, "ns")
+    assert len(calls) == len(set(calls)) == 2, calls  # the runtime's GET and the list, each once
 
 
 def test_unreadable_flag_value_is_reported_not_raised():

@@ -810,6 +810,14 @@ def lws_groups(pods):
 # ----------------------------------------------------------------------------------------------------------------
 # Cluster reads (a kubernetes.client.ApiClient; the kubernetes library is imported only here)
 
+def api_error(what, exc, field):
+    """A SpecDecodingError carrying the API server's own message (a 403 names the user, the verb and the resource)."""
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError  # pylint: disable=import-outside-toplevel
+    hint = "grant the verb on the resource named above (docs/rbac.md lists the rules each playbook needs)" if getattr(exc, "status", None) == 403 else None
+    return SpecDecodingError("%s failed: %s" % (what, k8s_pods.api_error_message(exc)), field=field, hint=hint)
+
+
 def _custom_api(api_client):
     from kubernetes.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
     return CustomObjectsApi(api_client)
@@ -824,7 +832,7 @@ def get(api_client, namespace, name, version=DEFAULT_API_VERSION):
         if exc.status == 404:
             raise ValidationError("LLMInferenceService %s/%s not found" % (namespace, name), field="name",
                                   hint="check name and namespace (kubectl get llminferenceservices -n %s)" % namespace) from exc
-        raise
+        raise api_error("reading LLMInferenceService %s/%s" % (namespace, name), exc, "name") from exc
 
 
 def read_presets(api_client, obj, system_namespace="kserve", version=DEFAULT_API_VERSION, config_prefix=WELL_KNOWN_PREFIX,
@@ -896,6 +904,7 @@ def read_env_sources(api_client, obj, presets=None, config_prefix=WELL_KNOWN_PRE
     that fails otherwise (e.g. forbidden) gives None and the reason. Secrets are never read."""
     from kubernetes.client import CoreV1Api  # pylint: disable=import-outside-toplevel
     from kubernetes.client.rest import ApiException  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
     namespace = obj["metadata"]["namespace"]
     out, cache = {}, {}
     for name, key, _optional in env_configmap_refs(obj, presets, config_prefix):
@@ -903,7 +912,7 @@ def read_env_sources(api_client, obj, presets=None, config_prefix=WELL_KNOWN_PRE
             try:
                 cache[name] = (CoreV1Api(api_client).read_namespaced_config_map(name, namespace).data or {}, None)
             except ApiException as exc:
-                cache[name] = ({}, None) if exc.status == 404 else (None, "HTTP %s %s" % (exc.status, exc.reason))
+                cache[name] = ({}, None) if exc.status == 404 else (None, k8s_pods.api_error_message(exc))
         data, reason = cache[name]
         out[(name, key)] = {"value": None, "reason": reason} if data is None else {"value": data.get(key) or "", "reason": None}
     return out
@@ -1097,7 +1106,8 @@ def rollout_pending(api_client, obj, presets=None):
             except ApiException as exc:
                 if exc.status == 404:
                     return "pool %s: LeaderWorkerSet %s does not exist yet" % (pool, lws_name(name, pool))
-                raise
+                raise api_error("reading LeaderWorkerSet %s/%s (the pool's rollout)" % (namespace, lws_name(name, pool)), exc,
+                                "name") from exc
             why = lws_rollout_pending(lws, pool)
             if why:
                 return why
@@ -1108,7 +1118,7 @@ def rollout_pending(api_client, obj, presets=None):
         except ApiException as exc:
             if exc.status == 404:
                 return "pool %s: Deployment %s does not exist yet" % (pool, dep_name)
-            raise
+            raise api_error("reading Deployment %s/%s (the pool's rollout)" % (namespace, dep_name), exc, "name") from exc
         want = dep.spec.replicas if dep.spec.replicas is not None else 1
         st = dep.status
         if (st.observed_generation or 0) < (dep.metadata.generation or 0):

@@ -153,7 +153,7 @@ def _patch(api_client, params, ops, dry_run):
     kwargs = {"field_manager": ROLLBACK_FIELD_MANAGER}
     if dry_run:
         kwargs["dry_run"] = "All"
-    api = llmisvc._custom_api(api_client)  # pylint: disable=protected-access
+    api = llmisvc._custom_api(api_client)
     args = (llmisvc.GROUP, params["api_version"], params["namespace"], llmisvc.PLURAL, params["name"], ops)
     try:
         return api.patch_namespaced_custom_object(*args, _content_type="application/json-patch+json", **kwargs)
@@ -194,9 +194,10 @@ def run(module, api_client):
         if exc.status == 422 and "test" in str(exc.body or ""):
             raise SpecDecodingError("LLMInferenceService %s/%s changed while the rollback read it (a JSON patch test failed)"
                                     % (params["namespace"], params["name"]), field="name", hint="rerun the rollback") from exc
-        raise
+        raise llmisvc.api_error("patching LLMInferenceService %s/%s" % (params["namespace"], params["name"]), exc,
+                                "name") from exc
     result.update(resource=after, generation=after["metadata"].get("generation"))
-    if module._diff:  # pylint: disable=protected-access
+    if module._diff:
         result["diff"] = {"before": {"spec": copy.deepcopy(obj.get("spec"))}, "after": {"spec": after.get("spec")}}
     return True, result
 

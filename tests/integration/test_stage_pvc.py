@@ -368,6 +368,10 @@ def test_controller_port_in_use_fails_clearly_and_starts_no_job(tmp_path, kubeco
     assert "did not start listening on 127.0.0.1:%d" % port in msg, msg
     assert "Address already in use" in msg and "stage_pvc_controller_port" in msg and "No Job was started" in msg
     assert not _batch(k8s_client).list_namespaced_job(namespace).items
+    # the controller temp directory of the ready markers is removed on the failure path too
+    ready_dir = run.result("Make a directory for the file servers' ready markers")["path"]
+    assert os.path.basename(ready_dir).startswith("spec-decoding-serve-")
+    assert run.result("Remove the file servers' ready markers")["changed"] and not os.path.exists(ready_dir), ready_dir
 
 
 def test_missing_source_fails_before_anything_is_written(tmp_path, kubeconfig, k8s_client, namespace):

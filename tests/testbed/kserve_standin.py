@@ -112,6 +112,35 @@ def _normalise_mode(value: str | None) -> str:
     return {"RawDeployment": "Standard", "Serverless": "Knative"}.get(value or "Standard", value or "Standard")
 
 
+def apply_or_create(api, base_path: str, desired: dict, same, spec_keys=None) -> dict:
+    """A controller's write of one object it owns: read ``<base_path>/<name>``, create it on 404, return the live object
+    when ``same(live, desired)`` says nothing changed, else replace it (PUT) with ``desired``'s labels and annotations and
+    its ``spec`` (only the ``spec_keys`` that ``desired`` sets, when given: the rest of the live spec, with the API
+    server's defaults, stays). ``same`` may adjust ``desired`` first (e.g. keep a pod-template annotation)."""
+    from .rest import ApiError  # pylint: disable=import-outside-toplevel
+    meta = desired["metadata"]
+    try:
+        live = api.get(f"{base_path}/{meta['name']}")
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        return api.post(base_path, desired)
+    if same(live, desired):
+        return live
+    live["metadata"]["labels"] = meta["labels"]
+    live["metadata"]["annotations"] = meta["annotations"]
+    if spec_keys is None:
+        live["spec"] = desired["spec"]
+    else:
+        live["spec"].update({k: desired["spec"][k] for k in spec_keys if k in desired["spec"]})
+    return api.put(f"{base_path}/{meta['name']}", live)
+
+
+def same_spec_hash(live: dict, desired: dict) -> bool:
+    """The ``same`` of apply_or_create for objects the stand-ins label with the hash of what they render."""
+    return (live["metadata"].get("annotations") or {}).get(HASH_ANNOTATION) == desired["metadata"]["annotations"][HASH_ANNOTATION]
+
+
 class ControllerLoop:
     """A controller stand-in's reconcile thread: lists its resources and the Deployments it owns, reconciles each
     object, polls fast while either changes and slowly when idle. Subclasses set the class attributes and
@@ -609,18 +638,9 @@ class KServeStandIn(ControllerLoop):
             pod_spec.pop("initContainers")
 
     @staticmethod
-    def _apply_deployment(api, desired: dict) -> dict:
-        from .rest import ApiError  # pylint: disable=import-outside-toplevel
-        meta = desired["metadata"]
-        base = f"/apis/apps/v1/namespaces/{meta['namespace']}/deployments"
-        try:
-            live = api.get(f"{base}/{meta['name']}")
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
-            return api.post(base, desired)
-        # A spec change that leaves this predictor's pod template as it was (a canary added, removed or re-weighted) does
-        # not roll its pods: keep the generation annotation of the pods that run (KServe's Deployment stays untouched too).
+    def _same_pods(live: dict, desired: dict) -> bool:
+        """A spec change that leaves this predictor's pod template as it was (a canary added, removed or re-weighted) does
+        not roll its pods: keep the generation annotation of the pods that run (KServe's Deployment stays untouched too)."""
         live_tpl = copy.deepcopy(live["spec"]["template"])
         want_tpl = copy.deepcopy(desired["spec"]["template"])
         live_gen = (live_tpl["metadata"].get("annotations") or {}).pop(GEN_ANNOTATION, None)
@@ -629,15 +649,12 @@ class KServeStandIn(ControllerLoop):
                 _strip_defaults(live_tpl) == _strip_defaults(want_tpl):
             desired["spec"]["template"]["metadata"]["annotations"][GEN_ANNOTATION] = live_gen
             _rehash(desired)
-        if (live["metadata"].get("annotations") or {}).get(HASH_ANNOTATION) == meta["annotations"][HASH_ANNOTATION]:
-            return live
-        live["metadata"]["labels"] = meta["labels"]
-        live["metadata"]["annotations"] = meta["annotations"]
-        live["spec"]["template"] = desired["spec"]["template"]
-        live["spec"]["replicas"] = desired["spec"]["replicas"]
-        if "progressDeadlineSeconds" in desired["spec"]:
-            live["spec"]["progressDeadlineSeconds"] = desired["spec"]["progressDeadlineSeconds"]
-        return api.put(f"{base}/{meta['name']}", live)
+        return same_spec_hash(live, desired)
+
+    @staticmethod
+    def _apply_deployment(api, desired: dict) -> dict:
+        return apply_or_create(api, f"/apis/apps/v1/namespaces/{desired['metadata']['namespace']}/deployments", desired,
+                               KServeStandIn._same_pods, spec_keys=("template", "replicas", "progressDeadlineSeconds"))
 
     def _apply_service(self, api, isvc: dict, svc_name: str | None = None) -> None:
         from .rest import ApiError  # pylint: disable=import-outside-toplevel

@@ -37,7 +37,7 @@ import hashlib
 import json
 import time
 
-from .kserve_standin import GEN_ANNOTATION, HASH_ANNOTATION, ControllerLoop, KServeStandIn, _now
+from .kserve_standin import GEN_ANNOTATION, HASH_ANNOTATION, ControllerLoop, KServeStandIn, _now, same_spec_hash, apply_or_create
 from .kubelet import PodBehaviour
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1alpha2", "llminferenceservices"
@@ -516,21 +516,8 @@ class LLMISvcStandIn(ControllerLoop):
 
     @staticmethod
     def _apply_lws(api, desired: dict) -> dict:
-        from .rest import ApiError  # pylint: disable=import-outside-toplevel
-        meta = desired["metadata"]
-        base = f"/apis/{LWS_GROUP}/{LWS_VERSION}/namespaces/{meta['namespace']}/{LWS_PLURAL}"
-        try:
-            live = api.get(f"{base}/{meta['name']}")
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
-            return api.post(base, desired)
-        if (live["metadata"].get("annotations") or {}).get(HASH_ANNOTATION) == meta["annotations"][HASH_ANNOTATION]:
-            return live
-        live["metadata"]["labels"] = meta["labels"]
-        live["metadata"]["annotations"] = meta["annotations"]
-        live["spec"] = desired["spec"]
-        return api.put(f"{base}/{meta['name']}", live)
+        return apply_or_create(api, f"/apis/{LWS_GROUP}/{LWS_VERSION}/namespaces/{desired['metadata']['namespace']}/{LWS_PLURAL}",
+                               desired, same_spec_hash)
 
     @staticmethod
     def _delete_lws(api, ns, lws_name):

@@ -39,6 +39,22 @@ def _deploy_vars(namespace, kserve_ns):
                 spec_decoding_artifacts={"pvc_name": "model-store", "draft_subdir": "tiny-eagle3"})
 
 
+def assert_rolled_back(run, k8s_client, namespace, generation):
+    """The rollback run stripped the EAGLE-3 flag, read KServe's presets without a 403, proved the engine runs no
+    proposer, and left the rest of the decode container (its ConfigMap env) alone. Returns the live object."""
+    assert not [w for w in _warnings(run) if PRESET_WARNING in w], _warnings(run)
+    strip = run.result("Strip the speculative config")
+    assert strip["changed"] is True and strip["previous_config"]["decode"]["method"] == "eagle3"
+    proved = run.result("Prove no pool's engine runs a proposer")
+    assert proved["pools"]["decode"]["speculative_config"] is None
+    live = _get(k8s_client, namespace, NAME)
+    assert live["metadata"]["generation"] == generation
+    container = live["spec"]["template"]["containers"][0]
+    assert vllm_command.find_speculative_config(container["command"]) is None
+    assert container["env"][-1]["valueFrom"]["configMapKeyRef"]["name"] == ARGS_CONFIGMAP  # the rest is untouched
+    return live
+
+
 def _warnings(run):
     return [w for _name, _host, res in run.tasks for w in res.get("warnings") or []]
 
@@ -107,16 +123,7 @@ def test_deploy_verify_rollback_an_llminferenceservice_with_only_the_documented_
         _common(namespace, kserve_namespace), rollback_names=["%s/%s" % (namespace, NAME)], rollback_wait_timeout=60,
         rollback_wait_sleep=1, rollback_verify_delay=1))
     assert rollback.rc == 0, rollback.output
-    assert not [w for w in _warnings(rollback) if PRESET_WARNING in w], _warnings(rollback)
-    strip = rollback.result("Strip the speculative config")
-    assert strip["changed"] and strip["previous_config"]["decode"]["method"] == "eagle3"
-    proved = rollback.result("Prove no pool's engine runs a proposer")
-    assert proved["pools"]["decode"]["speculative_config"] is None
-    live = _get(k8s_client, namespace, NAME)
-    assert live["metadata"]["generation"] == 3
-    container = live["spec"]["template"]["containers"][0]
-    assert vllm_command.find_speculative_config(container["command"]) is None
-    assert container["env"][-1]["valueFrom"]["configMapKeyRef"]["name"] == ARGS_CONFIGMAP  # the rest is untouched
+    assert_rolled_back(rollback, k8s_client, namespace, generation=3)
     print("3 playbook runs with the documented Roles: %.1f s" % (time.monotonic() - start))
 
 

@@ -16,15 +16,13 @@ import yaml
 from tests.integration.test_canary_schedule import run_job
 from tests.integration.test_llmisvc_rollback import GROUP, PLURAL, VERSION, _api, _get, _render
 from tests.integration.test_rbac import kserve_namespace  # noqa: F401  pylint: disable=unused-import
-from tests.integration.test_rbac_llmisvc import PRESET_WARNING, _warnings
+from tests.integration.test_rbac_llmisvc import ARGS_CONFIGMAP, assert_rolled_back
 from tests.integration.test_rollback import render_schedule
 from tests.paths import read_capture
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import vllm_command
 
 NAME = "llama-eagle3"
 SCHEDULE = "spec-decoding-rollback"
-ARGS_CONFIGMAP = "vllm-args"
 LLM_RULES = sorted([
     (("serving.kserve.io",), ("llminferenceservices",), ("get", "list", "patch", "watch")),
     (("serving.kserve.io",), ("llminferenceserviceconfigs",), ("get",)),
@@ -84,17 +82,8 @@ def test_scheduled_llminferenceservice_rollback_with_the_rendered_rbac_then_a_re
     first = run_job(tmp_path, k8s_client, namespace, container, volumes, job_sa, "run-1")
     assert first.rc == 0, first.output
     # KServe's namespace was readable (the well-known presets are 404 there, not a 403 skipped with a warning)
-    assert not [w for w in _warnings(first) if PRESET_WARNING in w], _warnings(first)
-    strip = first.result("Strip the speculative config")
-    assert strip["changed"] is True and strip["previous_config"]["decode"]["method"] == "eagle3"
-    proved = first.result("Prove no pool's engine runs a proposer")
-    assert proved["pools"]["decode"]["speculative_config"] is None
-    live = _get(k8s_client, namespace, NAME)
-    assert live["metadata"]["generation"] == 2
-    main = live["spec"]["template"]["containers"][0]
-    assert vllm_command.find_speculative_config(main["command"]) is None
+    live = assert_rolled_back(first, k8s_client, namespace, generation=2)
     assert "--speculative-config" not in yaml.safe_dump(live["spec"])
-    assert main["env"][-1]["valueFrom"]["configMapKeyRef"]["name"] == ARGS_CONFIGMAP  # the rest is untouched
     spec, generation = live["spec"], live["metadata"]["generation"]
 
     second = run_job(tmp_path, k8s_client, namespace, container, volumes, job_sa, "run-2")

@@ -568,6 +568,9 @@ def as_bench_summary(figures):
 
 
 DEFAULT_P99_TOLERANCE = 0.5
+# Below 100 requests a side's p99 is its slowest request or two: one cold or stalled request would decide. The tails
+# are then reported, not decided on.
+P99_MIN_REQUESTS = 100
 P99_CHECKS = (("ttft", "p99 TTFT"), ("tpot", "p99 TPOT (per-token latency)"))
 
 
@@ -625,6 +628,13 @@ def decide(stable, canary, min_requests=20, tolerances=None, missing=None, p99_t
     verdict = bench_report.decide(as_bench_summary(stable), as_bench_summary(canary), tolerances=tolerances)
     tolerance = check_p99_tolerance(p99_tolerance)
     tail_checks, tail_reasons = _p99_checks(stable, canary, tolerance) if tolerance is not None else ([], [])
+    fewest = min(stable["requests"], canary["requests"])
+    if tail_checks and fewest < P99_MIN_REQUESTS:
+        for check in tail_checks:
+            check.update(passed=None, decided=False)
+        tail_reasons = []
+        verdict["reasons"] = verdict["reasons"] + ["p99 TTFT/TPOT reported, not decided on: a side finished %d requests in the window, "
+                                                   "fewer than the %d a p99 needs (lengthen the window)" % (fewest, P99_MIN_REQUESTS)]
     if verdict["decision"] == "keep" and not tail_reasons:
         return {"decision": "promote", "reasons": verdict["reasons"], "checks": verdict["checks"] + tail_checks,
                 "tolerances": dict(verdict["tolerances"], p99=tolerance)}

@@ -59,6 +59,8 @@ options:
     description:
       - How much worse (a fraction, may exceed 1) the canary's p99 TTFT and p99 TPOT may be than the stable revision's;
         a worse tail rolls back even when the medians win. V(null) leaves the tails out of the decision.
+      - The tails decide only when both sides finished at least 100 requests in the window (below that a p99 is the
+        slowest request or two); otherwise they are reported with C(passed=null) and a reason saying so.
     type: float
     default: 0.5
   model_name:

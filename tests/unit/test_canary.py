@@ -120,9 +120,9 @@ def _figures_with_tail(n, ttft, tpot, tail_tpot, tail_n):
 
 
 def test_a_worse_p99_rolls_back_a_canary_whose_medians_win():
-    stable = _figures(0.05, 0.03, 50)
-    # 49 requests twice as fast per token, one stalls at 0.2 s per token: medians and the output rate win, the tail loses
-    tail = _figures_with_tail(50, 0.05, 0.015, 0.2, 1)
+    stable = _figures(0.05, 0.03, 100)
+    # 98 requests twice as fast per token, two stall at 0.2 s per token: medians and the output rate win, the tail loses
+    tail = _figures_with_tail(100, 0.05, 0.015, 0.2, 2)
     assert tail["tpot_ms"]["median"] < stable["tpot_ms"]["median"]
     assert tail["output_rate_per_request"] > stable["output_rate_per_request"]
     assert tail["tpot_ms"]["p99"] > 1.5 * stable["tpot_ms"]["p99"]
@@ -136,9 +136,21 @@ def test_a_worse_p99_rolls_back_a_canary_whose_medians_win():
     unchecked = canary.decide(stable, tail, min_requests=20, p99_tolerance=None)
     assert unchecked["decision"] == "promote" and not [c for c in unchecked["checks"] if c["metric"].endswith("_p99")]
     # a slower canary with a worse tail too: the benchmark's median reasons come first, the tail's after them
-    slow = canary.decide(stable, _figures_with_tail(50, 0.07, 0.045, 0.3, 1), min_requests=20)
+    slow = canary.decide(stable, _figures_with_tail(100, 0.07, 0.045, 0.3, 2), min_requests=20)
     assert slow["decision"] == "roll_back" and slow["reasons"][0].startswith("median TTFT got worse")
     assert slow["reasons"][-1].startswith("p99 TPOT (per-token latency) got worse")
+
+
+def test_a_p99_of_too_few_requests_is_reported_not_decided_on():
+    """17 requests: the p99 is the one cold request. The medians decide; the tail checks are kept, undecided."""
+    stable = _figures(0.05, 0.03, 17)
+    tail = _figures_with_tail(17, 0.05, 0.015, 0.2, 1)
+    assert tail["tpot_ms"]["p99"] > 1.5 * stable["tpot_ms"]["p99"]
+    verdict = canary.decide(stable, tail, min_requests=10)
+    assert verdict["decision"] == "promote", verdict
+    tails = [c for c in verdict["checks"] if c["metric"].endswith("_p99")]
+    assert tails and all(c["passed"] is None and c["decided"] is False for c in tails)
+    assert "reported, not decided on: a side finished 17 requests" in verdict["reasons"][-1]
 
 
 @pytest.mark.parametrize("value", [-0.1, "wide"])

@@ -11,8 +11,10 @@ export ANSIBLE_COLLECTIONS_PATH="$root/.build/collections"
 
 banner() { printf '\n===== %s =====\n' "$*"; }
 
-# Each pytest tier writes a JUnit report here; at exit (also after a failure) hack/test_summary.py prints the table of
-# tiers (tests, passed, failed, skipped, wall seconds) and the slowest tests, so CI's log shows where the time went.
+# Each pytest tier writes a JUnit report here, and one line per test with its wall and CPU seconds and its ansible-playbook
+# runs (<tier>-cost-<worker>.jsonl, tests/conftest.py); at exit (also after a failure) hack/test_summary.py prints the
+# table of tiers (tests, passed, failed, skipped, wall seconds, budget), the slowest tests and the tests that cost the
+# most CPU, so CI's log shows where the time went.
 results="$root/.build/test-results"
 rm -rf "$results"
 mkdir -p "$results"
@@ -22,7 +24,7 @@ run_pytest() {
   # Usage: run_pytest <label> <pytest args...>
   local label=$1; shift
   local rc=0
-  python -m pytest --junitxml="$results/$label.xml" --durations=10 "$@" || rc=$?
+  ALAUDA_TEST_COST="$results/$label-cost" python -m pytest --junitxml="$results/$label.xml" --durations=10 "$@" || rc=$?
   if [[ $rc -eq 5 ]]; then
     echo "test: the $label tier collected no tests; that is a failure (a tier that tests nothing proves nothing)" >&2
     return 1

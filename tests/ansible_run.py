@@ -6,13 +6,24 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import textwrap
+import time
 
 import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Every ansible-playbook run of this process: (playbook, wall seconds, CPU seconds of it and its children). tests/conftest.py
+# reports them per test (the cost table of `make test`, see hack/test_summary.py).
+PLAYBOOK_RUNS = []
+
+
+def children_cpu():
+    """CPU seconds (user + system) of this process's waited-for children so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 class PlaybookRun:
@@ -38,6 +49,12 @@ class PlaybookRun:
         found = [res for name, _h, res in self.tasks if name_fragment in name]
         assert found, "no task named like %r ran; tasks: %s\n%s" % (name_fragment, [n for n, _h, _r in self.tasks], self.output)
         return found[-1]
+
+    def case_tasks(self, case_id):
+        """Names of the tasks one case of `run_cases` ran, in order (its include and rescue excluded)."""
+        names = [name for name, _h, _r in self.tasks]
+        start, end = names.index("case %s" % case_id), names.index("done %s" % case_id)
+        return [n.split(" : ", 1)[-1] for n in names[start + 1:end] if not n.startswith("failed ")]
 
     @property
     def failed(self):
@@ -82,5 +99,42 @@ def run_playbook(tmp_path, playbook=None, tasks=None, extra_vars=None, kubeconfi
         cmd.append("--diff")
     if verbosity:
         cmd.append("-" + "v" * verbosity)
+    wall0, cpu0 = time.monotonic(), children_cpu()
     proc = subprocess.run(cmd, cwd=REPO, env=run_env, capture_output=True, text=True, timeout=timeout, check=False)
+    # A run in a thread (the fault tests) may overlap another child's exit: the CPU is then shared out roughly.
+    PLAYBOOK_RUNS.append((os.path.relpath(playbook, REPO), time.monotonic() - wall0, children_cpu() - cpu0))
     return PlaybookRun(proc)
+
+
+DID_NOT_FAIL = "__DID_NOT_FAIL__"
+
+
+def cases_play(cases, always=None, name="cases"):
+    """One play that runs each `(case_id, task)` in its own block/rescue, so a failing case is recorded and the next
+    one still runs. Each case's result is `{msg, task}`: the failure message and the name of the task that failed, or
+    msg DID_NOT_FAIL. `always(case_id)` gives tasks to run after each case (e.g. a witness of what it wrote)."""
+    tasks = [{"name": "Start", "ansible.builtin.set_fact": {"cases_out": {}}}]
+    for cid, task in cases:
+        failed = {"name": "failed %s" % cid, "ansible.builtin.set_fact": {"cases_out": (
+            "{{ cases_out | combine({%r: {'msg': ansible_failed_result.msg | default(ansible_failed_result | string), "
+            "'task': ansible_failed_task.name}}) }}" % cid)}}
+        block = {"name": "block %s" % cid, "block": [dict(task, name="case %s" % cid)], "rescue": [failed]}
+        # The `done` marker runs for every case (it bounds the case's tasks in the run's task list); it records
+        # DID_NOT_FAIL only when the rescue did not record a failure first.
+        block["always"] = [{"name": "done %s" % cid, "ansible.builtin.set_fact": {"cases_out": (
+            "{{ cases_out if %r in cases_out else cases_out | combine({%r: {'msg': %r}}) }}" % (cid, cid, DID_NOT_FAIL))}}]
+        if always:
+            block["always"] += always(cid)
+        tasks.append(block)
+    tasks.append({"name": "cases results", "ansible.builtin.debug": {"var": "cases_out"}})
+    return [{"name": name, "hosts": "localhost", "gather_facts": False, "tasks": tasks}]
+
+
+def run_cases(tmp_path, cases, always=None, **kwargs):
+    """Run `cases_play(cases)` with one ansible-playbook (one interpreter start and collection load for all of them);
+    returns (PlaybookRun, {case_id: {msg, task}})."""
+    path = os.path.join(str(tmp_path), "cases.yml")
+    with open(path, "w") as handle:
+        yaml.safe_dump(cases_play(cases, always), handle, sort_keys=False, width=1000)
+    run = run_playbook(tmp_path, path, **kwargs)
+    return run, run.result("cases results")["cases_out"]

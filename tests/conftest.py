@@ -6,6 +6,8 @@ plain `pytest tests/unit` works too.
 import os
 import sys
 
+import pytest
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _COLLECTIONS = os.path.join(_ROOT, ".build", "collections")
 _LINK = os.path.join(_COLLECTIONS, "ansible_collections", "alauda", "spec_decoding")
@@ -76,3 +78,37 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.line("%s: %s" % (nodeid, reason))
     terminalreporter.line("%d test(s) skipped for a reason that is not by design: the session fails. Provide what is missing, "
                           "or, if the skip is by design, add its reason to tests/allowed_skips.yml with why." % len(_UNEXPECTED_SKIPS))
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Cost per test: wall seconds, CPU seconds (this process's threads, e.g. the test bed's stand-ins, plus its waited-for
+# children: ansible-playbook runs, module and tool processes) and the ansible-playbook runs it made. hack/test.sh sets
+# ALAUDA_TEST_COST to a path prefix; each pytest process (each xdist worker) appends one JSON line per test to
+# `<prefix>-<worker>.jsonl`, and hack/test_summary.py prints the tests that cost the most CPU. On 2 busy cores CPU is
+# what a test really costs the tier (docs/DEVELOPING.md, "Keeping the suite fast").
+
+def _cpu_now():
+    import resource  # pylint: disable=import-outside-toplevel
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _write_cost(item, wall, cpu, runs):
+    import json  # pylint: disable=import-outside-toplevel
+    prefix = os.environ.get("ALAUDA_TEST_COST")
+    if not prefix:
+        return
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    record = {"test": item.nodeid, "wall": round(wall, 2), "cpu": round(cpu, 2), "playbooks": len(runs),
+              "playbook_cpu": round(sum(r[2] for r in runs), 2), "playbook_wall": round(sum(r[1] for r in runs), 2)}
+    with open("%s-%s.jsonl" % (prefix, worker), "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):  # pylint: disable=unused-argument
+    import time  # pylint: disable=import-outside-toplevel
+    from tests.ansible_run import PLAYBOOK_RUNS  # pylint: disable=import-outside-toplevel
+    wall0, cpu0, runs0 = time.monotonic(), _cpu_now(), len(PLAYBOOK_RUNS)
+    yield
+    _write_cost(item, time.monotonic() - wall0, _cpu_now() - cpu0, PLAYBOOK_RUNS[runs0:])

@@ -11,9 +11,10 @@ import types
 
 import pytest
 
-from tests.ansible_run import PlaybookRun, run_playbook
+from tests.ansible_run import DID_NOT_FAIL, PlaybookRun, run_cases, run_playbook
 from tests.integration.test_deploy import _get, _vars, engine_log
 from tests.testbed import airgap
+from tests.testbed.fixtures import module_namespace
 from tests.testbed.registry import ensure_tools
 
 NAME = "llama-eagle3"
@@ -141,19 +142,32 @@ EARLY = [
 ]
 
 
-@pytest.mark.parametrize("overrides,field,mentions", [c[1:] for c in EARLY], ids=[c[0] for c in EARLY])
-def test_air_gapped_inventory_with_internet_sources_fails_before_any_write(tmp_path, kubeconfig, k8s_client, namespace,
-                                                                           overrides, field, mentions):
-    run = run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", kubeconfig=kubeconfig,
-                       extra_vars=_vars(namespace, "airgap-bad", spec_decoding_air_gapped=True, **overrides))
-    assert run.rc != 0
+@pytest.fixture(scope="module")
+def early_runs(tmp_path_factory, kubeconfig, controlplane):
+    """Every EARLY case in one ansible-playbook run (a block/rescue per case, the role included as deploy-eagle3.yml
+    does), in a namespace of its own: (run, {case: {msg, task}}, namespace)."""
+    with module_namespace(controlplane, "airgap-early") as namespace:
+        cases = [(cid, {"ansible.builtin.include_role": {"name": "alauda.spec_decoding.inference_service"},
+                        "vars": dict(_vars(namespace, "airgap-bad-%d" % index, spec_decoding_air_gapped=True, **overrides),
+                                     inference_service_method="eagle3")})
+                 for index, (cid, overrides, _field, _mentions) in enumerate(EARLY)]
+        run, results = run_cases(tmp_path_factory.mktemp("airgap-early"), cases, kubeconfig=kubeconfig)
+        yield run, results, namespace
+
+
+@pytest.mark.parametrize("index,overrides,field,mentions", [(i,) + c[1:] for i, c in enumerate(EARLY)], ids=[c[0] for c in EARLY])
+def test_air_gapped_inventory_with_internet_sources_fails_before_any_write(early_runs, k8s_client, index, overrides, field,  # pylint: disable=unused-argument
+                                                                           mentions):
+    run, results, namespace = early_runs
+    cid = EARLY[index][0]
+    assert results[cid]["msg"] != DID_NOT_FAIL, run.output
     # the very first task refuses: nothing was read from or written to the cluster or a registry before it
-    ran = [name.split(" : ", 1)[-1] for name, _h, _r in run.tasks if "Validating arguments against arg spec" not in name]
+    ran = [name for name in run.case_tasks(cid) if "Validating arguments against arg spec" not in name]
     assert ran == ["Refuse sources that need the internet (air-gapped inventory), before anything is read or written"], run.output
-    msg = run.failed[-1]["msg"]
+    msg = results[cid]["msg"]
     assert msg.startswith(field + ":") or (" | " + field + ":") in msg, msg
     assert "air_gapped" in msg and "Fix:" in msg and mentions in msg, msg
-    assert _get(k8s_client, namespace, "airgap-bad") is None
+    assert _get(k8s_client, namespace, "airgap-bad-%d" % index) is None
 
 
 def test_air_gapped_gitops_render_writes_no_file_and_connected_inventory_is_not_checked(tmp_path):

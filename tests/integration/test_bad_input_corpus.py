@@ -27,7 +27,7 @@ import urllib.request
 import pytest
 import yaml
 
-from tests.ansible_run import REPO, run_playbook
+from tests.ansible_run import DID_NOT_FAIL, REPO, run_cases, run_playbook
 from tests.module_run import run_module
 from tests.testbed import registry as testbed_registry
 
@@ -358,25 +358,6 @@ def _task(case, subst):
     return {"name": "case %s" % cid, "ansible.builtin.include_role": {"name": "alauda.spec_decoding." + what}, "vars": data}
 
 
-def _play(cases, subst, witness_url):
-    tasks = [{"name": "Start", "ansible.builtin.set_fact": {"corpus_out": {}}}]
-    for case in cases:
-        cid = case[0]
-        tasks.append({
-            "name": "block %s" % cid,
-            "block": [_task(case, subst),
-                      {"name": "no failure %s" % cid,
-                       "ansible.builtin.set_fact": {"corpus_out": "{{ corpus_out | combine({'%s': '__DID_NOT_FAIL__'}) }}" % cid}}],
-            "rescue": [{"name": "failed %s" % cid, "ansible.builtin.set_fact": {
-                "corpus_out": "{{ corpus_out | combine({'%s': ansible_failed_result.msg | default(ansible_failed_result | string)}) }}" % cid}}],
-        })
-        if witness_url:
-            tasks[-1]["always"] = [{"name": "witness %s" % cid, "ansible.builtin.debug": {
-                "msg": "{{ lookup('ansible.builtin.url', '%s/mark?case=%s', split_lines=false) }}" % (witness_url, cid)}}]
-    tasks.append({"name": "corpus results", "ansible.builtin.debug": {"var": "corpus_out"}})
-    return [{"name": "Bad-input corpus", "hosts": "localhost", "gather_facts": False, "tasks": tasks}]
-
-
 @pytest.fixture
 def registry(tmp_path):
     testbed_registry.ensure_tools()
@@ -412,7 +393,7 @@ def _settle(witness, seconds=3.0, timeout=60):
 def _check(case, msg, before, after, problems, rows):
     cid, entry, what, _data, field, fix = case
     wrote = _diff(before, after)
-    ok_fail = msg is not None and msg != "__DID_NOT_FAIL__"
+    ok_fail = msg is not None and msg != DID_NOT_FAIL
     text = msg or ""
     ok_field, ok_fix = field in text, fix in text
     rows.append((cid, entry, what.split("|")[-1].strip().split("(")[0].replace("alauda.spec_decoding.", ""), field,
@@ -428,7 +409,7 @@ def _check(case, msg, before, after, problems, rows):
 def _run_module(name, args):
     """Run a module in this process the way ansible's module runner does; its failure message, or __DID_NOT_FAIL__."""
     result = run_module(name, args)
-    return result.msg if result.failed else "__DID_NOT_FAIL__"
+    return result.msg if result.failed else DID_NOT_FAIL
 
 
 def _run_filter(expr, value):
@@ -442,7 +423,7 @@ def _run_filter(expr, value):
         plugin.FilterModule().filters()[short](value, *args)
     except AnsibleFilterError as exc:
         return str(exc)
-    return "__DID_NOT_FAIL__"
+    return DID_NOT_FAIL
 
 
 @pytest.mark.timeout(3000)
@@ -482,20 +463,18 @@ def test_bad_input_corpus(tmp_path, kubeconfig, k8s_client, controlplane, kserve
 
         # Roles: one ansible-playbook run, a block/rescue per case, the witness called after each case.
         batched = [c for c in CASES if c[1] == "role"]
-        play = []
-        for case in batched:
-            play.extend(_play([case], subst(case[0]), url)[0]["tasks"][1:-1])
-        doc = _play([], {}, url)
-        doc[0]["tasks"][1:1] = play
-        path = tmp_path / "corpus.yml"
-        path.write_text(yaml.safe_dump(doc, sort_keys=False, width=1000))
+
+        def witness_task(cid):
+            return [{"name": "witness %s" % cid, "ansible.builtin.debug": {
+                "msg": "{{ lookup('ansible.builtin.url', '%s/mark?case=%s', split_lines=false) }}" % (url, cid)}}]
+
         previous = witness.snapshot()
-        run = run_playbook(tmp_path, str(path), kubeconfig=kubeconfig, timeout=1800)
-        results = run.result("corpus results")["corpus_out"]
+        run, results = run_cases(tmp_path, [(c[0], _task(c, subst(c[0]))) for c in batched], always=witness_task,
+                                 kubeconfig=kubeconfig, timeout=1800)
         for case in batched:
             mark = witness.marks.get(case[0])
             assert mark is not None, "case %s never reached its witness:\n%s" % (case[0], run.output)
-            _check(case, results.get(case[0]), previous, mark, problems, rows)
+            _check(case, (results.get(case[0]) or {}).get("msg"), previous, mark, problems, rows)
             previous = mark
 
         # Playbooks: one ansible-playbook run each.
@@ -504,7 +483,7 @@ def test_bad_input_corpus(tmp_path, kubeconfig, k8s_client, controlplane, kserve
             before = witness.snapshot()
             (tmp_path / cid).mkdir()
             pb = run_playbook(tmp_path / cid, case[2], extra_vars=_fill(case[3], subst(cid)), kubeconfig=kubeconfig, timeout=600)
-            msg = "__DID_NOT_FAIL__" if pb.rc == 0 else "\n".join(str(r.get("msg", "")) for r in pb.failed) or pb.output
+            msg = DID_NOT_FAIL if pb.rc == 0 else "\n".join(str(r.get("msg", "")) for r in pb.failed) or pb.output
             _check(case, msg, before, witness.snapshot(), problems, rows)
     finally:
         witness.stop()

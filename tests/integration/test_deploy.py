@@ -6,8 +6,10 @@ import os
 
 import pytest
 
-from tests.ansible_run import run_playbook
+from tests.ansible_run import DID_NOT_FAIL, run_cases, run_playbook
+from tests.module_run import run_module
 from tests.paths import CAPTURES
+from tests.testbed.fixtures import module_namespace
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
 
@@ -134,12 +136,21 @@ def test_check_mode_writes_nothing_and_diff_shows_the_change(tmp_path, kubeconfi
      {"storageUri": "oci://registry.local/models/llama-eagle3:v1"}),
     ("pvc", {"pvc_name": "store"}, {"storageUri": "pvc://store/"}),
 ])
-def test_each_artifact_mode_is_accepted_by_the_real_crd(tmp_path, kubeconfig, k8s_client, kserve, namespace, mode, artifacts, expect):
+def test_each_artifact_mode_is_accepted_by_the_real_crd(kubeconfig, k8s_client, kserve, namespace, mode, artifacts, expect):
+    """The render of each artifact mode, applied the way the role applies it (server-side apply under the deploy's field
+    manager) and waited Ready: the real CRD's schema accepts it. The modules run in-process; the role's wiring of the
+    same path is what test_deploy_eagle3_creates_waits_verifies_and_reruns_unchanged runs as a playbook."""
     name = "m-" + mode.replace("_", "-")
-    kserve.set_behaviour(namespace, name, ready_after=0.5)
-    run = run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", kubeconfig=kubeconfig,
-                       extra_vars=_vars(namespace, name, spec_decoding_artifact_mode=mode, spec_decoding_artifacts=artifacts))
-    assert run.rc == 0, run.output
+    kserve.set_behaviour(namespace, name, ready_after=0.2)
+    rendered = run_module("isvc_manifest", {"name": name, "namespace": namespace, "method": "eagle3", "artifact_mode": mode,
+                                            "artifacts": artifacts, "runtime": BASE_VARS["spec_decoding_runtime"], "vllm_version": "0.32.0",
+                                            "dtype": "bfloat16", "gpu_count": 0})
+    assert not rendered.failed, rendered.msg
+    applied = run_module("kubernetes.core.k8s", {"kubeconfig": kubeconfig, "state": "present", "definition": rendered["manifest"],
+                                                 "apply": True, "server_side_apply": {"field_manager": "alauda-spec-decoding"}})
+    assert not applied.failed and applied["changed"], applied.msg
+    ready = run_module("isvc_wait", {"kubeconfig": kubeconfig, "name": name, "namespace": namespace, "timeout": 60})
+    assert not ready.failed, ready.msg
     isvc = _get(k8s_client, namespace, name)
     predictor = isvc["spec"]["predictor"]
     if "storageUris" in expect:
@@ -208,15 +219,26 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("overrides,field", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
-def test_bad_input_fails_before_writing(tmp_path, kubeconfig, k8s_client, namespace, overrides, field):
-    run = run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", kubeconfig=kubeconfig,
-                       extra_vars=_vars(namespace, "bad", **overrides))
-    assert run.rc != 0
-    failed = run.result("Render the InferenceService")
-    assert failed["failed"] is True
-    assert field in failed["msg"] and "Fix:" in failed["msg"], failed["msg"]
-    assert _get(k8s_client, namespace, "bad") is None
+@pytest.fixture(scope="module")
+def bad_input_runs(tmp_path_factory, kubeconfig, controlplane):
+    """Every BAD case in one ansible-playbook run (a block/rescue per case, the role included as deploy-eagle3.yml
+    does), in a namespace of its own: (run, {case: {msg, task}}, namespace)."""
+    with module_namespace(controlplane, "deploy-bad-input") as namespace:
+        cases = [(cid, {"ansible.builtin.include_role": {"name": "alauda.spec_decoding.inference_service"},
+                        "vars": dict(_vars(namespace, "bad-%d" % index, **overrides), inference_service_method="eagle3")})
+                 for index, (cid, overrides, _field) in enumerate(BAD)]
+        run, results = run_cases(tmp_path_factory.mktemp("deploy-bad-input"), cases, kubeconfig=kubeconfig)
+        yield run, results, namespace
+
+
+@pytest.mark.parametrize("index,overrides,field", [(i,) + b[1:] for i, b in enumerate(BAD)], ids=[b[0] for b in BAD])
+def test_bad_input_fails_before_writing(bad_input_runs, k8s_client, index, overrides, field):  # pylint: disable=unused-argument
+    run, results, namespace = bad_input_runs
+    result = results[BAD[index][0]]
+    assert result["msg"] != DID_NOT_FAIL, run.output
+    assert result["task"].split(" : ")[-1] == "Render the InferenceService", result
+    assert field in result["msg"] and "Fix:" in result["msg"], result["msg"]
+    assert _get(k8s_client, namespace, "bad-%d" % index) is None
 
 
 def test_invalid_name_is_refused_before_writing(tmp_path, kubeconfig, k8s_client, namespace):

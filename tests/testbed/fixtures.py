@@ -11,6 +11,7 @@ A failed build fails the tests (it is a defect of the machine setup, not a reaso
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import uuid
 
@@ -97,11 +98,12 @@ def kserve(controlplane, kubelet):
     standin.stop()
 
 
-@pytest.fixture
-def namespace(request, controlplane):
+@contextlib.contextmanager
+def module_namespace(controlplane, stem):
+    """A fresh namespace named `stem-<random>` for a module-scoped fixture (several tests reading one batch run); deleted
+    on exit."""
     from .rest import ApiError  # pylint: disable=import-outside-toplevel
-    stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-") or "t"
-    name = f"{stem}-{uuid.uuid4().hex[:6]}"
+    name = f"{stem[:40].strip('-')}-{uuid.uuid4().hex[:6]}"
     api = controlplane.rest()
     try:
         api.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
@@ -114,6 +116,13 @@ def namespace(request, controlplane):
                 raise
     finally:
         api.close()
+
+
+@pytest.fixture
+def namespace(request, controlplane):
+    stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-") or "t"
+    with module_namespace(controlplane, stem) as name:
+        yield name
 
 
 @pytest.fixture(scope="session")

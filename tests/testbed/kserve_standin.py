@@ -78,9 +78,10 @@ import hashlib
 import json
 import re
 import threading
-import time
+import urllib.parse
 
 from .kubelet import PodBehaviour
+from .wake import WatchWaker
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
 FINALIZER = "inferenceservice.finalizers"
@@ -142,8 +143,9 @@ def same_spec_hash(live: dict, desired: dict) -> bool:
 
 
 class ControllerLoop:
-    """A controller stand-in's reconcile thread: lists its resources and the Deployments it owns, reconciles each
-    object, polls fast while either changes and slowly when idle. Subclasses set the class attributes and
+    """A controller stand-in's reconcile thread: lists its resources and reconciles each object whenever a watch on
+    them, on the Deployments it owns or on what its reconcile reads reports a change (tests/testbed/wake.py), and at
+    least every ``idle_interval`` seconds (the resync for what no watch reports). Subclasses set the class attributes and
     ``reconcile(api, obj)``; ``self.cp``, ``poll_interval``, ``idle_interval``, ``errors`` are theirs."""
 
     LIST_PATH = ""
@@ -156,6 +158,7 @@ class ControllerLoop:
         self.poll_interval = poll_interval
         self.idle_interval = idle_interval
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread = None
         self.errors = []
         self.reconciles = 0
@@ -182,6 +185,7 @@ class ControllerLoop:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread:
             self._thread.join(timeout=10)
 
@@ -191,18 +195,23 @@ class ControllerLoop:
     def __exit__(self, *exc):
         self.stop()
 
+    def wake(self) -> None:
+        """Run a reconcile pass now (a behaviour set in this process changes nothing the API server could report)."""
+        self._wake.set()
+
+    def watched_paths(self) -> list:
+        """What wakes the loop: its resources and the Deployments it owns; subclasses add what their reconcile reads."""
+        return [self.LIST_PATH, "/apis/apps/v1/deployments?labelSelector=" + urllib.parse.quote(self.DEPLOYMENT_SELECTOR)]
+
     def _loop(self) -> None:
         from .rest import ApiError  # pylint: disable=import-outside-toplevel
         api = self.cp.rest()
+        waker = WatchWaker(self.cp, self.watched_paths(), self._wake, self._stop, name=self.NAME.replace(" ", "-")).start()
         try:
-            last_rv, last_change = None, time.monotonic()
             while not self._stop.is_set():
+                self._wake.clear()
                 try:
                     objs = api.get(self.LIST_PATH)
-                    deps = api.get("/apis/apps/v1/deployments", labelSelector=self.DEPLOYMENT_SELECTOR)
-                    rv = (objs["metadata"].get("resourceVersion"), deps["metadata"].get("resourceVersion"))
-                    if rv != last_rv:
-                        last_rv, last_change = rv, time.monotonic()
                     for obj in objs["items"]:
                         try:
                             self.reconcile(api, obj)
@@ -212,10 +221,11 @@ class ControllerLoop:
                 except Exception as exc:  # pylint: disable=broad-except
                     if not self._stop.is_set():
                         self.errors.append(f"{self.NAME} loop: {exc!r}")
-                # Poll fast while the resources or their Deployments change, slowly when idle.
-                busy = time.monotonic() - last_change < 3
-                self._stop.wait(self.poll_interval if busy else self.idle_interval)
+                # Woken by a watch event (or wake()); the resync interval covers what no watch reports.
+                self._wake.wait(self.idle_interval)
         finally:
+            self._stop.set()
+            waker.stop()
             api.close()
 
 
@@ -228,11 +238,15 @@ class KServeStandIn(ControllerLoop):
     FINALIZER_NAME = FINALIZER
 
     def __init__(self, controlplane, kubelet=None, poll_interval: float = 0.1, strict_runtimes: bool = False,
-                 progress_deadline_seconds: int | None = None, idle_interval: float = 0.5):
+                 progress_deadline_seconds: int | None = None, idle_interval: float = 2.0):
         self._init_loop(controlplane, poll_interval, idle_interval)
         self.kubelet = kubelet
         self.strict_runtimes = strict_runtimes
         self.progress_deadline_seconds = progress_deadline_seconds
+
+    def watched_paths(self) -> list:
+        # The runtime a predictor resolves to is read on every pass: a new or edited runtime wakes the loop too.
+        return super().watched_paths() + [f"/apis/{GROUP}/v1alpha1/servingruntimes", f"/apis/{GROUP}/v1alpha1/clusterservingruntimes"]
 
     # ---------------------------------------------------------------------------------------------
     # test controls

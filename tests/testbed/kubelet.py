@@ -42,6 +42,7 @@ import urllib.parse
 import uuid
 
 from .controlplane import free_port
+from .wake import WatchWaker
 
 NODE_NAME = "testbed-node"
 
@@ -208,14 +209,15 @@ class KubeletStandIn:
     """Kubelet + scheduler stand-in for one node. Use start()/stop() or a context manager."""
 
     def __init__(self, controlplane, node_name: str = NODE_NAME, log_dir: str | None = None,
-                 poll_interval: float = 0.1, idle_interval: float = 0.5):
+                 poll_interval: float = 0.1, idle_interval: float = 2.0):
         self.cp = controlplane
         self.node_name = node_name
         self.log_dir = log_dir
         self._own_log_dir = log_dir is None
         self.poll_interval = poll_interval
         self.idle_interval = idle_interval
-        self._pending_readiness = False
+        self._next_readiness = None  # monotonic time at which the next pod's ready_after ends
+        self._wake = threading.Event()
         self.port = None
         self._server = None
         self._threads = []
@@ -267,6 +269,7 @@ class KubeletStandIn:
         """Register `behaviour` for pods where match(pod_dict) is true (newest registration wins)."""
         with self._lock:
             self._behaviours.insert(0, (match, behaviour))
+        self.wake()
 
     def clear_behaviours(self) -> None:
         with self._lock:
@@ -298,6 +301,7 @@ class KubeletStandIn:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         for thread in self._threads:
             thread.join(timeout=10)
         if self._server is not None:
@@ -499,17 +503,20 @@ class KubeletStandIn:
         finally:
             api.close()
 
+    def wake(self) -> None:
+        """Run a pass over the pods now."""
+        self._wake.set()
+
     def _loop(self) -> None:
         from .rest import ApiError  # pylint: disable=import-outside-toplevel
         api = self.cp.rest()
+        waker = WatchWaker(self.cp, ["/api/v1/pods"], self._wake, self._stop, name=f"kubelet-{self.node_name}").start()
         try:
-            last_rv, last_change = None, time.monotonic()
             while not self._stop.is_set():
-                self._pending_readiness = False
+                self._wake.clear()
+                self._next_readiness = None
                 try:
                     pods = api.get("/api/v1/pods")
-                    if pods["metadata"].get("resourceVersion") != last_rv:
-                        last_rv, last_change = pods["metadata"].get("resourceVersion"), time.monotonic()
                     for pod in pods["items"]:
                         try:
                             self._handle_pod(api, pod)
@@ -519,10 +526,15 @@ class KubeletStandIn:
                 except Exception as exc:  # pylint: disable=broad-except
                     if not self._stop.is_set():
                         self.errors.append(f"kubelet loop: {exc!r}")
-                # Poll fast while pods change (or wait for a timed readiness), slowly when idle.
-                busy = time.monotonic() - last_change < 3 or self._pending_readiness
-                self._stop.wait(self.poll_interval if busy else self.idle_interval)
+                # Woken by a pod event (or a behaviour set in this process); else when the next pod's readiness delay
+                # ends, or after the resync interval.
+                wait = self.idle_interval
+                if self._next_readiness is not None:
+                    wait = min(wait, max(0.0, self._next_readiness - time.monotonic()) + 0.01)
+                self._wake.wait(wait)
         finally:
+            self._stop.set()
+            waker.stop()
             api.close()
 
     def _handle_pod(self, api, pod: dict) -> None:
@@ -564,7 +576,8 @@ class KubeletStandIn:
         ready = (not behaviour.crash_loop and behaviour.ready_after is not None
                  and time.monotonic() - started_mono >= behaviour.ready_after)
         if not ready and not behaviour.crash_loop and behaviour.ready_after is not None:
-            self._pending_readiness = True
+            due = started_mono + behaviour.ready_after
+            self._next_readiness = due if self._next_readiness is None else min(self._next_readiness, due)
         status = pod.get("status") or {}
         current_ready = {c["type"]: c["status"] for c in status.get("conditions") or []}.get("Ready")
         if status.get("phase") == "Running" and current_ready == ("True" if ready else "False") and \

@@ -36,6 +36,7 @@ import copy
 import hashlib
 import json
 import time
+import urllib.parse
 
 from .kserve_standin import GEN_ANNOTATION, HASH_ANNOTATION, ControllerLoop, KServeStandIn, _now, same_spec_hash, apply_or_create
 from .kubelet import PodBehaviour
@@ -339,9 +340,14 @@ class LLMISvcStandIn(ControllerLoop):
     NAME = "llmisvc stand-in"
     FINALIZER_NAME = FINALIZER
 
-    def __init__(self, controlplane, kubelet=None, poll_interval: float = 0.1, idle_interval: float = 0.5):
+    def __init__(self, controlplane, kubelet=None, poll_interval: float = 0.1, idle_interval: float = 2.0):
         self._init_loop(controlplane, poll_interval, idle_interval)
         self.kubelet = kubelet
+
+    def watched_paths(self) -> list:
+        # Presets (baseRefs) and the multi-node pools' pods are read on every pass.
+        return super().watched_paths() + [f"/apis/{GROUP}/{VERSION}/{CONFIG_PLURAL}", f"/apis/{LWS_GROUP}/{LWS_VERSION}/{LWS_PLURAL}",
+                                          "/api/v1/pods?labelSelector=" + urllib.parse.quote(LWS_LABELS["name"])]
 
     def set_behaviour(self, namespace: str, name: str, pool: str | None = None, ready_after: float | None = 0.0,
                       never_ready: bool = False, logs: dict | None = None, generation: int | None = None,

@@ -70,15 +70,20 @@ class Change:
 class Plan:
     """What a run changes: list replacements, the config that was there, and the backup to keep."""
 
-    def __init__(self, changes, previous_config, previous_raw, containers):
+    def __init__(self, changes, previous_config, previous_raw, containers, legacy_flags=None):
         self.changes = changes
         self.previous_config = previous_config  # dict or None
         self.previous_raw = previous_raw  # the flag text when it could not be parsed (e.g. "$SPEC")
         self.containers = containers  # names of the containers touched
+        self.legacy_flags = legacy_flags or {}  # {flag: value} of vLLM's pre-0.10 flags removed (no config dict for them)
 
     @property
     def changed(self):
         return bool(self.changes)
+
+
+def _occurrences(container):
+    return vllm_command.find_occurrences(container.command or []) + vllm_command.find_occurrences(container.args or [])
 
 
 def _container_config(container):
@@ -86,8 +91,7 @@ def _container_config(container):
     try:
         return vllm_command.find_speculative_config(container.command, container.args), None
     except ValidationError:
-        occ = vllm_command.find_occurrences(container.command or []) + vllm_command.find_occurrences(container.args or [])
-        return None, " ".join(o.raw or "" for o in occ)
+        return None, " ".join(o.raw or "" for o in _occurrences(container))
 
 
 def current_config(isvc):
@@ -113,6 +117,7 @@ def plan_strip(isvc, container_name=None):
     previous = None
     raw = None
     names = []
+    legacy = {}
     containers = predictor_containers(isvc)
     if container_name:
         containers = [_named_container(containers, container_name)]
@@ -131,7 +136,9 @@ def plan_strip(isvc, container_name=None):
             names.append(container.name)
             if previous is None and raw is None:
                 previous, raw = _container_config(container)
-    return Plan(changes, previous, raw, names)
+            for flag, value in vllm_command.legacy_flags(_occurrences(container)).items():
+                legacy.setdefault(flag, value)
+    return Plan(changes, previous, raw, names, legacy)
 
 
 def _check_list(items, field):
@@ -181,6 +188,13 @@ def plan_restore(isvc, backup, canonical_json=None):
 
     ``canonical_json`` is the backup's config already validated by the caller (None: exact restore only).
     """
+    legacy = backup.get("legacy_flags")
+    if legacy and not backup.get("config"):
+        raise ValidationError(
+            "the backup holds vLLM's legacy speculative flags (%s), which vLLM 0.10+ exits on and the deploy refuses; they are "
+            "not written back" % ", ".join("%s %s" % (f, "" if v is True else v) for f, v in legacy.items()), field="restore_backup",
+            hint="roll forward with state=present and config: %s (check it for the runtime's vLLM release)"
+            % vllm_command.legacy_replacement_json(legacy))
     containers = {c.path: c for c in predictor_containers(isvc)}
     saved = backup.get("containers") or {}
     exact = []
@@ -222,6 +236,8 @@ def backup_document(isvc, plan):
     doc = {"format": BACKUP_FORMAT, "config": plan.previous_config, "containers": containers}
     if plan.previous_raw and plan.previous_config is None:
         doc["raw"] = plan.previous_raw
+    if plan.legacy_flags:
+        doc["legacy_flags"] = dict(plan.legacy_flags)
     meta = (isvc or {}).get("metadata") or {}
     doc["generation"] = meta.get("generation")
     return doc

@@ -84,9 +84,9 @@ TOP_CONDITIONS = ("PresetsCombined", "WorkloadsReady", "RouterReady")
 WORKLOAD_CONDITIONS = ("MainWorkloadReady", "WorkerWorkloadReady", "PrefillWorkloadReady", "PrefillWorkerWorkloadReady",
                        "ScalingReady", "PrefillScalingReady")
 ROUTER_CONDITIONS = ("GatewaysReady", "HTTPRoutesReady", "InferencePoolReady", "SchedulerWorkloadReady", "TokenizerReady")
-# Flag spellings a leftover search looks for after a strip (a flag inside a quoted string, e.g. eval "...").
-_FLAG_WORDS = ("--speculative-config", "--speculative_config", "--spec-method", "--spec_method", "--spec-model",
-               "--spec_model", "--spec-tokens", "--spec_tokens")
+# Flag spellings a leftover search looks for after a strip (a flag inside a quoted string, e.g. eval "..."):
+# every spelling in vllm_command's registry, the legacy pre-0.10 flags included (except the short aliases).
+_FLAG_WORDS = tuple(s for s in vllm_command.flag_spellings() if s.startswith("--"))
 
 
 def check_resource_kind(kind, field="resource_kind"):

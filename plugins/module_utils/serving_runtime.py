@@ -551,13 +551,14 @@ def rollback_refusal(effective, users):
     """The message a rollback gives when, after stripping the InferenceService, the runtime's flag still reaches vLLM."""
     meta = effective.isvc["metadata"]
     who = "%s %s" % (effective.kind, effective.runtime_name)
-    return ("InferenceService %s/%s gets --speculative-config from the %s (shared by: %s); stripping the InferenceService "
+    names = vllm_command.flag_names([o for o, s, _f, r in effective.occurrences() if r and s == effective.runtime_source])
+    return ("InferenceService %s/%s gets %s from the %s (shared by: %s); stripping the InferenceService "
             "alone would leave the engine running speculative decoding, and the runtime is not edited silently. Nothing was "
             "changed. Fix: either run the rollback with runtime_copy (role: spec_decoding_rollback_runtime_copy: true), which "
             "creates the ServingRuntime %s/%s (the runtime without the flag, autoSelect off) and points this InferenceService "
             "at it, or with edit_runtime (role: spec_decoding_rollback_edit_runtime: true), which strips the flag from the %s "
             "itself and so from every InferenceService listed"
-            % (meta["namespace"], meta["name"], who, ", ".join(users) or "no other InferenceService",
+            % (meta["namespace"], meta["name"], ", ".join(names) or "--speculative-config", who, ", ".join(users) or "no other InferenceService",
                meta["namespace"], copy_name(meta["name"], effective.runtime_name), who))
 
 

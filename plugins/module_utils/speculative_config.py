@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 # The newest vLLM release this table was checked against; used when no version is given.
@@ -111,20 +112,8 @@ _KEY_HINTS = {
 }
 
 # Separate flags that older vLLM had and that no longer exist; they make the server refuse to start.
-REMOVED_FLAGS = {
-    "--speculative-model": "'model' inside --speculative-config",
-    "--num-speculative-tokens": "'num_speculative_tokens' inside --speculative-config",
-    "--ngram-prompt-lookup-max": "'prompt_lookup_max' inside --speculative-config",
-    "--ngram-prompt-lookup-min": "'prompt_lookup_min' inside --speculative-config",
-    "--speculative-draft-tensor-parallel-size": "'draft_tensor_parallel_size' inside --speculative-config",
-    "--speculative-max-model-len": "'max_model_len' inside --speculative-config",
-    "--speculative-disable-by-batch-size": "'disable_by_batch_size' inside --speculative-config",
-    "--speculative-model-quantization": "'quantization' inside --speculative-config",
-    "--spec-decoding-acceptance-method": "nothing (removed with the V0 engine)",
-    "--typical-acceptance-sampler-posterior-threshold": "nothing (removed with the V0 engine)",
-    "--typical-acceptance-sampler-posterior-alpha": "nothing (removed with the V0 engine)",
-    "--speculative-disable-mqa-scorer": "nothing (removed with the V0 engine)",
-}
+# Derived from vllm_command.SPECULATIVE_FLAGS (the one registry of speculative flags): flag -> what to write instead.
+REMOVED_FLAGS = {name: spec.replacement for name, spec in vllm_command.LEGACY_FLAGS.items()}
 # 0.24+ shorthand flags; each is mutually exclusive with the same key in the JSON.
 SHORTHAND_FLAGS = {"--spec-method": "method", "--spec-model": "model", "--spec-tokens": "num_speculative_tokens"}
 SHORTHAND_SINCE = (0, 24, 0)
@@ -450,7 +439,9 @@ def _flag_pattern(flag):
     return re.compile(r"(?:^|(?<=[\s'\"]))%s(?=$|[=\s'\"])" % re.escape(flag))
 
 
-_REMOVED_PATTERNS = [(flag, _flag_pattern(flag), repl) for flag, repl in REMOVED_FLAGS.items()]
+# Every spelling of a removed flag (``--speculative_model`` too), reported under its registry name.
+_REMOVED_PATTERNS = [(name, _flag_pattern(spelling), spec.replacement)
+                     for name, spec in vllm_command.LEGACY_FLAGS.items() for spelling in spec.spellings()]
 _SHORTHAND_PATTERNS = [(flag, _flag_pattern(flag), key) for flag, key in SHORTHAND_FLAGS.items()]
 
 

@@ -15,7 +15,13 @@ Forms recognised (vLLM 0.10 to 0.33):
 * ``--speculative-config <json>`` / ``--speculative-config=<json>`` (also ``--speculative_config``),
   the short alias ``-sc <json>`` / ``-sc=<json>``;
 * dotted keys ``--speculative-config.<key> <value>`` / ``--speculative-config.<key>=<value>``;
-* 0.24+ ``--spec-method``, ``--spec-model``, ``--spec-tokens`` (space or ``=`` form, ``_`` spelling too).
+* 0.24+ ``--spec-method``, ``--spec-model``, ``--spec-tokens`` (space or ``=`` form, ``_`` spelling too);
+* the legacy flags of vLLM before 0.10 (``--speculative-model``, ``--num-speculative-tokens``,
+  ``--ngram-prompt-lookup-max``... see SPECULATIVE_FLAGS), still in published manifests: older images run
+  speculative decoding with them, so a rollback must remove them too.
+
+SPECULATIVE_FLAGS is the one list of these flags (spellings, value arity); speculative_config.REMOVED_FLAGS
+is derived from it.
 
 Plain Python, no Ansible imports.
 """
@@ -27,40 +33,118 @@ import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
-# Flag name (as vLLM's argparse sees it after the shell) -> JSON key it sets (None: the whole JSON object).
-_JSON_FLAGS = ("--speculative-config", "--speculative_config", "-sc")
-_SPLIT_FLAGS = {
-    "--spec-method": "method",
-    "--spec_method": "method",
-    "--spec-model": "model",
-    "--spec_model": "model",
-    "--spec-tokens": "num_speculative_tokens",
-    "--spec_tokens": "num_speculative_tokens",
-}
-_DOTTED_PREFIXES = ("--speculative-config.", "--speculative_config.")
 _FLAG_HINT = "--speculative-config"
 _SCRIPT_SHELLS = ("bash", "sh", "dash", "zsh", "ksh", "ash")
 _VLLM_MODULE_RE = re.compile(r"(^|/)vllm(\.entrypoints\.[A-Za-z0-9_.]*api_server)?$")
 
+# --------------------------------------------------------------------------------------------------
+# The one registry of vLLM's speculative-decoding flags
+# --------------------------------------------------------------------------------------------------
+
+# What a flag takes after it: a value (the next argv word or ``=value``), nothing (argparse store_true),
+# or an optional true/false (vLLM's StoreBoolean with nargs='?': the next word only when it is a boolean).
+VALUE = "value"
+NO_VALUE = "none"
+OPTIONAL_BOOL = "optional bool"
+_BOOL_WORDS = ("true", "false")
+
+
+class FlagSpec:
+    """One speculative flag of vLLM's command line.
+
+    ``kind``: ``json`` (the whole config), ``split`` (0.24+ shorthand for one key) or ``legacy`` (the separate
+    flags of vLLM before 0.10, V0 engine; vLLM 0.10+ exits on them as unrecognized arguments, older images run
+    speculative decoding with them). ``key``: the ``--speculative-config`` key it sets or maps to (None: none);
+    ``value``: VALUE, NO_VALUE or OPTIONAL_BOOL; ``replacement``: what to write instead (legacy flags);
+    ``aliases``: other spellings argparse maps to it. Every ``--`` spelling also matches with ``_`` for ``-``
+    (vLLM's FlexibleArgumentParser turns ``--speculative_model`` into ``--speculative-model``).
+    """
+
+    __slots__ = ("name", "kind", "key", "value", "replacement", "aliases")
+
+    def __init__(self, name, kind, key, value=VALUE, replacement=None, aliases=()):
+        self.name = name
+        self.kind = kind
+        self.key = key
+        self.value = value
+        self.replacement = replacement
+        self.aliases = tuple(aliases)
+
+    def spellings(self):
+        out = []
+        for name in (self.name,) + self.aliases:
+            out.append(name)
+            if name.startswith("--"):
+                out.append("--" + name[2:].replace("-", "_"))
+        return out
+
+
+_V0 = "nothing (removed with the V0 engine)"
+# vLLM 0.6-0.7 vllm/engine/arg_utils.py (add_cli_args) for the legacy flags; 0.10-0.33 for the others.
+# Not here: --num-lookahead-slots (a scheduler setting that exists without speculative decoding and alone enables none).
+SPECULATIVE_FLAGS = (
+    FlagSpec("--speculative-config", "json", None, aliases=("-sc",)),
+    FlagSpec("--spec-method", "split", "method"),
+    FlagSpec("--spec-model", "split", "model"),
+    FlagSpec("--spec-tokens", "split", "num_speculative_tokens"),
+    FlagSpec("--speculative-model", "legacy", "model", replacement="'model' inside --speculative-config"),
+    FlagSpec("--num-speculative-tokens", "legacy", "num_speculative_tokens",
+             replacement="'num_speculative_tokens' inside --speculative-config"),
+    FlagSpec("--ngram-prompt-lookup-max", "legacy", "prompt_lookup_max", replacement="'prompt_lookup_max' inside --speculative-config"),
+    FlagSpec("--ngram-prompt-lookup-min", "legacy", "prompt_lookup_min", replacement="'prompt_lookup_min' inside --speculative-config"),
+    FlagSpec("--speculative-draft-tensor-parallel-size", "legacy", "draft_tensor_parallel_size",
+             replacement="'draft_tensor_parallel_size' inside --speculative-config", aliases=("-spec-draft-tp",)),
+    FlagSpec("--speculative-max-model-len", "legacy", "max_model_len", replacement="'max_model_len' inside --speculative-config"),
+    FlagSpec("--speculative-disable-by-batch-size", "legacy", "disable_by_batch_size",
+             replacement="'disable_by_batch_size' inside --speculative-config"),
+    FlagSpec("--speculative-model-quantization", "legacy", "quantization", replacement="'quantization' inside --speculative-config"),
+    FlagSpec("--speculative-disable-mqa-scorer", "legacy", None, NO_VALUE, replacement=_V0),
+    FlagSpec("--spec-decoding-acceptance-method", "legacy", None, replacement=_V0),
+    FlagSpec("--typical-acceptance-sampler-posterior-threshold", "legacy", None, replacement=_V0),
+    FlagSpec("--typical-acceptance-sampler-posterior-alpha", "legacy", None, replacement=_V0),
+    FlagSpec("--disable-logprobs-during-spec-decoding", "legacy", None, OPTIONAL_BOOL, replacement=_V0),
+)
+_DOTTED = FlagSpec("--speculative-config.<key>", "dotted", None)
+_SPELLINGS = {spelling: spec for spec in SPECULATIVE_FLAGS for spelling in spec.spellings()}
+LEGACY_FLAGS = {spec.name: spec for spec in SPECULATIVE_FLAGS if spec.kind == "legacy"}
+_DOTTED_PREFIXES = ("--speculative-config.", "--speculative_config.")
+# Substrings that make an argv element worth lexing as a script (a flag as one of its shell words).
+_FLAG_HINTS = ("--spec", "-sc") + tuple(s for s in _SPELLINGS if "--spec" not in s and "-sc" not in s)
+
+
+def flag_spellings():
+    """Every spelling of every speculative flag (for leftover searches after a strip)."""
+    return tuple(_SPELLINGS)
+
 
 def classify_flag(word):
-    """Return (kind, key, inline_value) for an argv word that is a speculative flag, else None.
+    """Return (kind, key, inline_value, spec) for an argv word that is a speculative flag, else None.
 
-    kind is ``json`` (whole config), ``dotted`` (one key of the config) or ``split`` (0.24+ flags);
-    inline_value is the text after ``=`` or None when the value is the next word.
+    kind is ``json`` (whole config), ``dotted`` (one key of the config), ``split`` (0.24+ flags) or ``legacy``
+    (pre-0.10 separate flags); inline_value is the text after ``=`` or None when the value (if any) is the next word.
     """
     if not isinstance(word, str) or not word.startswith("-"):
         return None
     name, sep, value = word.partition("=")
     inline = value if sep else None
-    if name in _JSON_FLAGS:
-        return ("json", None, inline)
-    if name in _SPLIT_FLAGS:
-        return ("split", _SPLIT_FLAGS[name], inline)
+    spec = _SPELLINGS.get(name)
+    if spec is not None:
+        return (spec.kind, spec.key, inline, spec)
     for prefix in _DOTTED_PREFIXES:
         if name.startswith(prefix) and len(name) > len(prefix):
-            return ("dotted", name[len(prefix):].replace("-", "_"), inline)
+            return ("dotted", name[len(prefix):].replace("-", "_"), inline, _DOTTED)
     return None
+
+
+def _takes_next(spec, word):
+    """Does ``spec`` (written without ``=``) take ``word``, the next argv word, as its value?"""
+    if spec.value == NO_VALUE:
+        return False
+    if spec.value == OPTIONAL_BOOL:
+        return str(word).strip().lower() in _BOOL_WORDS
+    if spec.kind == "legacy" and re.match(r"--?[A-Za-z]", str(word)):
+        return False  # argparse refuses an option as the value: the next word is the next option, not ours
+    return True
 
 
 # --------------------------------------------------------------------------------------------------
@@ -383,11 +467,11 @@ def simple_commands(tokens):
 class Occurrence:
     """One speculative flag found in a list: where it is and what it says."""
 
-    __slots__ = ("index", "kind", "key", "raw", "form", "flag_token", "value_token", "has_value", "literal")
+    __slots__ = ("index", "kind", "key", "raw", "form", "flag_token", "value_token", "has_value", "literal", "flag")
 
-    def __init__(self, index, kind, key, raw, form, flag_token=None, value_token=None, has_value=True, literal=True):
+    def __init__(self, index, kind, key, raw, form, flag_token=None, value_token=None, has_value=True, literal=True, flag=None):
         self.index = index  # list element holding the flag
-        self.kind = kind  # json | dotted | split
+        self.kind = kind  # json | dotted | split | legacy
         self.key = key
         self.raw = raw  # the value text as vLLM receives it (None: no value)
         self.form = form  # argv | argv_inline | script | script_inline
@@ -395,9 +479,10 @@ class Occurrence:
         self.value_token = value_token
         self.has_value = has_value
         self.literal = literal  # False: the value is a shell expansion ($VAR, $(...)) known only at run time
+        self.flag = flag  # the flag's registry name (``--speculative-model`` for ``--speculative_model=x`` too)
 
     def as_dict(self):
-        return {"index": self.index, "kind": self.kind, "key": self.key, "value": self.raw, "form": self.form}
+        return {"index": self.index, "kind": self.kind, "key": self.key, "value": self.raw, "form": self.form, "flag": self.flag}
 
 
 def _is_script_index(items, index):
@@ -430,21 +515,21 @@ def _script_occurrences(text, index):
                 if info[2] is None or "=" not in rawtok or any(c in rawtok[:rawtok.index("=")] for c in "$`"):
                     info = None
             if info:
-                kind, key, inline = info
+                kind, key, inline, spec = info
                 if inline is not None:
                     if not tok.literal:
                         rawtok = text[tok.start:tok.end]
                         inline = rawtok[rawtok.index("=") + 1:]
-                    found.append(Occurrence(index, kind, key, inline, "script_inline", tok, None, literal=tok.literal))
+                    found.append(Occurrence(index, kind, key, inline, "script_inline", tok, None, literal=tok.literal, flag=spec.name))
                     i += 1
                     continue
                 nxt = words[i + 1] if i + 1 < len(words) else None
-                if nxt is not None and nxt[1] and nxt[0].kind == "word":
+                if nxt is not None and nxt[1] and nxt[0].kind == "word" and _takes_next(spec, nxt[0].value):
                     raw = nxt[0].value if nxt[0].literal else _expansion_text(text, nxt[0])
-                    found.append(Occurrence(index, kind, key, raw, "script", tok, nxt[0], literal=nxt[0].literal))
+                    found.append(Occurrence(index, kind, key, raw, "script", tok, nxt[0], literal=nxt[0].literal, flag=spec.name))
                     i += 2
                     continue
-                found.append(Occurrence(index, kind, key, None, "script", tok, None, has_value=False))
+                found.append(Occurrence(index, kind, key, None, "script", tok, None, has_value=False, flag=spec.name))
             i += 1
     return found
 
@@ -473,22 +558,22 @@ def find_occurrences(items):
             continue
         info = classify_flag(word)
         if info:
-            kind, key, inline = info
+            kind, key, inline, spec = info
             if inline is not None:
-                found.append(Occurrence(i, kind, key, inline, "argv_inline"))
+                found.append(Occurrence(i, kind, key, inline, "argv_inline", flag=spec.name))
                 i += 1
                 continue
-            if i + 1 < len(items):
-                found.append(Occurrence(i, kind, key, str(items[i + 1]), "argv"))
+            if i + 1 < len(items) and _takes_next(spec, items[i + 1]):
+                found.append(Occurrence(i, kind, key, str(items[i + 1]), "argv", flag=spec.name))
                 i += 2
                 continue
-            found.append(Occurrence(i, kind, key, None, "argv", has_value=False))
+            found.append(Occurrence(i, kind, key, None, "argv", has_value=False, flag=spec.name))
         i += 1
     return found
 
 
 def _FLAG_HINT_IN(word):  # pylint: disable=invalid-name
-    return "--spec" in word or "-sc" in word
+    return any(hint in word for hint in _FLAG_HINTS)
 
 
 def has_speculative_config(items):
@@ -506,6 +591,14 @@ def config_from_occurrences(occurrences, field="command"):
     """Merge occurrences the way vLLM does (JSON object, then dotted keys and split flags override)."""
     if not occurrences:
         return None
+    legacy = legacy_flags(occurrences)
+    if legacy:
+        names = ", ".join(legacy)
+        raise ValidationError(
+            "carries vLLM's legacy speculative flag(s) %s, which only vLLM before 0.10 reads (speculative decoding is on there; "
+            "vLLM 0.10+ exits on them as unrecognized arguments)" % names, field=field,
+            hint="roll back (isvc_speculative state=absent removes them), or replace them with --speculative-config %s"
+            % legacy_replacement_json(legacy))
     config = {}
     for occ in occurrences:
         if occ.raw is None:
@@ -540,7 +633,47 @@ def config_from_occurrences(occurrences, field="command"):
 
 
 def _describe(occ):
-    return {"json": "--speculative-config", "split": "--spec-*", "dotted": "--speculative-config.<key>"}[occ.kind]
+    return {"json": "--speculative-config", "split": "--spec-*", "dotted": "--speculative-config.<key>"}.get(occ.kind, occ.flag)
+
+
+def legacy_flags(occurrences):
+    """``{flag: value}`` of the legacy (pre-0.10) flags among ``occurrences``, by registry name, in order.
+
+    A flag without a value (``--speculative-disable-mqa-scorer``) maps to True; a repeated flag keeps the last value
+    (argparse does the same).
+    """
+    out = {}
+    for occ in occurrences:
+        if occ.kind == "legacy":
+            out[occ.flag] = occ.raw if occ.raw is not None else True
+    return out
+
+
+def flag_names(occurrences):
+    """The registry names of the flags among ``occurrences``, in order, without repeats (for messages)."""
+    out = []
+    for occ in occurrences:
+        name = occ.flag or _describe(occ)
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def legacy_replacement_json(legacy):
+    """The ``--speculative-config`` JSON that says what ``legacy`` ({flag: value}) said, as far as it can be said.
+
+    ``--speculative-model '[ngram]'`` becomes ``"method": "ngram"``; flags of the V0 engine with no key are dropped.
+    """
+    config = {}
+    for flag, value in legacy.items():
+        spec = LEGACY_FLAGS.get(flag)
+        if spec is None or spec.key is None or value is True:
+            continue
+        config[spec.key] = _parse_value(value) if spec.key != "model" else value
+    if config.get("model") == "[ngram]":
+        del config["model"]
+        config = dict({"method": "ngram"}, **config)
+    return json.dumps(config, separators=(",", ":"))
 
 
 def find_speculative_config(command_list, args_list=None):

@@ -12,7 +12,8 @@ short_description: Strip (roll back) or set (roll forward) vLLM speculative deco
 version_added: 0.1.0
 description:
   - O(state=absent) removes C(--speculative-config) and its value (every form, also C(-sc), C(--spec-method),
-    C(--spec-model), C(--spec-tokens) and dotted keys) from the predictor's containers
+    C(--spec-model), C(--spec-tokens), dotted keys, and the legacy pre-0.10 flags such as C(--speculative-model),
+    C(--num-speculative-tokens), C(--ngram-prompt-lookup-max), dash or underscore spelling) from the predictor's containers
     (C(spec.predictor.model) and C(spec.predictor.containers[*]), command and args, also inside C(bash -c)
     scripts). Every other byte of the command stays as it was. KServe then rolls out a revision without a
     proposer.
@@ -188,6 +189,14 @@ previous_config:
   returned: always
   type: dict
   sample: {"method": "eagle3", "model": "/mnt/models/draft", "num_speculative_tokens": 3}
+previous_legacy_flags:
+  description:
+    - vLLM's legacy (pre-0.10) speculative flags the rollback removed, flag to value (V(true) for a flag without a
+      value), e.g. C(--speculative-model) and C(--num-speculative-tokens). They are kept in the backup as C(legacy_flags);
+      O(restore_backup) refuses to write them back and names the C(--speculative-config) to set instead.
+  returned: when state is absent
+  type: dict
+  sample: {"--speculative-model": "[ngram]", "--num-speculative-tokens": "5", "--ngram-prompt-lookup-max": "4"}
 config:
   description: The speculative config after this run (null after a rollback).
   returned: always
@@ -425,7 +434,7 @@ def plan_once(module, isvc, warnings):
     annotation = None
     doc = None
     truncated = False
-    if plan.changed and params["backup"] != "none" and (plan.previous_config is not None or plan.previous_raw):
+    if plan.changed and params["backup"] != "none" and (plan.previous_config is not None or plan.previous_raw or plan.legacy_flags):
         doc = isvc_patch.backup_document(isvc, plan)
         if params["backup"] in ("annotation", "both"):
             annotation, truncated = isvc_patch.backup_annotation_value(doc)
@@ -470,6 +479,8 @@ def run(module, cluster):
         plan, annotation, doc, truncated, canonical = plan_once(module, isvc, warnings)
         result.update(previous_config=plan.previous_config if params["state"] == "absent" else _config_after(isvc),
                       containers=plan.containers, backup_truncated=truncated)
+        if params["state"] == "absent":
+            result["previous_legacy_flags"] = plan.legacy_flags
         if canonical is not None:
             result["json"] = canonical
         runtime_fix = plan_runtime(module, cluster, isvc, plan, result, warnings) if params["state"] == "absent" else None

@@ -311,3 +311,14 @@ def test_unreadable_flag_value_is_reported_not_raised():
     # argv: no shell, vLLM gets the text "$SPEC" itself
     assert out["speculative_config"] is None and "not JSON" in out["speculative_config_error"]
     assert out["source"] == sr.SOURCE_SR and out["runtime"] == {"kind": "ServingRuntime", "name": "vllm-runtime"}
+
+
+def test_legacy_flag_in_shared_runtime_is_located_and_refused_by_name():
+    # KServe huggingfaceserver README shape: the runtime's args carry vLLM's pre-0.10 flags (underscore spelling)
+    a = isvc("shared", name="a")
+    eff = sr.effective_command(a, Reader([runtime("shared", args=["--speculative_model=/mnt/models/draft", "--num_speculative_tokens", "5"])]))
+    where, source = sr.flag_locations(a, eff)
+    assert where == ["ServingRuntime shared"] and source == eff.runtime_source
+    msg = sr.rollback_refusal(eff, ["ns/a"])
+    assert "gets --speculative-model, --num-speculative-tokens from the ServingRuntime shared" in msg and "Nothing was changed" in msg
+    assert eff.as_dict()["speculative_config_error"] and "legacy" in eff.as_dict()["speculative_config_error"]

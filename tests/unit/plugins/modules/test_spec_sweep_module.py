@@ -31,9 +31,11 @@ def candidate_slowdown(in_flight):
 @pytest.fixture(scope="module")
 def servers():
     base = paced_handler("paced-base", 0.020, GAP)
-    cand = paced_handler("paced-ngram", 0.015, GAP, candidate_slowdown, spec_rates=[0.9, 0.1, 0.05])
+    # The candidate's TTFT is half the baseline's: a 10 ms margin that thread scheduling on two busy cores (servers and
+    # client share this process) cannot close, so TTFT never crosses before TPOT by accident (a 5 ms margin did).
+    cand = paced_handler("paced-ngram", 0.010, GAP, candidate_slowdown, spec_rates=[0.9, 0.1, 0.05])
     # the k=1 server is faster than the k=3 one at every load: lower TTFT, 60% of its chunk gap
-    k1 = paced_handler("paced-ngram-k1", 0.008, GAP, lambda n: 0.6 * candidate_slowdown(n), spec_rates=[0.9])
+    k1 = paced_handler("paced-ngram-k1", 0.006, GAP, lambda n: 0.6 * candidate_slowdown(n), spec_rates=[0.9])
     with serving(base) as b_url, serving(cand) as c_url, serving(k1) as k_url:
         yield {"baseline": (b_url, base), "candidate": (c_url, cand), "confirm": (k_url, k1)}
 

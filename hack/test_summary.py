@@ -76,7 +76,8 @@ def cost_lines(results, tiers):
             tier, cpu, runs, pb_cpu, 100 * pb_cpu / cpu if cpu else 0, pb_cpu / runs if runs else 0))
     if every:
         lines.append("")
-        lines.append("most CPU (CPU s, wall s, ansible-playbook runs):")
+        lines.append("most CPU (CPU s, wall s, ansible-playbook runs; a test whose teardown stops a long-lived helper, such as "
+                     "a control plane or a registry, is charged that helper's whole CPU):")
         for cpu, tier, rec in sorted(every, key=lambda e: -e[0])[:SLOWEST]:
             lines.append("%8.1f %7.1f %3d  %-12s %s" % (cpu, rec["wall"], rec["playbooks"], tier, rec["test"]))
     return lines

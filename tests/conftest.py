@@ -85,7 +85,8 @@ def pytest_terminal_summary(terminalreporter):
 # children: ansible-playbook runs, module and tool processes) and the ansible-playbook runs it made. hack/test.sh sets
 # ALAUDA_TEST_COST to a path prefix; each pytest process (each xdist worker) appends one JSON line per test to
 # `<prefix>-<worker>.jsonl`, and hack/test_summary.py prints the tests that cost the most CPU. On 2 busy cores CPU is
-# what a test really costs the tier (docs/DEVELOPING.md, "Keeping the suite fast").
+# what a test really costs the tier (docs/DEVELOPING.md, "Keeping the suite fast"). A child's CPU is counted when it is
+# waited for: the test whose teardown stops a long-lived helper (a control plane, a registry) is charged all of it.
 
 def _cpu_now():
     import resource  # pylint: disable=import-outside-toplevel

@@ -141,8 +141,10 @@ def test_slower_canary_is_rolled_back_and_the_engine_line_proves_it(k8s_client, 
     obs = _canary(kubeconfig, namespace, name, engines, engines["baseline"], engines["slow"])
     assert obs["decision"] == "roll_back", (obs["reasons"], obs["stable"], obs["canary"])
     # vLLM's TPOT buckets are coarse (10 ms, 25 ms, ...): on this model both medians fall in the first bucket; the
-    # request latency and the output rate tell the engines apart
-    assert obs["canary"]["e2el_ms"]["median"] > obs["stable"]["e2el_ms"]["median"]
+    # request latency and the output rate tell the engines apart. The latency is compared by its mean (the histogram's
+    # exact sum / count): its median is interpolated inside buckets 300-500 ms wide here, and came out 680 ms for the
+    # slower engine against 800 ms for the faster one in one run on this machine.
+    assert obs["canary"]["e2el_ms"]["mean"] > obs["stable"]["e2el_ms"]["mean"], (obs["canary"]["e2el_ms"], obs["stable"]["e2el_ms"])
     assert obs["canary"]["output_rate_per_request"] < obs["stable"]["output_rate_per_request"]
     acceptance = obs["canary"]["acceptance"]  # the eagle3 engine's spec_decode counters over the window
     assert acceptance["has_data"] is True and acceptance["num_draft_tokens"] > 0 and acceptance["num_accepted_tokens"] == 0

@@ -100,10 +100,11 @@ def kserve(controlplane, kubelet):
 
 @contextlib.contextmanager
 def module_namespace(controlplane, stem):
-    """A fresh namespace named `stem-<random>` for a module-scoped fixture (several tests reading one batch run); deleted
-    on exit."""
+    """A fresh namespace named after `stem` (made a DNS label, at most 40 characters) and a random suffix, deleted on
+    exit: the `namespace` fixture's, and a module-scoped fixture's (several tests reading one batch run)."""
     from .rest import ApiError  # pylint: disable=import-outside-toplevel
-    name = f"{stem[:40].strip('-')}-{uuid.uuid4().hex[:6]}"
+    stem = re.sub(r"[^a-z0-9-]+", "-", stem.lower()).strip("-")[:40].strip("-") or "t"
+    name = f"{stem}-{uuid.uuid4().hex[:6]}"
     api = controlplane.rest()
     try:
         api.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
@@ -120,8 +121,7 @@ def module_namespace(controlplane, stem):
 
 @pytest.fixture
 def namespace(request, controlplane):
-    stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-") or "t"
-    with module_namespace(controlplane, stem) as name:
+    with module_namespace(controlplane, request.node.name) as name:
         yield name
 
 

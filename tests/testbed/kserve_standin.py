@@ -146,16 +146,15 @@ class ControllerLoop:
     """A controller stand-in's reconcile thread: lists its resources and reconciles each object whenever a watch on
     them, on the Deployments it owns or on what its reconcile reads reports a change (tests/testbed/wake.py), and at
     least every ``idle_interval`` seconds (the resync for what no watch reports). Subclasses set the class attributes and
-    ``reconcile(api, obj)``; ``self.cp``, ``poll_interval``, ``idle_interval``, ``errors`` are theirs."""
+    ``reconcile(api, obj)``; ``self.cp``, ``idle_interval``, ``errors`` are theirs."""
 
     LIST_PATH = ""
     DEPLOYMENT_SELECTOR = ""
     NAME = "controller stand-in"
     FINALIZER_NAME = ""
 
-    def _init_loop(self, controlplane, poll_interval, idle_interval):
+    def _init_loop(self, controlplane, idle_interval):
         self.cp = controlplane
-        self.poll_interval = poll_interval
         self.idle_interval = idle_interval
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -237,9 +236,9 @@ class KServeStandIn(ControllerLoop):
     NAME = "kserve stand-in"
     FINALIZER_NAME = FINALIZER
 
-    def __init__(self, controlplane, kubelet=None, poll_interval: float = 0.1, strict_runtimes: bool = False,
+    def __init__(self, controlplane, kubelet=None, strict_runtimes: bool = False,
                  progress_deadline_seconds: int | None = None, idle_interval: float = 2.0):
-        self._init_loop(controlplane, poll_interval, idle_interval)
+        self._init_loop(controlplane, idle_interval)
         self.kubelet = kubelet
         self.strict_runtimes = strict_runtimes
         self.progress_deadline_seconds = progress_deadline_seconds

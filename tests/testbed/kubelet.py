@@ -209,13 +209,12 @@ class KubeletStandIn:
     """Kubelet + scheduler stand-in for one node. Use start()/stop() or a context manager."""
 
     def __init__(self, controlplane, node_name: str = NODE_NAME, log_dir: str | None = None,
-                 poll_interval: float = 0.1, idle_interval: float = 2.0):
+                 idle_interval: float = 2.0):
         self.cp = controlplane
         self.node_name = node_name
         self.log_dir = log_dir
         self._own_log_dir = log_dir is None
-        self.poll_interval = poll_interval
-        self.idle_interval = idle_interval
+        self.idle_interval = idle_interval  # the resync: pod events and behaviours wake the loop before it
         self._next_readiness = None  # monotonic time at which the next pod's ready_after ends
         self._wake = threading.Event()
         self.port = None
@@ -302,12 +301,13 @@ class KubeletStandIn:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
-        for thread in self._threads:
-            thread.join(timeout=10)
+        # The log server's thread is one of self._threads: shut it down first, or the join below waits out its timeout.
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+        for thread in self._threads:
+            thread.join(timeout=10)
         with self._lock:
             servers, self._http = list(self._http.values()), {}
         for server in servers:

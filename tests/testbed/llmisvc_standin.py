@@ -340,8 +340,8 @@ class LLMISvcStandIn(ControllerLoop):
     NAME = "llmisvc stand-in"
     FINALIZER_NAME = FINALIZER
 
-    def __init__(self, controlplane, kubelet=None, poll_interval: float = 0.1, idle_interval: float = 2.0):
-        self._init_loop(controlplane, poll_interval, idle_interval)
+    def __init__(self, controlplane, kubelet=None, idle_interval: float = 2.0):
+        self._init_loop(controlplane, idle_interval)
         self.kubelet = kubelet
 
     def watched_paths(self) -> list:

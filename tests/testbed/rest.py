@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import ssl
 import urllib.parse
 
@@ -31,24 +32,35 @@ class Rest:
         self._conn = None
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        """Close the connection; a `stream()` being read in another thread sees its end at once (the shutdown wakes a
+        blocked read, which a plain close does not)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            if conn.sock is not None:
+                try:
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            conn.close()
 
-    def request(self, method: str, path: str, body=None, query: dict | None = None,
-                content_type: str = "application/json", raw: bool = False):
+    def _send(self, method: str, path: str, body, query, content_type):
+        """(response, path with query) of one request on this object's connection; the body is not read yet."""
         if query:
             path = f"{path}?{urllib.parse.urlencode({k: v for k, v in query.items() if v is not None})}"
         data = None if body is None else json.dumps(body).encode()
         headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
         if data is not None:
             headers["Content-Type"] = content_type
+        if self._conn is None:
+            self._conn = http.client.HTTPSConnection(self.host, self.port, context=self.ctx, timeout=self.timeout)
+        self._conn.request(method, path, body=data, headers=headers)
+        return self._conn.getresponse(), path
+
+    def request(self, method: str, path: str, body=None, query: dict | None = None,
+                content_type: str = "application/json", raw: bool = False):
         for attempt in (0, 1):
-            if self._conn is None:
-                self._conn = http.client.HTTPSConnection(self.host, self.port, context=self.ctx, timeout=self.timeout)
             try:
-                self._conn.request(method, path, body=data, headers=headers)
-                resp = self._conn.getresponse()
+                resp, full = self._send(method, path, body, query, content_type)
                 payload = resp.read()
                 break
             except (http.client.HTTPException, OSError):
@@ -57,10 +69,17 @@ class Rest:
                     raise
         text = payload.decode("utf-8", errors="replace")
         if resp.status >= 400:
-            raise ApiError(resp.status, text, method, path)
+            raise ApiError(resp.status, text, method, full)
         if raw:
             return text
         return json.loads(text) if text else None
+
+    def stream(self, path, **query):
+        """GET `path` and return the open response, to be read line by line (a watch: one JSON event a line)."""
+        resp, full = self._send("GET", path, None, query, "application/json")
+        if resp.status >= 400:
+            raise ApiError(resp.status, resp.read().decode("utf-8", errors="replace"), "GET", full)
+        return resp
 
     def get(self, path, **query):
         return self.request("GET", path, query=query or None)

@@ -14,10 +14,10 @@ woken loop lists everything anyway.
 from __future__ import annotations
 
 import http.client
-import json
-import ssl
 import threading
 import urllib.parse
+
+from .rest import ApiError
 
 WATCH_SECONDS = 60
 
@@ -32,7 +32,7 @@ class WatchWaker:
         self.stop_event = stop
         self.name = name
         self._threads = []
-        self._conns = {}
+        self._clients = {}
         self._lock = threading.Lock()
 
     def start(self) -> "WatchWaker":
@@ -45,57 +45,40 @@ class WatchWaker:
     def stop(self) -> None:
         """Close the open watch connections so the threads see the stop event at once."""
         with self._lock:
-            conns = list(self._conns.values())
-        for conn in conns:
-            try:
-                conn.sock and conn.sock.shutdown(2)  # pylint: disable=expression-not-assigned
-            except OSError:
-                pass
+            clients = list(self._clients.values())
+        for api in clients:
+            api.close()
         for thread in self._threads:
             thread.join(timeout=5)
 
-    def _connection(self):
-        url = urllib.parse.urlsplit(self.cp.server)
-        ctx = ssl.create_default_context(cafile=self.cp.ca_path)
-        return http.client.HTTPSConnection(url.hostname, url.port, context=ctx, timeout=WATCH_SECONDS + 15)
-
-    def _request(self, conn, path, query):
+    def _run(self, path: str) -> None:
         base, _sep, own = path.partition("?")
         params = dict(urllib.parse.parse_qsl(own))
-        params.update(query)
-        conn.request("GET", f"{base}?{urllib.parse.urlencode(params)}",
-                     headers={"Authorization": f"Bearer {self.cp.tokens['admin']}", "Accept": "application/json"})
-        return conn.getresponse()
-
-    def _run(self, path: str) -> None:
         while not self.stop_event.is_set():
-            conn = self._connection()
+            api = self.cp.rest(timeout=WATCH_SECONDS + 15)
             with self._lock:
-                self._conns[path] = conn
+                self._clients[path] = api
             try:
-                resp = self._request(conn, path, {"limit": "1"})
-                body = resp.read()
-                if resp.status == 404:
-                    return  # a kind this control plane does not serve (yet): the resync interval covers it
-                if resp.status >= 400:
-                    raise OSError(f"list {path}: HTTP {resp.status}")
-                rv = json.loads(body)["metadata"].get("resourceVersion", "")
+                rv = api.get(base, limit="1", **params)["metadata"].get("resourceVersion", "")
                 self.event.set()  # whatever happened before this watch starts is seen by the woken loop's list
-                resp = self._request(conn, path, {"watch": "1", "resourceVersion": rv, "timeoutSeconds": str(WATCH_SECONDS),
-                                                  "allowWatchBookmarks": "false"})
-                if resp.status >= 400:
-                    raise OSError(f"watch {path}: HTTP {resp.status}")
+                resp = api.stream(base, watch="1", resourceVersion=rv, timeoutSeconds=str(WATCH_SECONDS),
+                                  allowWatchBookmarks="false", **params)
                 while not self.stop_event.is_set():
                     line = resp.readline()
                     if not line:
                         break
                     if line.strip():
                         self.event.set()
-            except (OSError, http.client.HTTPException, ValueError, KeyError):
+            except ApiError as exc:
+                if exc.status == 404:
+                    return  # a kind this control plane does not serve (yet): the resync interval covers it
+                self.event.set()
+                self.stop_event.wait(0.2)
+            except (OSError, http.client.HTTPException, ValueError, KeyError, AttributeError):
                 # The API server is restarting (fault tests) or the connection was closed by stop(): try again shortly.
                 self.event.set()
                 self.stop_event.wait(0.2)
             finally:
                 with self._lock:
-                    self._conns.pop(path, None)
-                conn.close()
+                    self._clients.pop(path, None)
+                api.close()

@@ -2,10 +2,10 @@
 API server during a deploy, and race deploy against rollback on one InferenceService.
 
 Every kill point comes from one seeded random generator: the seed is printed with the table of runs and
-`ALAUDA_FAULT_SEED=<seed>` replays the same kill points (`ALAUDA_FAULT_RUNS=<n>` scales the number of runs
-per target). After each kill the state on disk / in the registry / on the API server is checked *at the
-kill moment* (never a partial thing that claims to be complete), then a rerun must converge to the complete,
-verified state.
+`ALAUDA_FAULT_SEED=<seed>` replays the same kill points (`ALAUDA_FAULT_RUNS=<n>` sets the number of kills per
+target; a run that finishes before its kill point is repeated, up to twice as many runs). After each kill the
+state on disk / in the registry / on the API server is checked *at the kill moment* (never a partial thing that
+claims to be complete), then a rerun must converge to the complete, verified state.
 """
 from __future__ import annotations
 
@@ -90,6 +90,17 @@ def rng_for(name):
 
 def runs(default):
     return RUNS or default
+
+
+def kill_steps(table, target, want):
+    """Steps of a fault loop until `want` runs of `target` ended in a kill (a run that finished before its kill
+    point does not count), at most twice as many steps: a fixed number of runs let the kill floor below fail when
+    a seed put several kill points past the end of their run."""
+    want = runs(want)
+    step = 0
+    while table.kills(target + " #") < want and step < 2 * want:
+        yield step
+        step += 1
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -238,7 +249,7 @@ def test_pvc_sync_killed_at_random_byte_counts_converges(tmp_path, table):
         "model-00003-of-00003.safetensors": 3 * MIB, "original/params.json": 200, "original/consolidated.00.pth": 2 * MIB + 7,
     })
     base = [sys.executable, SYNC_SCRIPT, "--quiet", "--source", src, "--dest", dest, "--name", "meta-llama/Llama-3.1-8B-Instruct"]
-    for step in range(runs(14)):
+    for step in kill_steps(table, "pvc_sync", 12):
         want = _mutate_source(src, rng, step) if step else files_under(src)
         # Bytes this run has to write: files that are new or differ from what the destination holds now.
         have = files_under(dest, skip=SYNC_INTERNAL) if os.path.isdir(dest) else {}
@@ -364,7 +375,7 @@ def test_modelcar_push_killed_at_random_times_converges(tmp_path, registry, tabl
     assert digest == first["digest"]
     assert _image_files(registry, repo, manifest) == hashes
     previous = digest
-    for step in range(runs(9)):
+    for step in kill_steps(table, "modelcar", 6):
         # A new revision of every weight file, so each run has a full upload to interrupt.
         hashes = dict(hashes, **write_random_tree(str(model), rng, {rel: size for rel, size in spec.items() if rel.endswith(".safetensors")}))
         if step % 2:
@@ -494,7 +505,7 @@ def test_deploy_killed_at_random_times_converges(tmp_path, controlplane, kubecon
     full_seconds = time.monotonic() - t0
     previous = assert_deployed(controlplane, namespace, name, first, 3, 4096)
     variants = [(4, 2048), (2, 8192), (5, 3072), (3, 4096), (4, 6144)]
-    for step in range(runs(3)):
+    for step in kill_steps(table, "deploy", 2):
         tokens, max_len = variants[step % len(variants)]
         kill_after = rng.uniform(0.3, full_seconds)
         job = Background(tmp_path / ("run-%d" % step), "playbooks/deploy-eagle3.yml", deploy_vars(namespace, name, tokens, max_len), kubeconfig)

@@ -5,7 +5,9 @@ fresh machine and CI need nothing installed by hand. A failed install fails the 
 it never skips them: a tier that silently tests nothing proves nothing.
 
 Servers are started by the test modules themselves, one at a time (module-scoped, parametrized fixtures),
-because each costs 40+ s and 1.5-3 GB on 2 cores. See tests/e2e/vllm_harness.py.
+because each costs 40+ s and 1.5-3 GB on 2 cores. See tests/e2e/vllm_harness.py. The one exception is the A/B pair
+(`ab_servers`: baseline and ngram k=5, prefix caching off) that the benchmark and tune tests both read: started once,
+the tests that use it run one after another, and it stops after the last of them.
 """
 import os
 import time
@@ -53,6 +55,65 @@ def e2e_workdir(tmp_path_factory):
     path = tmp_path_factory.mktemp("vllm-e2e")
     os.makedirs(path, exist_ok=True)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def ab_servers(vllm_python, tiny_checkpoints, e2e_workdir):
+    """{'baseline', 'candidate', 'dir'}: one baseline and one ngram k=5 server on the tiny target, prefix caching off.
+
+    Shared by every test that compares the two (benchmark, tune): each start costs 40+ s of the tier. Their counters
+    and logs accumulate across tests, so a test reads deltas of /metrics and the engine line of the start-up log,
+    never totals. pytest_runtest_teardown stops them after their last user; the finalizer is the safety net."""
+    log_dir = os.path.join(e2e_workdir, "ab-servers")
+    base = vllm_harness.VllmServer(tiny_checkpoints["target"], "tiny-base", log_dir=log_dir, python=vllm_python,
+                                   extra_args=vllm_harness.AB_SERVER_ARGS)
+    ngram = vllm_harness.VllmServer(tiny_checkpoints["target"], "tiny-ngram", speculative_config=vllm_harness.AB_NGRAM_CONFIG,
+                                    log_dir=log_dir, python=vllm_python, extra_args=vllm_harness.AB_SERVER_ARGS)
+    _AB_SERVERS[:] = [base, ngram]
+    started = time.monotonic()
+    try:
+        base.start(wait=False)
+        ngram.start(wait=False)
+        base.wait_ready()
+        ngram.wait_ready()
+        vllm_harness.TIMINGS.append({"step": "A/B pair (baseline + ngram k=%d) ready" % vllm_harness.AB_K,
+                                     "seconds": round(time.monotonic() - started, 1)})
+        yield {"baseline": base, "candidate": ngram, "dir": log_dir}
+    finally:
+        _stop_ab_servers()
+
+
+_AB_SERVERS = []
+_LAST_AB_USER = []  # node id of the last test, in run order, that uses the pair
+
+
+def _stop_ab_servers():
+    for server in _AB_SERVERS:
+        server.stop()
+    _AB_SERVERS.clear()
+
+
+def pytest_collection_modifyitems(items):
+    """The modules that use `ab_servers` run one after another (in their collected order), so the pair is alive
+    only while they run and not beside the other modules' servers. Within a module the order stays as collected."""
+    def uses_pair(item):
+        return "ab_servers" in getattr(item, "fixturenames", ())
+    users = [item.module.__name__ for item in items if uses_pair(item)]
+    if not users:
+        return
+    modules = list(dict.fromkeys(users))
+    first = next(index for index, item in enumerate(items) if item.module.__name__ in modules)
+    moved = [item for item in items if item.module.__name__ in modules]
+    moved.sort(key=lambda item: modules.index(item.module.__name__))  # stable: keeps each module's own order
+    rest = [item for item in items if item.module.__name__ not in modules]
+    items[:] = rest[:first] + moved + rest[first:]
+    _LAST_AB_USER[:] = [[item for item in moved if uses_pair(item)][-1].nodeid]
+
+
+def pytest_runtest_teardown(item, nextitem):  # pylint: disable=unused-argument
+    """Stop the A/B pair right after the last test that uses it (2 servers, 3+ GB, would otherwise live to the end)."""
+    if _LAST_AB_USER and item.nodeid == _LAST_AB_USER[0]:
+        _stop_ab_servers()
 
 
 def pytest_terminal_summary(terminalreporter):

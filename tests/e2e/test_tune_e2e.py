@@ -1,7 +1,7 @@
 """End-to-end: ``playbooks/tune.yml`` (role ``tune``, module ``spec_sweep``) on real vLLM (CPU, tiny checkpoints).
 
 One baseline and one ngram server with k=5 (the largest candidate, so the per-position acceptance of every slot in
-1..5 is measured at once) are swept over four request rates by ``ansible-playbook playbooks/tune.yml``. The run
+1..5 is measured at once; the session's A/B pair, shared with the benchmark test) are swept over four request rates by ``ansible-playbook playbooks/tune.yml``. The run
 predicts k from the measured curve and the measured verify cost. A server with the predicted k is then started and
 the playbook runs again with it as ``tune_confirm_url``: the sweep's points are resumed from the JSON (not measured
 again) and only the confirmation A/B (current k=5 against the predicted k, at the target load) is measured. When
@@ -25,13 +25,12 @@ import time
 import pytest
 
 from tests.e2e import vllm_harness
-from tests.e2e.vllm_harness import REPETITIVE_PROMPTS, VllmServer
+from tests.e2e.vllm_harness import AB_K, AB_NGRAM_CONFIG, AB_SERVER_ARGS, REPETITIVE_PROMPTS, VllmServer
 
 pytestmark = pytest.mark.e2e
 
-K_MAX = 5
-NGRAM_K5 = {"method": "ngram", "num_speculative_tokens": K_MAX, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-SERVER_ARGS = ("--no-enable-prefix-caching",)
+K_MAX = AB_K
+NGRAM_K5 = AB_NGRAM_CONFIG
 RATES = [4.0, 8.0, 16.0, 32.0]
 TARGET_QPS = 8.0
 MAX_TOKENS = 32
@@ -46,23 +45,10 @@ def lscpu_model():
     return "unknown CPU"
 
 
-@pytest.fixture(scope="module")
-def servers(vllm_python, tiny_checkpoints, e2e_workdir):
-    log_dir = os.path.join(e2e_workdir, "tune")
-    base = VllmServer(tiny_checkpoints["target"], "tiny-base", log_dir=log_dir, python=vllm_python, extra_args=SERVER_ARGS)
-    ngram = VllmServer(tiny_checkpoints["target"], "tiny-ngram", speculative_config=NGRAM_K5, log_dir=log_dir, python=vllm_python,
-                       extra_args=SERVER_ARGS)
-    started = time.monotonic()
-    try:
-        base.start(wait=False)
-        ngram.start(wait=False)
-        base.wait_ready()
-        ngram.wait_ready()
-        vllm_harness.TIMINGS.append({"step": "tune: baseline + ngram k=5 ready", "seconds": round(time.monotonic() - started, 1)})
-        yield {"baseline": base, "candidate": ngram, "dir": log_dir}
-    finally:
-        base.stop()
-        ngram.stop()
+@pytest.fixture
+def servers(ab_servers):
+    """The session's A/B pair (tests/e2e/conftest.py): baseline and ngram k=5 (K_MAX), prefix caching off."""
+    return ab_servers
 
 
 def run_playbook(extra_vars, workdir, name):
@@ -159,7 +145,7 @@ def test_tune_playbook_sweeps_predicts_and_confirms_k(servers, vllm_python, tiny
             assert result["k"]["confirmation"]["status"] == "not_measured" and result["k"]["recommended_k"] is None
             started = time.monotonic()
             confirm_server = VllmServer(tiny_checkpoints["target"], "tiny-ngram-k%d" % predicted, log_dir=servers["dir"],
-                                        python=vllm_python, extra_args=SERVER_ARGS,
+                                        python=vllm_python, extra_args=AB_SERVER_ARGS,
                                         speculative_config=dict(NGRAM_K5, num_speculative_tokens=predicted)).start()
             vllm_harness.TIMINGS.append({"step": "tune: ngram k=%d ready" % predicted, "seconds": round(time.monotonic() - started, 1)})
             extra.update(tune_confirm_url=confirm_server.base_url, tune_confirm_log_path=confirm_server.log_path)

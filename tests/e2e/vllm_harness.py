@@ -63,7 +63,7 @@ import urllib.request
 
 from tests.e2e.vllm_install import CACHE_ROOT, VllmInstallError, ensure_vllm, installed_version
 
-__all__ = ["CACHE_ROOT", "NGRAM_CONFIG", "REPETITIVE_PROMPTS", "SERVER_ENV", "TIMINGS", "TINY_DTYPE", "VllmInstallError", "VllmServer",
+__all__ = ["AB_K", "AB_NGRAM_CONFIG", "AB_SERVER_ARGS", "CACHE_ROOT", "NGRAM_CONFIG", "REPETITIVE_PROMPTS", "SERVER_ENV", "TIMINGS", "TINY_DTYPE", "VllmInstallError", "VllmServer",
            "VllmServerError", "clients_off_engine_cpus", "ensure_checkpoints", "ensure_vllm", "free_port", "http_request", "installed_version", "log_tail",
            "run_module", "run_modules"]
 
@@ -80,6 +80,12 @@ TINY_DTYPE = "float32"
 
 # Speculative configs the e2e tests use (the keys are vLLM's, passed as JSON to --speculative-config).
 NGRAM_CONFIG = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+# The A/B pair the benchmark and tune tests share (tests/e2e/conftest.py `ab_servers`): ngram with k=5, the largest k the
+# sweep tries, so one server measures the acceptance of every position 1..5; prefix caching off on both sides (the
+# guide's first option: repeated prompts would otherwise be cache hits whose TTFT is mostly the client's overhead).
+AB_K = 5
+AB_NGRAM_CONFIG = dict(NGRAM_CONFIG, num_speculative_tokens=AB_K)
+AB_SERVER_ARGS = ("--no-enable-prefix-caching",)
 
 # Environment every server gets: no hub, no telemetry, a 1 GiB KV cache, stats logged every second so the
 # `SpecDecoding metrics:` lines appear quickly.

@@ -12,6 +12,8 @@ A failed build fails the tests (it is a defect of the machine setup, not a reaso
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import re
 import uuid
 
@@ -71,7 +73,39 @@ def controlplane(k8s_binaries, kserve_crd_dir):
         cp.wait_for_controller_manager()
         yield cp
     finally:
+        _write_controlplane_cost(cp)
         cp.stop()
+
+
+def _write_controlplane_cost(cp):
+    """With ALAUDA_TEST_COST set, record what this worker's control plane cost: CPU seconds per process and the API
+    requests it served by user agent program, verb and resource (hack/test_summary.py prints them). The tests are
+    charged this CPU only when the control plane stops; this record says which requests caused it."""
+    prefix = os.environ.get("ALAUDA_TEST_COST")
+    if not prefix:
+        return
+    hertz = os.sysconf("SC_CLK_TCK")
+    cpu = {}
+    for name, proc in cp.procs.items():
+        try:
+            with open("/proc/%d/stat" % proc.pid, encoding="ascii") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+            cpu[name] = (int(fields[11]) + int(fields[12])) / hertz
+        except (OSError, ValueError, IndexError):
+            continue
+    requests = {}
+    try:
+        text = cp.rest().request("GET", "/metrics", raw=True)
+    except Exception:  # pylint: disable=broad-except  # a diagnostic never fails the session
+        text = ""
+    for line in text.splitlines():
+        if line.startswith("apiserver_request_total{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+            key = "%s %s%s" % (labels.get("verb", "?"), labels.get("group", "") + "/" if labels.get("group") else "", labels.get("resource", "?"))
+            requests[key] = requests.get(key, 0) + float(line.rsplit(" ", 1)[1])
+    record = {"worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "cpu": cpu, "requests": requests}
+    with open("%s-controlplane-%s.json" % (prefix, record["worker"]), "w", encoding="utf-8") as handle:
+        json.dump(record, handle)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Speed targets, measured as ratios against a baseline in one run (not timed tests). Each script prints its
-# numbers and exits non-zero when a target is missed. `hack/bench.sh verify` runs one of them.
+# numbers and exits non-zero when a target is missed. `hack/bench.sh verify` runs one of them (`deploy` starts a test bed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/${VENV:-.venv}/bin:$PATH"

@@ -4,6 +4,7 @@ Shared by the unit, integration and e2e tiers so every test drives the collectio
 """
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import resource
@@ -18,6 +19,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Every ansible-playbook run of this process: (playbook, wall seconds, CPU seconds of it and its children). tests/conftest.py
 # reports them per test (the cost table of `make test`, see hack/test_summary.py).
 PLAYBOOK_RUNS = []
+
+
+def _epoch(stamp):
+    """Seconds since the epoch of one of the json callback's timestamps (UTC, ISO 8601 with a trailing Z)."""
+    return datetime.datetime.fromisoformat(stamp.rstrip("Z")).replace(tzinfo=datetime.timezone.utc).timestamp()
 
 
 def children_cpu():
@@ -43,6 +49,14 @@ class PlaybookRun:
         self.tasks = [(t["task"]["name"], host, res) for p in data.get("plays", []) for t in p["tasks"]
                       for host, res in t["hosts"].items()]
         self.stats = data.get("stats", {})
+        # When each play and task started and ended (epoch seconds; a task without a host result, e.g. an include,
+        # has no end): [(play start, [(task name, start, end or None, host results), ...]), ...].
+        self.timeline = [(_epoch(p["play"]["duration"]["start"]),
+                          [(t["task"]["name"], _epoch(t["task"]["duration"]["start"]),
+                            _epoch(t["task"]["duration"]["end"]) if "end" in t["task"]["duration"] else None, t["hosts"])
+                           for t in p["tasks"]]) for p in data.get("plays", [])]
+        # Set by run_playbook: when ansible-playbook was started (epoch seconds), its wall and CPU seconds (with its children).
+        self.started = self.wall = self.cpu = None
 
     def result(self, name_fragment):
         """The last result of a task whose name contains `name_fragment`."""
@@ -99,11 +113,13 @@ def run_playbook(tmp_path, playbook=None, tasks=None, extra_vars=None, kubeconfi
         cmd.append("--diff")
     if verbosity:
         cmd.append("-" + "v" * verbosity)
-    wall0, cpu0 = time.monotonic(), children_cpu()
+    started, wall0, cpu0 = time.time(), time.monotonic(), children_cpu()
     proc = subprocess.run(cmd, cwd=REPO, env=run_env, capture_output=True, text=True, timeout=timeout, check=False)
     # A run in a thread (the fault tests) may overlap another child's exit: the CPU is then shared out roughly.
     PLAYBOOK_RUNS.append((os.path.relpath(playbook, REPO), time.monotonic() - wall0, children_cpu() - cpu0))
-    return PlaybookRun(proc)
+    run = PlaybookRun(proc)
+    run.started, run.wall, run.cpu = started, PLAYBOOK_RUNS[-1][1], PLAYBOOK_RUNS[-1][2]
+    return run
 
 
 DID_NOT_FAIL = "__DID_NOT_FAIL__"

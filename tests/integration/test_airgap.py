@@ -37,12 +37,10 @@ def _run(step):
 
 def _task_seconds(step, name_fragment):
     """Wall time of the last task named like `name_fragment` (the json callback's duration)."""
-    import datetime  # pylint: disable=import-outside-toplevel
-    doc = json.loads(step["stdout"][step["stdout"].find("{"):])
-    found = [t["task"]["duration"] for p in doc["plays"] for t in p["tasks"] if name_fragment in t["task"]["name"]]
+    found = [(start, end) for _play, tasks in _run(step).timeline for name, start, end, _hosts in tasks if name_fragment in name]
     assert found, "no task %r ran" % name_fragment
-    start, end = (datetime.datetime.fromisoformat(found[-1][k].replace("Z", "+00:00")) for k in ("start", "end"))
-    return (end - start).total_seconds()
+    start, end = found[-1]
+    return end - start
 
 
 def _report(step):

@@ -35,7 +35,8 @@ import json
 import math
 import os
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_client, bench_report, bench_run, bench_stats, bench_workloads
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_client, bench_plots, bench_report, bench_run, bench_stats
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_workloads
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import engine_log, spec_metrics, speculative_config
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
@@ -854,6 +855,8 @@ def run_sweep(params, measure=None):
                       "sampling": dict(params["extra_body"] or {}, seed=params["seed"], temperature=params["temperature"])}
     context = bench_report.build_context(params["report_context"], public_request)
     bench_report.require_complete(context)
+    if params["plots"]:
+        bench_plots.require_matplotlib()  # the plots are drawn last: a missing matplotlib is refused before the requests
     report_dir, name = params["report_dir"], params["report_name"]
     json_path = os.path.join(report_dir, name + ".json")
     resume_text = _read_resume(params.get("resume_from"))

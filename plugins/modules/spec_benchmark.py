@@ -203,13 +203,16 @@ options:
   progress_file:
     description: Progress log path. Defaults to C(<report_name>-progress.log) in O(report_dir).
     type: path
+requirements:
+  - prometheus_client (for O(scrape_metrics=true))
+  - matplotlib >= 3.8 (for the PNG plots, O(plots=true))
 extends_documentation_fragment:
   - alauda.spec_decoding.attributes.READ_ONLY
   - alauda.spec_decoding.attributes.ACTION_GROUP
 notes:
   - C(changed) is always false. The module only sends inference requests and writes its own report files.
-  - Plots use matplotlib (Agg) when it is installed on the host that runs the module. Otherwise a built-in PNG
-    writer draws the same curves without axis labels.
+  - The plots are drawn with matplotlib on the host that runs the module. Without it, O(plots=true) is refused
+    before the first request, naming the package and how to install it; set O(plots=false) to run without plots.
   - Prefix caching is on by default in vLLM V1. Either turn it off on both sides (C(--no-enable-prefix-caching))
     or read the hit rates in the report.
   - Whether prefix caching is on is read from the C(enable_prefix_caching) label of the C(vllm:cache_config_info)
@@ -340,7 +343,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_client, bench_report, bench_workloads
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_client, bench_plots, bench_report, bench_workloads
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import prometheus_text
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench_run import Progress, check_protocol, measure, protocol_arg_spec
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench_run import acceptance as _acceptance  # noqa: F401  pylint: disable=unused-import
@@ -403,6 +406,8 @@ def run(params):
     if phase != "baseline":
         context = bench_report.build_context(params["report_context"], public_request)
         bench_report.require_complete(context)  # refuse before spending time on requests
+        if params["plots"]:
+            bench_plots.require_matplotlib()  # the plots are drawn last: a missing matplotlib is refused before the requests
     os.makedirs(report_dir, exist_ok=True)
     progress = Progress(params["progress_file"] or os.path.join(report_dir, "%s-progress.log" % name))
     out = {"changed": False, "progress_file": progress.path}

@@ -214,12 +214,17 @@ options:
   progress_file:
     description: Progress log path. Defaults to C(<report_name>-progress.log) in O(report_dir).
     type: path
+requirements:
+  - prometheus_client
+  - matplotlib >= 3.8 (for the PNG plots, O(plots=true))
 extends_documentation_fragment:
   - alauda.spec_decoding.attributes.READ_ONLY
   - alauda.spec_decoding.attributes.ACTION_GROUP
 notes:
   - C(changed) is always false. The module sends inference requests and writes only its own report files.
-  - The plots are drawn by a built-in PNG writer with a bitmap font (no matplotlib needed), axes labelled with units.
+  - The plots are drawn with matplotlib on the host that runs the module, axes labelled with units. Without it,
+    O(plots=true) is refused before the first request, naming the package and how to install it; set O(plots=false)
+    to run without plots.
 seealso:
   - module: alauda.spec_decoding.spec_benchmark
 """

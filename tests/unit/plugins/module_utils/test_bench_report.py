@@ -1,8 +1,6 @@
-"""Benchmark report: golden Markdown/JSON, refusal of incomplete reports, decision rules, plots."""
+"""Benchmark report: golden Markdown/JSON, refusal of incomplete reports, decision rules (the plots: test_bench_plots.py)."""
 import json
 import os
-import struct
-import zlib
 
 import pytest
 
@@ -236,57 +234,6 @@ def test_markdown_prefix_cache_column():
     cand["prefix_cache"] = {"hits": 3, "queries": 10, "hit_rate": 0.3}  # saved before "enabled" existed
     report = bench_report.build_report(base, cand, ctx, acceptance=ACCEPTANCE)
     assert _prefix_table(report)[2:] == ["| baseline | unknown | n/a / n/a | n/a |", "| candidate | unknown | 3 / 10 | 30.0% |"]
-
-
-def _png_info(path):
-    with open(path, "rb") as handle:
-        data = handle.read()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    width, height = struct.unpack(">II", data[16:24])
-    # Walk the chunks and check every CRC: a valid PNG, not just a valid header.
-    pos = 8
-    kinds = []
-    while pos < len(data):
-        length = struct.unpack(">I", data[pos:pos + 4])[0]
-        kind = data[pos + 4:pos + 8]
-        body = data[pos + 8:pos + 8 + length]
-        assert struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])[0] == zlib.crc32(kind + body) & 0xFFFFFFFF
-        kinds.append(kind)
-        pos += 12 + length
-    assert kinds[0] == b"IHDR" and kinds[-1] == b"IEND" and b"IDAT" in kinds
-    return width, height, len(data)
-
-
-@pytest.mark.parametrize("use_matplotlib", [True, False])
-def test_plots_are_valid_pngs(tmp_path, monkeypatch, use_matplotlib):
-    if use_matplotlib and not bench_report.HAS_MATPLOTLIB:
-        pytest.skip("matplotlib not installed")
-    monkeypatch.setattr(bench_report, "HAS_MATPLOTLIB", use_matplotlib)
-    _b, _c, base_rec, cand_rec = sides()
-    lat = bench_report.plot_latency(base_rec, cand_rec, str(tmp_path / "lat.png"))
-    acc = bench_report.plot_acceptance([0.7, 0.45, 0.25], str(tmp_path / "acc.png"))
-    for path in (lat, acc):
-        width, height, size = _png_info(path)
-        assert width >= 300 and height >= 200 and size > 1000
-
-
-def test_fallback_png_draws_both_series(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench_report, "HAS_MATPLOTLIB", False)
-    _b, _c, base_rec, cand_rec = sides()
-    path = bench_report.plot_latency(base_rec, cand_rec, str(tmp_path / "lat.png"))
-    with open(path, "rb") as handle:
-        data = handle.read()
-    idat = b"".join(data[i + 8:i + 8 + struct.unpack(">I", data[i:i + 4])[0]] for i in _chunk_offsets(data) if data[i + 4:i + 8] == b"IDAT")
-    raw = zlib.decompress(idat)
-    for color in bench_report.COLORS.values():
-        assert bytes(color) in raw
-
-
-def _chunk_offsets(data):
-    pos = 8
-    while pos < len(data):
-        yield pos
-        pos += 12 + struct.unpack(">I", data[pos:pos + 4])[0]
 
 
 def test_acceptance_from_a_real_metrics_capture():

@@ -1,13 +1,14 @@
 """spec_benchmark's flow on a loopback streaming server: two phases, refusal before requests, protocol checks."""
 import json
 import os
+import sys
 import time
 
 import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_stats
 from ansible_collections.alauda.spec_decoding.plugins.modules import spec_benchmark
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 from tests.loopback_http import serving
 from tests.unit.plugins.module_utils.test_bench_client import ScriptedSSE, server  # noqa: F401  pylint: disable=unused-import
 
@@ -56,6 +57,19 @@ def test_refusal_happens_before_any_request(tmp_path, url):
     with pytest.raises(ValidationError, match="Runtime: image"):
         spec_benchmark.run(params(tmp_path, baseline_url=url, candidate_url=url, report_context=context))
     assert len(ScriptedSSE.bodies) == sent
+
+
+def test_plots_without_matplotlib_are_refused_before_any_request(tmp_path, url, monkeypatch):
+    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends", "matplotlib.backends.backend_agg"):
+        monkeypatch.setitem(sys.modules, name, None)  # a host without matplotlib
+    sent = len(ScriptedSSE.bodies)
+    with pytest.raises(SpecDecodingError) as err:
+        spec_benchmark.run(params(tmp_path, baseline_url=url, candidate_url=url))
+    assert err.value.field == "plots" and "pip install 'matplotlib>=3.8'" in str(err.value)
+    assert len(ScriptedSSE.bodies) == sent and not os.path.exists(str(tmp_path / "rep"))
+    # the baseline phase draws nothing, so it runs without matplotlib
+    out = spec_benchmark.run(params(tmp_path, phase="baseline", baseline_url=url, report_context={}))
+    assert os.path.exists(out["baseline_results"])
 
 
 @pytest.mark.parametrize("over,match", [({"runs_per_prompt": 4}, "runs_per_prompt"), ({"runs_per_prompt": 11}, "runs_per_prompt"),

@@ -8,6 +8,7 @@ load, and its throughput crosses later than its TPOT (its TTFT is shorter), so T
 import json
 import os
 import struct
+import sys
 import zlib
 
 import pytest
@@ -72,8 +73,13 @@ def png_size(path):
         data = handle.read()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
-    idat = data[data.index(b"IDAT") + 4:]
-    assert zlib.decompress(idat[:struct.unpack(">I", data[data.index(b"IDAT") - 4:data.index(b"IDAT")])[0]])
+    pos, idat = 8, b""
+    while pos < len(data):  # the image data may span several IDAT chunks
+        length = struct.unpack(">I", data[pos:pos + 4])[0]
+        if data[pos + 4:pos + 8] == b"IDAT":
+            idat += data[pos + 8:pos + 8 + length]
+        pos += 12 + length
+    assert zlib.decompress(idat)
     return width, height
 
 
@@ -110,7 +116,7 @@ def test_concurrency_sweep_finds_the_built_in_break_even_and_resumes(servers, tm
                    "Hardware: GPU model", "Runtime: vLLM version", "Speculative decoding:",
                    "Recommended k: n/a", "-load.png", "-k.png"):
         assert needle in md, needle
-    assert png_size(out["plots"]["load"]) == (1000, 400) and png_size(out["plots"]["k"]) == (1000, 400)
+    assert png_size(out["plots"]["load"]) == (1200, 500) and png_size(out["plots"]["k"]) == (1200, 500)  # bench_plots.FIGSIZE at 100 dpi
     progress = open(out["progress_file"], encoding="utf-8").read()
     assert "[8/8] concurrency 6 candidate 5/5" in progress, progress[-2000:]
 
@@ -199,6 +205,16 @@ def test_bad_input_is_refused_before_any_request(servers, tmp_path, over, field,
     assert out.failed and out.get("field") == field and needle in out.msg, out
     assert posts(servers) == before
     assert not os.path.exists(os.path.join(a["report_dir"], "sweep.json"))
+
+
+def test_plots_without_matplotlib_are_refused_before_any_request(servers, tmp_path, monkeypatch):
+    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends", "matplotlib.backends.backend_agg"):
+        monkeypatch.setitem(sys.modules, name, None)  # a host without matplotlib
+    before = posts(servers)
+    out = run_module("spec_sweep", args(servers, tmp_path))
+    assert out.failed and out.get("field") == "plots", out
+    assert "need the Python package matplotlib" in out.msg and "pip install 'matplotlib>=3.8'" in out.msg and "plots: false" in out.msg
+    assert posts(servers) == before and not os.path.exists(args(servers, tmp_path)["report_dir"])
 
 
 def test_confirm_url_needs_confirm_k(servers, tmp_path):

@@ -130,7 +130,7 @@ def check_mode(mode, kserve_version, field="kserve_version"):
         version = _version_tuple(kserve_version)
         if version is None:
             raise ValidationError("the KServe release is unknown, and Standard mode needs v0.20 or later for spec.canary", field=field,
-                                  hint="give kserve_version (the kserve_facts module reports it) or let the module read the CRD")
+                                  hint="give kserve_version (the kserve_info module reports it) or let the module read the CRD")
         if version[:2] < STANDARD_MIN_KSERVE:
             raise ValidationError("KServe %s has no spec.canary: Standard-mode canaries need v0.20 or later" % kserve_version, field=field,
                                   hint="upgrade KServe to v0.20+, or run the InferenceService in Knative mode (canaryTrafficPercent)")

@@ -693,7 +693,7 @@ class SnapshotReader:
         held = self.snapshot.get(table) or {}
         if key not in held:
             raise ValidationError("the runtimes read from the cluster do not cover %s" % key, field="runtimes",
-                                  hint="pass the runtimes that kserve_facts read for this InferenceService's namespace and runtime")
+                                  hint="pass the runtimes that kserve_info read for this InferenceService's namespace and runtime")
         return held[key]
 
     def get(self, kind, namespace, name):

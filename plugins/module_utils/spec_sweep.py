@@ -540,7 +540,7 @@ ENGINE_FIELDS = {"baseline": "baseline_engine_config", "candidate": "candidate_e
 def spec_state_from_engine(engine, field):
     """``{"found": bool, "config": dict | None}`` from what a side's engine printed at start-up, ``None`` when not given.
 
-    ``engine``: the result of ``alauda.spec_decoding.engine_config`` or ``llmisvc_engine_config`` (``found`` and
+    ``engine``: the result of ``alauda.spec_decoding.engine_config_info`` or ``llmisvc_engine_config`` (``found`` and
     ``speculative_config``, the parsed ``speculative_config=...`` of the "Initializing a V1 LLM engine" line), or
     ``{"line": "<the engine-config line>"}``. The engine line is what the engine really runs: a flag lost on
     the way (a ServingRuntime that drops args, a config the engine rejected and replaced) shows there first.
@@ -549,20 +549,20 @@ def spec_state_from_engine(engine, field):
         return None
     if not isinstance(engine, dict):
         raise ValidationError("must be a dict, got %s" % type(engine).__name__, field=field,
-                              hint="register the result of alauda.spec_decoding.engine_config and pass it")
+                              hint="register the result of alauda.spec_decoding.engine_config_info and pass it")
     if engine.get("line") and "found" not in engine:
         parsed = engine_log.parse_engine_line(engine["line"])
         if parsed is None:
             raise ValidationError("line is not vLLM's engine-config line (\"Initializing a V1 LLM engine (v...) with config: ...\")",
-                                  field=field + ".line", hint="give the line as the engine logged it, or the engine_config module's result")
+                                  field=field + ".line", hint="give the line as the engine logged it, or the engine_config_info module's result")
         return {"found": True, "config": parsed["speculative_config"]}
     if "found" not in engine:
         raise ValidationError("has neither found/speculative_config nor line", field=field,
-                              hint="register the result of alauda.spec_decoding.engine_config (found, speculative_config) and pass it")
+                              hint="register the result of alauda.spec_decoding.engine_config_info (found, speculative_config) and pass it")
     config = engine.get("speculative_config")
     if config is not None and not isinstance(config, dict):
         raise ValidationError("speculative_config must be a dict or null, got %r" % (config,), field=field + ".speculative_config",
-                              hint="pass the engine_config module's result unchanged")
+                              hint="pass the engine_config_info module's result unchanged")
     return {"found": bool(engine["found"]), "config": config}
 
 
@@ -592,7 +592,7 @@ def check_engine_states(engines, metrics_states, method=None, current_k=None, co
             continue
         if config is None:
             raise ValidationError("shows speculative_config=None: the %s's engine runs without speculative decoding" % side, field=field,
-                                  hint="check that --speculative-config reached vLLM (alauda.spec_decoding.engine_config with "
+                                  hint="check that --speculative-config reached vLLM (alauda.spec_decoding.engine_config_info with "
                                        "expected) and point %s_url at that server" % side)
         got_method = engine_log.normalize_method(config.get("method"))
         want_method = engine_log.normalize_method(speculative_config.printed_method(method))

@@ -607,7 +607,7 @@ def config_from_occurrences(occurrences, field="command"):
         if not occ.literal:
             raise ValidationError(
                 "the %s value is a shell expansion (%s), known only inside the running container" % (_describe(occ), occ.raw[:200]),
-                field=field, hint="write the JSON inline in the command, or read what the engine runs with the engine_config module")
+                field=field, hint="write the JSON inline in the command, or read what the engine runs with the engine_config_info module")
         if occ.kind == "json":
             try:
                 value = json.loads(occ.raw)

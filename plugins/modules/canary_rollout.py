@@ -64,7 +64,7 @@ options:
     type: str
     default: spec
   kserve_version:
-    description: KServe release (as M(alauda.spec_decoding.kserve_facts) reports it); read from the CRD when omitted.
+    description: KServe release (as M(alauda.spec_decoding.kserve_info) reports it); read from the CRD when omitted.
     type: str
   definition:
     description: An InferenceService manifest to render the step for, without any cluster access.

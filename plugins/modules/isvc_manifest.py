@@ -122,7 +122,7 @@ options:
     default: transformers
   runtimes:
     description:
-      - The ServingRuntime/ClusterServingRuntime reads of M(alauda.spec_decoding.kserve_facts) (its C(runtimes) result).
+      - The ServingRuntime/ClusterServingRuntime reads of M(alauda.spec_decoding.kserve_info) (its C(runtimes) result).
         With them the render merges the runtime's C(kserve-container) with the predictor the way KServe does and applies
         O(runtime_flag); without them the runtime is not checked (GitOps renders).
     type: dict

@@ -144,7 +144,7 @@ notes:
   - The backup annotation is written in the same patch as the change, so it cannot be lost between two writes.
 seealso:
   - module: alauda.spec_decoding.speculative_config
-  - module: alauda.spec_decoding.engine_config
+  - module: alauda.spec_decoding.engine_config_info
   - module: alauda.spec_decoding.draft_artifacts
 """
 

@@ -65,7 +65,7 @@ notes:
     cluster-scoped permission only namespaced runtimes are found (the result says so in C(warnings)).
 seealso:
   - module: alauda.spec_decoding.isvc_speculative
-  - module: alauda.spec_decoding.engine_config
+  - module: alauda.spec_decoding.engine_config_info
 """
 
 EXAMPLES = r"""

@@ -90,8 +90,8 @@ options:
     type: float
   baseline_engine_config:
     description:
-      - What the baseline's engine logged at start-up. Either the registered result of M(alauda.spec_decoding.engine_config)
-        (or M(alauda.spec_decoding.llmisvc_engine_config)) for it, of which C(found) and C(speculative_config) are read,
+      - What the baseline's engine logged at start-up. Either the registered result of M(alauda.spec_decoding.engine_config_info)
+        (or M(alauda.spec_decoding.llmisvc_engine_config_info)) for it, of which C(found) and C(speculative_config) are read,
         or a dict whose C(line) is the "Initializing a V1 LLM engine" line.
       - Refused when the line shows a speculative config. With C(found=false) the check falls back to C(/metrics), with a note.
     type: dict
@@ -231,7 +231,7 @@ seealso:
 
 EXAMPLES = r"""
 - name: Read what each engine really runs from its predictor log
-  alauda.spec_decoding.engine_config:
+  alauda.spec_decoding.engine_config_info:
     name: "{{ item }}"
     namespace: models
     expected_from_inference_service: false

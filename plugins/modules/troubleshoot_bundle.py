@@ -18,8 +18,8 @@ description:
     C(storageInitializer) settings (Modelcar on or off), and the ServingRuntime or ClusterServingRuntime KServe merges
     into the predictor with the merged command (C(effective_command.json), saying where C(--speculative-config) comes from).
   - Finds the vLLM version and the speculative config in the engine-config line of the logs, and acceptance from the
-    C(SpecDecoding metrics:) lines; results of M(alauda.spec_decoding.engine_config) and
-    M(alauda.spec_decoding.spec_metrics) given in O(engine_results) and O(metrics_results) are used and stored too.
+    C(SpecDecoding metrics:) lines; results of M(alauda.spec_decoding.engine_config_info) and
+    M(alauda.spec_decoding.speculative_metrics_info) given in O(engine_results) and O(metrics_results) are used and stored too.
   - Writes one C(tar.gz) archive and a short C(summary.md) beside it that names the likely cause per InferenceService
     (pending pod, image pull, OOM, crash at startup, readiness deadline too short for a draft, acceptance near zero,
     deploymentMode change rejected, Modelcar off, ...), with evidence and the fix.
@@ -50,11 +50,11 @@ options:
     description: File name of the archive; default C(troubleshoot-<UTC time>.tar.gz).
     type: str
   engine_results:
-    description: Registered results of M(alauda.spec_decoding.engine_config), keyed by V(namespace/name).
+    description: Registered results of M(alauda.spec_decoding.engine_config_info), keyed by V(namespace/name).
     type: dict
     default: {}
   metrics_results:
-    description: Registered results of M(alauda.spec_decoding.spec_metrics), keyed by V(namespace/name).
+    description: Registered results of M(alauda.spec_decoding.speculative_metrics_info), keyed by V(namespace/name).
     type: dict
     default: {}
   kserve_namespaces:
@@ -94,8 +94,8 @@ notes:
   - In check mode everything is read and diagnosed, nothing is written (RV(members) lists what would be written).
   - Always reports C(changed) (a new archive each run).
 seealso:
-  - module: alauda.spec_decoding.engine_config
-  - module: alauda.spec_decoding.spec_metrics
+  - module: alauda.spec_decoding.engine_config_info
+  - module: alauda.spec_decoding.speculative_metrics_info
 """
 
 EXAMPLES = r"""

@@ -123,7 +123,7 @@ def _canary(kubeconfig, ns, name, engines, stable, canary):  # pylint: disable=r
                                             wait_timeout=60))
     assert not res.failed, res.msg
     with vllm_harness.clients_off_engine_cpus(list(engines.values())), Traffic([stable, canary]) as traffic:
-        obs = run_module("canary_observe", dict(name=name, namespace=ns, kubeconfig=kubeconfig, selectors=res["selectors"],
+        obs = run_module("canary_observe_info", dict(name=name, namespace=ns, kubeconfig=kubeconfig, selectors=res["selectors"],
                                                 window=10, max_window=30, min_requests=6, percent=10))
     assert not obs.failed, obs.msg
     assert not traffic.errors, traffic.errors[:3]
@@ -154,7 +154,7 @@ def test_slower_canary_is_rolled_back_and_the_engine_line_proves_it(k8s_client, 
     assert "canary" not in isvc["spec"] and isvc["spec"]["predictor"]["model"]["args"] == args_for(port)
     deps = _deployments(k8s_client, namespace, name)
     assert sorted(deps) == ["llm-predictor"] and deps["llm-predictor"].spec.template == stable.spec.template
-    proof = run_module("engine_config", dict(name=name, namespace=namespace, kubeconfig=kubeconfig, expected={"enabled": False}))
+    proof = run_module("engine_config_info", dict(name=name, namespace=namespace, kubeconfig=kubeconfig, expected={"enabled": False}))
     assert not proof.failed, proof.msg
     assert proof["pods"] and all(p["speculative_config"] is None for p in proof["pods"])
 

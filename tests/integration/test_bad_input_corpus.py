@@ -132,17 +132,18 @@ CASES = [
     ("im-replicas-inverted", "module", "isvc_manifest", _with(IM, min_replicas=3, max_replicas=1), "replicas", "Fix:"),
     # --- isvc_wait (module) ----------------------------------------------------------------------------------------
     ("iw-bad-name", "module", "isvc_wait", {"name": "Bad_Name", "namespace": "@NS@", "timeout": 5}, "name", "Fix:"),
-    # --- engine_config (module) ------------------------------------------------------------------------------------
-    ("ec-missing-log", "module", "engine_config", {"log_path": "@OUT@/nope.log"}, "log_path", "Fix:"),
-    ("ec-expected-method", "module", "engine_config", {"log_text": "x", "expected": {"method": "eagle9"}}, "expected.method", "Fix:"),
-    ("ec-expected-tokens", "module", "engine_config", {"log_text": "x", "expected": {"num_speculative_tokens": 0}},
+    # --- engine_config_info (module) -------------------------------------------------------------------------------
+    ("ec-missing-log", "module", "engine_config_info", {"log_path": "@OUT@/nope.log"}, "log_path", "Fix:"),
+    ("ec-expected-method", "module", "engine_config_info", {"log_text": "x", "expected": {"method": "eagle9"}}, "expected.method", "Fix:"),
+    ("ec-expected-tokens", "module", "engine_config_info", {"log_text": "x", "expected": {"num_speculative_tokens": 0}},
      "expected.num_speculative_tokens", "Fix:"),
-    ("ec-bad-name", "module", "engine_config", {"name": "Bad_Name", "namespace": "@NS@", "timeout": 5}, "name", "Fix:"),
-    # --- spec_metrics (module) -------------------------------------------------------------------------------------
-    ("sm-bad-url", "module", "spec_metrics", {"url": "ftp://127.0.0.1:9/metrics"}, "url", "Fix:"),
-    ("sm-missing-file", "module", "spec_metrics", {"metrics_path": "@OUT@/nope.txt"}, "metrics_path", "Fix:"),
-    ("sm-rate-over-one", "module", "spec_metrics", {"metrics_text": "# nothing\n", "min_acceptance_rate": 1.5}, "min_acceptance_rate", "Fix:"),
-    ("sm-no-source", "module", "spec_metrics", {"namespace": "@NS@"}, "url", "one of the following is required"),
+    ("ec-bad-name", "module", "engine_config_info", {"name": "Bad_Name", "namespace": "@NS@", "timeout": 5}, "name", "Fix:"),
+    # --- speculative_metrics_info (module) -------------------------------------------------------------------------
+    ("sm-bad-url", "module", "speculative_metrics_info", {"url": "ftp://127.0.0.1:9/metrics"}, "url", "Fix:"),
+    ("sm-missing-file", "module", "speculative_metrics_info", {"metrics_path": "@OUT@/nope.txt"}, "metrics_path", "Fix:"),
+    ("sm-rate-over-one", "module", "speculative_metrics_info", {"metrics_text": "# nothing\n", "min_acceptance_rate": 1.5},
+     "min_acceptance_rate", "Fix:"),
+    ("sm-no-source", "module", "speculative_metrics_info", {"namespace": "@NS@"}, "url", "one of the following is required"),
     # --- isvc_speculative (module) ---------------------------------------------------------------------------------
     ("is-bad-config", "module", "isvc_speculative", {"name": "@LIVE@", "namespace": "@NS@", "state": "present",
                                                      "config": _with(SPEC, num_speculative_tokens=0)}, "num_speculative_tokens", "Fix:"),
@@ -493,15 +494,15 @@ def test_bad_input_corpus(tmp_path, kubeconfig, k8s_client, controlplane, kserve
         entries[row[1]] = entries.get(row[1], 0) + 1
     kinds = ", ".join("%s %d" % kv for kv in sorted(entries.items()))
     print("\nbad-input corpus: %d cases (%s) in %.0f s" % (len(rows), kinds, time.monotonic() - started))
-    print("%-34s %-8s %-22s %-40s %s" % ("case", "entry", "target", "field", "result"))
+    print("%-34s %-8s %-24s %-40s %s" % ("case", "entry", "target", "field", "result"))
     for row in rows:
-        print("%-34s %-8s %-22s %-40s %s" % row)
+        print("%-34s %-8s %-24s %-40s %s" % row)
     others = sum(len(v) for k, v in initial.items() if k in NAMESPACED and k != "inferenceservices")
     print("nothing written: a snapshot after every case of %d InferenceService(s), %d other namespaced objects, the registry "
           "catalog/tags/files and the output directories" % (len(initial["inferenceservices"]), others))
     assert len(CASES) >= 60
     modules = {c[2] for c in CASES if c[1] == "module"}
-    assert modules == {"speculative_config", "isvc_manifest", "isvc_wait", "engine_config", "spec_metrics", "isvc_speculative",
+    assert modules == {"speculative_config", "isvc_manifest", "isvc_wait", "engine_config_info", "speculative_metrics_info", "isvc_speculative",
                        "modelcar_image", "pvc_stage_plan", "spec_benchmark", "troubleshoot_bundle"}
     roles = {c[2] for c in CASES if c[1] == "role"}
     assert roles == {"inference_service", "verify", "rollback", "stage_pvc", "benchmark", "artifact_credentials", "troubleshoot",

@@ -111,7 +111,7 @@ def test_knative_step_observe_promote_and_rerun(k8s_client, kubeconfig, kserve, 
     assert comp["latestCreatedRevision"] == CANARY and [(t["revisionName"], t["percent"]) for t in comp["traffic"]] == \
         [(CANARY, 50), (FIRST, 50)]
 
-    obs = run_module("canary_observe", dict(name=NAME, namespace=namespace, kubeconfig=kubeconfig, window=0.2, min_requests=20,
+    obs = run_module("canary_observe_info", dict(name=NAME, namespace=namespace, kubeconfig=kubeconfig, window=0.2, min_requests=20,
                                             percent=50))
     assert not obs.failed, obs.msg
     assert obs["selectors"] == res["selectors"]  # read from status.components.predictor.traffic

@@ -3,7 +3,7 @@ workload_multi_node.go) run the pool as a LeaderWorkerSet (trimmed upstream CRD,
 status), and data parallelism spread over the pods of a group (ParallelismSpec.GetSize = data / dataLocal pods).
 
 Module logic runs in-process (tests/module_run.py) against the real API server: isvc_wait (KServe's conditions at the
-generation, then the LeaderWorkerSet's own rollout) and llmisvc_engine_config (the engine line of each group's leader;
+generation, then the LeaderWorkerSet's own rollout) and llmisvc_engine_config_info (the engine line of each group's leader;
 workers silent). The role wiring (verify.yml -> these modules) is covered by test_llmisvc_testbed.py.
 """
 from __future__ import annotations
@@ -55,7 +55,7 @@ def _wait(kubeconfig, namespace, name):
 
 
 def _engine(kubeconfig, namespace, name, **extra):
-    return run_module("llmisvc_engine_config", dict({"kubeconfig": kubeconfig, "name": name, "namespace": namespace}, **extra))
+    return run_module("llmisvc_engine_config_info", dict({"kubeconfig": kubeconfig, "name": name, "namespace": namespace}, **extra))
 
 
 def _pods(k8s_client, namespace, selector):

@@ -52,7 +52,7 @@ def _wait(kubeconfig, namespace, name=NAME, timeout=60):
 
 
 def _engine(kubeconfig, namespace, **extra):
-    return run_module("llmisvc_engine_config", dict({"kubeconfig": kubeconfig, "name": NAME, "namespace": namespace}, **extra))
+    return run_module("llmisvc_engine_config_info", dict({"kubeconfig": kubeconfig, "name": NAME, "namespace": namespace}, **extra))
 
 
 @pytest.fixture

@@ -62,8 +62,8 @@ def deploy(k8s_client, kserve, ns, name, args, log_text, replicas=1, command=Non
 
 
 def engine(name, ns, kubeconfig, **more):
-    """engine_config in this process (the verify role's wiring of it is tested by the playbook tests below)."""
-    return run_module("engine_config", dict(name=name, namespace=ns, kubeconfig=kubeconfig, **more))
+    """engine_config_info in this process (the verify role's wiring of it is tested by the playbook tests below)."""
+    return run_module("engine_config_info", dict(name=name, namespace=ns, kubeconfig=kubeconfig, **more))
 
 
 def test_engine_line_on_every_pod_matches_the_flag(k8s_client, kubeconfig, kserve, namespace):
@@ -186,7 +186,7 @@ def test_huge_log_is_streamed_in_bounded_memory(kubeconfig, k8s_client, kubelet,
 def test_spec_metrics_falls_back_to_pod_logs(k8s_client, kubeconfig, kserve, namespace):
     """The API server will not proxy to a loopback pod IP, so /metrics fails and the log windows are read instead."""
     deploy(k8s_client, kserve, namespace, "ng", ["--speculative-config", NGRAM_JSON], capture("ngram"))
-    res = run_module("spec_metrics", {"name": "ng", "namespace": namespace, "kubeconfig": kubeconfig})
+    res = run_module("speculative_metrics_info", {"name": "ng", "namespace": namespace, "kubeconfig": kubeconfig})
     assert not res.failed, res.msg
     assert res["source"] == "log" and res["windows_total"] == 2
     # ngram/startup.log windows add up to ngram/metrics.txt: 229 drafts, 1002 draft tokens, 655 accepted
@@ -194,7 +194,7 @@ def test_spec_metrics_falls_back_to_pod_logs(k8s_client, kubeconfig, kserve, nam
     assert res["accepted_tokens_per_position"] == [190, 152, 126, 99, 88]
     assert res["diagnosis"]["status"] == "healthy" and res["diagnosis"]["method"] == "ngram"
     assert "through the API server proxy failed" in res["notes"][0]
-    nofb = run_module("spec_metrics", {"name": "ng", "namespace": namespace, "kubeconfig": kubeconfig, "log_fallback": False})
+    nofb = run_module("speculative_metrics_info", {"name": "ng", "namespace": namespace, "kubeconfig": kubeconfig, "log_fallback": False})
     assert nofb["failed"] is True and nofb["msg"].startswith("port: GET /metrics on pod %s/" % namespace)
 
 

@@ -1,4 +1,4 @@
-"""spec_metrics and the verify playbook reading /metrics THROUGH THE API SERVER'S POD PROXY on the test bed.
+"""speculative_metrics_info and the verify playbook reading /metrics THROUGH THE API SERVER'S POD PROXY on the test bed.
 
 The API server refuses to proxy to loopback pod IPs, so these pods get this host's non-loopback IPv4 address
 (tests.testbed.kubelet.host_ipv4, e.g. eth0's; traffic to it never leaves the machine) and a real HTTP server on
@@ -76,12 +76,12 @@ def proxied(kubelet, namespace, pod=None):
 
 
 def task(name, module_args):
-    """One spec_metrics call: (result name, module arguments)."""
+    """One speculative_metrics_info call: (result name, module arguments)."""
     return [(name, module_args)]
 
 
 class Calls:
-    """spec_metrics calls run in this process in order, their results by name (the verify playbook's wiring of the module
+    """speculative_metrics_info calls run in this process in order, their results by name (the verify playbook's wiring of the module
     is tested by test_verify_playbook_reads_metrics_through_the_pod_proxy)."""
 
     def __init__(self, calls, kubeconfig=None):
@@ -90,7 +90,7 @@ class Calls:
             args = dict(module_args)
             if kubeconfig and "kubeconfig" not in args:
                 args["kubeconfig"] = kubeconfig
-            self.results[name] = run_module("spec_metrics", args)
+            self.results[name] = run_module("speculative_metrics_info", args)
         self.output = "\n".join("%s: %s" % (n, r.msg) for n, r in self.results.items())
 
     def result(self, name):

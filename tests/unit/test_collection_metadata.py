@@ -1,7 +1,12 @@
-"""Packaging facts other parts rely on: every module is in the action group, every role has an argument spec."""
+"""Packaging facts other parts rely on: every module is in the action group, every role has an argument spec, the
+modules' earlier names still resolve (with a deprecation)."""
 
+import json
 import os
+import subprocess
+import sys
 
+import pytest
 import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -13,6 +18,60 @@ def test_action_group_lists_exactly_the_modules():
     modules = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "plugins", "modules"))
                      if f.endswith(".py") and not f.startswith("_"))
     assert sorted(runtime["action_groups"]["spec_decoding"]) == modules
+
+
+# Read-only modules were renamed to Ansible's `_info` names; meta/runtime.yml routes the earlier names to them until 2.0.0.
+RENAMED = {
+    "kserve_facts": "kserve_info",
+    "engine_config": "engine_config_info",
+    "spec_metrics": "speculative_metrics_info",
+    "llmisvc_engine_config": "llmisvc_engine_config_info",
+    "canary_observe": "canary_observe_info",
+}
+
+# What ansible-playbook does with a task's module name: ansible's module loader resolves it through meta/runtime.yml's
+# plugin_routing. Run in a child process: the loader installs ansible's collection finder, which would re-import
+# `ansible_collections` under the other tests of this process.
+_RESOLVE = """
+import json, sys
+from ansible.plugins.loader import init_plugin_loader, module_loader
+init_plugin_loader([sys.argv[1]])
+out = {}
+for name in sys.argv[2:]:
+    ctx = module_loader.find_plugin_with_context("alauda.spec_decoding." + name)
+    out[name] = dict(resolved=ctx.resolved, fqcn=ctx.resolved_fqcn, path=ctx.plugin_resolved_path, deprecated=ctx.deprecated,
+                     removal_version=ctx.removal_version, warnings=ctx.deprecation_warnings)
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def resolved_old_names():
+    collections = os.path.join(ROOT, ".build", "collections")
+    proc = subprocess.run([sys.executable, "-c", _RESOLVE, collections] + sorted(RENAMED), capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("old", sorted(RENAMED))
+def test_earlier_module_name_runs_the_info_module_with_a_deprecation(resolved_old_names, old):
+    new = RENAMED[old]
+    got = resolved_old_names[old]
+    assert not os.path.exists(os.path.join(ROOT, "plugins", "modules", old + ".py")), "the redirect, not a file, serves " + old
+    assert got["resolved"] and got["fqcn"] == "alauda.spec_decoding." + new
+    assert os.path.realpath(got["path"]) == os.path.join(os.path.realpath(ROOT), "plugins", "modules", new + ".py")
+    assert got["deprecated"] and got["removal_version"] == "2.0.0"
+    assert got["warnings"] == ["alauda.spec_decoding.%s has been deprecated. Use alauda.spec_decoding.%s instead (same options and "
+                               "return values)." % (old, new)]
+
+
+def test_plugin_routing_lists_exactly_the_renamed_modules():
+    with open(os.path.join(ROOT, "meta", "runtime.yml")) as handle:
+        routing = yaml.safe_load(handle)["plugin_routing"]
+    assert set(routing) == {"modules"}
+    assert {old: entry["redirect"] for old, entry in routing["modules"].items()} == {
+        old: "alauda.spec_decoding." + new for old, new in RENAMED.items()}
 
 
 def test_every_role_has_typed_argument_specs():

@@ -66,7 +66,7 @@ def engine_line(capture):
 
 
 def test_spec_state_from_the_engine_lines_vllm_logged():
-    """The real captured lines (vLLM 0.32 CPU) and the engine_config module's result shape."""
+    """The real captured lines (vLLM 0.32 CPU) and the engine_config_info module's result shape."""
     assert spec_sweep.spec_state_from_engine({"line": engine_line("baseline")}, "f") == {"found": True, "config": None}
     ngram = spec_sweep.spec_state_from_engine({"line": engine_line("ngram")}, "f")
     assert ngram == {"found": True, "config": {"method": "ngram", "model": None, "num_spec_tokens": 5}}

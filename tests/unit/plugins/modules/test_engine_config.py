@@ -1,4 +1,4 @@
-"""The engine_config module, run through real ansible-playbook on the real captures (local sources).
+"""The engine_config_info module, run through real ansible-playbook on the real captures (local sources).
 
 Cluster reads are covered by tests/integration/test_verify.py on the API-server test bed.
 """
@@ -19,7 +19,7 @@ def run_playbook(tmp_path, tasks, check=False):
 
 def test_matches_expected_on_real_eagle3_log(tmp_path):
     rc, res = run_playbook(tmp_path, """
-        - alauda.spec_decoding.engine_config:
+        - alauda.spec_decoding.engine_config_info:
             log_path: %s/eagle3/startup.log
             expected: {method: eagle3, model: /mnt/models/tiny-eagle3, num_speculative_tokens: 3}
         """ % CAPTURES, check=True)
@@ -34,7 +34,7 @@ def test_matches_expected_on_real_eagle3_log(tmp_path):
 
 def test_mismatch_prints_both_sides(tmp_path):
     rc, res = run_playbook(tmp_path, """
-        - alauda.spec_decoding.engine_config:
+        - alauda.spec_decoding.engine_config_info:
             log_path: %s/ngram/startup.log
             expected: {method: eagle3, num_speculative_tokens: 3}
         """ % CAPTURES)
@@ -51,10 +51,10 @@ def test_baseline_after_rollback_expect_disabled(tmp_path):
     path.write_text(json.dumps({"log": text}))
     rc, res = run_playbook(tmp_path, """
         - ansible.builtin.include_vars: {file: %s, name: cap}
-        - alauda.spec_decoding.engine_config:
+        - alauda.spec_decoding.engine_config_info:
             log_text: "{{ cap.log }}"
             expected: {enabled: false}
-        - alauda.spec_decoding.engine_config:
+        - alauda.spec_decoding.engine_config_info:
             log_text: "{{ cap.log }}"
             expected: {method: ngram}
         """ % path)
@@ -64,7 +64,7 @@ def test_baseline_after_rollback_expect_disabled(tmp_path):
 
 def test_missing_line_fails_with_hint(tmp_path):
     rc, res = run_playbook(tmp_path, """
-        - alauda.spec_decoding.engine_config:
+        - alauda.spec_decoding.engine_config_info:
             log_text: "(APIServer pid=1) INFO 11-29 07:38:32 [api_server.py:1] vLLM API server version 0.32.0"
         """)
     assert rc != 0
@@ -74,7 +74,7 @@ def test_missing_line_fails_with_hint(tmp_path):
 
 def test_missing_file_names_the_field(tmp_path):
     rc, res = run_playbook(tmp_path, """
-        - alauda.spec_decoding.engine_config:
+        - alauda.spec_decoding.engine_config_info:
             log_path: /nonexistent/vllm.log
         """)
     assert rc != 0 and res[0]["msg"].startswith("log_path: cannot read")
@@ -82,7 +82,7 @@ def test_missing_file_names_the_field(tmp_path):
 
 def test_sources_are_exclusive(tmp_path):
     rc, res = run_playbook(tmp_path, """
-        - alauda.spec_decoding.engine_config:
+        - alauda.spec_decoding.engine_config_info:
             log_text: x
             name: svc
         """)

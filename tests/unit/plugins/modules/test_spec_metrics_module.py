@@ -1,4 +1,4 @@
-"""The spec_metrics module through real ansible-playbook: a loopback HTTP server serves the captured /metrics pages."""
+"""The speculative_metrics_info module through real ansible-playbook: a loopback HTTP server serves the captured /metrics pages."""
 
 import http.server
 import threading
@@ -57,7 +57,7 @@ def metrics_server():
 def test_url_with_bearer_token_and_diagnosis(tmp_path, metrics_server):
     metrics_server["pages"] = [read("eagle3", "metrics.txt")]
     rc, res, stdout = run_playbook(tmp_path, """
-        - alauda.spec_decoding.spec_metrics:
+        - alauda.spec_decoding.speculative_metrics_info:
             url: %s
             bearer_token: s3cret
             method: eagle3
@@ -79,7 +79,7 @@ def test_interval_reports_the_window(tmp_path, metrics_server):
     # two scrapes of the same ngram server: after 3 of the 6 requests (metrics_partial.txt) and after all (metrics.txt)
     metrics_server["pages"] = [read("ngram", "metrics_partial.txt"), read("ngram", "metrics.txt")]
     rc, res, _out = run_playbook(tmp_path, """
-        - alauda.spec_decoding.spec_metrics:
+        - alauda.spec_decoding.speculative_metrics_info:
             url: %s
             headers: {Authorization: Bearer s3cret}
             interval: 0.5
@@ -94,9 +94,9 @@ def test_interval_reports_the_window(tmp_path, metrics_server):
 
 def test_thresholds_fail_and_no_data_does_not(tmp_path):
     rc, res, _out = run_playbook(tmp_path, """
-        - alauda.spec_decoding.spec_metrics:
+        - alauda.spec_decoding.speculative_metrics_info:
             metrics_path: %(c)s/baseline/metrics.txt
-        - alauda.spec_decoding.spec_metrics:
+        - alauda.spec_decoding.speculative_metrics_info:
             metrics_path: %(c)s/ngram/metrics.txt
             min_mean_acceptance_length: 2.0
             min_acceptance_rate: 0.7
@@ -109,7 +109,7 @@ def test_thresholds_fail_and_no_data_does_not(tmp_path):
 
 def test_log_fallback_and_windows(tmp_path):
     rc, res, _out = run_playbook(tmp_path, """
-        - alauda.spec_decoding.spec_metrics:
+        - alauda.spec_decoding.speculative_metrics_info:
             metrics_path: %(c)s/baseline/metrics.txt
             log_path: %(c)s/ngram/startup.log
             method: ngram
@@ -125,7 +125,7 @@ def test_log_fallback_and_windows(tmp_path):
 
 def test_interval_needs_a_live_source(tmp_path):
     rc, res, _out = run_playbook(tmp_path, """
-        - alauda.spec_decoding.spec_metrics:
+        - alauda.spec_decoding.speculative_metrics_info:
             metrics_path: %s/ngram/metrics.txt
             interval: 5
         """ % CAPTURES)
@@ -136,7 +136,7 @@ def test_bad_port_is_refused_before_any_api_call(tmp_path):
     """A port the pod proxy cannot take fails with the field named, before the module builds an API client: the
     kubeconfig given does not exist, so reaching the cluster would fail differently."""
     rc, res, _out = run_playbook(tmp_path, """
-        - alauda.spec_decoding.spec_metrics:
+        - alauda.spec_decoding.speculative_metrics_info:
             name: llama
             namespace: models
             port: "70000"

@@ -41,7 +41,7 @@ def servers():
         yield {"baseline": (b_url, base), "candidate": (c_url, cand), "confirm": (k_url, k1)}
 
 
-# What the paced servers stand for, as vLLM prints it in its engine-config line (the module's engine_config shape).
+# What the paced servers stand for, as vLLM prints it in its engine-config line (engine_config_info's result shape).
 BASE_ENGINE = {"found": True, "speculative_config": None}
 CAND_ENGINE = {"found": True, "speculative_config": {"method": "ngram", "model": None, "num_spec_tokens": 3}}
 CONTEXT = {"gpu_model": "none (paced loopback server)", "gpu_count": 0, "model": "paced", "dtype": "none", "vllm_version": "none",

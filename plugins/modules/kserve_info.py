@@ -7,7 +7,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: kserve_facts
+module: kserve_info
 short_description: What a deploy needs to know about the cluster's KServe, in one read
 version_added: 0.2.0
 description:
@@ -59,7 +59,7 @@ notes:
 
 EXAMPLES = r"""
 - name: Read what the cluster's KServe supports and the current object
-  alauda.spec_decoding.kserve_facts:
+  alauda.spec_decoding.kserve_info:
     name: llama-eagle3
     namespace: models
   register: kserve

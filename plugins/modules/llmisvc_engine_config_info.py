@@ -7,7 +7,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: llmisvc_engine_config
+module: llmisvc_engine_config_info
 short_description: Prove per pool which speculative config the vLLM engines of a KServe LLMInferenceService run
 version_added: 0.2.0
 description:
@@ -81,12 +81,12 @@ requirements:
 
 EXAMPLES = r"""
 - name: Verify the decode pool runs EAGLE-3 and the prefill pool runs without it
-  alauda.spec_decoding.llmisvc_engine_config:
+  alauda.spec_decoding.llmisvc_engine_config_info:
     name: llama-eagle3
     namespace: models
 
 - name: After a rollback, no pool may run speculative decoding
-  alauda.spec_decoding.llmisvc_engine_config:
+  alauda.spec_decoding.llmisvc_engine_config_info:
     name: llama-eagle3
     namespace: models
     expected:

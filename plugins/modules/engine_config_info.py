@@ -7,7 +7,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: engine_config
+module: engine_config_info
 short_description: Prove which speculative config the running vLLM engine uses, from its engine-config log line
 version_added: 0.1.0
 description:
@@ -95,12 +95,12 @@ notes:
   - Needs get/list on pods and get on pods/log (and get on inferenceservices) with O(name).
   - From vLLM 0.24 only data-parallel rank 0 prints the engine line.
 seealso:
-  - module: alauda.spec_decoding.spec_metrics
+  - module: alauda.spec_decoding.speculative_metrics_info
 """
 
 EXAMPLES = r"""
 - name: Every predictor pod runs EAGLE-3 with the requested draft
-  alauda.spec_decoding.engine_config:
+  alauda.spec_decoding.engine_config_info:
     name: llama
     namespace: models
     expected:
@@ -110,14 +110,14 @@ EXAMPLES = r"""
   register: engine
 
 - name: After a rollback the engine runs without a proposer
-  alauda.spec_decoding.engine_config:
+  alauda.spec_decoding.engine_config_info:
     name: llama
     namespace: models
     expected:
       enabled: false
 
 - name: Parse a saved log
-  alauda.spec_decoding.engine_config:
+  alauda.spec_decoding.engine_config_info:
     log_path: /tmp/vllm.log
 """
 

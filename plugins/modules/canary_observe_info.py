@@ -7,12 +7,12 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: canary_observe
+module: canary_observe_info
 short_description: Measure both revisions of a speculative-decoding canary on live traffic and decide
 version_added: 0.2.0
 description:
   - Reads C(/metrics) of every pod of the stable and of the canary revision (through the API server's pod proxy, as
-    M(alauda.spec_decoding.spec_metrics) does), waits O(window) seconds of live traffic and reads them again.
+    M(alauda.spec_decoding.speculative_metrics_info) does), waits O(window) seconds of live traffic and reads them again.
   - Per revision, from the deltas of vLLM's server-side histograms (C(vllm:time_to_first_token_seconds),
     C(vllm:request_time_per_output_token_seconds), C(vllm:inter_token_latency_seconds),
     C(vllm:e2e_request_latency_seconds)) - medians and p99 as Prometheus' C(histogram_quantile) computes them - the
@@ -71,7 +71,7 @@ options:
     type: str
     default: kserve-container
   port:
-    description: Port of C(/metrics) (default from the pod spec, see M(alauda.spec_decoding.spec_metrics)).
+    description: Port of C(/metrics) (default from the pod spec, see M(alauda.spec_decoding.speculative_metrics_info)).
     type: str
   scheme:
     description: C(http) or C(https) (default from the pod spec).
@@ -95,7 +95,7 @@ requirements:
 
 EXAMPLES = r"""
 - name: Observe 10 minutes of live traffic, at least 50 requests per side
-  alauda.spec_decoding.canary_observe:
+  alauda.spec_decoding.canary_observe_info:
     name: llama
     namespace: models
     window: 600

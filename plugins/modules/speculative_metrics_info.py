@@ -7,7 +7,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: spec_metrics
+module: speculative_metrics_info
 short_description: Read vLLM's speculative-decoding acceptance from /metrics or its SpecDecoding log lines, with a diagnosis
 version_added: 0.1.0
 description:
@@ -130,12 +130,12 @@ notes:
   - Needs the C(prometheus_client) Python library for /metrics sources.
   - Log windows do not print the number of drafts; it is derived from the printed rates (RV(num_drafts_estimated)).
 seealso:
-  - module: alauda.spec_decoding.engine_config
+  - module: alauda.spec_decoding.engine_config_info
 """
 
 EXAMPLES = r"""
 - name: Acceptance of every predictor pod, summed, over a 60 s window
-  alauda.spec_decoding.spec_metrics:
+  alauda.spec_decoding.speculative_metrics_info:
     name: llama
     namespace: models
     interval: 60
@@ -143,20 +143,20 @@ EXAMPLES = r"""
   register: acceptance
 
 - name: One pod whose vLLM serves TLS on a named container port
-  alauda.spec_decoding.spec_metrics:
+  alauda.spec_decoding.speculative_metrics_info:
     pod: llama-predictor-5d9c8b7f6-x2x7q
     namespace: models
     port: https
     scheme: https
 
 - name: From a local vLLM
-  alauda.spec_decoding.spec_metrics:
+  alauda.spec_decoding.speculative_metrics_info:
     url: http://127.0.0.1:8000/metrics
     model_name: llama
     method: eagle3
 
 - name: From the log when /metrics is not reachable
-  alauda.spec_decoding.spec_metrics:
+  alauda.spec_decoding.speculative_metrics_info:
     log_path: /tmp/vllm.log
 """
 

@@ -56,8 +56,8 @@ _value:
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_twin
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import llmisvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import baseline_twin as bench_twin
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import flags as llmisvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
 
 

@@ -180,8 +180,10 @@ def main():
     )
     spec.update(AUTH_ARG_SPEC)
     module = AnsibleK8SModule(argument_spec=spec, supports_check_mode=True)
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import canary, k8s_pods, prometheus_text  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_report  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import canary  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import prometheus_text  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report  # pylint: disable=import-outside-toplevel
     if not prometheus_text.HAS_PROMETHEUS_CLIENT:
         module.fail_json(msg=missing_required_lib("prometheus_client"), exception=str(prometheus_text.PROMETHEUS_IMPORT_ERROR))
     params = module.params

@@ -201,8 +201,8 @@ inference_service:
 from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
 from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import engine_log
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import speculative_config
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import engine_log
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 
@@ -270,7 +270,7 @@ def run_local(params):
 def run_cluster(module, params):
     # Imported here so a log_text/log_path run needs neither the kubernetes library nor a cluster.
     from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
 
     expected = _clean_expected(params["expected"])
     module.requires("kubernetes")

@@ -324,8 +324,8 @@ warnings:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import llmisvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import render as isvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import flags as llmisvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
 
 ARGUMENT_SPEC = dict(

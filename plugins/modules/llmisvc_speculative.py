@@ -130,9 +130,9 @@ import copy
 from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
 from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import llmisvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import flags as llmisvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.ssa_conflicts import ROLLBACK_FIELD_MANAGER
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.ssa_conflicts import ROLLBACK_FIELD_MANAGER
 
 
 def argument_spec():
@@ -187,7 +187,7 @@ def run(module, api_client):
     result.update(changes=changes, patch=ops)
     if not ops:
         return False, result
-    from kubernetes.client.rest import ApiException  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import ApiException  # pylint: disable=import-outside-toplevel
     try:
         after = _patch(api_client, params, ops, module.check_mode)
     except ApiException as exc:

@@ -6,7 +6,9 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.alauda.spec_decoding.plugins.filter.baseline_twin import baseline_twin as twin_filter
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_twin, llmisvc, vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import baseline_twin as bench_twin
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import flags as llmisvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from tests.testbed import crds
 from tests.testbed.llmisvc_standin import schema_errors

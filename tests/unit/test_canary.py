@@ -7,8 +7,8 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, Counter, generate_latest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_stats
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import canary
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import canary
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 # vLLM 0.32's bucket bounds for time_to_first_token_seconds (tests/fixtures/vllm/ngram/metrics.txt)

@@ -1,9 +1,11 @@
-"""plugins/module_utils/llmisvc.py, multi-node pools (spec.worker -> LeaderWorkerSet) and data parallelism: the pure
+"""plugins/module_utils/kserve/llmisvc/, multi-node pools (spec.worker -> LeaderWorkerSet) and data parallelism: the pure
 parts. Names and labels from KServe's workload_multi_node.go, LWS semantics from sigs.k8s.io/lws (leaderworkerset_types.go,
 leaderworkerset_controller.go updateConditions)."""
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_wait, k8s_pods, llmisvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import wait as isvc_wait
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import flags as llmisvc
 from tests.testbed.llmisvc_standin import lws_crd_body, lws_size
 
 SPEC_JSON = '{"method":"eagle3","model":"/mnt/models/draft","num_speculative_tokens":3}'

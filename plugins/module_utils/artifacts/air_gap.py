@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import urllib.parse
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifact_sync import DEFAULT_HF_ENDPOINT, is_public_hub
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.artifact_sync import DEFAULT_HF_ENDPOINT, is_public_hub
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 # Public container registries (a subdomain counts too). An image reference without a host is Docker Hub.

@@ -17,7 +17,7 @@ import os
 import re
 import urllib.parse
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import artifact_sync
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import artifact_sync
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 STAGED_ANNOTATION = "spec-decoding.alauda.io/staged"

@@ -31,7 +31,7 @@ import time
 import urllib.parse
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.oci_layout import (
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.modelcar_image import (
     ANN_TITLE, MT_DOCKER_MANIFEST, MT_MANIFEST, resolve_digests, sha256_digest,
 )
 

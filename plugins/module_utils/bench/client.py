@@ -26,7 +26,7 @@ import threading
 import time
 from urllib.parse import urlsplit
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import prometheus_text
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import prometheus_text
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 APIS = ("chat", "completions")

@@ -21,7 +21,7 @@ import shlex
 import struct
 import zlib
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_stats
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 try:

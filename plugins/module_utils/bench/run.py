@@ -14,8 +14,12 @@ import datetime
 import threading
 import time
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_client, bench_report, bench_stats, bench_workloads
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import prometheus_text, spec_metrics
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import client as bench_client
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import workloads as bench_workloads
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import prometheus_text
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 

@@ -35,8 +35,14 @@ import json
 import math
 import os
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_client, bench_report, bench_run, bench_stats, bench_workloads
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import engine_log, spec_metrics, speculative_config
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import client as bench_client
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import run as bench_run
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import workloads as bench_workloads
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import engine_log
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 SWEEP_SCHEMA = "alauda.spec_decoding/sweep-results/v1"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import re
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_patch
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import patch_plan as isvc_patch
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 TWIN_LABEL = "spec-decoding.alauda.io/baseline-twin"

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import json
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc, k8s_pods, serving_runtime
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import render as isvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime as serving_runtime
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 CRD_NAME = "inferenceservices.serving.kserve.io"
@@ -30,7 +32,7 @@ def _status(exc):
 
 
 def _read_crd(api_client):
-    from kubernetes.client import ApiextensionsV1Api  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import ApiextensionsV1Api  # pylint: disable=import-outside-toplevel
     # Deserialising the typed object would walk the whole schema: ask for the raw JSON instead.
     response = ApiextensionsV1Api(api_client).read_custom_resource_definition(CRD_NAME, _preload_content=False)
     try:
@@ -58,7 +60,7 @@ def kserve_release(api_client):
 
 def modelcar_enabled(api_client, kserve_namespace):
     """``(enabled, how)`` from the storage initializer settings; KServe's default (on since v0.15.2) when unreadable."""
-    from kubernetes.client import CoreV1Api  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import CoreV1Api  # pylint: disable=import-outside-toplevel
     try:
         config_map = CoreV1Api(api_client).read_namespaced_config_map(CONFIG_MAP, kserve_namespace)
     except k8s_pods.ApiException as exc:

@@ -19,7 +19,7 @@ import json
 import re
 import shlex
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
 
 
@@ -80,7 +80,7 @@ class _Kind:
     def __init__(self, kind="InferenceService", version=None):
         self.kind = kind
         if kind == "LLMInferenceService":
-            from ansible_collections.alauda.spec_decoding.plugins.module_utils import llmisvc  # pylint: disable=import-outside-toplevel
+            from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import flags as llmisvc  # pylint: disable=import-outside-toplevel
             self.llmisvc = llmisvc
             self.group, self.version, self.plural = llmisvc.GROUP, llmisvc.check_api_version(version, field="api_version"), llmisvc.PLURAL
         else:

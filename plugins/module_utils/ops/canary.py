@@ -37,12 +37,12 @@ import math
 import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_report
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_wait
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import prometheus_text
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import spec_metrics
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import wait as isvc_wait
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import prometheus_text
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 
 STANDARD, KNATIVE = "Standard", "Knative"
 STANDARD_MIN_KSERVE = (0, 20)

@@ -36,9 +36,13 @@ import json
 import posixpath
 import re
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import artifact_sync, isvc_patch, layer_stream, llmisvc, pvc_stage
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import artifact_sync
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import patch_plan as isvc_patch
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import layers as layer_stream
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import flags as llmisvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import pvc_plan as pvc_stage
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.oci_layout import (
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.modelcar_image import (
     ANN_FILES, ANN_ROLE, ANN_TITLE, MT_CONFIG, MT_DOCKER_LAYER_TAR, MT_DOCKER_MANIFEST, MT_LAYER_TAR, BytesSource, canonical_json, sha256_digest,
 )
 
@@ -618,13 +622,13 @@ def readiness_of(isvc):
     if is_llmisvc(isvc):
         return llmisvc.readiness(isvc)
     # imported here: k8s_pods loads the kubernetes client (40+ MiB), which the image rewrite does not need
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
     return k8s_pods.readiness(isvc)
 
 
 def modelcar_remove(params, cluster, isvc, loc, open_registry, check_mode):
     """Push the image without the draft (blobs reused, manifest last) and move storageUri to its digest."""
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.oci_registry import ImageRef  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.registry import ImageRef  # pylint: disable=import-outside-toplevel
 
     ref = ImageRef.parse(loc.details["image"], field="storageUri")
     src = open_registry(ref)

@@ -26,9 +26,9 @@ import re
 import tarfile
 import time
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import credentials
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import engine_log
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import spec_metrics as metrics_mod
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import credentials
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import engine_log
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as metrics_mod
 
 try:
     import yaml
@@ -114,7 +114,7 @@ def _event_text(ev):
 def speculative_config_of(isvc):
     """The --speculative-config of the predictor (first container carrying one), or None."""
     try:
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
         for flag in k8s_pods.isvc_speculative_flags(isvc):
             if flag["present"]:
                 return flag["config"] or {"unreadable": flag["error"]}

@@ -25,7 +25,7 @@ import math
 import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.engine_log import (
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.engine_log import (
     iter_needle_lines,
     iter_text_chunks,
     iter_file_chunks,
@@ -33,7 +33,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.engine_log im
     strip_ansi,
 )
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import prometheus_text
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import prometheus_text
 
 # Metric-name prefixes of the spec_decode families (after the ``vllm:`` namespace; see prometheus_text).
 SPEC_PREFIXES = ("spec_decode_", "vllm_spec_decode_")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 # The newest vLLM release this table was checked against; used when no version is given.

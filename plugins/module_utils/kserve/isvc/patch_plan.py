@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import json
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 BACKUP_ANNOTATION = "spec-decoding.alauda.io/previous-speculative-config"

@@ -24,9 +24,9 @@ except ImportError:  # pragma: no cover - reported by the calling module
     HAS_YAML = False
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import speculative_config as spec_core
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import oci_registry
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import serving_runtime
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as spec_core
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as oci_registry
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime as serving_runtime
 
 API_VERSION = "serving.kserve.io/v1beta1"
 KIND = "InferenceService"

@@ -33,7 +33,7 @@ from __future__ import annotations
 import copy
 import re
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 GROUP = "serving.kserve.io"
@@ -579,7 +579,7 @@ class ClientReader:
     PLURALS = {SERVING_RUNTIME: "servingruntimes", CLUSTER_SERVING_RUNTIME: "clusterservingruntimes"}
 
     def __init__(self, api_client):
-        from kubernetes.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
         self.api = CustomObjectsApi(api_client)
         self.forbidden = []
         self._read = {}
@@ -602,7 +602,7 @@ class ClientReader:
                 return None
             if status is None:
                 raise
-            from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
+            from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
             raise SpecDecodingError("reading %ss failed: %s" % (kind, k8s_pods.api_error_message(exc)),
                                     field="runtime") from exc
 

@@ -50,9 +50,9 @@ from __future__ import annotations
 import copy
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import speculative_config as spec_core
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import render as isvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as spec_core
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 
 GROUP = "serving.kserve.io"
 KIND = "LLMInferenceService"
@@ -812,20 +812,20 @@ def lws_groups(pods):
 
 def api_error(what, exc, field):
     """A SpecDecodingError carrying the API server's own message (a 403 names the user, the verb and the resource)."""
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError  # pylint: disable=import-outside-toplevel
     hint = "grant the verb on the resource named above (docs/rbac.md lists the rules each playbook needs)" if getattr(exc, "status", None) == 403 else None
     return SpecDecodingError("%s failed: %s" % (what, k8s_pods.api_error_message(exc)), field=field, hint=hint)
 
 
 def _custom_api(api_client):
-    from kubernetes.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
     return CustomObjectsApi(api_client)
 
 
 def get(api_client, namespace, name, version=DEFAULT_API_VERSION):
     """The LLMInferenceService as a dict; ValidationError naming it when it does not exist."""
-    from kubernetes.client.rest import ApiException  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import ApiException  # pylint: disable=import-outside-toplevel
     try:
         return _custom_api(api_client).get_namespaced_custom_object(GROUP, version, namespace, PLURAL, name)
     except ApiException as exc:
@@ -845,7 +845,7 @@ def read_presets(api_client, obj, system_namespace="kserve", version=DEFAULT_API
     A well-known preset the caller may not read (403, e.g. no rights in KServe's namespace) is left out and its
     ``namespace/name`` appended to ``unreadable``: the engine line on the pods still proves what runs. A baseRefs
     preset the caller may not read is an error: the resource names it, so its flags cannot be guessed."""
-    from kubernetes.client.rest import ApiException  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import ApiException  # pylint: disable=import-outside-toplevel
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError  # pylint: disable=import-outside-toplevel
     api = _custom_api(api_client)
     namespace = obj["metadata"]["namespace"]
@@ -902,9 +902,9 @@ def read_env_sources(api_client, obj, presets=None, config_prefix=WELL_KNOWN_PRE
     namespace (where its pods run): ``{(name, key): {"value": str or None, "reason": str or None}}``. A missing ConfigMap
     or key gives the value "" (the pod then has no such variable, or does not start: no flag can come from it); a read
     that fails otherwise (e.g. forbidden) gives None and the reason. Secrets are never read."""
-    from kubernetes.client import CoreV1Api  # pylint: disable=import-outside-toplevel
-    from kubernetes.client.rest import ApiException  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import CoreV1Api  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import ApiException  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
     namespace = obj["metadata"]["namespace"]
     out, cache = {}, {}
     for name, key, _optional in env_configmap_refs(obj, presets, config_prefix):
@@ -921,7 +921,7 @@ def read_env_sources(api_client, obj, presets=None, config_prefix=WELL_KNOWN_PRE
 def expected_per_pool(found_flags, pools, expected=None):
     """What each pool's engine line must say: the pool's flag (or the given ``expected``) where it has one, no
     speculative decoding where it has none."""
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import engine_log  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import engine_log  # pylint: disable=import-outside-toplevel
     out = {}
     for pool in pools:
         mine = [f for f in found_flags if f["pool"] == pool]
@@ -957,8 +957,8 @@ def _flag_pool(obj, pool, presets, multi):
 
 
 def _read_engine_lines(api_client, namespace, pods, container, timeout):
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import engine_log  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import engine_log  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError  # pylint: disable=import-outside-toplevel
     out = []
     for pod in pods:
@@ -987,8 +987,8 @@ def engine_report(api_client, obj, expected=None, container=MAIN_CONTAINER, time
     data-parallel ranks) are expected silent, and a worker that does log it must agree. ``engine_pod`` names the pod
     whose line counts, ``groups`` (multi-node) the leader and workers of each group and which pod logged the line.
     Returns ``(report, problems)``; problems are the reasons the check failed (empty: passed)."""
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import engine_log  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import engine_log  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
     namespace, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
     found_flags = flags(obj, presets)
     pools = pools_of(obj, presets)
@@ -1095,8 +1095,8 @@ def rollout_pending(api_client, obj, presets=None):
     condition, which stays True on the old pods during a rolling update: Ready at the current generation alone does not
     mean the new pods run. A Deployment is done as `kubectl rollout status` says (observedGeneration caught up, every
     replica updated and available, no old one left); a LeaderWorkerSet as ``lws_rollout_pending`` says."""
-    from kubernetes.client import AppsV1Api  # pylint: disable=import-outside-toplevel
-    from kubernetes.client.rest import ApiException  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import AppsV1Api  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import ApiException  # pylint: disable=import-outside-toplevel
     namespace, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
     for pool in pools_of(obj, presets):
         if multi_node(obj, pool, presets):
@@ -1147,7 +1147,7 @@ def baseline_twin(obj, name=None, suffix=None, found_flags=None):
     it); without it only the resource's own flags are seen. Raises ValidationError, before anything is written, when the
     object runs no speculative flag (it already is a baseline), when a preset supplies the flag (the twin would inherit
     it), when a flag cannot be removed token-exact, or when the router names a shared HTTPRoute or InferencePool."""
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_twin  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import baseline_twin as bench_twin  # pylint: disable=import-outside-toplevel
     if not isinstance(obj, dict) or obj.get("kind") not in (None, KIND) or not isinstance(obj.get("spec"), dict):
         raise ValidationError("is not an LLMInferenceService with a spec", field="candidate",
                               hint="pass the LLMInferenceService as read from the cluster (llmisvc_speculative's resource)")
@@ -1177,7 +1177,7 @@ def baseline_twin(obj, name=None, suffix=None, found_flags=None):
                                   hint="deploy a baseline LLMInferenceService with its own route and benchmark it as "
                                        "benchmark_baseline_name, or give benchmark_baseline_url")
     patch, _changes = strip(obj)
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_patch  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import patch_plan as isvc_patch  # pylint: disable=import-outside-toplevel
     stripped = isvc_patch.apply_patch(obj, patch)
     annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in bench_twin.DROPPED_ANNOTATIONS}
     namespace = meta.get("namespace")

@@ -6,7 +6,7 @@ import zlib
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_report
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 INK = (0x20, 0x20, 0x20)

@@ -3,8 +3,8 @@ a refused watch falls back to polling at `interval`, an API outage is waited out
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_wait
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.k8s_pods import ApiException
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import wait as isvc_wait
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.pods import ApiException
 
 
 def isvc(generation, observed, ready, rv):

@@ -6,7 +6,7 @@ KServe lays it out: the `kserve-container` with the runtime's ports and the pred
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 

@@ -1,4 +1,4 @@
-"""plugins/module_utils/llmisvc.py: render both API versions, refuse bad input by field, find and strip the flag in
+"""plugins/module_utils/kserve/llmisvc/: render both API versions, refuse bad input by field, find and strip the flag in
 every form KServe's and llm-d's presets use (token-exact), readiness as KServe's controller reports it."""
 import copy
 import json
@@ -6,7 +6,9 @@ import os
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc, llmisvc, vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import render as isvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import flags as llmisvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from tests.testbed import crds
 from tests.testbed.controlplane import _load_crd
@@ -273,7 +275,7 @@ ENGINE_LINE = ("(EngineCore_DP0 pid=7) INFO 11-29 07:44:56 [core.py:93] Initiali
 @pytest.fixture
 def fake_pods(monkeypatch):
     """Two decode pods; only the first (data-parallel rank 0) logs the engine line."""
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
     logs = {"m-kserve-0": ENGINE_LINE, "m-kserve-1": "(EngineCore_DP1 pid=8) INFO loading weights\n"}
     monkeypatch.setattr(k8s_pods, "list_pods", lambda _api, _ns, selector: (
         [{"name": n} for n in sorted(logs)] if "llminferenceservice-workload," in selector else [], []))
@@ -324,7 +326,7 @@ class _Clock:
 def test_wait_returns_only_when_ready_at_the_generation_and_the_pools_rolled_out(monkeypatch):
     """KServe marks a pool ready from its Deployment's Available condition (True on the old pods during a rolling
     update): the wait also waits for the rollout, and fails at once when a preset is missing."""
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_wait
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import wait as isvc_wait
     ready = dict(_status(2, 2, Ready="True"), metadata={"name": "m", "namespace": "ns", "generation": 2, "resourceVersion": "5"})
     reads = [ready, ready, ready]
     rollout = ["pool decode: Deployment m-kserve rolling out (0 of 1 updated, 1 old, 1 available)", None]
@@ -539,7 +541,7 @@ def _rolled_back(uri, draft_subdir="tiny-eagle3", name="llama-eagle3"):
 
 
 def test_the_draft_of_an_llminferenceservice_is_its_pvc_subdirectory_or_its_modelcar_layers():
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import draft_removal  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal  # pylint: disable=import-outside-toplevel
     before, after = _rolled_back("pvc://model-store/")
     with pytest.raises(ValidationError) as err:  # still speculative: the draft stays
         draft_removal.locate(before, "/mnt/models/tiny-eagle3")
@@ -555,7 +557,7 @@ def test_the_draft_of_an_llminferenceservice_is_its_pvc_subdirectory_or_its_mode
 
 
 def test_a_pvc_draft_another_resource_still_uses_is_kept():
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import draft_removal  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal  # pylint: disable=import-outside-toplevel
     _before, me = _rolled_back("pvc://model-store/")
     me["kind"] = "LLMInferenceService"
     as_model = {"kind": "LLMInferenceService", "metadata": {"name": "draft-alone", "namespace": "models"},
@@ -596,7 +598,7 @@ class _DraftCluster:
 
 
 def test_the_removal_plan_keeps_a_used_or_unchecked_draft_and_runs_the_job_only_for_a_free_one():
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import draft_removal  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal  # pylint: disable=import-outside-toplevel
     _before, after = _rolled_back("pvc://model-store/")
     after.update(kind="LLMInferenceService")
     after["metadata"]["generation"] = 2

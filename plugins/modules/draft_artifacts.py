@@ -236,9 +236,11 @@ class Cluster:
 
     def get_isvc(self):
         from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import flags as llmisvc  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import (  # pylint: disable=import-outside-toplevel
+            cluster as llmisvc_cluster,
+        )
         if self._llm():
-            return llmisvc.get(self.api_client, self.params["namespace"], self.params["name"], self.params["api_version"])
+            return llmisvc_cluster.get(self.api_client, self.params["namespace"], self.params["name"], self.params["api_version"])
         return k8s_pods.get_inference_service(self.api_client, self.params["namespace"], self.params["name"])
 
     def list_users(self):
@@ -279,7 +281,7 @@ class Cluster:
             raise self._error("patching InferenceService %s/%s" % (self.params["namespace"], self.params["name"]), exc) from exc
 
     def wait_ready(self):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import wait as isvc_wait  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
         isvc, _elapsed = isvc_wait.wait_ready(self.api_client, self.params["namespace"], self.params["name"],
                                               timeout=self.params["wait_timeout"], interval=self.params["wait_sleep"],
                                               kind=self.params["kind"], api_version=self.params["api_version"] if self._llm() else None)
@@ -333,7 +335,7 @@ def main():
     )
     from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import wait as isvc_wait  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
 
     try:
         cluster = Cluster(get_api_client(module=module).client.client, module.params)

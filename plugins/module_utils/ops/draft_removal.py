@@ -25,7 +25,7 @@ another InferenceService or LLMInferenceService of the namespace mounts or names
 
 KServe's LLMInferenceService works the same way (``kind: LLMInferenceService``): its one ``spec.model.uri``
 (``pvc://claim/path`` mounted at /mnt/models with the path as subPath, or ``oci://`` as a Modelcar at
-/mnt/models) holds target and draft (llmisvc.render), so the draft is a PVC subdirectory or Modelcar layers;
+/mnt/models) holds target and draft (llmisvc_render.render), so the draft is a PVC subdirectory or Modelcar layers;
 the paths still named are those of every pool's containers. Plain Python, no Ansible imports.
 """
 
@@ -40,6 +40,9 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts imp
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import patch_plan as isvc_patch
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import layers as layer_stream
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import flags as llmisvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import render as llmisvc_render
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import status as llmisvc_status
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import pvc_plan as pvc_stage
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.modelcar_image import (
@@ -80,7 +83,7 @@ def _under(path, parent):
 
 
 def is_llmisvc(obj):
-    return ((obj or {}).get("kind")) == llmisvc.KIND
+    return ((obj or {}).get("kind")) == llmisvc_model.KIND
 
 
 def _containers(obj):
@@ -88,7 +91,7 @@ def _containers(obj):
     spec = (obj or {}).get("spec") or {}
     if is_llmisvc(obj):
         out = []
-        for info in llmisvc.POOLS.values():
+        for info in llmisvc_model.POOLS.values():
             node = spec
             for key in info["path"]:
                 node = node.get(key) if isinstance(node, dict) else None
@@ -618,12 +621,12 @@ def execute(params, cluster, open_registry=None, check_mode=False):
 
 
 def readiness_of(isvc):
-    """Ready / up-to-date of an InferenceService (k8s_pods.readiness) or an LLMInferenceService (llmisvc.readiness)."""
+    """Ready / up-to-date of an InferenceService (isvc_readers.readiness) or an LLMInferenceService (llmisvc_status.readiness)."""
     if is_llmisvc(isvc):
-        return llmisvc.readiness(isvc)
+        return llmisvc_status.readiness(isvc)
     # imported here: k8s_pods loads the kubernetes client (40+ MiB), which the image rewrite does not need
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
-    return k8s_pods.readiness(isvc)
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import readers as isvc_readers  # pylint: disable=import-outside-toplevel
+    return isvc_readers.readiness(isvc)
 
 
 def modelcar_remove(params, cluster, isvc, loc, open_registry, check_mode):

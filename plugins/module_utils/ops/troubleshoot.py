@@ -114,8 +114,8 @@ def _event_text(ev):
 def speculative_config_of(isvc):
     """The --speculative-config of the predictor (first container carrying one), or None."""
     try:
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
-        for flag in k8s_pods.isvc_speculative_flags(isvc):
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import readers as isvc_readers  # pylint: disable=import-outside-toplevel
+        for flag in isvc_readers.isvc_speculative_flags(isvc):
             if flag["present"]:
                 return flag["config"] or {"unreadable": flag["error"]}
     except Exception:  # pylint: disable=broad-except

@@ -274,7 +274,9 @@ class Collector:
 
     def runtime(self, snap):
         """The ServingRuntime/ClusterServingRuntime KServe merges into the predictor, and the merged command."""
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime as serving_runtime  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import (  # pylint: disable=import-outside-toplevel
+            runtime as serving_runtime,
+        )
         try:
             effective = serving_runtime.effective_command(snap["isvc"], serving_runtime.ClientReader(self.api_client))
         except SpecDecodingError as exc:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_plots
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import plots as bench_plots
 
 
 def draw(sweep_json, prefix):

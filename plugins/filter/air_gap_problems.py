@@ -45,7 +45,7 @@ _value:
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import air_gap
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import air_gap
 
 
 def air_gap_problems(spec):

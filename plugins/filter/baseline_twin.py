@@ -56,8 +56,9 @@ _value:
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_twin
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import llmisvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import baseline_twin as bench_twin
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import twin as llmisvc_twin
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
 
 
@@ -67,8 +68,8 @@ def baseline_twin(isvc, name=None, suffix=bench_twin.DEFAULT_SUFFIX, flags=None)
         raise AnsibleFilterError("baseline_twin: expects an InferenceService (a dict), got %s; pass resources[0] of "
                                  "kubernetes.core.k8s_info" % type(isvc).__name__)
     try:
-        if isvc.get("kind") == llmisvc.KIND:
-            return llmisvc.baseline_twin(isvc, name=name or None, suffix=suffix or None, found_flags=flags)
+        if isvc.get("kind") == llmisvc_model.KIND:
+            return llmisvc_twin.baseline_twin(isvc, name=name or None, suffix=suffix or None, found_flags=flags)
         return bench_twin.baseline_twin(isvc, name=name or None, suffix=suffix or bench_twin.DEFAULT_SUFFIX)
     except SpecDecodingError as exc:
         raise AnsibleFilterError("baseline_twin: %s" % exc) from exc

@@ -55,7 +55,7 @@ _value:
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import credentials
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import credentials
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
 
 

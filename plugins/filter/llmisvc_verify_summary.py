@@ -74,7 +74,7 @@ _value:
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import llmisvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import verify as llmisvc_verify
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
 
 
@@ -83,7 +83,7 @@ def llmisvc_verify_summary(engine, namespace, name, acceptance=None, generation=
         raise AnsibleFilterError("llmisvc_verify_summary expects the registered result of llmisvc_engine_config_info (with pools), "
                                  "got %s" % (type(engine).__name__ if not isinstance(engine, dict) else "a dictionary without pools"))
     try:
-        return llmisvc.verify_summary(namespace, name, engine["pools"], acceptance=acceptance, generation=generation)
+        return llmisvc_verify.verify_summary(namespace, name, engine["pools"], acceptance=acceptance, generation=generation)
     except SpecDecodingError as exc:
         raise AnsibleFilterError("llmisvc_verify_summary: %s" % exc) from exc
 

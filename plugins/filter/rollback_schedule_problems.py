@@ -56,7 +56,7 @@ _value:
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import rollback_schedule
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import rollback_schedule
 
 _LISTS = ("target_namespaces", "names")
 

@@ -42,7 +42,7 @@ _value:
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import speculative_config as core
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as core
 
 
 def speculative_config_json(config, vllm_version=None):

@@ -39,7 +39,7 @@ _value:
   elements: str
 """
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.ssa_conflicts import ROLLBACK_FIELD_MANAGER, conflict_managers
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.ssa_conflicts import ROLLBACK_FIELD_MANAGER, conflict_managers
 
 
 def ssa_conflict_managers(message, foreign=False):

@@ -170,7 +170,7 @@ def main():
         max_window=dict(type="float"),
         min_requests=dict(type="int", default=20),
         tolerances=dict(type="dict"),
-        p99_tolerance=dict(type="float", default=0.5),  # canary.DEFAULT_P99_TOLERANCE
+        p99_tolerance=dict(type="float", default=0.5),  # canary_window.DEFAULT_P99_TOLERANCE
         model_name=dict(type="str"),
         container=dict(type="str", default="kserve-container"),
         port=dict(type="str"),
@@ -180,8 +180,12 @@ def main():
     )
     spec.update(AUTH_ARG_SPEC)
     module = AnsibleK8SModule(argument_spec=spec, supports_check_mode=True)
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import canary, k8s_pods, prometheus_text  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_report  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import canary  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import canary_window  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import http_target  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import prometheus_text  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report  # pylint: disable=import-outside-toplevel
     if not prometheus_text.HAS_PROMETHEUS_CLIENT:
         module.fail_json(msg=missing_required_lib("prometheus_client"), exception=str(prometheus_text.PROMETHEUS_IMPORT_ERROR))
     params = module.params
@@ -191,8 +195,8 @@ def main():
         if params["min_requests"] < 1:
             raise ValidationError("must be at least 1", field="min_requests", hint="ask for enough requests per side to decide on, e.g. 50")
         bench_report.check_tolerances(params.get("tolerances"))
-        canary.check_p99_tolerance(params.get("p99_tolerance"))
-        k8s_pods.check_port(params.get("port"))
+        canary_window.check_p99_tolerance(params.get("p99_tolerance"))
+        http_target.check_port(params.get("port"))
         selectors = params.get("selectors")
         from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
         api_client = get_api_client(module=module).client.client

@@ -190,7 +190,7 @@ from ansible_collections.kubernetes.core.plugins.module_utils.args_common import
 from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.ssa_conflicts import ROLLBACK_FIELD_MANAGER
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.ssa_conflicts import ROLLBACK_FIELD_MANAGER
 
 
 def argument_spec():
@@ -228,23 +228,26 @@ class Cluster:
         self.params = params
 
     def _error(self, what, exc):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
         return SpecDecodingError("%s failed: %s" % (what, k8s_pods.api_error_message(exc)), field="name")
 
     def _llm(self):
         return self.params.get("kind") == "LLMInferenceService"
 
     def get_isvc(self):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods, llmisvc  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import (  # pylint: disable=import-outside-toplevel
+            cluster as llmisvc_cluster,
+        )
         if self._llm():
-            return llmisvc.get(self.api_client, self.params["namespace"], self.params["name"], self.params["api_version"])
+            return llmisvc_cluster.get(self.api_client, self.params["namespace"], self.params["name"], self.params["api_version"])
         return k8s_pods.get_inference_service(self.api_client, self.params["namespace"], self.params["name"])
 
     def list_users(self):
         """The namespace's InferenceServices and LLMInferenceServices (other users of a PVC), and the kinds that could
         not be listed (a kind whose CRD is not installed has no objects)."""
-        from kubernetes.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
         objects, unchecked = [], []
         for kind, version, plural in (("InferenceService", "v1beta1", "inferenceservices"),
                                       ("LLMInferenceService", self.params["api_version"], "llminferenceservices")):
@@ -262,7 +265,7 @@ class Cluster:
         return objects, unchecked
 
     def patch_isvc(self, ops, dry_run=False):
-        from kubernetes.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
         api = CustomObjectsApi(self.api_client)
         # The rollback's field manager: a later deploy takes these fields back instead of refusing a foreign edit.
         kwargs = {"field_manager": ROLLBACK_FIELD_MANAGER}
@@ -278,14 +281,14 @@ class Cluster:
             raise self._error("patching InferenceService %s/%s" % (self.params["namespace"], self.params["name"]), exc) from exc
 
     def wait_ready(self):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_wait  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
         isvc, _elapsed = isvc_wait.wait_ready(self.api_client, self.params["namespace"], self.params["name"],
                                               timeout=self.params["wait_timeout"], interval=self.params["wait_sleep"],
                                               kind=self.params["kind"], api_version=self.params["api_version"] if self._llm() else None)
         return isvc
 
     def get_pvc(self, name):
-        from kubernetes.client import CoreV1Api  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import CoreV1Api  # pylint: disable=import-outside-toplevel
         try:
             return self.api_client.sanitize_for_serialization(
                 CoreV1Api(self.api_client).read_namespaced_persistent_volume_claim(name, self.params["namespace"]))
@@ -297,7 +300,7 @@ class Cluster:
             raise self._error("reading PVC %s" % name, exc) from exc
 
     def patch_pvc_annotations(self, name, annotations):
-        from kubernetes.client import CoreV1Api  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import CoreV1Api  # pylint: disable=import-outside-toplevel
         try:
             CoreV1Api(self.api_client).patch_namespaced_persistent_volume_claim(
                 name, self.params["namespace"], {"metadata": {"annotations": annotations}})
@@ -308,7 +311,7 @@ class Cluster:
 
 
 def registry_opener(module):
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import oci_registry  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as oci_registry  # pylint: disable=import-outside-toplevel
     RegistryClient, read_auth_file = oci_registry.RegistryClient, oci_registry.read_auth_file
     params = module.params
 
@@ -331,7 +334,8 @@ def main():
         required_together=[("username", "password")],
     )
     from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import draft_removal, isvc_wait  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
 
     try:
         cluster = Cluster(get_api_client(module=module).client.client, module.params)

@@ -201,8 +201,8 @@ inference_service:
 from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
 from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import engine_log
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import speculative_config
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import engine_log
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 
@@ -270,15 +270,16 @@ def run_local(params):
 def run_cluster(module, params):
     # Imported here so a log_text/log_path run needs neither the kubernetes library nor a cluster.
     from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import readers as isvc_readers  # pylint: disable=import-outside-toplevel
 
     expected = _clean_expected(params["expected"])
     module.requires("kubernetes")
     api_client = get_api_client(module=module).client.client
     ns, name = params["namespace"], params["name"]
     isvc = k8s_pods.get_inference_service(api_client, ns, name)
-    flags = k8s_pods.isvc_speculative_flags(isvc)
-    isvc_info = dict(k8s_pods.readiness(isvc), flags=flags, speculative_flag_present=any(f["present"] for f in flags))
+    flags = isvc_readers.isvc_speculative_flags(isvc)
+    isvc_info = dict(isvc_readers.readiness(isvc), flags=flags, speculative_flag_present=any(f["present"] for f in flags))
     if expected is None and params["expected_from_inference_service"]:
         with_flag = [f for f in flags if f["present"]]
         if with_flag and with_flag[0]["config"] is not None:

@@ -324,8 +324,10 @@ warnings:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import llmisvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import render as isvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import flags as llmisvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import render as llmisvc_render
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
 
 ARGUMENT_SPEC = dict(
@@ -389,8 +391,8 @@ def main():
     existing = params.pop("existing")
     kind = params.pop("resource_kind")
     try:
-        if kind == llmisvc.KIND:
-            rendered = llmisvc.render(params, existing=existing)
+        if kind == llmisvc_model.KIND:
+            rendered = llmisvc_render.render(params, existing=existing)
         else:
             rendered = isvc.render(params, existing=existing)
     except SpecDecodingError as exc:
@@ -403,7 +405,7 @@ def main():
     module.exit_json(changed=False, manifest=manifest, manifest_yaml=isvc.to_yaml(manifest),
                      speculative_json=spec.json if spec else None, artifact_mode=art.mode,
                      target_path=art.target_path, draft_path=art.draft_path,
-                     filename=(llmisvc.manifest_filename(manifest) if kind == llmisvc.KIND else isvc.manifest_filename(manifest)),
+                     filename=(llmisvc_render.manifest_filename(manifest) if kind == llmisvc_model.KIND else isvc.manifest_filename(manifest)),
                      runtime_check=rendered["runtime_check"], resource_kind=kind, api_version=manifest["apiVersion"])
 
 

@@ -266,9 +266,9 @@ from ansible.module_utils.common.text.converters import to_text
 from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
 from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_patch
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import patch_plan as isvc_patch
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ConflictError, SpecDecodingError, ValidationError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.ssa_conflicts import ROLLBACK_FIELD_MANAGER
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.ssa_conflicts import ROLLBACK_FIELD_MANAGER
 
 GROUP = "serving.kserve.io"
 VERSION = "v1beta1"
@@ -306,19 +306,21 @@ class Cluster:
     """The three API calls the module makes, over kubernetes.core's authenticated ApiClient."""
 
     def __init__(self, api_client, namespace, name):
-        from kubernetes.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
         self.api_client = api_client
         self.api = CustomObjectsApi(api_client)
         self.namespace = namespace
         self.name = name
 
     def get(self):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
         return k8s_pods.get_inference_service(self.api_client, self.namespace, self.name)
 
     def create_runtime(self, body, dry_run):
         """Create (or, when it exists with our labels, keep) the per-service ServingRuntime copy."""
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils import serving_runtime  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import (  # pylint: disable=import-outside-toplevel
+            runtime as serving_runtime,
+        )
         meta = body["metadata"]
         kwargs = {"field_manager": FIELD_MANAGER}
         if dry_run:
@@ -334,7 +336,9 @@ class Cluster:
                                                         "servingruntimes", body, **kwargs), True
 
     def patch_runtime(self, kind, name, ops, dry_run):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils import serving_runtime  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import (  # pylint: disable=import-outside-toplevel
+            runtime as serving_runtime,
+        )
         kwargs = {"field_manager": FIELD_MANAGER}
         if dry_run:
             kwargs["dry_run"] = "All"
@@ -363,7 +367,7 @@ class Cluster:
 
 
 def _api_error(exc):
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
     return k8s_pods.api_error_message(exc)
 
 
@@ -386,7 +390,7 @@ def _is_conflict(exc, cluster, ops):
 
 
 def _canonical(config, vllm_version, field="config"):
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import speculative_config as core  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as core  # pylint: disable=import-outside-toplevel
     result = core.validate(config, vllm_version=vllm_version, field=field)
     return result.json, result.config, list(result.warnings)
 
@@ -468,7 +472,7 @@ def _config_after(resource):
 
 
 def run(module, cluster):
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_wait  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
 
     params = module.params
     warnings = []
@@ -538,7 +542,7 @@ def plan_runtime(module, cluster, isvc, plan, result, warnings):
     Returns None (nothing to do in the runtime), {"fix": "copy", "body": ..., "isvc_ops": [...]} or
     {"fix": "edit", "kind": ..., "name": ..., "ops": [...]}; raises ValidationError (the refusal) otherwise.
     """
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import serving_runtime as srt  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime as srt  # pylint: disable=import-outside-toplevel
 
     params = module.params
     reader = srt.ClientReader(cluster.api_client)
@@ -613,11 +617,11 @@ def apply_runtime_fix(module, cluster, fix, result):
 
 def remove_draft(module, cluster, result, warnings):
     """Drop the draft's storageUris entry once the rolled-back revision is Ready at its generation."""
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import readers as isvc_readers  # pylint: disable=import-outside-toplevel
 
     params = module.params
     isvc = cluster.get()
-    state = k8s_pods.readiness(isvc)
+    state = isvc_readers.readiness(isvc)
     if not (state["ready"] and state["up_to_date"]):
         raise ValidationError("the rolled-back revision is not Ready at generation %s yet (observedGeneration %s); the draft stays"
                               % (state["generation"], state["observed_generation"]), field="remove_draft_artifacts",
@@ -640,7 +644,7 @@ def remove_draft(module, cluster, result, warnings):
         raise SpecDecodingError("removing the draft's storageUris entry failed: %s" % _api_error(exc), field="remove_draft_artifacts") from exc
     result["changed"] = True
     if params["wait"]:
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_wait  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
         ready, _elapsed = isvc_wait.wait_ready(cluster.api_client, params["namespace"], params["name"],
                                                timeout=params["wait_timeout"], interval=params["wait_sleep"])
         result["resource"] = ready
@@ -672,7 +676,7 @@ def main():
         module.fail_json(msg="runtime_copy/edit_runtime: only apply to state=absent (the rollback). Fix: drop them")
 
     from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_wait  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
 
     try:
         cluster = Cluster(get_api_client(module=module).client.client, params["namespace"], params["name"])

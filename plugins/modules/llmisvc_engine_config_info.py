@@ -117,7 +117,8 @@ problems:
 from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
 from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import llmisvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import cluster as llmisvc_cluster
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
 
 
@@ -126,7 +127,7 @@ def argument_spec():
         name=dict(type="str", required=True),
         namespace=dict(type="str", required=True),
         api_version=dict(type="str", default="v1alpha2", choices=["v1alpha1", "v1alpha2"]),
-        container=dict(type="str", default=llmisvc.MAIN_CONTAINER),
+        container=dict(type="str", default=llmisvc_model.MAIN_CONTAINER),
         expected=dict(type="dict", options=dict(
             enabled=dict(type="bool"),
             method=dict(type="str"),
@@ -147,13 +148,13 @@ def main():
     api_client = get_api_client(module=module).client.client
     expected = {k: v for k, v in (params["expected"] or {}).items() if v is not None} or None
     try:
-        obj = llmisvc.get(api_client, params["namespace"], params["name"], params["api_version"])
+        obj = llmisvc_cluster.get(api_client, params["namespace"], params["name"], params["api_version"])
         unreadable = []
-        presets = llmisvc.read_presets(api_client, obj, params["config_namespace"], params["api_version"], unreadable=unreadable)
+        presets = llmisvc_cluster.read_presets(api_client, obj, params["config_namespace"], params["api_version"], unreadable=unreadable)
         for preset in unreadable:
             module.warn("could not read KServe's well-known preset %s (forbidden): what each pool must run is taken from the "
                         "resource and its baseRefs only" % preset)
-        report, problems = llmisvc.engine_report(api_client, obj, expected=expected, container=params["container"],
+        report, problems = llmisvc_cluster.engine_report(api_client, obj, expected=expected, container=params["container"],
                                                  timeout=params["timeout"], presets=presets)
     except SpecDecodingError as exc:
         module.fail_json(msg=str(exc), field=exc.field, changed=False)

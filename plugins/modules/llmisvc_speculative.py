@@ -130,9 +130,12 @@ import copy
 from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
 from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import llmisvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import flags as llmisvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import cluster as llmisvc_cluster
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import status as llmisvc_status
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.ssa_conflicts import ROLLBACK_FIELD_MANAGER
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.ssa_conflicts import ROLLBACK_FIELD_MANAGER
 
 
 def argument_spec():
@@ -153,8 +156,8 @@ def _patch(api_client, params, ops, dry_run):
     kwargs = {"field_manager": ROLLBACK_FIELD_MANAGER}
     if dry_run:
         kwargs["dry_run"] = "All"
-    api = llmisvc._custom_api(api_client)
-    args = (llmisvc.GROUP, params["api_version"], params["namespace"], llmisvc.PLURAL, params["name"], ops)
+    api = llmisvc_cluster._custom_api(api_client)
+    args = (llmisvc_model.GROUP, params["api_version"], params["namespace"], llmisvc_model.PLURAL, params["name"], ops)
     try:
         return api.patch_namespaced_custom_object(*args, _content_type="application/json-patch+json", **kwargs)
     except TypeError:  # kubernetes < 31 picks the content type from the body (a list: JSON patch)
@@ -163,17 +166,17 @@ def _patch(api_client, params, ops, dry_run):
 
 def run(module, api_client):
     params = module.params
-    obj = llmisvc.get(api_client, params["namespace"], params["name"], params["api_version"])
+    obj = llmisvc_cluster.get(api_client, params["namespace"], params["name"], params["api_version"])
     prefix = params["config_prefix"]
     unreadable = []
-    presets = llmisvc.read_presets(api_client, obj, params["config_namespace"], params["api_version"], config_prefix=prefix,
+    presets = llmisvc_cluster.read_presets(api_client, obj, params["config_namespace"], params["api_version"], config_prefix=prefix,
                                    unreadable=unreadable)
     for preset in unreadable:
         module.warn("could not read KServe's well-known preset %s (forbidden): a flag it sets is not seen here; the engine "
                     "line on the pods still shows what runs" % preset)
-    env_sources = llmisvc.read_env_sources(api_client, obj, presets, config_prefix=prefix)
+    env_sources = llmisvc_cluster.read_env_sources(api_client, obj, presets, config_prefix=prefix)
     found = llmisvc.flags(obj, presets, env_sources, config_prefix=prefix)
-    previous = {pool: None for pool in llmisvc.pools_of(obj)}
+    previous = {pool: None for pool in llmisvc_status.pools_of(obj)}
     for entry in found:
         if previous.get(entry["pool"]) is None:
             previous[entry["pool"]] = entry["config"]
@@ -187,14 +190,14 @@ def run(module, api_client):
     result.update(changes=changes, patch=ops)
     if not ops:
         return False, result
-    from kubernetes.client.rest import ApiException  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import ApiException  # pylint: disable=import-outside-toplevel
     try:
         after = _patch(api_client, params, ops, module.check_mode)
     except ApiException as exc:
         if exc.status == 422 and "test" in str(exc.body or ""):
             raise SpecDecodingError("LLMInferenceService %s/%s changed while the rollback read it (a JSON patch test failed)"
                                     % (params["namespace"], params["name"]), field="name", hint="rerun the rollback") from exc
-        raise llmisvc.api_error("patching LLMInferenceService %s/%s" % (params["namespace"], params["name"]), exc,
+        raise llmisvc_cluster.api_error("patching LLMInferenceService %s/%s" % (params["namespace"], params["name"]), exc,
                                 "name") from exc
     result.update(resource=after, generation=after["metadata"].get("generation"))
     if module._diff:

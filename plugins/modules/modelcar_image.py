@@ -249,10 +249,10 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.oci_layout import (
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.modelcar_image import (
     ANN_TITLE, DigestCache, build_plan, plan_from_layout, resolve_digests, write_archive,
 )
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.oci_registry import (
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.registry import (
     ImageRef, RegistryClient, format_progress, push_plan, read_auth_file,
 )
 

@@ -161,7 +161,7 @@ from ansible.module_utils.common.text.converters import to_text
 from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
 from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import serving_runtime
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime as serving_runtime
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
 
 
@@ -188,7 +188,7 @@ def run(module, api_client):
             meta.setdefault("name", params["name"])
         isvc["metadata"] = meta
     else:
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
         isvc = k8s_pods.get_inference_service(api_client, params["namespace"], params["name"])
     reader = serving_runtime.ClientReader(api_client)
     result, warnings, problem, effective = serving_runtime.resolve(isvc, reader, params["runtime_flag"], params["missing_runtime"])

@@ -343,11 +343,14 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_client, bench_plots, bench_report, bench_workloads
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import prometheus_text
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench_run import Progress, check_protocol, measure, protocol_arg_spec
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench_run import acceptance as _acceptance  # noqa: F401  pylint: disable=unused-import
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench_run import now as _now
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import client as bench_client
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import plots as bench_plots
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import workloads as bench_workloads
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import prometheus_text
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench.run import Progress, check_protocol, measure, protocol_arg_spec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench.run import acceptance as _acceptance  # noqa: F401  pylint: disable=unused-import
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench.run import now as _now
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 RESULTS_SCHEMA = "alauda.spec_decoding/benchmark-side/v1"

@@ -341,8 +341,9 @@ progress_file:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import prometheus_text, spec_sweep
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench_run import protocol_arg_spec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import prometheus_text
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import sweep as spec_sweep
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench.run import protocol_arg_spec
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
 
 

@@ -101,7 +101,7 @@ vllm_version:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import speculative_config as core
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as core
 
 
 def main():

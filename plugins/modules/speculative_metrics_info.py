@@ -262,7 +262,8 @@ from ansible.module_utils.urls import open_url
 from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
 from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import prometheus_text, spec_metrics
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import prometheus_text
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 PROM_SOURCES = ("url", "metrics_text", "metrics_path", "name", "pod")
@@ -311,13 +312,16 @@ class Scraper:
         self.isvc_method = None
         if params["name"] or params["pod"]:
             from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
-            from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
+            from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
+            from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import (  # pylint: disable=import-outside-toplevel
+                readers as isvc_readers,
+            )
             module.requires("kubernetes")
             self.k8s_pods = k8s_pods
             self.api_client = get_api_client(module=module).client.client
             if params["name"]:
                 isvc = k8s_pods.get_inference_service(self.api_client, params["namespace"], params["name"])
-                for flag in k8s_pods.isvc_speculative_flags(isvc):
+                for flag in isvc_readers.isvc_speculative_flags(isvc):
                     if flag["present"] and flag["config"] and flag["config"].get("method"):
                         self.isvc_method = flag["config"]["method"]
                         break
@@ -465,7 +469,7 @@ def main():
         log_scraper = None
         if has_prom_source:
             if params["port"] is not None:
-                from ansible_collections.alauda.spec_decoding.plugins.module_utils.k8s_pods import check_port  # pylint: disable=import-outside-toplevel
+                from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.http_target import check_port  # pylint: disable=import-outside-toplevel
                 check_port(params["port"])  # before any API call
             scraper = Scraper(module, params)
             method = method or scraper.isvc_method

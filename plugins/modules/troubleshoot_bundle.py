@@ -148,9 +148,9 @@ import time
 from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
 from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import credentials
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import engine_log
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import troubleshoot
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import credentials
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import engine_log
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import troubleshoot
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 KSERVE_CONFIGMAP = "inferenceservice-config"
@@ -181,7 +181,7 @@ class Collector:
     """Reads one InferenceService's objects and logs; every API error becomes a note, never a failure."""
 
     def __init__(self, api_client, params):
-        from kubernetes import client  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import client  # pylint: disable=import-outside-toplevel
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.apps = client.AppsV1Api(api_client)
@@ -197,7 +197,7 @@ class Collector:
         try:
             return func(*args, **kwargs)
         except Exception as exc:  # pylint: disable=broad-except
-            from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
+            from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
             self.notes.append("%s: %s" % (what, k8s_pods.api_error_message(exc) if hasattr(exc, "status") else exc))
             return None
 
@@ -219,7 +219,7 @@ class Collector:
         return None
 
     def log(self, ns, pod, container, previous):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
         try:
             chunks = k8s_pods.stream_pod_log(self.api_client, ns, pod, container=container, tail_lines=self.params["tail_lines"],
                                              previous=previous, timeout=self.params["timeout"])
@@ -274,7 +274,9 @@ class Collector:
 
     def runtime(self, snap):
         """The ServingRuntime/ClusterServingRuntime KServe merges into the predictor, and the merged command."""
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils import serving_runtime  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import (  # pylint: disable=import-outside-toplevel
+            runtime as serving_runtime,
+        )
         try:
             effective = serving_runtime.effective_command(snap["isvc"], serving_runtime.ClientReader(self.api_client))
         except SpecDecodingError as exc:
@@ -285,12 +287,12 @@ class Collector:
 
     def collect(self, ns, name):
         snap = {"namespace": ns, "name": name, "pods": [], "events": [], "deployments": [], "logs": {}}
-        from kubernetes.client.exceptions import ApiException  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import ApiException  # pylint: disable=import-outside-toplevel
         try:
             snap["isvc"] = self.custom.get_namespaced_custom_object("serving.kserve.io", "v1beta1", ns, "inferenceservices", name,
                                                                     _request_timeout=self.params["timeout"])
         except ApiException as exc:
-            from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods  # pylint: disable=import-outside-toplevel
+            from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
             snap["isvc"] = None
             snap["isvc_error"] = "InferenceService %s/%s: %s" % (ns, name, k8s_pods.api_error_message(exc))
         if snap.get("isvc"):

@@ -51,7 +51,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "plugins", "module_utils", "artifact_sync.py")
+SCRIPT = os.path.join(ROOT, "roles", "stage_pvc", "files", "artifact_sync.py")
 CACHE = os.path.join(os.path.expanduser("~"), ".cache", "alauda-spec-decoding")
 MIB = 1 << 20
 SIDES = (("cp", "cp -r"), ("engine_nofsync", "engine --no-fsync"), ("cp_sync", "cp -r && sync"), ("engine", "engine (fsync)"))

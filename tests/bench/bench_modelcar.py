@@ -41,8 +41,8 @@ MIB = 1 << 20
 
 def child_push(args):
     """Runs in a child process: build + push with the collection's module_utils, print the result as JSON."""
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import oci_layout as L  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import oci_registry as R  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_image as L  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as R  # pylint: disable=import-outside-toplevel
     t0 = time.monotonic()
     plan = L.build_plan(args.target, args.draft)
     client = R.RegistryClient(R.ImageRef.parse(args.image), tls_verify=False)
@@ -53,8 +53,8 @@ def child_push(args):
 
 def child_remove(args):
     """Runs in a child process: remove the draft from ``args.image`` with the collection's module_utils, print the result."""
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import draft_removal as D  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import oci_registry as R  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal as D  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as R  # pylint: disable=import-outside-toplevel
     from tests.testbed.foreign_image import StubCluster  # pylint: disable=import-outside-toplevel
     import resource  # pylint: disable=import-outside-toplevel
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -112,7 +112,7 @@ def foreign_removal(work, target, total):
 
 
 def child_layout(args):
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import oci_layout as L  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_image as L  # pylint: disable=import-outside-toplevel
     plan = L.build_plan(args.target, args.draft)
     L.write_layout_dir(plan, args.layout, "v1", L.DigestCache(args.cache_dir))
 

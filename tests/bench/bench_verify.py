@@ -52,7 +52,7 @@ ENGINE_LINE = ("(EngineCore pid=2539) INFO 11-29 07:44:56 [core.py:133] Initiali
 CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, %(collections)r)
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import engine_log
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import engine_log
 r0 = resource.getrusage(resource.RUSAGE_SELF)
 t0 = time.perf_counter()
 result = engine_log.scan_file(%(path)r)
@@ -115,7 +115,7 @@ def bench_log(tmp, size_mib):
 
 def metrics_page(series):
     """A /metrics page of `series` samples: vLLM families over many model/engine label sets + spec_decode."""
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import spec_metrics  # noqa: F401
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics  # noqa: F401
     lines = []
     count = 0
     spec = []
@@ -152,7 +152,7 @@ def metrics_page(series):
 
 
 def bench_metrics(series):
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import spec_metrics
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
     text, count = metrics_page(series)
     times = []
     for _run in range(20):

@@ -44,7 +44,8 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_report, bench_stats
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
 from tests.e2e import vllm_harness
 from tests.loopback_http import serving
 from tests.e2e.vllm_harness import AB_NGRAM_CONFIG

@@ -356,7 +356,8 @@ def test_bad_input_and_unreachable_registry(registry, model, tmp_path):
 PUSH_SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, %(collections)r)
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import oci_layout as L, oci_registry as R
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_image as L
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as R
     target, image, cache, progress = sys.argv[1:5]
     plan = L.build_plan(target)
     client = R.RegistryClient(R.ImageRef.parse(image), tls_verify=False)

@@ -19,7 +19,8 @@ import pytest
 from tests.testbed.foreign_image import StubCluster, write_foreign_layout
 from tests.testbed.registry import Registry, ensure_tools
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import draft_removal, oci_registry
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as oci_registry
 
 pytestmark = pytest.mark.e2e
 

@@ -368,7 +368,7 @@ def registry(tmp_path):
 
 def _live_service(k8s_client, kserve, namespace):
     from kubernetes import client  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_wait  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
     kserve.set_behaviour(namespace, LIVE, ready_after=0.2)
     with open(GUIDE, encoding="utf-8") as fh:
         manifest = yaml.safe_load(fh)

@@ -22,7 +22,8 @@ from tests.module_run import run_module
 from tests.paced_server import paced_handler
 from tests.paths import read_capture
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_twin, vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import baseline_twin as bench_twin
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1alpha2", "llminferenceservices"
 NAME = "bench-eagle3"

@@ -55,7 +55,7 @@ def endpoints():
 
 
 def _wait_ready(k8s_client, namespace, name):
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_wait  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
     isvc, _elapsed = isvc_wait.wait_ready(k8s_client, namespace, name, timeout=60, interval=0.3)
     return isvc
 

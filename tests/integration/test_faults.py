@@ -30,7 +30,7 @@ from tests.ansible_run import REPO, run_playbook
 from tests.testbed.registry import Registry, ensure_tools
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
-SYNC_SCRIPT = os.path.join(REPO, "plugins", "module_utils", "artifact_sync.py")
+SYNC_SCRIPT = os.path.join(REPO, "roles", "stage_pvc", "files", "artifact_sync.py")
 MODELCAR_MODULE = os.path.join(REPO, "plugins", "modules", "modelcar_image.py")
 COLLECTIONS = os.path.join(REPO, ".build", "collections")
 MANIFEST = ".spec-decoding-manifest.json"

@@ -23,7 +23,7 @@ def _create(k8s_client, namespace):
 
 
 def test_wait_returns_on_the_status_write_not_on_the_next_poll(k8s_client, kserve, namespace):
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_wait  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
     kserve.set_behaviour(namespace, NAME, ready_after=0.5)
     created = _create(k8s_client, namespace)
     assert isvc_wait.k8s_pods.readiness(created)["ready"] is False
@@ -61,7 +61,7 @@ def test_wait_returns_on_the_status_write_not_on_the_next_poll(k8s_client, kserv
 
 
 def test_wait_times_out_with_the_reason_while_watching(k8s_client, kserve, namespace):
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_wait  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
     kserve.set_behaviour(namespace, NAME, never_ready=True)
     _create(k8s_client, namespace)
     started = time.monotonic()

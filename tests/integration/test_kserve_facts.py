@@ -20,7 +20,7 @@ def _config_map(controlplane, namespace, storage_initializer):
 
 
 def test_release_modelcar_and_existing_from_the_cluster(k8s_client, controlplane, namespace):
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import kserve_facts  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import facts as kserve_facts  # pylint: disable=import-outside-toplevel
     # No ConfigMap in this namespace: KServe's default (Modelcar on); no InferenceService yet.
     facts = kserve_facts.gather(k8s_client, namespace, "llama31-8b-eagle3", namespace)
     # The installed CRD is KServe v0.20's (the test bed's CRDs): spec.canary and storageUris are in its schema.
@@ -38,7 +38,7 @@ def test_release_modelcar_and_existing_from_the_cluster(k8s_client, controlplane
 
 
 def test_storage_initializer_that_is_not_json_names_the_config_map(k8s_client, controlplane, namespace):
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import kserve_facts  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import facts as kserve_facts  # pylint: disable=import-outside-toplevel
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError  # pylint: disable=import-outside-toplevel
     _config_map(controlplane, namespace, "{enableModelcar: yes")
     with pytest.raises(ValidationError) as err:
@@ -49,7 +49,7 @@ def test_storage_initializer_that_is_not_json_names_the_config_map(k8s_client, c
 
 def test_runtime_reads_are_recorded_for_the_render(k8s_client, namespace):
     from kubernetes import client  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import kserve_facts  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import facts as kserve_facts  # pylint: disable=import-outside-toplevel
     name = "vllm-rt-" + namespace[-6:]
     facts = kserve_facts.gather(k8s_client, namespace, "llama", namespace, runtime=name)
     # neither a ServingRuntime nor a ClusterServingRuntime of that name: both lookups recorded as missing

@@ -15,7 +15,7 @@ from tests.module_run import run_module
 from tests.paths import read_capture
 from tests.testbed.kubelet import free_port_on, host_ipv4
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import spec_metrics
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
 
 LWS_GROUP, LWS_VERSION, LWS_PLURAL = "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"
 GEN = "testbed.alauda.io/isvc-generation"

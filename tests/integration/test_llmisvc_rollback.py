@@ -17,7 +17,8 @@ from tests.integration.test_stage_pvc import StagerPod, _batch, _core, _write_mo
 from tests.module_run import run_module
 from tests.paths import read_capture
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import artifact_sync, vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import artifact_sync
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 
 GROUP, VERSION, PLURAL, CONFIGS = "serving.kserve.io", "v1alpha2", "llminferenceservices", "llminferenceserviceconfigs"
 SPEC = '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4}'

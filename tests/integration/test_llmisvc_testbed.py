@@ -17,7 +17,8 @@ from tests.paths import read_capture
 
 from tests.testbed.kubelet import free_port_on, host_ipv4
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import spec_metrics, vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1alpha2", "llminferenceservices"
 NAME = "llama-eagle3"

@@ -18,7 +18,8 @@ from tests.module_run import run_module
 from tests.paths import read_capture
 from tests.testbed.kubelet import free_port_on, host_ipv4
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import spec_metrics, vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 
 NAME = "llama-eagle3"
 EAGLE3 = {"method": "eagle3", "model": "/mnt/models/tiny-eagle3", "num_spec_tokens": 3}  # as recorded (tests/fixtures/vllm/eagle3)

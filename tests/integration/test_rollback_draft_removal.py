@@ -26,8 +26,9 @@ from tests.integration.test_rollback import NAME, _api, _capture, _get, _manifes
 from tests.integration.test_stage_pvc import StagerPod, _batch, _core, _write_model
 from tests.testbed.registry import Registry, ensure_tools
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import artifact_sync
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import oci_layout, oci_registry
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import artifact_sync
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_image as oci_layout
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as oci_registry
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
 STAGED = "spec-decoding.alauda.io/staged"

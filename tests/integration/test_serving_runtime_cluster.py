@@ -118,7 +118,7 @@ def engine(kserve, namespace):
 
 
 def _wait_ready(k8s_client, namespace, name):
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_wait  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
     return isvc_wait.wait_ready(k8s_client, namespace, name, timeout=60, interval=0.3)[0]
 
 
@@ -130,7 +130,7 @@ def _deployment_container(k8s_client, namespace, name):
 
 
 def _effective(k8s_client, isvc):
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import serving_runtime  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime as serving_runtime  # pylint: disable=import-outside-toplevel
     return serving_runtime.effective_command(isvc, serving_runtime.ClientReader(k8s_client))
 
 

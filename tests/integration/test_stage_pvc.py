@@ -25,7 +25,7 @@ from tests.ansible_run import run_playbook
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-SCRIPT = os.path.join(REPO, "plugins", "module_utils", "artifact_sync.py")
+SCRIPT = os.path.join(REPO, "roles", "stage_pvc", "files", "artifact_sync.py")
 STAGED = "spec-decoding.alauda.io/staged"
 TARGET = "meta-llama/Llama-3.1-8B-Instruct"
 DRAFT = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"

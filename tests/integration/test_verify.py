@@ -148,7 +148,8 @@ STREAM_CHILD = r"""
 import json, resource, sys
 sys.path.insert(0, sys.argv[1])
 from kubernetes import config
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import engine_log, k8s_pods
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import engine_log
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
 api = config.new_client_from_config(config_file=sys.argv[2])
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 result = {}

@@ -525,7 +525,7 @@ class KServeStandIn(ControllerLoop):
         `volumeMounts` merge by name/containerPort/mountPath, runtime order first; objects merge key by key; then
         `args` = runtime args + InferenceService args) -> `ReplacePlaceholders` (`{{.Name}}`, `{{.Namespace}}`,
         `{{.Labels.x}}`, `{{.Annotations.x}}` from the InferenceService's metadata).
-        Written independently of the collection's plugins/module_utils/serving_runtime.py so the tests compare two
+        Written independently of the collection's plugins/module_utils/kserve/isvc/runtime.py so the tests compare two
         readings of KServe's code, not one with itself.
         """
         if predictor.get("model") is None and predictor.get("containers"):

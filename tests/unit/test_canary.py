@@ -7,8 +7,9 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, Counter, generate_latest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_stats
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import canary
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import canary
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import canary_window
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 # vLLM 0.32's bucket bounds for time_to_first_token_seconds (tests/fixtures/vllm/ngram/metrics.txt)
@@ -23,7 +24,7 @@ class FakeVllm:
         self.registry = CollectorRegistry()
         self.model = model
         kw = {"labelnames": ["model_name", "engine"], "registry": self.registry}
-        self.hists = {key: Histogram("vllm:" + base, "h", buckets=TTFT_BUCKETS, **kw) for key, base in canary.HISTOGRAMS.items()}
+        self.hists = {key: Histogram("vllm:" + base, "h", buckets=TTFT_BUCKETS, **kw) for key, base in canary_window.HISTOGRAMS.items()}
         self.tokens = Counter("vllm:generation_tokens", "c", **kw)
 
     def serve(self, ttft, tpot, tokens=10):
@@ -46,7 +47,7 @@ def test_histogram_delta_counts_equal_prometheus_clients_own_counts():
     server = FakeVllm()
     for _i in range(40):
         server.serve(rng.uniform(0.01, 0.3), rng.uniform(0.005, 0.05))
-    before = canary.scrape(server.page())
+    before = canary_window.scrape(server.page())
     window = FakeVllm()  # prometheus_client counting only the window's requests
     values = []
     for _i in range(101):
@@ -54,14 +55,14 @@ def test_histogram_delta_counts_equal_prometheus_clients_own_counts():
         values.append(ttft)
         server.serve(ttft, 0.02)
         window.serve(ttft, 0.02)
-    after = canary.scrape(server.page())
-    delta = canary.histogram_delta(after["histograms"]["ttft"], before["histograms"]["ttft"])
+    after = canary_window.scrape(server.page())
+    delta = canary_window.histogram_delta(after["histograms"]["ttft"], before["histograms"]["ttft"])
     assert delta["count"] == 101 == window.value("vllm:time_to_first_token_seconds_count")
     assert delta["sum"] == pytest.approx(window.value("vllm:time_to_first_token_seconds_sum"))
     for upper, count in delta["buckets"]:
         le = "+Inf" if upper == float("inf") else str(upper)
         assert count == window.value("vllm:time_to_first_token_seconds_bucket", le=le), le
-    median = canary.histogram_quantile(0.5, delta["buckets"])
+    median = canary_window.histogram_quantile(0.5, delta["buckets"])
     true_median = bench_stats.median(values)
     # the histogram's median lies in the bucket that holds the true median
     bounds = [0.0] + [upper for upper, _count in delta["buckets"]]
@@ -72,31 +73,31 @@ def test_histogram_delta_counts_equal_prometheus_clients_own_counts():
 def test_histogram_quantile_interpolates_like_prometheus():
     # 10 requests: 4 in (0, 0.1], 6 in (0.1, 0.25]: rank 5 is 1 of 6 into the second bucket
     buckets = [(0.1, 4.0), (0.25, 10.0), (float("inf"), 10.0)]
-    assert canary.histogram_quantile(0.5, buckets) == pytest.approx(0.1 + 0.15 * (1 / 6))
-    assert canary.histogram_quantile(0.2, buckets) == pytest.approx(0.05)
-    assert canary.histogram_quantile(0.99, [(0.1, 1.0), (float("inf"), 3.0)]) == 0.1  # in +Inf: highest finite bound
-    assert canary.histogram_quantile(0.5, [(0.1, 0.0), (float("inf"), 0.0)]) is None
+    assert canary_window.histogram_quantile(0.5, buckets) == pytest.approx(0.1 + 0.15 * (1 / 6))
+    assert canary_window.histogram_quantile(0.2, buckets) == pytest.approx(0.05)
+    assert canary_window.histogram_quantile(0.99, [(0.1, 1.0), (float("inf"), 3.0)]) == 0.1  # in +Inf: highest finite bound
+    assert canary_window.histogram_quantile(0.5, [(0.1, 0.0), (float("inf"), 0.0)]) is None
 
 
 def test_counter_reset_takes_the_later_page():
     server = FakeVllm()
     for _i in range(30):
         server.serve(0.05, 0.01)
-    before = canary.scrape(server.page())
+    before = canary_window.scrape(server.page())
     restarted = FakeVllm()
     for _i in range(5):
         restarted.serve(0.05, 0.01)
-    delta = canary.window_delta(canary.scrape(restarted.page()), before)
+    delta = canary_window.window_delta(canary_window.scrape(restarted.page()), before)
     assert delta["histograms"]["ttft"]["reset"] is True
     assert delta["histograms"]["ttft"]["count"] == 5
 
 
 def _figures(ttft, tpot, n, model="m"):
     server = FakeVllm(model)
-    before = canary.scrape(server.page())
+    before = canary_window.scrape(server.page())
     for _i in range(n):
         server.serve(ttft, tpot)
-    return canary.revision_figures([canary.window_delta(canary.scrape(server.page()), before)], 10.0)
+    return canary_window.revision_figures([canary_window.window_delta(canary_window.scrape(server.page()), before)], 10.0)
 
 
 def test_decision_promotes_a_faster_canary_and_rolls_back_a_slower_one():
@@ -104,19 +105,19 @@ def test_decision_promotes_a_faster_canary_and_rolls_back_a_slower_one():
     fast = _figures(0.05, 0.015, 30)
     slow = _figures(0.07, 0.045, 30)
     assert stable["requests"] == 30 and stable["tpot_ms"]["median"] is not None
-    verdict = canary.decide(stable, fast, min_requests=20)
+    verdict = canary_window.decide(stable, fast, min_requests=20)
     assert verdict["decision"] == "promote", verdict
-    verdict = canary.decide(stable, slow, min_requests=20)
+    verdict = canary_window.decide(stable, slow, min_requests=20)
     assert verdict["decision"] == "roll_back"
     assert any("median TPOT" in r for r in verdict["reasons"])
 
 
 def _figures_with_tail(n, ttft, tpot, tail_tpot, tail_n):
     server = FakeVllm()
-    before = canary.scrape(server.page())
+    before = canary_window.scrape(server.page())
     for i in range(n):
         server.serve(ttft, tail_tpot if i < tail_n else tpot)
-    return canary.revision_figures([canary.window_delta(canary.scrape(server.page()), before)], 10.0)
+    return canary_window.revision_figures([canary_window.window_delta(canary_window.scrape(server.page()), before)], 10.0)
 
 
 def test_a_worse_p99_rolls_back_a_canary_whose_medians_win():
@@ -126,17 +127,17 @@ def test_a_worse_p99_rolls_back_a_canary_whose_medians_win():
     assert tail["tpot_ms"]["median"] < stable["tpot_ms"]["median"]
     assert tail["output_rate_per_request"] > stable["output_rate_per_request"]
     assert tail["tpot_ms"]["p99"] > 1.5 * stable["tpot_ms"]["p99"]
-    verdict = canary.decide(stable, tail, min_requests=20)
+    verdict = canary_window.decide(stable, tail, min_requests=20)
     assert verdict["decision"] == "roll_back", verdict
     assert verdict["reasons"] == [r for r in verdict["reasons"] if r.startswith("p99 TPOT (per-token latency) got worse")]
     assert [c["metric"] for c in verdict["checks"] if not c["passed"]] == ["tpot_p99"]
-    assert verdict["tolerances"]["p99"] == canary.DEFAULT_P99_TOLERANCE
+    assert verdict["tolerances"]["p99"] == canary_window.DEFAULT_P99_TOLERANCE
     # a tolerance wide enough for that tail, or none at all, leaves the benchmark's median rule to decide
-    assert canary.decide(stable, tail, min_requests=20, p99_tolerance=20)["decision"] == "promote"
-    unchecked = canary.decide(stable, tail, min_requests=20, p99_tolerance=None)
+    assert canary_window.decide(stable, tail, min_requests=20, p99_tolerance=20)["decision"] == "promote"
+    unchecked = canary_window.decide(stable, tail, min_requests=20, p99_tolerance=None)
     assert unchecked["decision"] == "promote" and not [c for c in unchecked["checks"] if c["metric"].endswith("_p99")]
     # a slower canary with a worse tail too: the benchmark's median reasons come first, the tail's after them
-    slow = canary.decide(stable, _figures_with_tail(100, 0.07, 0.045, 0.3, 2), min_requests=20)
+    slow = canary_window.decide(stable, _figures_with_tail(100, 0.07, 0.045, 0.3, 2), min_requests=20)
     assert slow["decision"] == "roll_back" and slow["reasons"][0].startswith("median TTFT got worse")
     assert slow["reasons"][-1].startswith("p99 TPOT (per-token latency) got worse")
 
@@ -146,7 +147,7 @@ def test_a_p99_of_too_few_requests_is_reported_not_decided_on():
     stable = _figures(0.05, 0.03, 17)
     tail = _figures_with_tail(17, 0.05, 0.015, 0.2, 1)
     assert tail["tpot_ms"]["p99"] > 1.5 * stable["tpot_ms"]["p99"]
-    verdict = canary.decide(stable, tail, min_requests=10)
+    verdict = canary_window.decide(stable, tail, min_requests=10)
     assert verdict["decision"] == "promote", verdict
     tails = [c for c in verdict["checks"] if c["metric"].endswith("_p99")]
     assert tails and all(c["passed"] is None and c["decided"] is False for c in tails)
@@ -156,15 +157,15 @@ def test_a_p99_of_too_few_requests_is_reported_not_decided_on():
 @pytest.mark.parametrize("value", [-0.1, "wide"])
 def test_p99_tolerance_must_be_a_fraction_of_at_least_0(value):
     with pytest.raises(ValidationError, match=r"^p99_tolerance: .*Fix:"):
-        canary.check_p99_tolerance(value)
+        canary_window.check_p99_tolerance(value)
 
 
 def test_no_decision_on_too_few_requests_or_missing_metrics():
     stable, canary_fig = _figures(0.05, 0.03, 30), _figures(0.05, 0.01, 3)
-    verdict = canary.decide(stable, canary_fig, min_requests=20)
+    verdict = canary_window.decide(stable, canary_fig, min_requests=20)
     assert verdict["decision"] == "none"
     assert "canary revision finished 3 requests" in verdict["reasons"][0]
-    verdict = canary.decide(stable, stable, missing={"canary": ["isvc-predictor-spec-abc"]})
+    verdict = canary_window.decide(stable, stable, missing={"canary": ["isvc-predictor-spec-abc"]})
     assert verdict["decision"] == "none" and "isvc-predictor-spec-abc" in verdict["reasons"][0]
 
 
@@ -230,7 +231,7 @@ def test_rollout_state_is_generation_and_revision_aware():
 
 def test_report_markdown_has_both_sides_and_the_reason():
     stable, fast = _figures(0.05, 0.03, 30), _figures(0.05, 0.015, 30)
-    verdict = canary.decide(stable, fast, min_requests=20)
+    verdict = canary_window.decide(stable, fast, min_requests=20)
     report = {"namespace": "ns", "name": "llm", "mode": "Standard", "canary_name": "spec", "percent": 10, "window_s": 10.0,
               "min_requests": 20, "decision": verdict["decision"], "reasons": verdict["reasons"], "stable": stable, "canary": fast,
               "selectors": {"stable": "app=isvc.llm-predictor", "canary": "app=isvc.llm-predictor-spec"}}

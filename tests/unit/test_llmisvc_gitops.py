@@ -8,7 +8,7 @@ from tests.ansible_run import REPO, run_playbook
 from tests.testbed import crds
 from tests.testbed.llmisvc_standin import schema_errors
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 
 
 def test_deploy_eagle3_gitops_render_of_an_llminferenceservice_validates_against_the_crd(tmp_path):

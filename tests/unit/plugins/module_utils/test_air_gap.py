@@ -1,7 +1,7 @@
 """Air-gap checks: every internet source is named with its field and a fix; internal ones pass."""
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import air_gap
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import air_gap
 
 REFUSED = [
     ({"artifacts": {"target_uri": "hf://meta-llama/Llama-3.1-8B-Instruct"}}, "artifacts.target_uri", "hf://"),

@@ -19,7 +19,7 @@ import urllib.parse
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import artifact_sync as sync
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import artifact_sync as sync
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 SCRIPT = sync.__file__

@@ -6,7 +6,8 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_client, bench_workloads
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import client as bench_client
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import workloads as bench_workloads
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from tests.loopback_http import serving
 from tests.paths import read_capture

@@ -16,7 +16,9 @@ import zlib
 import pytest
 from PIL import Image
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_plots, bench_report, spec_sweep
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import plots as bench_plots
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import sweep as spec_sweep
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
 from tests.paths import REPO
 

@@ -4,7 +4,9 @@ import os
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_report, bench_stats, spec_metrics
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from tests.paths import read_capture
 

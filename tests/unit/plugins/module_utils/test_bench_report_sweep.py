@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_report
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 

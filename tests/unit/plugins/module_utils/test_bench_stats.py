@@ -7,7 +7,7 @@ import os
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_stats
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
 
 np = pytest.importorskip("numpy")  # matplotlib (requirements.txt) brings numpy into the project venv
 

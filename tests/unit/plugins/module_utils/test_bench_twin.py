@@ -7,7 +7,8 @@ import yaml
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.alauda.spec_decoding.plugins.filter.baseline_twin import FilterModule, baseline_twin as twin_filter
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_twin, isvc_patch
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import baseline_twin as bench_twin
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import patch_plan as isvc_patch
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "rollback")

@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import credentials as c
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import credentials as c
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 CANARY_HF = "hf_CanaryTokenValue0123456789abcdef"

@@ -11,9 +11,9 @@ import tarfile
 import pytest
 import yaml
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import artifact_sync as S
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import draft_removal as D
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import oci_layout as L
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import artifact_sync as S
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal as D
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_image as L
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -310,7 +310,7 @@ def test_unannotated_layers_are_read_and_the_tag_names():
     manifest = {"layers": [{"digest": "sha256:1"}, {"annotations": {L.ANN_TITLE: "models/draft/a"}}]}
     assert D.classify_layers(manifest, "models/draft", {0: ["bin/sh"]}) == [("keep", ["bin/sh"]), ("drop", ["models/draft/a"])]
     assert D.classify_layers(manifest, "models/draft")[0] == ("unknown", None)
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.oci_registry import ImageRef
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.registry import ImageRef
     assert D.nodraft_tag(ImageRef.parse("r.local/m/x:v1")) == "v1-nodraft"
     assert D.nodraft_tag(ImageRef.parse("r.local/m/x@sha256:" + "b" * 64)) == "nodraft-" + "b" * 12
     assert D.nodraft_tag(ImageRef.parse("r.local/m/x:v1"), "custom") == "custom"

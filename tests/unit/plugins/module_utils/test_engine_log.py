@@ -10,7 +10,7 @@ import re
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import engine_log as el
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import engine_log as el
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 from tests.paths import CAPTURES, capture_path  # noqa: E402  pylint: disable=wrong-import-position

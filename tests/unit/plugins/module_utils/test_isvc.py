@@ -6,7 +6,7 @@ import subprocess
 import pytest
 import yaml
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import render as isvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from tests.testbed import crds
 

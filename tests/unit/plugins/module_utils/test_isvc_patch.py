@@ -8,7 +8,7 @@ import os
 import pytest
 import yaml
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_patch as ip
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import patch_plan as ip
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "rollback")

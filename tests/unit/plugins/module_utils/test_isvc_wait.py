@@ -3,8 +3,9 @@ a refused watch falls back to polling at `interval`, an API outage is waited out
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_wait
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.k8s_pods import ApiException
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import wait as kube_wait
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.pods import ApiException
 
 
 def isvc(generation, observed, ready, rv):
@@ -45,7 +46,7 @@ def reads(monkeypatch):
         script["watches"] += 1
         raise script["watch_errors"].pop(0)
     monkeypatch.setattr(isvc_wait.k8s_pods, "get_inference_service", get)
-    monkeypatch.setattr(isvc_wait, "_watch_for_change", watch)
+    monkeypatch.setattr(kube_wait, "_watch_for_change", watch)
     return script
 
 

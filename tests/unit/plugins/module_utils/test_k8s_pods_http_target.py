@@ -1,4 +1,4 @@
-"""k8s_pods.pod_http_target: which port and scheme the pod proxy must use to reach vLLM in a predictor pod.
+"""http_target.pod_http_target: which port and scheme the pod proxy must use to reach vLLM in a predictor pod.
 
 The pod proxy takes only a port number (a name is not resolved for pods), so the spec is read the way
 KServe lays it out: the `kserve-container` with the runtime's ports and the predictor's args.
@@ -6,7 +6,7 @@ KServe lays it out: the `kserve-container` with the runtime's ports and the pred
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import http_target
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 
@@ -34,53 +34,53 @@ def pod(args=None, ports=None, command=None, name="kserve-container", others=())
     (pod([]), 8080, "port 8080 by default (no --port and no containerPort on kserve-container)"),
 ])
 def test_port_discovery(spec, port, how):
-    assert k8s_pods.pod_http_target(spec) == {"scheme": "http", "port": port, "container": "kserve-container", "how": how}
+    assert http_target.pod_http_target(spec) == {"scheme": "http", "port": port, "container": "kserve-container", "how": how}
 
 
 def test_given_port_number_or_name():
     spec = pod(["--port", "8000"], [{"name": "metrics", "containerPort": 9090}],
                others=[{"name": "sidecar", "ports": [{"name": "admin", "containerPort": 15000}]}])
-    assert k8s_pods.pod_http_target(spec, port="7000")["port"] == 7000
-    assert k8s_pods.pod_http_target(spec, port=7001)["port"] == 7001
-    named = k8s_pods.pod_http_target(spec, port="admin")
+    assert http_target.pod_http_target(spec, port="7000")["port"] == 7000
+    assert http_target.pod_http_target(spec, port=7001)["port"] == 7001
+    named = http_target.pod_http_target(spec, port="admin")
     assert named["port"] == 15000 and named["how"] == "port 15000 from the port named 'admin' of container sidecar"
     with pytest.raises(ValidationError, match=r"^port: pod p-0 has no container port named 'web' \(named ports: admin, metrics\)"):
-        k8s_pods.pod_http_target(spec, port="web")
+        http_target.pod_http_target(spec, port="web")
 
 
 def test_scheme_follows_vllm_tls_flags():
     tls = pod(["--port", "8443", "--ssl-keyfile", "/tls/key", "--ssl-certfile", "/tls/crt"])
-    target = k8s_pods.pod_http_target(tls)
+    target = http_target.pod_http_target(tls)
     assert (target["scheme"], target["port"]) == ("https", 8443) and "https because kserve-container passes --ssl-certfile" in target["how"]
-    assert k8s_pods.pod_http_target(tls, scheme="http")["scheme"] == "http"
-    assert k8s_pods.pod_http_target(pod(["--port", "8000"]), scheme="https")["scheme"] == "https"
+    assert http_target.pod_http_target(tls, scheme="http")["scheme"] == "http"
+    assert http_target.pod_http_target(pod(["--port", "8000"]), scheme="https")["scheme"] == "https"
 
 
 def test_other_container_name_falls_back_to_the_first():
-    target = k8s_pods.pod_http_target(pod(["--port", "8000"], name="vllm"))
+    target = http_target.pod_http_target(pod(["--port", "8000"], name="vllm"))
     assert target["port"] == 8000 and target["container"] == "vllm"
     assert target["how"].startswith("pod has no container 'kserve-container', used 'vllm'")
-    assert k8s_pods.pod_http_target(pod(["--port", "8000"], name="vllm"), container="vllm")["how"] == \
+    assert http_target.pod_http_target(pod(["--port", "8000"], name="vllm"), container="vllm")["how"] == \
         "port 8000 from --port in the command/args of vllm"
 
 
 def test_argv_option_last_wins_and_ignores_lookalikes():
-    assert k8s_pods.argv_option(["--port", "1", "--port=2"], ("--port",)) == "2"
-    assert k8s_pods.argv_option(["--portx", "1", "--ports=3"], ("--port",)) is None
-    assert k8s_pods.argv_option(["--port"], ("--port",)) is None
+    assert http_target.argv_option(["--port", "1", "--port=2"], ("--port",)) == "2"
+    assert http_target.argv_option(["--portx", "1", "--ports=3"], ("--port",)) is None
+    assert http_target.argv_option(["--port"], ("--port",)) is None
 
 
 @pytest.mark.parametrize("port, expected", [(8080, 8080), ("443", 443), (" http ", "http"), ("h2c", "h2c"), ("metrics-1", "metrics-1"),
                                             (None, None), ("", None)])
 def test_check_port_accepts_numbers_and_port_names(port, expected):
-    assert k8s_pods.check_port(port) == expected
+    assert http_target.check_port(port) == expected
 
 
 @pytest.mark.parametrize("port, words", [(70000, "out of range"), ("0", "out of range"), ("HTTP", "neither"), ("-http", "neither"),
                                          ("http--2", "neither"), ("a" * 16, "neither"), ("8080/tcp", "neither"), ("123-456", "neither")])
 def test_check_port_refuses_what_the_pod_proxy_cannot_take(port, words):
     with pytest.raises(ValidationError) as err:
-        k8s_pods.check_port(port)
+        http_target.check_port(port)
     assert words in str(err.value) and err.value.field == "port"
     with pytest.raises(ValidationError):
-        k8s_pods.pod_http_target(pod(["--port", "8000"]), port=port)
+        http_target.pod_http_target(pod(["--port", "8000"]), port=port)

@@ -15,9 +15,9 @@ import zlib
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import draft_removal as D
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import layer_stream as S
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import oci_layout as L
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal as D
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import layers as S
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_image as L
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 LONG = "models/target/" + "very-long-directory-name-" * 5 + "/shard-00001-of-00002.safetensors"
@@ -304,7 +304,7 @@ def test_plan_image_rewrites_a_foreign_gzip_layer_that_holds_target_and_draft():
 def test_registry_blob_stream_answers_the_challenge_follows_the_redirect_without_credentials_and_retries():
     from http.server import BaseHTTPRequestHandler  # pylint: disable=import-outside-toplevel
 
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import oci_registry as R  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as R  # pylint: disable=import-outside-toplevel
     from tests.loopback_http import serving  # pylint: disable=import-outside-toplevel
 
     blob = gzip.compress(foreign_tar(), mtime=0)

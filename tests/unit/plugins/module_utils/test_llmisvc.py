@@ -1,4 +1,4 @@
-"""plugins/module_utils/llmisvc.py: render both API versions, refuse bad input by field, find and strip the flag in
+"""plugins/module_utils/kserve/llmisvc/: render both API versions, refuse bad input by field, find and strip the flag in
 every form KServe's and llm-d's presets use (token-exact), readiness as KServe's controller reports it."""
 import copy
 import json
@@ -6,7 +6,13 @@ import os
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc, llmisvc, vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import render as isvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import flags as llmisvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import cluster as llmisvc_cluster
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import render as llmisvc_render
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import status as llmisvc_status
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from tests.testbed import crds
 from tests.testbed.controlplane import _load_crd
@@ -28,7 +34,7 @@ def params(**over):
 
 def main_container(manifest, pool="decode"):
     node = manifest["spec"]
-    for key in llmisvc.POOLS[pool]["path"]:
+    for key in llmisvc_model.POOLS[pool]["path"]:
         node = node[key]
     return next(c for c in node["containers"] if c["name"] == "main")
 
@@ -42,7 +48,7 @@ def crd_schemas():
 @pytest.mark.parametrize("version", ["v1alpha1", "v1alpha2"])
 def test_render_both_versions_validates_against_the_crd_schema(version, crd_schemas):
     import jsonschema  # pylint: disable=import-outside-toplevel
-    out = llmisvc.render(params(llmisvc={"api_version": version, "parallelism": {"tensor": 2}, "prefill": {"replicas": 2}}))
+    out = llmisvc_render.render(params(llmisvc={"api_version": version, "parallelism": {"tensor": 2}, "prefill": {"replicas": 2}}))
     manifest = out["manifest"]
     assert manifest["apiVersion"] == "serving.kserve.io/" + version and manifest["kind"] == "LLMInferenceService"
     assert schema_errors(manifest, crds.resolve()) == []
@@ -67,7 +73,7 @@ def test_render_both_versions_validates_against_the_crd_schema(version, crd_sche
 
 
 def test_speculative_on_both_pools_when_asked():
-    out = llmisvc.render(params(llmisvc={"prefill": {"replicas": 1}, "speculative_pools": ["decode", "prefill"]}))
+    out = llmisvc_render.render(params(llmisvc={"prefill": {"replicas": 1}, "speculative_pools": ["decode", "prefill"]}))
     for pool in ("decode", "prefill"):
         assert vllm_command.find_speculative_config(main_container(out["manifest"], pool)["command"]) == json.loads(SPEC_JSON)
 
@@ -92,35 +98,35 @@ def test_speculative_on_both_pools_when_asked():
 ])
 def test_bad_input_names_the_field(over, field):
     with pytest.raises(ValidationError) as err:
-        llmisvc.render(params(**over))
+        llmisvc_render.render(params(**over))
     assert err.value.field == field, str(err.value)
     assert "Fix:" in str(err.value)
 
 
 def test_no_image_is_left_to_kserve_presets_with_a_warning():
-    out = llmisvc.render(params(llmisvc={"image": None}))
+    out = llmisvc_render.render(params(llmisvc={"image": None}))
     assert "image" not in main_container(out["manifest"])
     assert any("llmisvc.image is not set" in w for w in out["warnings"])
 
 
 def test_draft_tp_one_or_target_tp_is_accepted():
     for tp in (1, 4):
-        out = llmisvc.render(params(llmisvc={"parallelism": {"tensor": 4}}, speculative={"draft_tensor_parallel_size": tp}))
+        out = llmisvc_render.render(params(llmisvc={"parallelism": {"tensor": 4}}, speculative={"draft_tensor_parallel_size": tp}))
         assert out["speculative"].config["draft_tensor_parallel_size"] == tp
 
 
 def test_modelcar_and_baseline_storage_forms():
-    out = llmisvc.render(params(artifact_mode="modelcar", artifacts={"modelcar_image": "registry.local/models/llama-eagle3:v1"}))
+    out = llmisvc_render.render(params(artifact_mode="modelcar", artifacts={"modelcar_image": "registry.local/models/llama-eagle3:v1"}))
     assert out["manifest"]["spec"]["model"]["uri"] == "oci://registry.local/models/llama-eagle3:v1"
     assert out["artifacts"].draft_path == "/mnt/models/draft"
-    base = llmisvc.render(params(method="none", artifact_mode="auto", artifacts={"target_uri": "hf://meta/llama"}))
+    base = llmisvc_render.render(params(method="none", artifact_mode="auto", artifacts={"target_uri": "hf://meta/llama"}))
     assert base["manifest"]["spec"]["model"]["uri"] == "hf://meta/llama" and base["speculative"] is None
     assert vllm_command.find_speculative_config(main_container(base["manifest"])["command"]) is None
 
 
 def test_strip_rendered_decode_pool_gives_the_baseline_command_byte_for_byte():
     for style in ("bash", "args"):
-        out = llmisvc.render(params(command_style=style, llmisvc={"prefill": {"replicas": 1}}))
+        out = llmisvc_render.render(params(command_style=style, llmisvc={"prefill": {"replicas": 1}}))
         obj = out["manifest"]
         patch, changes = llmisvc.strip(obj)
         assert [c["pool"] for c in changes] == ["decode"]
@@ -157,7 +163,7 @@ FORMS = {
 def _obj(container, pool="decode", base_refs=None):
     spec = {"model": {"uri": "pvc://m/"}}
     node = spec
-    for key in llmisvc.POOLS[pool]["path"]:
+    for key in llmisvc_model.POOLS[pool]["path"]:
         node = node.setdefault(key, {})
     node["containers"] = [dict(container, name="main", image="x")]
     if base_refs:
@@ -239,24 +245,24 @@ def _status(generation, observed, **conds):
 
 
 def test_readiness_needs_ready_at_the_current_generation():
-    ok = llmisvc.readiness(_status(2, 2, Ready="True", PresetsCombined="True", WorkloadsReady="True", RouterReady="True",
+    ok = llmisvc_status.readiness(_status(2, 2, Ready="True", PresetsCombined="True", WorkloadsReady="True", RouterReady="True",
                                    MainWorkloadReady="True", PrefillWorkloadReady="True"))
     assert ok["ready"] and ok["up_to_date"] and ok["pools"] == {"MainWorkloadReady": "True", "PrefillWorkloadReady": "True"}
-    stale = llmisvc.readiness(_status(3, 2, Ready="True"))
+    stale = llmisvc_status.readiness(_status(3, 2, Ready="True"))
     assert stale["ready"] and not stale["up_to_date"]
-    pending = llmisvc.readiness(_status(2, 2, Ready="False", WorkloadsReady="False", PrefillWorkloadReady="False"))
+    pending = llmisvc_status.readiness(_status(2, 2, Ready="False", WorkloadsReady="False", PrefillWorkloadReady="False"))
     assert not pending["ready"] and pending["pools"]["PrefillWorkloadReady"] == "False" and pending["failed"] is None
-    broken = llmisvc.readiness(_status(2, 2, Ready="False", PresetsCombined="False"))
+    broken = llmisvc_status.readiness(_status(2, 2, Ready="False", PresetsCombined="False"))
     assert broken["failed"].startswith("PresetsCombined=False")
 
 
 def test_pod_selector_and_names_follow_kserve_labels():
-    assert llmisvc.pod_selector("m", "decode") == ("app.kubernetes.io/component=llminferenceservice-workload,"
+    assert llmisvc_model.pod_selector("m", "decode") == ("app.kubernetes.io/component=llminferenceservice-workload,"
                                                    "app.kubernetes.io/name=m,app.kubernetes.io/part-of=llminferenceservice")
-    assert llmisvc.deployment_name("m", "prefill") == "m-kserve-prefill" and llmisvc.deployment_name("m", "decode") == "m-kserve"
+    assert llmisvc_model.deployment_name("m", "prefill") == "m-kserve-prefill" and llmisvc_model.deployment_name("m", "decode") == "m-kserve"
     with pytest.raises(ValidationError):
-        llmisvc.check_resource_kind("Deployment")
-    assert isvc.KIND in llmisvc.RESOURCE_KINDS
+        llmisvc_model.check_resource_kind("Deployment")
+    assert isvc.KIND in llmisvc_model.RESOURCE_KINDS
 
 
 def _dp_obj(data):
@@ -273,7 +279,7 @@ ENGINE_LINE = ("(EngineCore_DP0 pid=7) INFO 11-29 07:44:56 [core.py:93] Initiali
 @pytest.fixture
 def fake_pods(monkeypatch):
     """Two decode pods; only the first (data-parallel rank 0) logs the engine line."""
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
     logs = {"m-kserve-0": ENGINE_LINE, "m-kserve-1": "(EngineCore_DP1 pid=8) INFO loading weights\n"}
     monkeypatch.setattr(k8s_pods, "list_pods", lambda _api, _ns, selector: (
         [{"name": n} for n in sorted(logs)] if "llminferenceservice-workload," in selector else [], []))
@@ -282,18 +288,18 @@ def fake_pods(monkeypatch):
 
 
 def test_engine_line_from_data_parallel_rank_0_names_the_pod(fake_pods):
-    report, problems = llmisvc.engine_report(None, _dp_obj(2))
+    report, problems = llmisvc_cluster.engine_report(None, _dp_obj(2))
     assert problems == [], problems
     decode = report["decode"]
     assert decode["engine_pod"] == "m-kserve-0" and decode["data_parallel"] == 2
     assert decode["speculative_config"] == {"method": "eagle3", "model": "/mnt/models/draft", "num_spec_tokens": 3}
     assert [p["found"] for p in decode["pods"]] == [True, False]
     # without data parallelism every pod must log the line
-    _report, problems = llmisvc.engine_report(None, _dp_obj(1))
+    _report, problems = llmisvc_cluster.engine_report(None, _dp_obj(1))
     assert problems == ["pool decode pod m-kserve-1: no engine-config line in container main"]
     # and a rank-0 line that contradicts the flag fails, naming the pod
     fake_pods["m-kserve-0"] = ENGINE_LINE.replace("num_spec_tokens=3", "num_spec_tokens=5")
-    _report, problems = llmisvc.engine_report(None, _dp_obj(2))
+    _report, problems = llmisvc_cluster.engine_report(None, _dp_obj(2))
     assert len(problems) == 1 and "pod m-kserve-0" in problems[0] and "5" in problems[0]
 
 
@@ -303,7 +309,7 @@ def test_engine_line_from_data_parallel_rank_0_names_the_pod(fake_pods):
     ("none", "single", {"storage_uri": "s3://bucket/llama"}),
 ])
 def test_every_deploy_playbook_method_renders_schema_valid(method, mode, artifacts):
-    out = llmisvc.render(params(method=method, artifact_mode=mode, artifacts=artifacts, command_style="args"))
+    out = llmisvc_render.render(params(method=method, artifact_mode=mode, artifacts=artifacts, command_style="args"))
     assert schema_errors(out["manifest"], crds.resolve()) == []
     flag = vllm_command.find_speculative_config(main_container(out["manifest"])["command"], main_container(out["manifest"])["args"])
     assert (flag or {}).get("method") == (None if method == "none" else method)
@@ -324,12 +330,12 @@ class _Clock:
 def test_wait_returns_only_when_ready_at_the_generation_and_the_pools_rolled_out(monkeypatch):
     """KServe marks a pool ready from its Deployment's Available condition (True on the old pods during a rolling
     update): the wait also waits for the rollout, and fails at once when a preset is missing."""
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_wait
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait
     ready = dict(_status(2, 2, Ready="True"), metadata={"name": "m", "namespace": "ns", "generation": 2, "resourceVersion": "5"})
     reads = [ready, ready, ready]
     rollout = ["pool decode: Deployment m-kserve rolling out (0 of 1 updated, 1 old, 1 available)", None]
     monkeypatch.setattr(isvc_wait._Kind, "get", lambda self, *_a: reads.pop(0))  # pylint: disable=protected-access
-    monkeypatch.setattr(llmisvc, "rollout_pending", lambda _api, _obj: rollout.pop(0))
+    monkeypatch.setattr(llmisvc_cluster, "rollout_pending", lambda _api, _obj: rollout.pop(0))
     clock = _Clock()
     obj, elapsed = isvc_wait.wait_ready(None, "ns", "m", timeout=60, interval=5, clock=clock, sleep=clock.sleep,
                                         kind="LLMInferenceService")
@@ -469,7 +475,7 @@ SECRET_REF = {"name": "VLLM_ADDITIONAL_ARGS", "valueFrom": {"secretKeyRef": {"na
 
 def test_additional_args_from_a_configmap_is_read_and_a_flag_there_is_refused_naming_it():
     obj = _obj({"command": ["/bin/bash", "-c"], "args": [DP_SCRIPT], "env": [{"name": "HOME", "value": "/h"}, CM_REF]})
-    assert llmisvc.env_configmap_refs(obj) == [("vllm-args", "extra", False)]
+    assert llmisvc_cluster.env_configmap_refs(obj) == [("vllm-args", "extra", False)]
     # without the ConfigMap's value the valueFrom is not looked at (engine_report's use)
     assert llmisvc.flags(obj) == []
     sources = {("vllm-args", "extra"): {"value": "--max-num-seqs 8 --speculative-config '%s'" % SPEC_JSON, "reason": None}}
@@ -495,7 +501,7 @@ def test_additional_args_from_a_configmap_is_read_and_a_flag_there_is_refused_na
 def test_additional_args_from_a_secret_is_never_read_and_refused_unless_the_user_vouches():
     argv_flag = ["--port", "8000", "--speculative-config", SPEC_JSON]
     obj = _obj({"command": ["vllm", "serve", "/mnt/models"], "args": argv_flag, "env": [SECRET_REF]})
-    assert llmisvc.env_configmap_refs(obj) == []  # nothing to read: a Secret is never fetched
+    assert llmisvc_cluster.env_configmap_refs(obj) == []  # nothing to read: a Secret is never fetched
     found = llmisvc.flags(obj, env_sources={})
     secret = [f for f in found if f.get("value_from")]
     assert len(secret) == 1 and secret[0]["opaque"] and secret[0]["value_from"]["kind"] == "Secret" and secret[0]["config"] is None
@@ -512,7 +518,7 @@ def test_configmap_refs_come_from_whichever_layer_owns_the_variable():
     preset = _upstream("kserve-config-llm-template", [("template",)], {"env": [CM_REF]})
     obj = _obj({"args": ["--port", "8000"]})
     presets = {"kserve-config-llm-template": preset}
-    assert llmisvc.env_configmap_refs(obj, presets) == [("vllm-args", "extra", False)]
+    assert llmisvc_cluster.env_configmap_refs(obj, presets) == [("vllm-args", "extra", False)]
     sources = {("vllm-args", "extra"): {"value": "--speculative-config '%s'" % SPEC_JSON, "reason": None}}
     found = llmisvc.flags(obj, presets, sources)
     assert [(f["source"], f["preset"], f["value_from"]["name"]) for f in found] == [
@@ -521,7 +527,7 @@ def test_configmap_refs_come_from_whichever_layer_owns_the_variable():
         llmisvc.strip(obj, presets, sources)
     assert "kserve-config-llm-template" in str(err.value)
     main_container(obj)["env"] = [{"name": "VLLM_ADDITIONAL_ARGS", "value": "--seed 1"}]  # the resource's own value wins
-    assert llmisvc.env_configmap_refs(obj, presets) == [] and llmisvc.flags(obj, presets, sources) == []
+    assert llmisvc_cluster.env_configmap_refs(obj, presets) == [] and llmisvc.flags(obj, presets, sources) == []
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -533,13 +539,13 @@ def _rolled_back(uri, draft_subdir="tiny-eagle3", name="llama-eagle3"):
         art = dict(artifact_mode="pvc", artifacts={"pvc_name": uri[len("pvc://"):].strip("/"), "draft_subdir": draft_subdir})
     else:
         art = dict(artifact_mode="modelcar", artifacts={"modelcar_image": uri[len("oci://"):]})
-    obj = llmisvc.render(params(name=name, **art))["manifest"]
+    obj = llmisvc_render.render(params(name=name, **art))["manifest"]
     patch, _changes = llmisvc.strip(obj)
     return obj, _apply(obj, patch)
 
 
 def test_the_draft_of_an_llminferenceservice_is_its_pvc_subdirectory_or_its_modelcar_layers():
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import draft_removal  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal  # pylint: disable=import-outside-toplevel
     before, after = _rolled_back("pvc://model-store/")
     with pytest.raises(ValidationError) as err:  # still speculative: the draft stays
         draft_removal.locate(before, "/mnt/models/tiny-eagle3")
@@ -555,7 +561,7 @@ def test_the_draft_of_an_llminferenceservice_is_its_pvc_subdirectory_or_its_mode
 
 
 def test_a_pvc_draft_another_resource_still_uses_is_kept():
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import draft_removal  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal  # pylint: disable=import-outside-toplevel
     _before, me = _rolled_back("pvc://model-store/")
     me["kind"] = "LLMInferenceService"
     as_model = {"kind": "LLMInferenceService", "metadata": {"name": "draft-alone", "namespace": "models"},
@@ -596,7 +602,7 @@ class _DraftCluster:
 
 
 def test_the_removal_plan_keeps_a_used_or_unchecked_draft_and_runs_the_job_only_for_a_free_one():
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import draft_removal  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal  # pylint: disable=import-outside-toplevel
     _before, after = _rolled_back("pvc://model-store/")
     after.update(kind="LLMInferenceService")
     after["metadata"]["generation"] = 2
@@ -626,13 +632,13 @@ def test_read_presets_skips_a_forbidden_well_known_preset_but_refuses_a_forbidde
         def get_namespaced_custom_object(self, group, version, namespace, plural, name):
             reads.append((namespace, name))
             raise ApiException(status=403 if namespace == "kserve" else 404)
-    monkeypatch.setattr(llmisvc, "_custom_api", lambda _client: Api())
+    monkeypatch.setattr(llmisvc_cluster, "_custom_api", lambda _client: Api())
     obj = {"metadata": {"name": "m", "namespace": "ns"}, "spec": {"template": {"containers": [{"name": "main"}]}}}
     unreadable = []
-    assert llmisvc.read_presets(None, obj, unreadable=unreadable) == {}
+    assert llmisvc_cluster.read_presets(None, obj, unreadable=unreadable) == {}
     assert unreadable and all(u.startswith("kserve/kserve-") for u in unreadable)
     assert ("ns", unreadable[0].split("/")[1]) in reads  # the object's namespace is asked first
     obj["spec"]["baseRefs"] = [{"name": "shared-preset"}]
     with pytest.raises(SpecDecodingError) as err:
-        llmisvc.read_presets(None, obj)
+        llmisvc_cluster.read_presets(None, obj)
     assert err.value.field == "spec.baseRefs" and "kserve/shared-preset" in str(err.value)

@@ -1,6 +1,6 @@
-"""plugins/module_utils/llmisvc.py verify_summary: what the verify role records and prints for an LLMInferenceService.
+"""plugins/module_utils/kserve/llmisvc/ verify_summary: what the verify role records and prints for an LLMInferenceService.
 
-The inputs are real: the pools come from ``llmisvc.engine_report`` reading the recorded vLLM start-up logs (eagle3 on the
+The inputs are real: the pools come from ``llmisvc_cluster.engine_report`` reading the recorded vLLM start-up logs (eagle3 on the
 decode pool, baseline on the prefill pool) from pods laid out as KServe and the LeaderWorkerSet controller name them, the
 acceptance results from the speculative_metrics_info module on the recorded eagle3 /metrics page, registered the way
 Ansible registers the role's loop (``ansible_loop_var``, skipped items)."""
@@ -9,7 +9,11 @@ import json
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods, llmisvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import flags as llmisvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import cluster as llmisvc_cluster
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import verify as llmisvc_verify
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from tests.module_run import run_module
 from tests.paths import capture_path, read_capture
@@ -21,7 +25,7 @@ RAY_WORKER = "(RayWorkerWrapper pid=3) INFO stage 1\n"
 
 
 def _pod(name, group=None, worker=None):
-    labels = {} if group is None else {llmisvc.LWS_GROUP_INDEX_LABEL: str(group), llmisvc.LWS_WORKER_INDEX_LABEL: str(worker)}
+    labels = {} if group is None else {llmisvc_model.LWS_GROUP_INDEX_LABEL: str(group), llmisvc_model.LWS_WORKER_INDEX_LABEL: str(worker)}
     return {"name": name, "labels": labels}
 
 
@@ -47,7 +51,7 @@ def cluster_pods(monkeypatch):
 
 
 def _pools(spec):
-    report, _problems = llmisvc.engine_report(None, _obj(spec))
+    report, _problems = llmisvc_cluster.engine_report(None, _obj(spec))
     return json.loads(json.dumps(report))  # as the module returns it: JSON
 
 
@@ -71,7 +75,7 @@ EAGLE3_LINE = "method=eagle3 model=/mnt/models/tiny-eagle3 num_spec_tokens=3"
 
 def test_multi_node_decode_pool_and_prefill_deployment(cluster_pods, metrics_result):
     pools = _pools({"template": FLAGGED, "worker": FLAGGED, "parallelism": {"pipeline": 2}, "prefill": {"template": PLAIN, "replicas": 2}})
-    out = llmisvc.verify_summary("models", "m", pools, acceptance=_registered(metrics_result, "m-kserve-mn-0"), generation=2)
+    out = llmisvc_verify.verify_summary("models", "m", pools, acceptance=_registered(metrics_result, "m-kserve-mn-0"), generation=2)
     assert out["lines"] == [
         "LLMInferenceService models/m: Ready at generation 2",
         "pool decode (LeaderWorkerSet m-kserve-mn, 3 pod(s), 2 group(s), leaders m-kserve-mn-0 none, engine line from m-kserve-mn-0): "
@@ -88,7 +92,7 @@ def test_multi_node_decode_pool_and_prefill_deployment(cluster_pods, metrics_res
 def test_single_node_pool_every_pod_measured_and_skipped_items_left_out(cluster_pods, metrics_result):
     pools = _pools({"template": FLAGGED})
     acceptance = _registered(metrics_result, "m-kserve-7d9f-a", "m-kserve-7d9f-b", skipped=["m-kserve-7d9f-c"])
-    out = llmisvc.verify_summary("models", "m", pools, acceptance=acceptance, generation=5)
+    out = llmisvc_verify.verify_summary("models", "m", pools, acceptance=acceptance, generation=5)
     assert out["lines"][:2] == ["LLMInferenceService models/m: Ready at generation 5",
                                 "pool decode (Deployment m-kserve, 2 pod(s), engine line from m-kserve-7d9f-a): " + EAGLE3_LINE]
     assert out["lines"][2:] == ["acceptance on m-kserve-7d9f-a: " + metrics_result["msg"], "acceptance on m-kserve-7d9f-b: " + metrics_result["msg"]]
@@ -101,7 +105,7 @@ def test_rollback_proof_without_metrics(cluster_pods, metrics_result):
     pools = _pools({"template": PLAIN})
     for acceptance in (_registered(metrics_result, skipped=["m-kserve-7d9f-a", "m-kserve-7d9f-b"]), None,
                        {"changed": False, "skipped": True, "results": []}):
-        out = llmisvc.verify_summary("models", "m", pools, acceptance=acceptance, generation=3)
+        out = llmisvc_verify.verify_summary("models", "m", pools, acceptance=acceptance, generation=3)
         assert out["lines"] == ["LLMInferenceService models/m: Ready at generation 3",
                                 "pool decode (Deployment m-kserve, 2 pod(s), engine line from m-kserve-7d9f-a): speculative_config=None"]
         assert out["metrics"] == {}
@@ -111,7 +115,7 @@ def test_no_engine_line_and_unknown_generation(cluster_pods):
     pools = _pools({"template": FLAGGED})
     for entry in pools.values():
         entry.update(engine_pod=None, speculative_config=None)
-    out = llmisvc.verify_summary("models", "m", pools)
+    out = llmisvc_verify.verify_summary("models", "m", pools)
     assert out["lines"] == ["LLMInferenceService models/m: Ready at generation ?",
                             "pool decode (Deployment m-kserve, 2 pod(s), engine line from none): speculative_config=None"]
 
@@ -120,7 +124,7 @@ def test_the_inputs_are_not_changed(cluster_pods, metrics_result):
     pools = _pools({"template": FLAGGED, "worker": FLAGGED, "parallelism": {"pipeline": 2}})
     acceptance = _registered(metrics_result, "m-kserve-mn-0")
     before = copy.deepcopy((pools, acceptance))
-    llmisvc.verify_summary("models", "m", pools, acceptance=acceptance, generation=2)
+    llmisvc_verify.verify_summary("models", "m", pools, acceptance=acceptance, generation=2)
     assert (pools, acceptance) == before
 
 
@@ -133,5 +137,5 @@ def test_the_inputs_are_not_changed(cluster_pods, metrics_result):
 ], ids=["none", "pool-not-a-dict", "results-not-a-list", "item-not-a-dict", "item-without-pod"])
 def test_bad_input_names_the_field_and_the_fix(pools, acceptance, field, fragment):
     with pytest.raises(ValidationError) as err:
-        llmisvc.verify_summary("models", "m", pools, acceptance=acceptance)
+        llmisvc_verify.verify_summary("models", "m", pools, acceptance=acceptance)
     assert err.value.field == field and str(err.value).startswith(field + ": " + fragment) and "Fix:" in str(err.value)

@@ -9,8 +9,8 @@ import tarfile
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import oci_layout as L
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import oci_registry as R
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_image as L
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as R
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 

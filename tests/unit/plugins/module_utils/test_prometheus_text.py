@@ -4,7 +4,9 @@ Expected lines and numbers are read from the capture files with plain string ope
 """
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_client, prometheus_text, spec_metrics
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import client as bench_client
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import prometheus_text
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 from tests.paths import read_capture  # noqa: E402  pylint: disable=wrong-import-position

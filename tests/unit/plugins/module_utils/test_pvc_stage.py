@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import artifact_sync, pvc_stage
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import artifact_sync
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import pvc_plan as pvc_stage
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 GI = 1 << 30

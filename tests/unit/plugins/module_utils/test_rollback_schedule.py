@@ -1,11 +1,11 @@
-"""plugins/module_utils/rollback_schedule.py: the rollback_schedule role's settings, checked before anything is rendered.
+"""plugins/module_utils/ops/rollback_schedule.py: the rollback_schedule role's settings, checked before anything is rendered.
 
 The settings are the role's own defaults and what roles/canary/tasks/schedule.yml passes; the cron rules are what the
 API server accepts for a CronJob's schedule (robfig/cron v3 ParseStandard: five fields, day of week 0-6, names for months
 and days, `?` as `*`)."""
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import rollback_schedule
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import rollback_schedule
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 CRON_FIX = 'Fix: write a standard 5-field cron expression, e.g. "0 3 * * *"'

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import serving_runtime as sr
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import render as isvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime as sr
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from tests.unit.plugins.module_utils.test_isvc import P
 from tests.unit.plugins.module_utils.test_serving_runtime import VLLM, Reader, runtime

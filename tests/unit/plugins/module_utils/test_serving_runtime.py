@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import serving_runtime as sr
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime as sr
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 5}

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import spec_metrics as sm
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as sm
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 from tests.paths import CAPTURES, read_capture  # noqa: E402  pylint: disable=wrong-import-position

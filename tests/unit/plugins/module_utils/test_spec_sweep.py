@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import spec_sweep
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import sweep as spec_sweep
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 

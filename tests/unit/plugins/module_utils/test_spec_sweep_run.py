@@ -2,7 +2,7 @@
 its confirmation by a measured A/B (issue #18). The sweep itself runs in tests/unit/plugins/modules/test_spec_sweep_module.py."""
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import spec_sweep
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import sweep as spec_sweep
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from tests.paced_server import paced_handler
 from tests.paths import read_capture

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import speculative_config as core
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as core
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 EAGLE3 = {"method": "eagle3", "model": "/mnt/models/draft", "num_speculative_tokens": 3}

@@ -2,7 +2,7 @@
 
 import json
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.ssa_conflicts import ROLLBACK_FIELD_MANAGER, conflict_managers
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.ssa_conflicts import ROLLBACK_FIELD_MANAGER, conflict_managers
 
 # The API server's 409 text for an Update-operation manager (printManager quotes it inside %q), as kube-apiserver writes it.
 ONE = 'Apply failed with 1 conflict: conflict with "\\"alauda-spec-decoding-rollback\\" using serving.kserve.io/v1beta1": .spec.predictor.model.command'

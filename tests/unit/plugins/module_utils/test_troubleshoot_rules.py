@@ -6,7 +6,7 @@ import tarfile
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import troubleshoot as t
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import troubleshoot as t
 
 from tests.paths import read_capture  # noqa: E402  pylint: disable=wrong-import-position
 EAGLE3 = '{"method":"eagle3","model":"/mnt/models/draft","num_speculative_tokens":3}'

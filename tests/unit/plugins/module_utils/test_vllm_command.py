@@ -18,7 +18,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import vllm_command as vc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "rollback")

@@ -10,9 +10,9 @@ import subprocess
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_patch
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import speculative_config as core
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import vllm_command as vc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import patch_plan as isvc_patch
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as core
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 BASH = shutil.which("bash")

@@ -7,7 +7,7 @@ import sys
 
 from tests.ansible_run import run_playbook
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import artifact_sync
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import artifact_sync
 
 
 def _model(root):

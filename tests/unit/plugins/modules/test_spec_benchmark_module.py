@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_stats
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
 from ansible_collections.alauda.spec_decoding.plugins.modules import spec_benchmark
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 from tests.loopback_http import serving

@@ -223,7 +223,7 @@ def test_confirm_url_needs_confirm_k(servers, tmp_path):
 
 
 def test_an_interrupted_sweep_resumes_without_measuring_finished_points(servers, tmp_path, monkeypatch):
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_run
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import run as bench_run
     real, calls = bench_run.measure, []
 
     def interrupted(*a, **kw):

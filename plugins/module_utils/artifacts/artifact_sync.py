@@ -1,0 +1,1 @@
+../../../roles/stage_pvc/files/artifact_sync.py

@@ -1,0 +1,1 @@
+"""bench: measuring and deciding (client, workloads, stats, run, report, sweep, canary windows)."""

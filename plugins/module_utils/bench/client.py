@@ -1,0 +1,428 @@
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Streaming load generator for OpenAI-compatible servers (vLLM), on the standard library only.
+
+Measures each request the way ``vllm bench serve`` does (``vllm/benchmarks/lib/endpoint_request_func.py``):
+the clock starts right before the request is sent; every server-sent event ``data: {...}`` that carries
+``choices`` is a chunk: the first one sets TTFT, each later one adds an ITL gap, the last one ends E2EL;
+the final ``usage`` event (``stream_options.include_usage``) gives ``completion_tokens``. Requests run on
+a pool of ``concurrency`` threads (each with a keep-alive connection) and are released at a target request
+rate (Poisson arrivals or a fixed interval, seeded) or all at once; warmup requests run first and are
+discarded.
+
+Standard library only, but for the /metrics pages around a run: those are read by ``prometheus_text``
+(prometheus_client, imported guardedly; the module checks ``prometheus_text.HAS_PROMETHEUS_CLIENT``).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import queue
+import random
+import ssl
+import threading
+import time
+from urllib.parse import urlsplit
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import prometheus_text
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+
+APIS = ("chat", "completions")
+ARRIVALS = ("poisson", "fixed")
+_RESERVED_BODY_KEYS = ("model", "messages", "prompt", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+                       "temperature", "seed")
+
+
+class BenchmarkRequestError(SpecDecodingError):
+    """Requests to an endpoint failed (every one of them, or the warmup)."""
+
+
+def split_base_url(url, field="url"):
+    """``(scheme, host, port, prefix)`` of an OpenAI-compatible base URL; a trailing ``/v1`` is optional."""
+    if not url or not isinstance(url, str):
+        raise ValidationError("is empty", field=field, hint="give the server's base URL, e.g. http://127.0.0.1:8000")
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValidationError("%r is not an http(s) URL" % (url,), field=field, hint="e.g. http://my-model.ns.svc:8080")
+    prefix = parts.path.rstrip("/")
+    if prefix.endswith("/v1"):
+        prefix = prefix[:-3]
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return parts.scheme, parts.hostname, port, prefix
+
+
+class Endpoint:
+    """One OpenAI-compatible server: connections, request bodies, and the streaming measurement."""
+
+    def __init__(self, url, model=None, api="chat", token=None, headers=None, timeout=600.0, validate_certs=True,
+                 ca_path=None, field="url"):
+        if api not in APIS:
+            raise ValidationError("must be one of %s, got %r" % (", ".join(APIS), api), field="api")
+        self.url = url
+        self.scheme, self.host, self.port, self.prefix = split_base_url(url, field=field)
+        self.api = api
+        self.token = token
+        self.extra_headers = dict(headers or {})
+        self.timeout = float(timeout)
+        self.field = field
+        self._ssl = None
+        if self.scheme == "https":
+            self._ssl = ssl.create_default_context(cafile=ca_path) if validate_certs else ssl._create_unverified_context()  # pylint: disable=protected-access
+        self.model = model
+
+    # -- plumbing ---------------------------------------------------------------------------------------
+    def connect(self):
+        if self.scheme == "https":
+            return http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=self._ssl)
+        return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+
+    def headers(self, accept="application/json"):
+        out = {"Content-Type": "application/json", "Accept": accept, "User-Agent": "alauda.spec_decoding/spec_benchmark"}
+        if self.token:
+            out["Authorization"] = "Bearer %s" % self.token
+        out.update(self.extra_headers)
+        return out
+
+    def get(self, path):
+        """GET ``prefix + path``; returns ``(status, text)``. Raises BenchmarkRequestError when unreachable."""
+        conn = self.connect()
+        try:
+            conn.request("GET", self.prefix + path, headers=self.headers(accept="*/*"))
+            resp = conn.getresponse()
+            return resp.status, resp.read().decode("utf-8", "replace")
+        except (OSError, http.client.HTTPException) as exc:
+            raise BenchmarkRequestError("cannot reach %s%s (%s)" % (self.url.rstrip("/"), path, exc), field=self.field,
+                                        hint="check the URL, the port and that the server is Ready")
+        finally:
+            conn.close()
+
+    def resolve_model(self):
+        """The served model name: the one given, else the first id of ``GET /v1/models``."""
+        if self.model:
+            return self.model
+        status, text = self.get("/v1/models")
+        if status != 200:
+            raise BenchmarkRequestError("GET /v1/models answered HTTP %d: %s" % (status, text[:300]), field=self.field,
+                                        hint="set the served model name explicitly")
+        try:
+            self.model = json.loads(text)["data"][0]["id"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise BenchmarkRequestError("GET /v1/models returned no model id", field=self.field, hint="set the model name explicitly")
+        return self.model
+
+    def metrics_text(self):
+        """The Prometheus exposition text of ``/metrics`` or ``None`` if the server has none."""
+        status, text = self.get("/metrics")
+        return text if status == 200 else None
+
+    # -- requests -----------------------------------------------------------------------------------------
+    def body(self, prompt, params):
+        """The JSON body for one prompt; ``params`` are the run's request parameters (same on both sides)."""
+        body = {"model": self.model, "stream": True, "stream_options": {"include_usage": True},
+                "temperature": params.get("temperature", 0.0)}
+        if params.get("seed") is not None:
+            body["seed"] = params["seed"]
+        if self.api == "chat":
+            body["messages"] = prompt["messages"]
+            body["max_completion_tokens"] = params["max_tokens"]
+        else:
+            body["prompt"] = prompt["prompt"]
+            body["max_tokens"] = params["max_tokens"]
+        for key, value in (params.get("extra_body") or {}).items():
+            if key in _RESERVED_BODY_KEYS:
+                raise ValidationError("%r is set by the benchmark itself" % key, field="extra_body",
+                                      hint="use max_tokens, temperature and seed options instead")
+            body[key] = value
+        return body
+
+    def path(self):
+        return self.prefix + ("/v1/chat/completions" if self.api == "chat" else "/v1/completions")
+
+    def stream_request(self, prompt, params, conn=None):
+        """Send one streaming request and measure it. Returns ``(record, conn)`` (``conn`` reusable or None)."""
+        payload = json.dumps(self.body(prompt, params)).encode("utf-8")
+        record = {"prompt_id": prompt.get("id"), "success": False, "error": None, "ttft": None, "itl": [], "latency": None,
+                  "output_tokens": None, "prompt_tokens": None, "chunks": 0, "text_chars": 0}
+        reused = conn is not None
+        for attempt in (0, 1):
+            if conn is None:
+                conn = self.connect()
+            start = time.perf_counter()
+            record["start"] = start
+            try:
+                conn.request("POST", self.path(), body=payload, headers=self.headers(accept="text/event-stream"))
+                resp = conn.getresponse()
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                conn = None
+                if reused and attempt == 0:  # a keep-alive connection the server closed: retry once, fresh
+                    reused = False
+                    continue
+                record["error"] = "connection failed: %s" % exc
+                return record, None
+            break
+        if resp.status != 200:
+            text = resp.read().decode("utf-8", "replace")
+            record["error"] = "HTTP %d: %s" % (resp.status, text[:500])
+            return record, (conn if not resp.will_close else None)
+        most_recent = start
+        first = False
+        try:
+            while True:
+                line = resp.readline()
+                if not line:
+                    break
+                chunk = line.strip()
+                if not chunk or chunk.startswith(b":"):
+                    continue
+                if chunk.startswith(b"data:"):
+                    chunk = chunk[5:].strip()
+                if chunk == b"[DONE]":
+                    continue
+                data = json.loads(chunk)
+                timestamp = time.perf_counter()
+                if data.get("choices"):
+                    choice = data["choices"][0]
+                    text = choice.get("text") if self.api == "completions" else (choice.get("delta") or {}).get("content")
+                    if not first:
+                        first = True
+                        record["ttft"] = timestamp - start
+                    else:
+                        record["itl"].append(timestamp - most_recent)
+                    most_recent = timestamp
+                    record["chunks"] += 1
+                    record["text_chars"] += len(text or "")
+                elif data.get("usage"):
+                    usage = data["usage"]
+                    record["output_tokens"] = usage.get("completion_tokens")
+                    record["prompt_tokens"] = usage.get("prompt_tokens")
+                elif data.get("error") or data.get("object") == "error":
+                    record["error"] = "stream error: %s" % json.dumps(data)[:500]
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            record["error"] = "stream broken: %s" % exc
+            conn.close()
+            return record, None
+        record["latency"] = most_recent - start
+        if first and record["error"] is None:
+            record["success"] = True
+            if record["output_tokens"] is None:
+                record["error"] = "no usage in the stream (server ignores stream_options.include_usage?)"
+                record["success"] = False
+        elif record["error"] is None:
+            record["error"] = "the stream carried no choices"
+        return record, (None if resp.will_close else conn)
+
+
+def arrival_offsets(count, request_rate=None, arrival="poisson", seed=0):
+    """Seconds from the start at which each request is released: all at 0 without a rate (``inf``)."""
+    if arrival not in ARRIVALS:
+        raise ValidationError("must be one of %s, got %r" % (", ".join(ARRIVALS), arrival), field="arrival")
+    if not request_rate or request_rate == float("inf"):
+        return [0.0] * count
+    if request_rate < 0:
+        raise ValidationError("must be positive, got %r" % (request_rate,), field="request_rate")
+    rng = random.Random(seed)
+    out, now = [], 0.0
+    for _index in range(count):
+        out.append(now)
+        now += rng.expovariate(request_rate) if arrival == "poisson" else 1.0 / request_rate
+    return out
+
+
+def run_requests(endpoint, prompts, params, concurrency=1, request_rate=None, arrival="poisson", seed=0, progress=None,
+                 label="run"):
+    """Run ``prompts`` (already in their fixed order) against ``endpoint``; returns ``(records, duration_s)``.
+
+    ``concurrency`` threads each keep one connection; request ``i`` is released at its arrival offset and
+    picked up by the first free thread (the same as ``vllm bench serve``'s semaphore). ``progress`` is called
+    as ``progress(label, done, total, record)`` after each request.
+    """
+    if concurrency < 1:
+        raise ValidationError("must be at least 1, got %r" % (concurrency,), field="concurrency")
+    total = len(prompts)
+    offsets = arrival_offsets(total, request_rate, arrival, seed)
+    work = queue.Queue()
+    records = [None] * total
+    done = [0]
+    lock = threading.Lock()
+
+    def worker():
+        conn = None
+        while True:
+            item = work.get()
+            if item is None:
+                break
+            index, prompt = item
+            try:
+                record, conn = endpoint.stream_request(prompt, params, conn)
+            except Exception as exc:  # pylint: disable=broad-except
+                record, conn = {"prompt_id": prompt.get("id"), "success": False, "error": "client error: %r" % (exc,),
+                                "itl": [], "ttft": None, "latency": None, "output_tokens": None, "start": time.perf_counter()}, None
+            records[index] = record
+            with lock:
+                done[0] += 1
+                count = done[0]
+            if progress is not None:
+                try:
+                    progress(label, count, total, record)
+                except Exception:  # pylint: disable=broad-except
+                    pass
+        if conn is not None:
+            conn.close()
+
+    threads = [threading.Thread(target=worker, name="bench-%s-%d" % (label, i), daemon=True) for i in range(min(concurrency, max(total, 1)))]
+    for thread in threads:
+        thread.start()
+    start = time.perf_counter()
+    for index, prompt in enumerate(prompts):
+        delay = start + offsets[index] - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        work.put((index, prompt))
+    for _thread in threads:
+        work.put(None)
+    for thread in threads:
+        thread.join()
+    duration = time.perf_counter() - start
+    for record in records:
+        record["start_offset"] = record.pop("start", start) - start
+    return records, duration
+
+
+def schedule(prompts, runs_per_prompt):
+    """The measured request list: ``runs_per_prompt`` rounds over the prompts, each round in file order."""
+    if runs_per_prompt < 1:
+        raise ValidationError("must be at least 1, got %r" % (runs_per_prompt,), field="runs_per_prompt")
+    return [p for _round in range(runs_per_prompt) for p in prompts]
+
+
+def warmup_schedule(prompts, warmup):
+    """``warmup`` requests cycling through the prompts in order (discarded after they run)."""
+    return [prompts[i % len(prompts)] for i in range(warmup)] if prompts else []
+
+
+def measure_side(endpoint, prompts, params, runs_per_prompt=5, warmup=3, concurrency=1, request_rate=None,
+                 arrival="poisson", seed=0, progress=None, label="side", before_measure=None):
+    """Warm up, then measure one side. Returns ``{"records", "duration_s", "warmup": {...}}``.
+
+    ``before_measure`` (optional) runs between warmup and the measured requests, e.g. the first /metrics
+    scrape, so warmup traffic stays out of the metric deltas.
+    """
+    endpoint.resolve_model()
+    warm = warmup_schedule(prompts, warmup)
+    warm_records, warm_duration = run_requests(endpoint, warm, params, concurrency, None, arrival, seed, progress,
+                                               label="%s warmup" % label)
+    warm_failed = [r for r in warm_records if not r["success"]]
+    if warm and len(warm_failed) == len(warm_records):
+        raise BenchmarkRequestError("every warmup request to %s failed; first error: %s" % (endpoint.url, warm_failed[0]["error"]),
+                                    field=endpoint.field, hint="check the URL, model name, token and request parameters")
+    extra = before_measure() if before_measure else None
+    records, duration = run_requests(endpoint, schedule(prompts, runs_per_prompt), params, concurrency, request_rate,
+                                     arrival, seed, progress, label=label)
+    if records and not any(r["success"] for r in records):
+        raise BenchmarkRequestError("every measured request to %s failed; first error: %s" % (endpoint.url, records[0]["error"]),
+                                    field=endpoint.field, hint="check the server logs and the request parameters")
+    return {"records": records, "duration_s": duration, "before": extra,
+            "warmup": {"requests": len(warm_records), "failed": len(warm_failed), "duration_s": warm_duration}}
+
+
+# -- /metrics around a measured run ---------------------------------------------------------------------------
+# Metric-name prefixes (after the ``vllm:`` namespace, see prometheus_text): V1 (0.10+) and 0.8-0.9 counters.
+# ``external_prefix_cache_*`` (KV connector) does not match them: it is not the local prefix cache.
+PREFIX_CACHE_PREFIXES = ("prefix_cache_", "gpu_prefix_cache_")
+CACHE_CONFIG_INFO = "cache_config_info"
+
+
+def _samples(text, prefixes):
+    """The wanted samples of a /metrics page; none when the page is absent or its selected lines do not parse.
+
+    The benchmark's numbers are already measured when the page is read, so a garbled page makes the prefix
+    cache unknown (the report says so) instead of failing the run.
+    """
+    if not text:
+        return []
+    try:
+        return prometheus_text.parse_samples(text, prefixes)
+    except ValidationError:
+        return []
+
+
+def _other_model(labels, model_name):
+    """Whether a sample names a served model other than ``model_name`` (series without the label always count)."""
+    return model_name is not None and "model_name" in labels and labels["model_name"] != model_name
+
+
+def prefix_cache_counters(text, model_name=None):
+    """``{"hits", "queries"}`` (token counts) from a /metrics page, or ``None`` when the server has no such counters.
+
+    vLLM V1 (0.10+) exposes ``vllm:prefix_cache_hits_total`` / ``vllm:prefix_cache_queries_total``; 0.8-0.9
+    named them ``vllm:gpu_prefix_cache_hits_total`` / ``..._queries_total``. Summed over engines; the
+    ``external_`` (KV connector) series are not the local prefix cache and are ignored.
+    """
+    totals = {}
+    for sample in _samples(text, PREFIX_CACHE_PREFIXES):
+        base = sample.name.rpartition(":")[2]
+        if base.startswith("gpu_"):
+            base = base[4:]
+        if base.endswith("_total"):
+            base = base[:-6]
+        if base not in ("prefix_cache_hits", "prefix_cache_queries") or _other_model(sample.labels or {}, model_name):
+            continue
+        key = "hits" if base == "prefix_cache_hits" else "queries"
+        totals[key] = totals.get(key, 0.0) + sample.value
+    if "queries" not in totals:
+        return None
+    return {"hits": totals.get("hits", 0.0), "queries": totals["queries"]}
+
+
+def prefix_caching_enabled(text, model_name=None):
+    """Whether the server caches prefixes: the ``enable_prefix_caching`` label of ``vllm:cache_config_info``.
+
+    True or False; None when the page, the gauge or the label is absent (vLLM before the gauge carried it, a
+    server that is not vLLM) or its value is neither True nor False.
+    """
+    seen = []
+    for sample in _samples(text, (CACHE_CONFIG_INFO,)):
+        labels = sample.labels or {}
+        if sample.name.rpartition(":")[2] != CACHE_CONFIG_INFO or _other_model(labels, model_name):
+            continue
+        seen.append({"true": True, "false": False}.get(str(labels.get("enable_prefix_caching", "")).strip().lower()))
+    # One gauge per engine (data-parallel rank). They cannot be summed, and vLLM gives every rank the same
+    # CacheConfig, so disagreement means a page we do not understand. The safe answer is the one that keeps
+    # the warning: on if any engine caches (that side's timings can hold cache effects, so the report keeps
+    # its hit rate and flags an on/off mismatch); off only if every engine says off; else unknown.
+    if True in seen:
+        return True
+    if seen and all(value is False for value in seen):
+        return False
+    return None
+
+
+def prefix_cache_window(before_text, after_text, model_name=None):
+    """A side's ``prefix_cache`` block from the /metrics pages read before and after its measured requests.
+
+    ``hits``, ``queries`` and ``hit_rate`` over the window (``prefix_cache_delta``; null when either page lacks
+    the counters) and ``enabled`` (``prefix_caching_enabled`` of the later page). ``None`` when neither is
+    known (not scraped, or not a vLLM server).
+    """
+    enabled = prefix_caching_enabled(after_text, model_name)
+    cache = prefix_cache_delta(prefix_cache_counters(before_text, model_name), prefix_cache_counters(after_text, model_name))
+    if cache is None:
+        if enabled is None:
+            return None
+        cache = {"hits": None, "queries": None, "hit_rate": None}
+    cache["enabled"] = enabled
+    return cache
+
+
+def prefix_cache_delta(before, after):
+    """Hits, queries and hit rate over a window from two ``prefix_cache_counters`` results."""
+    if before is None or after is None:
+        return None
+    hits = after["hits"] - before["hits"]
+    queries = after["queries"] - before["queries"]
+    if hits < 0 or queries < 0:  # the server restarted in between: the later counts are since that restart
+        hits, queries = after["hits"], after["queries"]
+    return {"hits": int(hits), "queries": int(queries), "hit_rate": (hits / queries) if queries > 0 else None}

@@ -1,0 +1,685 @@
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A/B benchmark comparison, keep/roll-back decision, and the report (Markdown, JSON, PNG plots).
+
+The report refuses to be written without the guide's required context: Hardware (GPU model and count),
+Model (identifier and dtype), Runtime (vLLM version, image), Request parameters (temperature, max_tokens,
+concurrency, sampling switches, runs per prompt), the baseline command and the speculative-decoding
+command. ``missing_fields`` lists what is absent; ``write_report`` raises ``ValidationError`` naming it.
+
+The PNG plots are drawn by ``bench_plots`` (matplotlib).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench.plots import plot_acceptance, plot_k_curve, plot_latency, plot_sweep_load
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+
+SCHEMA = "alauda.spec_decoding/benchmark-report/v1"
+DECISIONS = ("keep", "roll_back")
+DEFAULT_TOLERANCES = {"ttft": 0.0, "tpot": 0.0, "throughput": 0.0}
+# More than this share of a side's completed requests burst-delivered (bench_stats.burst_delivered) and the
+# decision cannot be keep: that side's TTFT, ITL and TPOT are buffer timings, not per-token ones. A few such
+# requests (a scheduling hiccup of the client) only get a note; their effect on the medians is small.
+BURST_MAX_SHARE = 0.10
+
+# (path in report["context"], label in the guide's words, the module option that supplies it)
+REQUIRED_FIELDS = (
+    (("hardware", "gpu_model"), "Hardware: GPU model", "report_context.gpu_model (role: benchmark_gpu_model, or node label nvidia.com/gpu.product)"),
+    (("hardware", "gpu_count"), "Hardware: GPU count", "report_context.gpu_count (role: benchmark_gpu_count, or node label nvidia.com/gpu.count)"),
+    (("model", "id"), "Model: identifier", "report_context.model (role: benchmark_model_id)"),
+    (("model", "dtype"), "Model: dtype", "report_context.dtype (role: benchmark_model_dtype)"),
+    (("runtime", "vllm_version"), "Runtime: vLLM version", "report_context.vllm_version (role: read from the engine line, or benchmark_vllm_version)"),
+    (("runtime", "image"), "Runtime: image", "report_context.image (role: read from the InferenceService, or benchmark_image)"),
+    (("request", "temperature"), "Request parameters: temperature", "temperature"),
+    (("request", "max_tokens"), "Request parameters: max_tokens", "max_tokens"),
+    (("request", "concurrency"), "Request parameters: concurrency", "concurrency"),
+    (("request", "sampling"), "Request parameters: sampling switches", "extra_body / seed"),
+    (("request", "runs_per_prompt"), "Request parameters: runs per prompt", "runs_per_prompt"),
+    (("commands", "baseline"), "Baseline command", "report_context.baseline_command (role: read from the baseline InferenceService)"),
+    (("commands", "candidate"), "Speculative-decoding command", "report_context.candidate_command (role: read from the candidate InferenceService)"),
+)
+
+LATENCY_ROWS = (("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)"), ("itl_ms", "ITL (ms)"), ("e2el_ms", "E2E latency (ms)"))
+
+
+# -- context ------------------------------------------------------------------------------------------------
+def _blank(value):
+    if value is None:
+        return True
+    if isinstance(value, str):
+        return not value.strip()
+    if isinstance(value, (list, tuple)):
+        return not value or all(_blank(v) for v in value)
+    return False
+
+
+def missing_fields(context):
+    """The required fields absent from ``context`` (the report's ``context`` block), as ``(label, source)``."""
+    missing = []
+    for path, label, source in REQUIRED_FIELDS:
+        node = context if isinstance(context, dict) else {}
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if _blank(node):
+            missing.append((label, source))
+    return missing
+
+
+def require_complete(context):
+    """Raise ``ValidationError`` naming every missing required field (nothing is written then)."""
+    missing = missing_fields(context)
+    if missing:
+        names = "; ".join("%s (set %s)" % (label, source) for label, source in missing)
+        raise ValidationError(
+            "refusing to write an incomplete benchmark report, missing %d required field(s): %s" % (len(missing), names),
+            field="report_context",
+            hint="fill the named fields; the guide requires hardware, model, runtime, request parameters and both commands")
+
+
+def command_text(command):
+    """A command given as an argv list or a string, as one shell line."""
+    if isinstance(command, (list, tuple)):
+        return " ".join(shlex.quote(str(part)) for part in command)
+    return str(command)
+
+
+_SHELLS = ("bash", "sh", "dash", "zsh")
+_VAR_RE = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)")
+
+
+def command_words(command, env=None):
+    """The words of a vLLM command given as argv or text, with ``bash -c`` scripts opened and ``$VARS`` expanded.
+
+    ``env`` is the container's environment (dict, or KServe's list of ``{name, value}``). Good enough to read
+    flags for the report; the authoritative command parser is ``vllm_command``.
+    """
+    if isinstance(env, list):
+        env = {item.get("name"): item.get("value") for item in env if isinstance(item, dict)}
+    env = env or {}
+
+    def expand(word):
+        return _VAR_RE.sub(lambda m: str(env.get(m.group(1) or m.group(3), m.group(2) if m.group(2) is not None else m.group(0))), word)
+
+    def split(text):
+        try:
+            return shlex.split(text.replace("\\\n", " "), comments=True)
+        except ValueError:
+            return text.split()
+
+    argv = [str(w) for w in command] if isinstance(command, (list, tuple)) else split(str(command or ""))
+    words = []
+    index = 0
+    while index < len(argv):
+        word = argv[index]
+        if word == "-c" and index + 1 < len(argv) and words and os.path.basename(words[-1]) in _SHELLS:
+            words.extend(split(argv[index + 1]))
+            index += 2
+            continue
+        words.append(word)
+        index += 1
+    return [expand(w) for w in words]
+
+
+def flag_value(words, flag):
+    """The value of the last ``--flag X`` / ``--flag=X`` in ``words``, or None."""
+    value = None
+    for index, word in enumerate(words):
+        if word == flag and index + 1 < len(words):
+            value = words[index + 1]
+        elif word.startswith(flag + "="):
+            value = word.split("=", 1)[1]
+    return value
+
+
+def build_context(report_context, request):
+    """The report's context block from the user/cluster-supplied values and the module's request parameters.
+
+    Model identifier and dtype, when not given, are read from the candidate's command (``--served-model-name``
+    or ``--model``; ``--dtype``), with ``candidate_env`` expanding ``$VARS``.
+    """
+    ctx = dict(report_context or {})
+    words = command_words(ctx.get("candidate_command"), ctx.get("candidate_env")) if not _blank(ctx.get("candidate_command")) else []
+    if _blank(ctx.get("model")):
+        ctx["model"] = flag_value(words, "--served-model-name") or flag_value(words, "--model")
+    if _blank(ctx.get("dtype")):
+        ctx["dtype"] = flag_value(words, "--dtype")
+    return {
+        "hardware": {"gpu_model": ctx.get("gpu_model"), "gpu_count": ctx.get("gpu_count"), "notes": ctx.get("hardware_notes")},
+        "model": {"id": ctx.get("model"), "dtype": ctx.get("dtype")},
+        "runtime": {"vllm_version": ctx.get("vllm_version"), "image": ctx.get("image")},
+        "request": dict(request),
+        "commands": {"baseline": ctx.get("baseline_command"), "candidate": ctx.get("candidate_command")},
+        "speculative_config": ctx.get("speculative_config"),
+        "notes": ctx.get("notes"),
+    }
+
+
+# -- comparison and decision ---------------------------------------------------------------------------------
+def _median(summary, key):
+    return ((summary or {}).get(key) or {}).get("median")
+
+
+def compare(baseline, candidate, acceptance=None):
+    """Comparison block: speedup (output tok/s ratio), wall-time delta, medians, acceptance, ceiling conversion."""
+    speedup = bench_stats.ratio(candidate.get("output_throughput"), baseline.get("output_throughput"))
+    metrics = {}
+    for key, _label in LATENCY_ROWS:
+        b_val, c_val = _median(baseline, key), _median(candidate, key)
+        metrics[key] = {"baseline": b_val, "candidate": c_val, "change": bench_stats.relative_change(b_val, c_val)}
+    for key in ("output_throughput", "request_throughput", "total_token_throughput"):
+        b_val, c_val = baseline.get(key), candidate.get(key)
+        metrics[key] = {"baseline": b_val, "candidate": c_val, "change": bench_stats.relative_change(b_val, c_val)}
+    b_wall, c_wall = baseline.get("duration_s"), candidate.get("duration_s")
+    wall = {"baseline_s": b_wall, "candidate_s": c_wall,
+            "delta_s": (c_wall - b_wall) if b_wall is not None and c_wall is not None else None,
+            "change": bench_stats.relative_change(b_wall, c_wall)}
+    mal = (acceptance or {}).get("mean_acceptance_length")
+    return {
+        "speedup": speedup,
+        "wall_time": wall,
+        "metrics": metrics,
+        "acceptance": acceptance,
+        # Of the ceiling speculative decoding offers (each verify step emits `mean acceptance length` tokens),
+        # the share that became end-to-end throughput.
+        "ceiling_conversion": bench_stats.ratio(speedup, mal) if mal else None,
+    }
+
+
+def check_tolerances(tolerances):
+    """The tolerances to decide with (defaults filled in); a ValidationError for an unknown key or a value outside [0, 1)."""
+    tol = dict(DEFAULT_TOLERANCES)
+    for key, value in (tolerances or {}).items():
+        if key not in DEFAULT_TOLERANCES:
+            raise ValidationError("unknown tolerance %r" % (key,), field="tolerances", hint="use ttft, tpot and throughput")
+        if value is None:
+            continue
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            value = -1.0
+        if value < 0 or value >= 1:
+            raise ValidationError("%s must be a fraction in [0, 1), got %r" % (key, tolerances[key]), field="tolerances",
+                                  hint="e.g. 0.05 allows 5% worse")
+        tol[key] = value
+    return tol
+
+
+def burst_counts(summary):
+    """``(burst-delivered, completed, median chunk gap in ms or None)`` of one side's summary.
+
+    Summaries written before the count existed (a saved baseline phase) have no ``burst_delivered``: 0.
+    """
+    summary = summary or {}
+    return int(summary.get("burst_delivered") or 0), int(summary.get("completed") or 0), summary.get("burst_delivered_median_gap_ms")
+
+
+def too_many_bursts(summary):
+    """Whether more than ``BURST_MAX_SHARE`` of the side's completed requests were burst-delivered."""
+    bursts, completed, _gap = burst_counts(summary)
+    return bool(completed) and bursts > BURST_MAX_SHARE * completed
+
+
+def _gap_text(gap_ms):
+    return "n/a" if gap_ms is None else "%.3f ms" % gap_ms
+
+
+BURST_FIX = ("turn off response buffering on that path (e.g. nginx `proxy_buffering off`, or the response header "
+             "`X-Accel-Buffering: no`), or run the benchmark closer to the server or on its own cores, then measure again")
+
+
+def burst_notes(baseline, candidate):
+    """One note per side whose summary counts burst-delivered requests (``bench_stats.burst_delivered``)."""
+    notes = []
+    for name, summary in (("baseline", baseline), ("candidate", candidate)):
+        bursts, completed, gap_ms = burst_counts(summary)
+        if not bursts:
+            continue
+        notes.append(
+            "burst delivery on the %s: %d of %d requests' streams arrived in bursts (median gap between their chunks %s, "
+            "under %.1f ms), so their TTFT is about the whole request's latency and their ITL and TPOT are near zero, not "
+            "per-token timings. Something between the server and the benchmark buffers the stream: an ingress, proxy or "
+            "service mesh with response buffering, or the benchmark client was starved of CPU on a machine it shares with "
+            "the server. Fix: %s. %s" % (
+                name, bursts, completed, _gap_text(gap_ms), bench_stats.BURST_MAX_MEDIAN_GAP_S * 1000.0, BURST_FIX,
+                ("More than %d%% of the side's requests, so the decision is roll_back." if too_many_bursts(summary)
+                 else "At most %d%% of the side's requests, so the decision is not refused for it.") % round(100 * BURST_MAX_SHARE)))
+    return notes
+
+
+def decide(baseline, candidate, tolerances=None, load=None):
+    """``keep`` only if TTFT, per-token latency (TPOT) and output throughput all improve; else ``roll_back``.
+
+    A tolerance ``t`` lets a metric be at most ``t`` (a fraction) worse and still count: latency passes when
+    ``candidate <= baseline * (1 + t)``, throughput when ``candidate >= baseline * (1 - t)``.
+
+    ``keep`` is also refused when more than ``BURST_MAX_SHARE`` of either side's completed requests were
+    burst-delivered (``burst_delivered`` in the summary, missing counts as 0): that side was not timed per token.
+    """
+    tol = check_tolerances(tolerances)
+    checks = []
+    spec = (
+        ("ttft", "median TTFT", _median(baseline, "ttft_ms"), _median(candidate, "ttft_ms"), "lower", "ms"),
+        ("tpot", "median TPOT (per-token latency)", _median(baseline, "tpot_ms"), _median(candidate, "tpot_ms"), "lower", "ms"),
+        ("throughput", "output throughput", baseline.get("output_throughput"), candidate.get("output_throughput"), "higher", "tok/s"),
+    )
+    reasons = []
+    for key, label, b_val, c_val, better, unit in spec:
+        check = {"metric": key, "label": label, "baseline": b_val, "candidate": c_val, "better": better, "tolerance": tol[key],
+                 "change": bench_stats.relative_change(b_val, c_val)}
+        if b_val is None or c_val is None:
+            check["passed"] = False
+            reasons.append("%s was not measured on %s" % (label, "the baseline" if b_val is None else "the candidate"))
+        else:
+            if better == "lower":
+                limit = b_val * (1.0 + tol[key])
+                check["passed"] = c_val <= limit
+            else:
+                limit = b_val * (1.0 - tol[key])
+                check["passed"] = c_val >= limit
+            check["limit"] = limit
+            if not check["passed"]:
+                reasons.append("%s %s: candidate %.2f %s vs baseline %.2f %s (%+.1f%%, tolerance %.1f%%)" % (
+                    label, "got worse" if better == "lower" else "dropped", c_val, unit, b_val, unit,
+                    100.0 * check["change"] if check["change"] is not None else float("nan"), 100.0 * tol[key]))
+        checks.append(check)
+    b_fail = _failure_rate(baseline)
+    c_fail = _failure_rate(candidate)
+    if c_fail is not None and c_fail > (b_fail or 0.0):
+        reasons.append("the candidate failed %d of %d requests (baseline %d)" % (
+            candidate.get("failed", 0), candidate.get("failed", 0) + candidate.get("completed", 0), baseline.get("failed", 0)))
+    burst_reasons = []
+    for name, summary in (("baseline", baseline), ("candidate", candidate)):
+        if too_many_bursts(summary):
+            bursts, completed, gap_ms = burst_counts(summary)
+            burst_reasons.append(
+                "TTFT, ITL and TPOT were not measured per token on the %s: %d of %d streams arrived in bursts (median gap "
+                "between their chunks %s; more than %d%% of the completed requests); something between the server and the benchmark "
+                "buffers the stream (an ingress, proxy or service mesh, or a CPU-starved benchmark client): %s" % (
+                    name, bursts, completed, _gap_text(gap_ms), round(100 * BURST_MAX_SHARE), BURST_FIX))
+    reasons = burst_reasons + reasons  # first: they make the comparisons above meaningless
+    decision = "keep" if not reasons else "roll_back"
+    if decision == "keep":
+        reasons = ["TTFT, per-token latency and throughput all improved (within tolerances) at the target load"]
+    return {"decision": decision, "reasons": reasons, "checks": checks, "tolerances": tol, "load": load}
+
+
+def _failure_rate(summary):
+    total = (summary.get("completed") or 0) + (summary.get("failed") or 0)
+    return (summary.get("failed") or 0) / float(total) if total else None
+
+
+PREFIX_CACHE_FIX = ("give both InferenceServices the same prefix caching setting (`--enable-prefix-caching` on both, or "
+                    "`--no-enable-prefix-caching` on both), then measure again")
+
+
+def prefix_caching_state(cache):
+    """A side's prefix caching setting from its ``prefix_cache`` block: True, False or None (unknown).
+
+    Blocks written before the setting was read (a saved baseline phase) have no ``enabled``: unknown.
+    """
+    value = (cache or {}).get("enabled")
+    return value if isinstance(value, bool) else None
+
+
+def _state_text(enabled):
+    return {True: "on", False: "off"}.get(enabled, "unknown")
+
+
+def prefix_cache_notes(baseline_cache, candidate_cache):
+    """Warnings so cache effects are not mistaken for speculative-decoding gains.
+
+    The setting (``enabled``, from ``vllm:cache_config_info``) decides first: off on both sides is said so;
+    on for one side only is named with the fix. A side with caching on, or unknown, keeps the hit-rate notes.
+    """
+    caches = {"baseline": baseline_cache, "candidate": candidate_cache}
+    enabled = {name: prefix_caching_state(cache) for name, cache in caches.items()}
+    rates = {name: (cache or {}).get("hit_rate") for name, cache in caches.items()}
+    if enabled["baseline"] is False and enabled["candidate"] is False:
+        return ["prefix caching is off on both sides (vllm:cache_config_info enable_prefix_caching=False), so cache effects "
+                "cannot be mistaken for speculative-decoding gains"]
+    notes = []
+    if {enabled["baseline"], enabled["candidate"]} == {True, False}:
+        on, off = ("baseline", "candidate") if enabled["baseline"] else ("candidate", "baseline")
+        notes.append("prefix caching is on for the %s (hit rate %s) and off for the %s (vllm:cache_config_info "
+                     "enable_prefix_caching): the comparison mixes cache effects into the difference, so it is not all "
+                     "speculative decoding. Fix: %s" % (on, _fmt(rates[on], pct=True), off, PREFIX_CACHE_FIX))
+    for name, cache in caches.items():
+        if enabled[name] is False:
+            continue  # off: no hit rate to know
+        if cache is None or cache.get("queries") is None:
+            notes.append("prefix cache: the %s exposes no vllm:prefix_cache_* metrics; its hit rate is unknown" % name)
+    b_rate, c_rate = rates["baseline"], rates["candidate"]
+    if b_rate is not None and c_rate is not None and abs(b_rate - c_rate) > 0.05:
+        notes.append("prefix cache hit rates differ (baseline %.1f%%, candidate %.1f%%): part of the difference may be "
+                     "cache effects, not speculative decoding" % (100 * b_rate, 100 * c_rate))
+    return notes
+
+
+def build_report(baseline, candidate, context, tolerances=None, acceptance=None, title=None, generated_at=None, notes=None):
+    """The complete report dict (JSON-serialisable).
+
+    ``baseline`` / ``candidate``: ``{"url", "model", "summary" (bench_stats.summarize_run), "prefix_cache",
+    "warmup", "records"?}``; ``context``: ``build_context(...)``; ``acceptance``: the candidate's /metrics
+    deltas (``mean_acceptance_length``, ``acceptance_rate`` 0..1, ``per_position`` list, counts).
+    """
+    request = context.get("request") or {}
+    load = {"concurrency": request.get("concurrency"), "request_rate": request.get("request_rate")}
+    b_sum, c_sum = baseline["summary"], candidate["summary"]
+    comparison = compare(b_sum, c_sum, acceptance)
+    all_notes = list(notes or [])
+    all_notes += prefix_cache_notes(baseline.get("prefix_cache"), candidate.get("prefix_cache"))
+    if acceptance is None:
+        all_notes.append("no speculative-decoding metrics on the candidate's /metrics: is speculative decoding enabled there?")
+    elif not acceptance.get("num_drafts"):
+        all_notes.append("the candidate proposed no drafts during the run: speculative decoding did not act on this workload")
+    all_notes += burst_notes(b_sum, c_sum)
+    sides = {}
+    for name, side in (("baseline", baseline), ("candidate", candidate)):
+        sides[name] = {k: v for k, v in side.items() if k != "records"}
+    return {
+        "schema": SCHEMA,
+        "title": title or "Speculative decoding A/B benchmark",
+        "generated_at": generated_at,
+        "context": context,
+        "baseline": sides["baseline"],
+        "candidate": sides["candidate"],
+        "comparison": comparison,
+        "decision": decide(b_sum, c_sum, tolerances, load),
+        "notes": all_notes,
+        "plots": {},
+    }
+
+
+# -- Markdown ------------------------------------------------------------------------------------------------
+def _fmt(value, digits=2, pct=False, signed=False):
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)):
+        if pct:
+            return ("%+.1f%%" if signed else "%.1f%%") % (100.0 * value)
+        if isinstance(value, int):
+            return str(value)
+        return ("%+." + str(digits) + "f" if signed else "%." + str(digits) + "f") % value
+    return str(value)
+
+
+def _md_cell(text):
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(report):
+    """The human report. Same content as the JSON, laid out the guide's way: context first, then results."""
+    ctx = report["context"]
+    req = ctx.get("request") or {}
+    dec = report["decision"]
+    cmp_ = report["comparison"]
+    lines = ["# %s" % report["title"], ""]
+    if report.get("generated_at"):
+        lines += ["Generated: %s" % report["generated_at"], ""]
+    lines += ["**Decision: `%s`**" % dec["decision"], ""]
+    lines += ["- %s" % reason for reason in dec["reasons"]]
+    lines += ["", "Speedup (output tok/s, candidate / baseline): **%s**" % (_fmt(cmp_["speedup"], 3) + "x" if cmp_["speedup"] else "n/a"), ""]
+
+    lines += ["## Context", "", "| Field | Value |", "|---|---|"]
+    hw = ctx.get("hardware") or {}
+    rows = [
+        ("Hardware: GPU model", hw.get("gpu_model")),
+        ("Hardware: GPU count", hw.get("gpu_count")),
+        ("Model: identifier", (ctx.get("model") or {}).get("id")),
+        ("Model: dtype", (ctx.get("model") or {}).get("dtype")),
+        ("Runtime: vLLM version", (ctx.get("runtime") or {}).get("vllm_version")),
+        ("Runtime: image", (ctx.get("runtime") or {}).get("image")),
+    ]
+    if hw.get("notes"):
+        rows.insert(2, ("Hardware: notes", hw["notes"]))
+    if ctx.get("speculative_config"):
+        spec = ctx["speculative_config"]
+        rows.append(("Speculative config", json.dumps(spec, sort_keys=True) if isinstance(spec, dict) else spec))
+    for label, value in rows:
+        lines.append("| %s | %s |" % (label, _md_cell(_fmt(value))))
+    lines += ["", "### Request parameters", "", "| Parameter | Value |", "|---|---|"]
+    for key in ("api", "workload", "num_prompts", "temperature", "max_tokens", "seed", "concurrency", "request_rate", "arrival",
+                "runs_per_prompt", "warmup_requests"):
+        if key in req:
+            value = req[key]
+            if key == "request_rate" and value is None:
+                value = "inf (all at once, bounded by concurrency)"
+            lines.append("| %s | %s |" % (key, _md_cell(_fmt(value, 3))))
+    sampling = req.get("sampling")
+    lines.append("| sampling switches | %s |" % _md_cell(json.dumps(sampling, sort_keys=True) if isinstance(sampling, dict) else _fmt(sampling)))
+    lines += ["", "### Commands", "", "Baseline:", "", "```", command_text(ctx["commands"]["baseline"]), "```", "",
+              "Speculative decoding:", "", "```", command_text(ctx["commands"]["candidate"]), "```", ""]
+
+    b_sum, c_sum = report["baseline"]["summary"], report["candidate"]["summary"]
+    lines += ["## Results", "", "Medians, with p90 and p99 (`vllm bench serve` definitions; ITL is per streamed chunk).", "",
+              "| Metric | Baseline median | Candidate median | Change | Baseline p90 / p99 | Candidate p90 / p99 |",
+              "|---|---|---|---|---|---|"]
+    for key, label in LATENCY_ROWS:
+        b_dist, c_dist = b_sum.get(key) or {}, c_sum.get(key) or {}
+        change = cmp_["metrics"][key]["change"]
+        lines.append("| %s | %s | %s | %s | %s / %s | %s / %s |" % (
+            label, _fmt(b_dist.get("median")), _fmt(c_dist.get("median")), _fmt(change, pct=True, signed=True),
+            _fmt(b_dist.get("p90")), _fmt(b_dist.get("p99")), _fmt(c_dist.get("p90")), _fmt(c_dist.get("p99"))))
+    lines += ["", "| Throughput | Baseline | Candidate | Change |", "|---|---|---|---|"]
+    for key, label in (("output_throughput", "Output tokens/s"), ("request_throughput", "Requests/s"),
+                       ("total_token_throughput", "Total tokens/s")):
+        row = cmp_["metrics"][key]
+        lines.append("| %s | %s | %s | %s |" % (label, _fmt(row["baseline"]), _fmt(row["candidate"]), _fmt(row["change"], pct=True, signed=True)))
+    wall = cmp_["wall_time"]
+    lines += ["| Wall time (s) | %s | %s | %s (%s s) |" % (
+        _fmt(wall["baseline_s"]), _fmt(wall["candidate_s"]), _fmt(wall["change"], pct=True, signed=True), _fmt(wall["delta_s"], signed=True))]
+    lines += ["| Requests completed / failed | %d / %d | %d / %d | |" % (
+        b_sum.get("completed", 0), b_sum.get("failed", 0), c_sum.get("completed", 0), c_sum.get("failed", 0))]
+    lines += ["| Output tokens | %d | %d | |" % (b_sum.get("total_output_tokens", 0), c_sum.get("total_output_tokens", 0)), ""]
+
+    lines += ["## Speculative decoding (candidate /metrics, deltas over the measured run)", ""]
+    acc = cmp_.get("acceptance")
+    if acc:
+        per_pos = acc.get("per_position") or []
+        lines += ["| Quantity | Value |", "|---|---|",
+                  "| Mean acceptance length | %s |" % _fmt(acc.get("mean_acceptance_length"), 3),
+                  "| Acceptance rate | %s |" % _fmt(acc.get("acceptance_rate"), pct=True),
+                  "| Per-position acceptance | %s |" % (", ".join("%.3f" % v for v in per_pos) or "n/a"),
+                  "| Drafts / draft tokens / accepted | %s / %s / %s |" % (
+                      _fmt(acc.get("num_drafts")), _fmt(acc.get("num_draft_tokens")), _fmt(acc.get("num_accepted_tokens"))),
+                  "| Ceiling conversion (speedup / mean acceptance length) | %s |" % _fmt(cmp_.get("ceiling_conversion"), 3), ""]
+    else:
+        lines += ["No speculative-decoding counters were found on the candidate.", ""]
+
+    lines += ["## Prefix cache", "", "| Side | Prefix caching | Hits / queries (tokens) | Hit rate |", "|---|---|---|---|"]
+    for name in ("baseline", "candidate"):
+        cache = report[name].get("prefix_cache") or {}
+        lines.append("| %s | %s | %s / %s | %s |" % (
+            name, _state_text(prefix_caching_state(cache)), _fmt(cache.get("hits"), 0), _fmt(cache.get("queries"), 0),
+            _fmt(cache.get("hit_rate"), pct=True)))
+    lines.append("")
+
+    lines += ["## Decision checks", "", "| Check | Baseline | Candidate | Change | Tolerance | Passed |", "|---|---|---|---|---|---|"]
+    for check in dec["checks"]:
+        lines.append("| %s | %s | %s | %s | %s | %s |" % (
+            check["label"], _fmt(check["baseline"]), _fmt(check["candidate"]), _fmt(check["change"], pct=True, signed=True),
+            _fmt(check["tolerance"], pct=True), "yes" if check["passed"] else "**no**"))
+    load = dec.get("load") or {}
+    lines += ["", "Target load: concurrency %s, request rate %s." % (
+        _fmt(load.get("concurrency")), _fmt(load.get("request_rate"), 3) if load.get("request_rate") else "inf"), ""]
+
+    plots = report.get("plots") or {}
+    if plots:
+        lines += ["## Plots", ""]
+        for key, label in (("acceptance", "Per-position acceptance"), ("latency", "Latency distributions, baseline vs candidate")):
+            if plots.get(key):
+                lines += ["![%s](%s)" % (label, plots[key]), ""]
+    if report.get("notes"):
+        lines += ["## Notes", ""] + ["- %s" % note for note in report["notes"]] + [""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+# -- writing -------------------------------------------------------------------------------------------------
+def write_report(report, report_dir, records=None, plots=True, basename="report"):
+    """Refuse an incomplete report, else write ``<basename>.md``, ``<basename>.json`` and the plots.
+
+    ``records``: ``{"baseline": [...], "candidate": [...]}`` per-request records for the latency plot.
+    Returns ``{"markdown", "json", "plots": {...}}`` (absolute paths).
+    """
+    require_complete(report.get("context"))
+    try:
+        os.makedirs(report_dir, exist_ok=True)
+    except OSError as exc:
+        raise ValidationError("cannot create %s (%s)" % (report_dir, exc.strerror or exc), field="report_dir",
+                              hint="give a writable folder")
+    paths = {"plots": {}}
+    if plots:
+        acc = (report["comparison"].get("acceptance") or {}).get("per_position")
+        if acc:
+            name = basename + "-acceptance.png"
+            plot_acceptance(acc, os.path.join(report_dir, name))
+            report["plots"]["acceptance"] = name
+            paths["plots"]["acceptance"] = os.path.join(report_dir, name)
+        if records:
+            name = basename + "-latency.png"
+            plot_latency(records.get("baseline") or [], records.get("candidate") or [], os.path.join(report_dir, name))
+            report["plots"]["latency"] = name
+            paths["plots"]["latency"] = os.path.join(report_dir, name)
+    paths["json"] = os.path.join(report_dir, basename + ".json")
+    paths["markdown"] = os.path.join(report_dir, basename + ".md")
+    _atomic_write(paths["json"], json.dumps(report, indent=2, sort_keys=True) + "\n")
+    _atomic_write(paths["markdown"], render_markdown(report))
+    return paths
+
+
+def _atomic_write(path, text):
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+# -- the sweep report -----------------------------------------------------------------------------------------------
+SWEEP_LATENCY = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"))
+
+
+def render_sweep_markdown(data):
+    """The sweep report: context (the guide's required fields), break-even, target decision, k, points, plots."""
+    ctx, result = data["context"], data["result"]
+    lines = ["# %s" % data.get("title", "Speculative decoding sweep"), ""]
+    if data.get("generated_at"):
+        lines += ["Generated: %s" % data["generated_at"], ""]
+    target = result.get("target")
+    if target:
+        lines += ["**Decision at the target load %s req/s (sweep point %s req/s%s): `%s`**" % (
+            _fmt(target["target_qps"], 3), _fmt(target["load"], 3), "" if target["exact"] else ", the next measured above",
+            target["decision"]["decision"]), ""]
+        lines += ["- %s" % reason for reason in target["decision"]["reasons"]] + [""]
+    for kind, be in sorted((result.get("break_even_by_kind") or {}).items()):
+        unit = "req/s" if kind == "request_rate" else "concurrent requests"
+        lines += ["## Break-even (%s)" % kind.replace("_", " "), "", "| Field | Value |", "|---|---|",
+                  "| Status | %s |" % be["status"], "| Highest load that meets keep | %s %s |" % (_fmt(be["last_keep_load"], 3), unit),
+                  "| First load that does not | %s %s |" % (_fmt(be["first_roll_back_load"], 3), unit),
+                  "| Interpolated crossover | %s %s |" % (_fmt(be["crossover_load"], 3), unit),
+                  "| Crossed first | %s |" % _fmt(be["crossed_first"]), "", be["reason"], ""]
+        if be.get("pays_again_at"):
+            lines += ["Keep holds again at %s after the first roll_back: the curve is not monotonic, re-measure." % ", ".join(
+                _fmt(x, 3) for x in be["pays_again_at"]), ""]
+    lines += ["## Points", "",
+              "Medians (p99) per side; speedup = candidate output tok/s / baseline output tok/s.", "",
+              "| Load | Side | TTFT ms | TPOT ms | ITL ms | Output tok/s | Speedup | Mean acceptance length | Decision |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for point in result["points"]:
+        for side in ("baseline", "candidate"):
+            view = point[side]
+            acc = view.get("acceptance") or {}
+            cells = ["%s (%s)" % (_fmt(view[key]["median"]), _fmt(view[key]["p99"])) for key, _label in SWEEP_LATENCY]
+            lines.append("| %s %s | %s | %s | %s | %s | %s | %s |" % (
+                _fmt(point["load"], 3), "req/s" if point["kind"] == "request_rate" else "conc.", side, " | ".join(cells),
+                _fmt(view.get("output_throughput")), _fmt(point["speedup"], 3) if side == "candidate" else "",
+                _fmt(acc.get("mean_acceptance_length"), 3) if side == "candidate" else "", point["decision"] if side == "candidate" else ""))
+    lines.append("")
+    k_block = result.get("k") or {}
+    pred = k_block.get("prediction")
+    lines += ["## num_speculative_tokens (k)", ""]
+    if pred:
+        curve = ", ".join("%.3f" % v for v in pred["per_position_rates"])
+        lines += ["Per-position acceptance over the sweep (vLLM's accepted_per_pos / drafts, cumulative): %s." % curve, "",
+                  "Cost model: %s; verify cost ratio %.4f (%s)." % (pred["cost_model"], pred["verify_cost_ratio"], pred["cost_source"]), "",
+                  "| k | Expected tokens per step | Cost (decode steps) | Expected gain |", "|---|---|---|---|"]
+        for row in pred["table"]:
+            mark = " (predicted)" if row["k"] == pred["predicted_k"] else ""
+            mark += " (current)" if row["k"] == k_block.get("current_k") else ""
+            lines.append("| %d%s | %.3f | %.3f | %.3f |" % (row["k"], mark, row["expected_tokens_per_step"], row["cost"], row["expected_gain"]))
+        lines.append("")
+    conf = k_block.get("confirmation") or {}
+    lines += ["**Recommended k: %s** (current k %s). %s" % (
+        _fmt(k_block.get("recommended_k")), _fmt(k_block.get("current_k")), k_block.get("reason") or ""), ""]
+    if conf.get("status") in ("confirmed", "rejected"):
+        lines += ["| Confirmation | Value |", "|---|---|", "| Status | %s |" % conf["status"],
+                  "| Load | %s |" % _fmt(conf.get("load"), 3),
+                  "| Predicted gain (vs baseline) | %s |" % _fmt(conf.get("expected_gain"), 3),
+                  "| Predicted speedup vs current k | %s |" % _fmt(conf.get("predicted_speedup_vs_current"), 3),
+                  "| Measured speedup vs current k | %s |" % _fmt(conf.get("measured_speedup_vs_current"), 3),
+                  "| Measured speedup vs baseline | %s |" % _fmt(conf.get("measured_speedup_vs_baseline"), 3), ""]
+    checks = data.get("checks") or {}
+    if checks:
+        lines += ["## What each side runs", "", "Checked before the first request: the engine-config line each engine logged at "
+                  "start-up, and its /metrics.", "", "| Side | Engine line | /metrics |", "|---|---|---|"]
+        lines += ["| %s | %s | %s |" % (side, _md_cell(row["engine_line"]), _md_cell(row["metrics"])) for side, row in checks.items()]
+        lines.append("")
+    lines += ["## Context", "", "| Field | Value |", "|---|---|"]
+    hw = ctx.get("hardware") or {}
+    for label, value in (("Hardware: GPU model", hw.get("gpu_model")), ("Hardware: GPU count", hw.get("gpu_count")),
+                         ("Hardware: notes", hw.get("notes")), ("Model: identifier", (ctx.get("model") or {}).get("id")),
+                         ("Model: dtype", (ctx.get("model") or {}).get("dtype")),
+                         ("Runtime: vLLM version", (ctx.get("runtime") or {}).get("vllm_version")),
+                         ("Runtime: image", (ctx.get("runtime") or {}).get("image"))):
+        if value is not None or not label.endswith("notes"):
+            lines.append("| %s | %s |" % (label, _md_cell(_fmt(value))))
+    lines += ["", "### Request parameters", "", "| Parameter | Value |", "|---|---|"]
+    for key, value in sorted((ctx.get("request") or {}).items()):
+        lines.append("| %s | %s |" % (key, _md_cell(json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else _fmt(value, 3))))
+    lines += ["", "### Commands", "", "Baseline:", "", "```", command_text(ctx["commands"]["baseline"]), "```", "",
+              "Speculative decoding:", "", "```", command_text(ctx["commands"]["candidate"]), "```", ""]
+    plots = data.get("plots") or {}
+    if plots:
+        lines += ["## Plots", ""]
+        for key, label in (("load", "Speedup and TPOT against load"), ("k", "Per-position acceptance and expected gain per k")):
+            if plots.get(key):
+                lines += ["![%s](%s)" % (label, plots[key]), ""]
+    if data.get("notes"):
+        lines += ["## Notes", ""] + ["- %s" % note for note in data["notes"]] + [""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def write_sweep_report(data, report_dir, basename="sweep", plots=True):
+    """Write ``<basename>.json`` (also the resume file), ``<basename>.md`` and the PNGs; refuses an incomplete context."""
+    require_complete(data.get("context"))
+    os.makedirs(report_dir, exist_ok=True)
+    result = data["result"]
+    paths = {"plots": {}}
+    data["plots"] = {}
+    if plots and result["points"]:
+        be_kind = (result.get("break_even") or {}).get("kind") or result["points"][0]["kind"]
+        name = basename + "-load.png"
+        plot_sweep_load([p for p in result["points"] if p["kind"] == be_kind], result.get("break_even"),
+                        (result.get("target") or {}).get("target_qps"), os.path.join(report_dir, name), kind=be_kind)
+        data["plots"]["load"] = name
+        paths["plots"]["load"] = os.path.join(report_dir, name)
+        pred = (result.get("k") or {}).get("prediction")
+        if pred:
+            name = basename + "-k.png"
+            plot_k_curve(pred, (result.get("k") or {}).get("confirmation"), os.path.join(report_dir, name))
+            data["plots"]["k"] = name
+            paths["plots"]["k"] = os.path.join(report_dir, name)
+    paths["json"] = os.path.join(report_dir, basename + ".json")
+    paths["markdown"] = os.path.join(report_dir, basename + ".md")
+    _atomic_write(paths["json"], json.dumps(data, indent=1, sort_keys=True) + "\n")
+    _atomic_write(paths["markdown"], render_sweep_markdown(data))
+    return paths

@@ -1,0 +1,180 @@
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""One measured side of an A/B run, shared by ``spec_benchmark`` and ``spec_sweep``: the guide's protocol checks,
+the progress log, warmup + measured requests (``bench_client.measure_side``) between two ``/metrics`` scrapes,
+the summary (``bench_stats.summarize_run``), the prefix-cache window and the candidate's acceptance deltas.
+
+Moved here unchanged from ``plugins/modules/spec_benchmark.py`` so the sweep reuses it instead of copying it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import client as bench_client
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import workloads as bench_workloads
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import prometheus_text
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+
+
+class Progress:
+    """Appends one line per event to the progress file (a module cannot stream to the terminal)."""
+
+    def __init__(self, path, name="spec_benchmark"):
+        self.path = path
+        self.lock = threading.Lock()
+        self.started = time.monotonic()
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write("%s %s started\n" % (now(), name))
+
+    def line(self, text):
+        with self.lock, open(self.path, "a", encoding="utf-8") as handle:
+            handle.write("%s +%7.1fs %s\n" % (now(), time.monotonic() - self.started, text))
+
+    def request(self, label, done, total, record):
+        if record.get("success"):
+            detail = "ttft=%.1fms e2el=%.1fms tokens=%s" % (record["ttft"] * 1000, record["latency"] * 1000, record.get("output_tokens"))
+        else:
+            detail = "FAILED %s" % (record.get("error") or "")[:200]
+        self.line("%s %d/%d %s %s" % (label, done, total, record.get("prompt_id"), detail))
+
+
+def now():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def check_protocol(params):
+    """The guide's protocol (5-10 runs per prompt, >= 3 warmups, temperature >= 0, ...); ValidationError naming the field."""
+    if not 5 <= params["runs_per_prompt"] <= 10:
+        raise ValidationError("must be between 5 and 10, got %d" % params["runs_per_prompt"], field="runs_per_prompt",
+                              hint="the guide's protocol runs each prompt 5-10 times and reports medians")
+    if params["warmup"] < 3:
+        raise ValidationError("must be at least 3, got %d" % params["warmup"], field="warmup",
+                              hint="the guide discards at least 3 warmup requests per service")
+    if params["max_tokens"] < 1:
+        raise ValidationError("must be at least 1", field="max_tokens")
+    if params["request_rate"] is not None and params["request_rate"] <= 0:
+        raise ValidationError("must be positive", field="request_rate", hint="leave it unset to send all requests at once")
+    if params["concurrency"] < 1:
+        raise ValidationError("must be at least 1, got %d" % params["concurrency"], field="concurrency",
+                              hint="1 measures one request at a time; use the load you serve in production")
+    if params["temperature"] < 0:
+        raise ValidationError("must not be negative, got %s" % params["temperature"], field="temperature",
+                              hint="the guide's protocol uses 0 (greedy) on both sides")
+    name = params["report_name"]
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise ValidationError("must be a plain file name, got %r" % (name,), field="report_name",
+                              hint="put the folder in report_dir and give only the base name here, e.g. 'llama-eagle3'")
+    bench_report.check_tolerances(params["tolerances"])
+
+
+def scrape(endpoint, enabled):
+    if not enabled:
+        return None
+    try:
+        return endpoint.metrics_text()
+    except SpecDecodingError:
+        return None
+
+
+def acceptance(before_text, after_text, model_name):
+    """The candidate's speculative-decoding figures from two /metrics scrapes (deltas), or None without counters."""
+    if before_text is None or after_text is None or not prometheus_text.HAS_PROMETHEUS_CLIENT:
+        return None
+    after = spec_metrics.parse_prometheus(after_text)
+    name = model_name if model_name in after.all_model_names else None
+    after = spec_metrics.parse_prometheus(after_text, model_name=name)
+    before = spec_metrics.parse_prometheus(before_text, model_name=name)
+    if not after.found:
+        return None
+    summary = spec_metrics.summarize(after.delta(before))
+    return {
+        "mean_acceptance_length": summary["mean_acceptance_length"],
+        "acceptance_rate": summary["draft_acceptance_rate"],
+        "per_position": summary["per_position_acceptance_rate"],
+        "num_drafts": summary["num_drafts"],
+        "num_draft_tokens": summary["num_draft_tokens"],
+        "num_accepted_tokens": summary["num_accepted_tokens"],
+        "accepted_tokens_per_position": summary["accepted_tokens_per_position"],
+        "diagnosis": summary["diagnosis"]["status"],
+        "counter_reset": summary["counter_reset"],
+    }
+
+
+def _r(value):
+    return "n/a" if value is None else "%.2f" % value
+
+
+def measure(name, endpoint, prompts, params, request, progress):
+    """Warm up, scrape, measure, scrape; returns the side dict (summary, records, metrics deltas).
+
+    ``params``: ``warmup``, ``runs_per_prompt``, ``concurrency``, ``request_rate``, ``arrival``, ``seed``,
+    ``scrape_metrics``; ``request["params"]``: the request body fields (max_tokens, temperature, seed, extra_body).
+    """
+    progress.line("%s: %s (%s API), %d warmup + %d measured requests" % (
+        name, endpoint.url, endpoint.api, params["warmup"], len(prompts) * params["runs_per_prompt"]))
+    scrapes = {}
+
+    def before():
+        scrapes["before"] = scrape(endpoint, params["scrape_metrics"])
+
+    result = bench_client.measure_side(
+        endpoint, prompts, request["params"], runs_per_prompt=params["runs_per_prompt"], warmup=params["warmup"],
+        concurrency=params["concurrency"], request_rate=params["request_rate"], arrival=params["arrival"], seed=params["seed"],
+        progress=progress.request, label=name, before_measure=before)
+    after = scrape(endpoint, params["scrape_metrics"])
+    cache = bench_client.prefix_cache_window(scrapes.get("before"), after, endpoint.model)
+    summary = bench_stats.summarize_run(result["records"], result["duration_s"])
+    progress.line("%s done: %d ok, %d failed, %.1f s, median TTFT %s ms, median TPOT %s ms, %.1f output tok/s" % (
+        name, summary["completed"], summary["failed"], summary["duration_s"], _r(summary["ttft_ms"]["median"]),
+        _r(summary["tpot_ms"]["median"]), summary["output_throughput"] or 0))
+    return {
+        "url": endpoint.url,
+        "model": endpoint.model,
+        "api": endpoint.api,
+        "summary": summary,
+        "prefix_cache": cache,
+        "warmup": result["warmup"],
+        "acceptance": acceptance(scrapes.get("before"), after, endpoint.model),
+        "records": result["records"],
+    }
+
+
+def protocol_arg_spec(report_name):
+    """The options ``spec_benchmark`` and ``spec_sweep`` share: the models, the guide's A/B protocol (prompts, warmups,
+    repeats, temperature, seed), the endpoints' TLS and auth, the metrics scrape and the report. One spec for both, as
+    kubernetes.core shares AUTH_ARG_SPEC; each module documents them in its own words. A fresh dict on every call."""
+    return dict(
+        baseline_model=dict(type="str"),
+        candidate_model=dict(type="str"),
+        api=dict(type="str", choices=list(bench_client.APIS), default="chat"),
+        workload=dict(type="str", choices=list(bench_workloads.WORKLOADS), default="code_refactor"),
+        prompts_file=dict(type="path"),
+        num_prompts=dict(type="int"),
+        runs_per_prompt=dict(type="int", default=5),
+        warmup=dict(type="int", default=3),
+        arrival=dict(type="str", choices=list(bench_client.ARRIVALS), default="poisson"),
+        temperature=dict(type="float", default=0.0),
+        max_tokens=dict(type="int", default=1024, no_log=False),
+        seed=dict(type="int", default=0),
+        extra_body=dict(type="dict", default={}),
+        bearer_token=dict(type="str", no_log=True),
+        headers=dict(type="dict", default={}, no_log=True),
+        validate_certs=dict(type="bool", default=True),
+        ca_path=dict(type="path"),
+        timeout=dict(type="float", default=600.0),
+        scrape_metrics=dict(type="bool", default=True),
+        report_dir=dict(type="path", required=True),
+        report_name=dict(type="str", default=report_name),
+        report_context=dict(type="dict", default={}),
+        tolerances=dict(type="dict", default={}),
+        plots=dict(type="bool", default=True),
+        title=dict(type="str"),
+        progress_file=dict(type="path"),
+    )

@@ -1,0 +1,1 @@
+"""kserve.isvc: the InferenceService (render, readers, runtime merge and selection, patch plans)."""

@@ -1,0 +1,494 @@
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""InferenceService rendering for vLLM with (or without) speculative decoding, and KServe's rules.
+
+Plain Python: the role's `isvc_manifest` module and the tests call `render()`; nothing here talks to a
+cluster. KServe facts (v0.16-v0.20): `spec.predictor.storageUris` (since 0.16) never together with
+`spec.predictor.model.storageUri`; absolute mount paths without `..`; non-PVC paths share a parent other
+than `/`; several `oci://` entries (v0.20) need different parent directories; Modelcar images are
+mounted at /mnt/models; PVCs at /mnt/models when given as `storageUri: pvc://<claim>/`.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import shlex
+
+try:
+    import yaml
+    HAS_YAML = True
+except ImportError:  # pragma: no cover - reported by the calling module
+    yaml = None
+    HAS_YAML = False
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as spec_core
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as oci_registry
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime as serving_runtime
+
+API_VERSION = "serving.kserve.io/v1beta1"
+KIND = "InferenceService"
+DEPLOYMENT_MODE_ANNOTATION = "serving.kserve.io/deploymentMode"
+PROGRESS_DEADLINE_ANNOTATION = "serving.knative.dev/progress-deadline"
+MODEL_REPO_ANNOTATION = "aml-model-repo"
+RUNTIME_TYPE_LABEL = "aml.cpaas.io/runtime-type"
+DEFAULT_MOUNT = "/mnt/models"
+# KServe rewrites the legacy names since v0.17; comparing through this map keeps reapplies quiet.
+LEGACY_DEPLOYMENT_MODES = {"RawDeployment": "Standard", "Serverless": "Knative"}
+DEPLOYMENT_MODES = ("Standard", "Knative")
+METHODS = ("none", "ngram", "eagle3", "eagle", "draft_model", "mtp", "suffix")
+ARTIFACT_MODES = ("auto", "storage_uris", "modelcar", "pvc", "single")
+_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_URI_SCHEMES = ("pvc://", "oci://", "hf://", "s3://", "gs://", "https://", "http://", "azure://")
+
+
+def kserve_version_from_crd(crd):
+    """Lowest KServe release whose InferenceService CRD has the fields this one has.
+
+    `spec.canary` arrived in v0.20 (several oci:// storageUris work from then), `spec.predictor.storageUris`
+    in v0.16. Returns (version, evidence).
+    """
+    try:
+        versions = crd["spec"]["versions"]
+        schema = next(v for v in versions if v.get("name") == "v1beta1")["schema"]["openAPIV3Schema"]
+        spec = schema["properties"]["spec"]["properties"]
+    except (KeyError, TypeError, StopIteration):
+        return (0, 15, 0), "the InferenceService CRD has no readable v1beta1 schema: assuming KServe 0.15 (no storageUris)"
+    predictor = (spec.get("predictor") or {}).get("properties") or {}
+    if "canary" in spec and "storageUris" in predictor:
+        return (0, 20, 0), "the CRD has spec.canary and spec.predictor.storageUris (KServe 0.20+)"
+    if "storageUris" in predictor:
+        return (0, 16, 0), "the CRD has spec.predictor.storageUris (KServe 0.16+)"
+    return (0, 15, 0), "the CRD has no spec.predictor.storageUris (KServe before 0.16)"
+
+
+def normalise_deployment_mode(mode):
+    """'RawDeployment' -> 'Standard', 'Serverless' -> 'Knative'; other values unchanged."""
+    return LEGACY_DEPLOYMENT_MODES.get(mode, mode)
+
+
+def check_dns1123(name, field, max_len=63):
+    if not isinstance(name, str) or not name:
+        raise ValidationError("is required", field=field, hint="give a lowercase DNS-1123 name such as 'llama-eagle3'")
+    if len(name) > max_len or not _DNS1123.match(name):
+        raise ValidationError("'%s' is not a valid DNS-1123 label (lowercase letters, digits and '-', starting and ending "
+                              "with a letter or digit, at most %d characters)" % (name, max_len), field=field,
+                              hint="use e.g. '%s'" % (re.sub(r"[^a-z0-9-]+", "-", str(name).lower()).strip("-")[:max_len] or "my-model"))
+
+
+def _check_mount_path(path, field):
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise ValidationError("'%s' is not absolute (KServe: 'storage path must be absolute')" % (path,), field=field,
+                              hint="start it with /, e.g. /mnt/models/draft")
+    if ".." in path.split("/"):
+        raise ValidationError("'%s' contains '..', which KServe refuses" % path, field=field,
+                              hint="write the path without '..'")
+    return posixpath.normpath(path)
+
+
+def _check_uri(uri, field):
+    if not isinstance(uri, str) or not uri.strip():
+        raise ValidationError("is required", field=field, hint="give a storage URI such as pvc://models/ or oci://registry/repo:tag")
+    if not uri.startswith(_URI_SCHEMES):
+        raise ValidationError("'%s' has no scheme KServe's storage initializer knows" % uri, field=field,
+                              hint="use one of %s" % ", ".join(_URI_SCHEMES))
+    return uri
+
+
+def check_storage_uris(entries, kserve_version=(0, 20, 0), field="storage_uris"):
+    """KServe's webhook rules for spec.predictor.storageUris, checked before anything is written."""
+    if kserve_version < (0, 16, 0):
+        raise ValidationError("needs KServe 0.16 or newer (this cluster's InferenceService CRD has no storageUris)",
+                              field=field, hint="use artifact_mode modelcar or pvc, or upgrade KServe")
+    oci_parents = {}
+    non_pvc_paths = []
+    pvc_paths = set()
+    for index, entry in enumerate(entries):
+        where = "%s[%d]" % (field, index)
+        uri = _check_uri(entry.get("uri"), where + ".uri")
+        path = _check_mount_path(entry.get("mountPath", DEFAULT_MOUNT), where + ".mountPath")
+        if uri.startswith("oci://"):
+            if kserve_version < (0, 19, 0):
+                raise ValidationError("oci:// inside storageUris needs KServe 0.19 or newer", field=where + ".uri",
+                                      hint="use artifact_mode modelcar (one image with target and draft) or upgrade KServe")
+            parent = posixpath.dirname(path)
+            if parent in oci_parents:
+                raise ValidationError("mountPath '%s' has the same parent directory as '%s'; KServe needs a different parent "
+                                      "for each oci:// entry" % (path, oci_parents[parent]), field=where + ".mountPath",
+                                      hint="use e.g. /mnt/target/model and /mnt/draft/model")
+            oci_parents[parent] = path
+        if uri.startswith("pvc://"):
+            if path in pvc_paths:
+                raise ValidationError("mountPath '%s' is used twice" % path, field=where + ".mountPath",
+                                      hint="give each PVC entry its own mountPath")
+            pvc_paths.add(path)
+        else:
+            non_pvc_paths.append((where, path))
+    if len([u for u in entries if u.get("uri", "").startswith("oci://")]) > 1 and kserve_version < (0, 20, 0):
+        raise ValidationError("several oci:// entries need KServe 0.20 or newer", field=field,
+                              hint="put target and draft in one Modelcar image (artifact_mode modelcar)")
+    if len(non_pvc_paths) > 1:
+        common = posixpath.commonpath([p for _w, p in non_pvc_paths])
+        if common == "/":
+            raise ValidationError("the mountPaths %s share no parent directory other than '/'; KServe refuses that"
+                                  % ", ".join(p for _w, p in non_pvc_paths), field=non_pvc_paths[-1][0] + ".mountPath",
+                                  hint="mount under one parent, e.g. /mnt/models/target and /mnt/models/draft")
+
+
+def _path_under(path, mounts):
+    path = posixpath.normpath(path)
+    return any(path == m or path.startswith(m.rstrip("/") + "/") for m in mounts)
+
+
+class Artifacts:
+    """Where target and draft come from and where vLLM finds them."""
+
+    def __init__(self, mode, target_path, draft_path, storage_uri=None, storage_uris=None, reason=""):
+        self.mode = mode
+        self.target_path = target_path
+        self.draft_path = draft_path
+        self.storage_uri = storage_uri
+        self.storage_uris = storage_uris
+        self.reason = reason
+
+    @property
+    def mounts(self):
+        if self.storage_uris:
+            return [e["mountPath"] for e in self.storage_uris]
+        return [DEFAULT_MOUNT]
+
+
+def _default_storage_uri_mounts(target_uri, draft_uri):
+    both_oci = target_uri.startswith("oci://") and draft_uri.startswith("oci://")
+    if both_oci:
+        # v0.20: several oci:// entries need different parent directories.
+        return "/mnt/target/model", "/mnt/draft/model"
+    return "/mnt/models/target", "/mnt/models/draft"
+
+
+def choose_artifact_mode(art, needs_draft, kserve_version, modelcar_enabled=True):
+    """`artifact_mode: auto`: pick A/B/C from what the cluster supports and what the inventory provides; say why."""
+    has_uris = bool(art.get("target_uri")) and bool(art.get("draft_uri"))
+    has_modelcar = bool(art.get("modelcar_image"))
+    has_pvc = bool(art.get("pvc_name"))
+    if not needs_draft:
+        return "single", "the method needs no draft artifact"
+    reasons = []
+    if has_uris:
+        if kserve_version >= (0, 16, 0):
+            return "storage_uris", ("target_uri and draft_uri are set and KServe %s supports spec.predictor.storageUris"
+                                    % spec_core.format_version(kserve_version))
+        reasons.append("storageUris needs KServe 0.16+ (found %s)" % spec_core.format_version(kserve_version))
+    if has_modelcar:
+        if modelcar_enabled:
+            return "modelcar", "a Modelcar image is set and the storage initializer has Modelcar enabled"
+        reasons.append("Modelcar is disabled in the inferenceservice-config storageInitializer")
+    if has_pvc:
+        return "pvc", "a PVC is set (works on every KServe version)"
+    raise ValidationError("cannot choose an artifact mode for a draft%s" % (": " + "; ".join(reasons) if reasons else ""),
+                          field="artifacts", hint="set target_uri + draft_uri (storage_uris), modelcar_image (modelcar) or "
+                                                  "pvc_name (pvc)")
+
+
+def resolve_artifacts(mode, art, needs_draft, kserve_version=(0, 20, 0), modelcar_enabled=True):
+    """Derive storage fields and the --model / draft paths from the artifact mode, so no path is typed twice."""
+    art = dict(art or {})
+    reason = ""
+    if mode == "auto":
+        mode, reason = choose_artifact_mode(art, needs_draft, kserve_version, modelcar_enabled)
+    if mode not in ARTIFACT_MODES:
+        raise ValidationError("'%s' is not an artifact mode" % mode, field="artifact_mode", hint="use one of %s" % ", ".join(ARTIFACT_MODES))
+    layout_target = art.get("target_subdir") or "target"
+    layout_draft = art.get("draft_subdir") or "draft"
+    for key, value in (("target_subdir", layout_target), ("draft_subdir", layout_draft)):
+        if value.startswith("/") or ".." in value.split("/") or value.strip("/.") == "":
+            raise ValidationError("'%s' must be a relative directory name without '..'" % value, field="artifacts." + key,
+                                  hint="use a plain name such as 'draft'")
+    if mode == "storage_uris":
+        if art.get("storage_uri"):
+            raise ValidationError("storage_uri and storage_uris are both set (KServe: 'Setting both StorageURI and StorageURIs "
+                                  "is not supported.')", field="artifacts.storage_uri",
+                                  hint="remove storage_uri and list every artifact in target_uri/draft_uri")
+        target_uri = _check_uri(art.get("target_uri"), "artifacts.target_uri")
+        entries = [{"uri": target_uri}]
+        if needs_draft:
+            draft_uri = _check_uri(art.get("draft_uri"), "artifacts.draft_uri")
+            default_t, default_d = _default_storage_uri_mounts(target_uri, draft_uri)
+            entries = [{"uri": target_uri, "mountPath": art.get("target_mount_path") or default_t},
+                       {"uri": draft_uri, "mountPath": art.get("draft_mount_path") or default_d}]
+        else:
+            entries[0]["mountPath"] = art.get("target_mount_path") or DEFAULT_MOUNT
+        check_storage_uris(entries, kserve_version, field="artifacts.storage_uris")
+        result = Artifacts(mode, entries[0]["mountPath"], entries[1]["mountPath"] if needs_draft else None,
+                           storage_uris=entries, reason=reason)
+    elif mode == "modelcar":
+        image = art.get("modelcar_image")
+        if not image:
+            raise ValidationError("is required for artifact_mode modelcar", field="artifacts.modelcar_image",
+                                  hint="set the image reference, e.g. registry.local/models/llama-eagle3:v1")
+        oci_registry.ImageRef.parse(image, field="artifacts.modelcar_image")
+        uri = image if image.startswith("oci://") else "oci://" + image
+        result = Artifacts(mode, posixpath.join(DEFAULT_MOUNT, layout_target),
+                           posixpath.join(DEFAULT_MOUNT, layout_draft) if needs_draft else None, storage_uri=uri, reason=reason)
+    elif mode == "pvc":
+        pvc = art.get("pvc_name")
+        check_dns1123(pvc, "artifacts.pvc_name", max_len=253)
+        result = Artifacts(mode, posixpath.join(DEFAULT_MOUNT, layout_target),
+                           posixpath.join(DEFAULT_MOUNT, layout_draft) if needs_draft else None,
+                           storage_uri="pvc://%s/" % pvc, reason=reason)
+    else:  # single
+        if needs_draft:
+            raise ValidationError("the method needs a draft artifact but artifact_mode is 'single'", field="artifact_mode",
+                                  hint="use storage_uris, modelcar or pvc (or auto)")
+        if art.get("target_uri") and art.get("storage_uri"):
+            raise ValidationError("target_uri and storage_uri are both set", field="artifacts.storage_uri", hint="keep one")
+        uri = _check_uri(art.get("storage_uri") or art.get("target_uri"), "artifacts.storage_uri")
+        sub = art.get("target_subdir")
+        target_path = posixpath.join(DEFAULT_MOUNT, sub) if sub else DEFAULT_MOUNT
+        result = Artifacts("single", target_path, None, storage_uri=uri, reason=reason)
+    # An explicit draft path (e.g. a subdirectory inside the draft artifact) must stay inside what is mounted.
+    if needs_draft and art.get("draft_path"):
+        draft_path = _check_mount_path(art["draft_path"], "artifacts.draft_path")
+        if not _path_under(draft_path, result.mounts):
+            raise ValidationError("'%s' is outside what is mounted (%s)" % (draft_path, ", ".join(result.mounts)),
+                                  field="artifacts.draft_path", hint="point it under one of the mounted paths or drop it to use the default")
+        result.draft_path = draft_path
+    if art.get("target_path"):
+        target_path = _check_mount_path(art["target_path"], "artifacts.target_path")
+        if not _path_under(target_path, result.mounts):
+            raise ValidationError("'%s' is outside what is mounted (%s)" % (target_path, ", ".join(result.mounts)),
+                                  field="artifacts.target_path", hint="point it under one of the mounted paths or drop it")
+        result.target_path = target_path
+    return result
+
+
+def speculative_for(method, speculative, draft_path, vllm_version):
+    """The validated speculative config for `method` (None for the baseline), with the draft path filled in."""
+    if method == "none":
+        if speculative:
+            raise ValidationError("is set but method is 'none' (the baseline)", field="speculative",
+                                  hint="drop speculative or choose a method")
+        return None
+    config = dict(spec_core.PRESETS.get(method) or {"method": method})
+    if method in ("suffix",) and "num_speculative_tokens" not in (speculative or {}):
+        config.setdefault("num_speculative_tokens", 8)
+    config.update(speculative or {})
+    if config.get("method") != method:
+        raise ValidationError("speculative.method '%s' differs from method '%s'" % (config.get("method"), method),
+                              field="speculative.method", hint="drop it from speculative (method is set once)")
+    if draft_path:
+        if config.get("model") and posixpath.normpath(config["model"]) != posixpath.normpath(draft_path):
+            raise ValidationError("speculative.model '%s' differs from the mounted draft path '%s'" % (config["model"], draft_path),
+                                  field="speculative.model", hint="drop speculative.model: it is derived from the artifact mode")
+        config["model"] = draft_path
+    return spec_core.validate(config, vllm_version=vllm_version, field="speculative")
+
+
+def _fmt_number(value):
+    return ("%g" % value) if isinstance(value, float) else str(value)
+
+
+def server_args(p, target_path, spec):
+    """vLLM OpenAI server flags, in the guide's order; the speculative flag is last so stripping it leaves no gap."""
+    args = ["--port", "8080",
+            "--served-model-name", p["served_model_name"],
+            "--model", target_path,
+            "--dtype", p["dtype"],
+            "--gpu-memory-utilization", _fmt_number(p["gpu_memory_utilization"]),
+            "--max-model-len", str(p["max_model_len"]),
+            "--max-num-seqs", str(p["max_num_seqs"]),
+            "--seed", str(p["seed"])]
+    if p.get("kv_cache_memory_bytes"):
+        args += ["--kv-cache-memory-bytes", str(p["kv_cache_memory_bytes"])]
+    args += [str(a) for a in (p.get("extra_args") or [])]
+    if spec is not None:
+        args += ["--speculative-config", spec.json]
+    return args
+
+
+def bash_script(args):
+    """The guide's `bash -c` script: one flag per continued line, env-driven dtype/memory, JSON in single quotes."""
+    lines = ["set -ex", "exec python3 -m vllm.entrypoints.openai.api_server \\"]
+    pairs = []
+    i = 0
+    env_refs = {"--dtype": "${DTYPE}", "--gpu-memory-utilization": "${GPU_MEMORY_UTILIZATION}", "--served-model-name": "${MODEL_NAME}"}
+    while i < len(args):
+        flag = args[i]
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            value = args[i + 1]
+            quoted = env_refs.get(flag) or (("'%s'" % value) if flag == "--speculative-config" else shlex.quote(value))
+            pairs.append("%s %s" % (flag, quoted))
+            i += 2
+        else:
+            pairs.append(flag)
+            i += 1
+    for n, pair in enumerate(pairs):
+        lines.append("  " + pair + (" \\" if n < len(pairs) - 1 else ""))
+    return "\n".join(lines) + "\n"
+
+
+def engine_sizing(p, spec, warnings):
+    """The vLLM sizing options both resources render: ``gpu_memory_utilization`` in (0, 1], lowered by
+    ``draft_memory_headroom`` when a draft's weights load outside vLLM's budget (a warning says so), and positive
+    ``max_model_len``/``max_num_seqs`` and a non-negative ``seed``. Returns the GPU memory utilization to pass."""
+    gmu = float(p.get("gpu_memory_utilization", 0.9))
+    if not 0 < gmu <= 1:
+        raise ValidationError("must be in (0, 1], got %r" % gmu, field="gpu_memory_utilization", hint="use e.g. 0.9")
+    if spec is not None and spec.has_draft_weights:
+        headroom = float(p.get("draft_memory_headroom", 0.05))
+        if headroom > 0:
+            lowered = round(gmu - headroom, 4)
+            if lowered <= 0:
+                raise ValidationError("draft_memory_headroom %.2f leaves no GPU memory (gpu_memory_utilization %.2f)" % (headroom, gmu),
+                                      field="draft_memory_headroom", hint="lower the headroom")
+            warnings.append("gpu_memory_utilization lowered from %g to %g: draft weights are outside vLLM's budget" % (gmu, lowered))
+            gmu = lowered
+        else:
+            warnings.append("draft weights are not counted in --gpu-memory-utilization (%g) and draft_memory_headroom is 0: "
+                            "the pod may run out of GPU memory" % gmu)
+    for key in ("max_model_len", "max_num_seqs", "seed"):
+        value = p.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "seed" else 1):
+            raise ValidationError("must be a %s integer, got %r" % ("non-negative" if key == "seed" else "positive", value),
+                                  field=key, hint="write a bare number")
+    return gmu
+
+
+def render(p, existing=None):
+    """Render the InferenceService for parameters `p` (the role's variables without prefix).
+
+    Returns dict(manifest=..., speculative=SpeculativeConfig|None, artifacts=Artifacts, warnings=[...]).
+    `existing` is the object on the cluster (or None): a deploymentMode change is refused before any write.
+    """
+    warnings = []
+    check_dns1123(p.get("name"), "name")
+    check_dns1123(p.get("namespace"), "namespace")
+    mode = normalise_deployment_mode(p.get("deployment_mode") or "Standard")
+    if mode not in DEPLOYMENT_MODES:
+        raise ValidationError("'%s' is not a KServe deployment mode" % p.get("deployment_mode"), field="deployment_mode",
+                              hint="use Standard or Knative (RawDeployment/Serverless are the legacy names)")
+    if existing:
+        current = normalise_deployment_mode(((existing.get("metadata") or {}).get("annotations") or {}).get(DEPLOYMENT_MODE_ANNOTATION) or "Standard")
+        if current != mode:
+            raise ValidationError("InferenceService %s/%s runs in %s mode; KServe refuses to change the deployment mode after "
+                                  "creation (asked: %s)" % (p["namespace"], p["name"], current, mode), field="deployment_mode",
+                                  hint="keep deployment_mode %s, or delete and recreate the InferenceService under a new name" % current)
+    method = p.get("method") or "none"
+    if method not in METHODS:
+        raise ValidationError("'%s' is not a supported method" % method, field="method", hint="use one of %s" % ", ".join(METHODS))
+    needs_draft = method in ("eagle3", "eagle", "draft_model")
+    if p.get("kserve_version"):
+        kserve_version = spec_core.parse_version(p["kserve_version"])
+    elif p.get("kserve_crd"):
+        kserve_version, evidence = kserve_version_from_crd(p["kserve_crd"])
+        warnings.append("KServe version detected: %s" % evidence)
+    else:
+        kserve_version = (0, 20, 0)
+        warnings.append("kserve_version not given and no cluster to read it from: rendering for KServe 0.20")
+    artifacts = resolve_artifacts(p.get("artifact_mode") or "auto", p.get("artifacts") or {}, needs_draft,
+                                  kserve_version, p.get("modelcar_enabled", True))
+    if artifacts.reason:
+        warnings.append("artifact_mode auto chose %s: %s" % (artifacts.mode, artifacts.reason))
+    spec = speculative_for(method, p.get("speculative"), artifacts.draft_path, p.get("vllm_version"))
+    if spec is not None:
+        warnings.extend(w for w in spec.warnings if "--gpu-memory-utilization" not in w)
+
+    gmu = engine_sizing(p, spec, warnings)
+    served = p.get("served_model_name") or p["name"]
+    q = dict(p, served_model_name=served, gpu_memory_utilization=gmu)
+    args = server_args(q, artifacts.target_path, spec)
+    spec_core.check_command(args, vllm_version=p.get("vllm_version"), config=spec.config if spec else None, field="extra_args")
+
+    env = [{"name": "DTYPE", "value": str(p["dtype"])},
+           {"name": "GPU_MEMORY_UTILIZATION", "value": _fmt_number(gmu)},
+           {"name": "MODEL_NAME", "value": served}]
+    env += [{"name": k, "value": str(v)} for k, v in sorted((p.get("env") or {}).items())]
+    model = {"modelFormat": {"name": p.get("model_format") or "transformers"},
+             "protocolVersion": p.get("protocol_version") or "v2",
+             "runtime": p["runtime"],
+             "env": env}
+    if p.get("command_style", "bash") == "args":
+        model["command"] = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+        model["args"] = args
+    else:
+        model["command"] = ["bash", "-c", bash_script(args)]
+    resources = {"limits": {}, "requests": {}}
+    for key, value in sorted((p.get("resources") or {}).items()):
+        resources["limits"][key] = str(value)
+        resources["requests"][key] = str(value)
+    gpus = p.get("gpu_count", 1)
+    if gpus:
+        resources["limits"]["nvidia.com/gpu"] = str(gpus)
+    model["resources"] = {k: v for k, v in resources.items() if v}
+    if artifacts.storage_uri:
+        model["storageUri"] = artifacts.storage_uri
+    startup_seconds = int(p.get("startup_timeout_seconds", 1800))
+    if mode == "Standard":
+        # A draft's cold start takes ~5 minutes: give the container a startup window that tolerates it.
+        model["startupProbe"] = {"httpGet": {"path": "/health", "port": 8080}, "periodSeconds": 10,
+                                 "failureThreshold": max(1, startup_seconds // 10), "timeoutSeconds": 5}
+    predictor = {"minReplicas": int(p.get("min_replicas", 1)), "maxReplicas": int(p.get("max_replicas", 1)), "model": model,
+                 "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}}
+    if predictor["minReplicas"] > predictor["maxReplicas"]:
+        raise ValidationError("min_replicas %d is larger than max_replicas %d" % (predictor["minReplicas"], predictor["maxReplicas"]),
+                              field="min_replicas", hint="lower min_replicas or raise max_replicas")
+    if artifacts.storage_uris:
+        predictor["storageUris"] = artifacts.storage_uris
+    if p.get("service_account_name"):
+        predictor["serviceAccountName"] = p["service_account_name"]
+    annotations = {DEPLOYMENT_MODE_ANNOTATION: mode}
+    if p.get("model_repo"):
+        annotations[MODEL_REPO_ANNOTATION] = p["model_repo"]
+    if mode == "Knative":
+        annotations[PROGRESS_DEADLINE_ANNOTATION] = "%ds" % startup_seconds
+    annotations.update(p.get("annotations") or {})
+    labels = {RUNTIME_TYPE_LABEL: "vllm"}
+    labels.update(p.get("labels") or {})
+    manifest = {"apiVersion": API_VERSION, "kind": KIND,
+                "metadata": {"name": p["name"], "namespace": p["namespace"], "annotations": annotations, "labels": labels},
+                "spec": {"predictor": predictor}}
+    runtime_check = None
+    if p.get("runtimes") is not None:
+        # KServe merges the runtime's kserve-container with this predictor (its args first): a --speculative-config in the
+        # runtime reaches vLLM too. The runtimes were read from the cluster by kserve_facts; refuse a double here, before
+        # anything (an image push, a PVC copy, the apply) is written.
+        runtime_check, more, problem, _effective = serving_runtime.resolve(
+            manifest, serving_runtime.SnapshotReader(p["runtimes"]), p.get("runtime_flag") or "refuse", missing_runtime="warn")
+        warnings.extend(more)
+        if problem:
+            raise ValidationError(problem, field="runtime_flag")
+        runtime_check.pop("runtime_object", None)
+    return {"manifest": manifest, "speculative": spec, "artifacts": artifacts, "warnings": warnings, "runtime_check": runtime_check}
+
+
+def to_yaml(obj):
+    """Deterministic YAML for GitOps files: sorted keys, block style, multi-line scripts as literal blocks."""
+
+    class _Dumper(yaml.SafeDumper):  # pylint: disable=too-many-ancestors
+        pass
+
+    def _str(dumper, value):
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    _Dumper.add_representer(str, _str)
+    return yaml.dump(obj, Dumper=_Dumper, default_flow_style=False, sort_keys=True, allow_unicode=False, width=1000)
+
+
+def manifest_filename(manifest):
+    meta = manifest["metadata"]
+    return "%s-%s.yaml" % (meta["namespace"], meta["name"])
+
+
+def kustomization(resource_files):
+    """A kustomization.yaml listing the manifests, sorted so reruns are byte-identical."""
+    names = []
+    for i, name in enumerate(resource_files or []):
+        name = str(name)
+        if not name or name.startswith("/") or ".." in name.split("/"):
+            raise ValidationError("%r is not a file name inside the GitOps directory" % name, field="resources[%d]" % i,
+                                  hint="list manifest files relative to kustomization.yaml, e.g. models-llama.yaml")
+        names.append(name)
+    return to_yaml({"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": sorted(set(names))})

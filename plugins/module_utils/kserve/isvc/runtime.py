@@ -1,0 +1,708 @@
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Where the vLLM command of an InferenceService really comes from: its ServingRuntime and KServe's merge.
+
+KServe (v0.20) builds the predictor's ``kserve-container`` from the runtime's container and the predictor's own
+fields. This file repeats that merge so the collection reads and edits the command the pod really runs:
+
+* runtime: ``spec.predictor.model.runtime`` names a ServingRuntime in the InferenceService's namespace, else a
+  ClusterServingRuntime of that name (``GetServingRuntime``, pkg/controller/v1beta1/inferenceservice/utils/utils.go).
+  Without ``runtime`` KServe auto-selects (``ModelSpec.GetSupportingRuntimes``, pkg/apis/serving/v1beta1/
+  predictor_model.go): enabled single-model runtimes whose ``supportedModelFormats`` entry with ``autoSelect: true``
+  matches ``modelFormat`` (name, or name:version) and whose ``protocolVersions`` hold the model's protocol (v1 when
+  unset); namespaced ones first, each group sorted by protocol priority, newest first, name, then by the format's
+  ``priority`` (highest first, unset last).
+* container: the runtime container named ``kserve-container`` (``MergeServingRuntimeAndInferenceServiceSpecs``,
+  same utils.go); the runtime's other containers are sidecars.
+* merge: ``MergeRuntimeContainers`` (same utils.go) = a strategic merge patch of the predictor's container over
+  the runtime's (``MergeContainerWithPatch``, pkg/utils): a non-empty ``command`` of the InferenceService
+  **replaces** the runtime's; ``args`` are **concatenated, runtime first, then the InferenceService's**; ``env``,
+  ``ports``, ``volumeMounts`` merge by key; maps and objects merge field by field; other lists are replaced.
+* placeholders: ``ReplacePlaceholders`` (same utils.go) runs the merged container through a Go template with the
+  InferenceService's metadata (``{{.Name}}``, ``{{.Namespace}}``, ``{{.Labels.x}}``, ``{{.Annotations.x}}``).
+
+vLLM's argparse keeps the last ``--speculative-config``; a ``<shell> -c '<script>'`` command passes the args to the
+script as ``$0 $1 ...``, so args reach vLLM only when the script uses ``"$@"``/``$*``.
+
+Plain Python, no Ansible imports: modules pass in objects they read (or a reader callback).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+
+GROUP = "serving.kserve.io"
+RUNTIME_VERSION = "v1alpha1"
+SERVING_RUNTIME = "ServingRuntime"
+CLUSTER_SERVING_RUNTIME = "ClusterServingRuntime"
+CONTAINER_NAME = "kserve-container"
+SOURCE_ISVC = "inference_service"
+SOURCE_SR = "serving_runtime"
+SOURCE_CSR = "cluster_serving_runtime"
+SOURCE_OF_KIND = {SERVING_RUNTIME: SOURCE_SR, CLUSTER_SERVING_RUNTIME: SOURCE_CSR}
+COPY_LABEL = "spec-decoding.alauda.io/runtime-copy-of"
+COPY_FOR_LABEL = "spec-decoding.alauda.io/runtime-copy-for"
+
+# corev1.Container fields (the ModelSpec inlines them next to modelFormat, runtime, storageUri, ...).
+CONTAINER_FIELDS = ("name", "image", "command", "args", "workingDir", "ports", "envFrom", "env", "resources",
+                    "resizePolicy", "restartPolicy", "volumeMounts", "volumeDevices", "livenessProbe", "readinessProbe",
+                    "startupProbe", "lifecycle", "terminationMessagePath", "terminationMessagePolicy", "imagePullPolicy",
+                    "securityContext", "stdin", "stdinOnce", "tty")
+# Strategic-merge keys of corev1.Container lists (k8s.io/api/core/v1/types.go patchMergeKey tags).
+MERGE_KEYS = {"env": "name", "ports": "containerPort", "volumeMounts": "mountPath", "volumeDevices": "devicePath"}
+# ProtocolVersion order of pkg/constants (GetProtocolVersionInt): v1 < v2 < grpc-v1 < grpc-v2 < unknown.
+_PROTOCOL_RANK = {"v1": 0, "v2": 1, "grpc-v1": 2, "grpc-v2": 3}
+_PLACEHOLDER = re.compile(r"\{\{-?\s*(?:\.(Name|Namespace|GenerateName|UID)|\.(Labels|Annotations)\.([A-Za-z0-9_]+)|"
+                          r"index\s+\.(Labels|Annotations)\s+\"([^\"]*)\")\s*-?\}\}")
+_SCRIPT_ARGS = re.compile(r"\$\{?[@*]|\$\{?[1-9]")
+
+
+def _empty(value):
+    """Go's ``omitempty``: what json.Marshal leaves out of a corev1.Container (so it never overrides)."""
+    return value is None or value == "" or value == [] or value == {} or value is False
+
+
+def _merge_value(base, patch, key=None):
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = copy.deepcopy(base)
+        for k, v in patch.items():
+            if _empty(v):
+                continue
+            out[k] = _merge_value(out.get(k), v, k) if k in out else copy.deepcopy(v)
+        return out
+    if isinstance(base, list) and isinstance(patch, list) and key in MERGE_KEYS:
+        return _merge_keyed(base, patch, MERGE_KEYS[key])
+    return copy.deepcopy(patch)
+
+
+def _merge_keyed(base, patch, merge_key):
+    out = [copy.deepcopy(item) for item in base]
+    for item in patch:
+        match = next((i for i, old in enumerate(out) if isinstance(old, dict) and isinstance(item, dict)
+                      and old.get(merge_key) == item.get(merge_key)), None)
+        if match is None:
+            out.append(copy.deepcopy(item))
+        else:
+            out[match] = _merge_value(out[match], item)
+    return out
+
+
+def container_of_model(model):
+    """The corev1.Container part of ``spec.predictor.model`` (the ModelSpec inlines it)."""
+    return {k: copy.deepcopy(v) for k, v in (model or {}).items() if k in CONTAINER_FIELDS}
+
+
+def merge_runtime_container(runtime_side, isvc_container):
+    """KServe's ``MergeRuntimeContainers``: the predictor's container over the runtime's.
+
+    Strategic merge patch (empty fields never override; ``env``/``ports``/``volumeMounts`` by key, original order
+    first then new entries; objects field by field; other lists replaced, so a non-empty ``command`` replaces the
+    runtime's), then ``args`` = runtime args + InferenceService args, then ``env`` entries whose ``value`` and
+    ``valueFrom`` both survived keep the one the InferenceService set; ``name`` falls back to the runtime's.
+    """
+    base = copy.deepcopy(runtime_side or {})
+    patch = isvc_container or {}
+    merged = _merge_value(base, {k: v for k, v in patch.items() if k in CONTAINER_FIELDS})
+    for key in [k for k, v in merged.items() if _empty(v) and k != "name"]:
+        del merged[key]
+    overlay_env = {e.get("name"): e for e in patch.get("env") or [] if isinstance(e, dict)}
+    for entry in merged.get("env") or []:
+        over = overlay_env.get(entry.get("name"))
+        if over is None or not entry.get("value") or not entry.get("valueFrom"):
+            continue
+        if over.get("valueFrom"):
+            entry.pop("value", None)
+        elif over.get("value"):
+            entry.pop("valueFrom", None)
+    args = list((runtime_side or {}).get("args") or []) + list(patch.get("args") or [])
+    if args:
+        merged["args"] = args
+    else:
+        merged.pop("args", None)
+    if not merged.get("name"):
+        merged["name"] = (runtime_side or {}).get("name", "")
+    return merged
+
+
+def replace_placeholders(value, meta):
+    """KServe's ``ReplacePlaceholders`` for the forms runtimes use: ``{{.Name}}``, ``{{.Namespace}}``,
+    ``{{.Labels.key}}``, ``{{.Annotations.key}}`` and ``{{index .Labels "key"}}`` (missing keys give "")."""
+    meta = meta or {}
+
+    def repl(match):
+        if match.group(1):
+            return str(meta.get({"Name": "name", "Namespace": "namespace", "GenerateName": "generateName",
+                                 "UID": "uid"}[match.group(1)]) or "")
+        field = (match.group(2) or match.group(4)).lower()
+        key = match.group(3) if match.group(2) else match.group(5)
+        return str((meta.get(field) or {}).get(key) or "")
+
+    if isinstance(value, str):
+        return _PLACEHOLDER.sub(repl, value)
+    if isinstance(value, list):
+        return [replace_placeholders(v, meta) for v in value]
+    if isinstance(value, dict):
+        return {k: replace_placeholders(v, meta) for k, v in value.items()}
+    return value
+
+
+# --------------------------------------------------------------------------------------------------
+# Runtime selection
+# --------------------------------------------------------------------------------------------------
+
+def _protocol_priority(spec):
+    versions = spec.get("protocolVersions") or []
+    if not versions:
+        return len(_PROTOCOL_RANK)
+    return min(_PROTOCOL_RANK.get(v, len(_PROTOCOL_RANK)) for v in versions)
+
+
+def _supports_protocol(spec, protocol):
+    versions = spec.get("protocolVersions") or []
+    if not versions:
+        return protocol in ("v1", "v2")
+    return protocol in versions
+
+
+def _format_labels(spec, auto_only):
+    labels = set()
+    for fmt in spec.get("supportedModelFormats") or []:
+        if auto_only and not fmt.get("autoSelect"):
+            continue
+        labels.add("mt:" + str(fmt.get("name")))
+        if fmt.get("version") is not None:
+            labels.add("mt:%s:%s" % (fmt.get("name"), fmt.get("version")))
+    return labels
+
+
+def _model_label(model):
+    fmt = model.get("modelFormat") or {}
+    if fmt.get("version") is not None:
+        return "mt:%s:%s" % (fmt.get("name"), fmt.get("version"))
+    return "mt:%s" % fmt.get("name")
+
+
+def _format_priority(spec, format_name):
+    for fmt in spec.get("supportedModelFormats") or []:
+        if fmt.get("name") == format_name and fmt.get("priority") is not None:
+            return fmt["priority"]
+    return None
+
+
+def _sorted_group(runtimes, model):
+    protocol = model.get("protocolVersion") or "v1"
+    fits = [rt for rt in runtimes
+            if not (rt.get("spec") or {}).get("disabled")
+            and not (rt.get("spec") or {}).get("multiModel")
+            and _model_label(model) in _format_labels(rt.get("spec") or {}, auto_only=True)
+            and _supports_protocol(rt.get("spec") or {}, protocol)]
+    # protocol priority asc, creationTimestamp desc, name asc (RFC 3339 timestamps sort as text)
+    fits.sort(key=lambda rt: rt["metadata"].get("name") or "")
+    fits.sort(key=lambda rt: rt["metadata"].get("creationTimestamp") or "", reverse=True)
+    fits.sort(key=lambda rt: _protocol_priority(rt.get("spec") or {}))
+    fmt_name = (model.get("modelFormat") or {}).get("name")
+    # priority desc, unset last; ties keep the order above
+    fits.sort(key=lambda rt: (0, -_format_priority(rt.get("spec") or {}, fmt_name))
+              if _format_priority(rt.get("spec") or {}, fmt_name) is not None else (1, 0))
+    return fits
+
+
+def select_runtime(isvc, reader):
+    """(runtime object, kind) KServe uses for the InferenceService, or (None, None) for a custom predictor.
+
+    ``reader.get(kind, namespace, name)`` returns the object or None; ``reader.list(kind, namespace)`` the items.
+    """
+    predictor = (isvc.get("spec") or {}).get("predictor") or {}
+    model = predictor.get("model")
+    if not isinstance(model, dict):
+        return None, None
+    namespace = isvc["metadata"].get("namespace")
+    wanted = model.get("runtime")
+    where = "InferenceService %s/%s" % (namespace, isvc["metadata"].get("name"))
+    if wanted:
+        runtime = reader.get(SERVING_RUNTIME, namespace, wanted)
+        kind = SERVING_RUNTIME
+        if runtime is None:
+            runtime = reader.get(CLUSTER_SERVING_RUNTIME, None, wanted)
+            kind = CLUSTER_SERVING_RUNTIME
+        if runtime is None:
+            raise ValidationError("%s: No ServingRuntimes or ClusterServingRuntimes with the name: %s" % (where, wanted),
+                                  field="spec.predictor.model.runtime",
+                                  hint="create the runtime or name an existing ServingRuntime/ClusterServingRuntime")
+        if (runtime.get("spec") or {}).get("disabled"):
+            raise ValidationError("%s: specified runtime %s is disabled" % (where, wanted), field="spec.predictor.model.runtime",
+                                  hint="enable the %s or name another runtime" % kind)
+        return runtime, kind
+    for kind, items in ((SERVING_RUNTIME, reader.list(SERVING_RUNTIME, namespace)),
+                        (CLUSTER_SERVING_RUNTIME, reader.list(CLUSTER_SERVING_RUNTIME, None))):
+        fits = _sorted_group(items or [], model)
+        if fits:
+            return fits[0], kind
+    raise ValidationError("%s: no runtime found to support predictor with model type %s" % (where, model.get("modelFormat")),
+                          field="spec.predictor.model.runtime",
+                          hint="set spec.predictor.model.runtime, or give a runtime an autoSelect entry for this modelFormat")
+
+
+def runtime_container(runtime, kind):
+    """(index, container) of ``kserve-container`` in the runtime's containers."""
+    for i, container in enumerate((runtime.get("spec") or {}).get("containers") or []):
+        if container.get("name") == CONTAINER_NAME:
+            return i, container
+    raise ValidationError("failed to find %s in %s %s containers" % (CONTAINER_NAME, kind, runtime["metadata"].get("name")),
+                          field="spec.containers", hint="name the runtime's vLLM container %s" % CONTAINER_NAME)
+
+
+# --------------------------------------------------------------------------------------------------
+# The effective command
+# --------------------------------------------------------------------------------------------------
+
+def _args_reach_engine(command):
+    """False when the command is ``<shell> -c '<script>'`` and the script never reads its arguments."""
+    items = list(command or [])
+    for i, word in enumerate(items):
+        if vllm_command._is_script_index(items, i):  # pylint: disable=protected-access
+            return bool(_SCRIPT_ARGS.search(word))
+    return True
+
+
+class Effective:
+    """The kserve-container an InferenceService runs, and where each speculative flag in it comes from."""
+
+    def __init__(self, isvc, runtime, kind, container, command_from, runtime_args_count, runtime_index=None):
+        self.isvc = isvc
+        self.runtime = runtime
+        self.kind = kind
+        self.container = container
+        self.command_from = command_from  # source of the command list
+        self.runtime_args_count = runtime_args_count
+        self.runtime_index = runtime_index
+        self.args_reach = _args_reach_engine(container.get("command"))
+
+    @property
+    def runtime_name(self):
+        return (self.runtime or {}).get("metadata", {}).get("name")
+
+    @property
+    def runtime_source(self):
+        return SOURCE_OF_KIND.get(self.kind)
+
+    def occurrences(self):
+        """[(occurrence, source, field, reaches_engine)] in argv order."""
+        found = []
+        for occ in vllm_command.find_occurrences(self.container.get("command") or []):
+            found.append((occ, self.command_from, "command", True))
+        for occ in vllm_command.find_occurrences(self.container.get("args") or []):
+            source = self.runtime_source if occ.index < self.runtime_args_count else SOURCE_ISVC
+            found.append((occ, source, "args", self.args_reach))
+        return found
+
+    def sources(self):
+        """Sources whose flag reaches vLLM, in argv order without repeats."""
+        out = []
+        for _occ, source, _field, reaches in self.occurrences():
+            if reaches and source not in out:
+                out.append(source)
+        return out
+
+    def source(self):
+        """Where the flag vLLM takes (the last whole-config one, else the last of any form) comes from, or None."""
+        reaching = [(o, s) for o, s, _f, r in self.occurrences() if r]
+        if not reaching:
+            return None
+        json_ones = [s for o, s in reaching if o.kind == "json"]
+        return (json_ones or [reaching[-1][1]])[-1]
+
+    def config(self):
+        """The speculative config vLLM receives (vLLM's own precedence), or None."""
+        occ = [o for o, _s, _f, r in self.occurrences() if r]
+        return vllm_command.config_from_occurrences(occ) if occ else None
+
+    def ignored(self):
+        """Flags in the args that a ``bash -c`` command without ``"$@"`` never passes to vLLM."""
+        return [(o, s) for o, s, f, r in self.occurrences() if not r]
+
+    def as_dict(self):
+        try:
+            config = self.config()
+            error = None
+        except SpecDecodingError as exc:
+            config, error = None, str(exc)
+        return {"runtime": {"kind": self.kind, "name": self.runtime_name} if self.runtime else None,
+                "command": self.container.get("command") or [], "args": self.container.get("args") or [],
+                "command_from": self.command_from, "args_reach_engine": self.args_reach,
+                "source": self.source(), "sources": self.sources(), "speculative_config": config,
+                "speculative_config_error": error,
+                "ignored_flags": [{"source": s, "value": o.raw} for o, s in self.ignored()]}
+
+
+def effective_command(isvc, reader):
+    """Resolve the effective vLLM command of ``isvc`` the way KServe builds its kserve-container.
+
+    The one entry point deploy, verify, rollback and troubleshoot use. ``reader`` is as for select_runtime.
+    """
+    predictor = (isvc.get("spec") or {}).get("predictor") or {}
+    meta = isvc.get("metadata") or {}
+    model = predictor.get("model")
+    if not isinstance(model, dict):
+        containers = predictor.get("containers") or []
+        if not containers:
+            raise ValidationError("InferenceService %s/%s has neither spec.predictor.model nor containers"
+                                  % (meta.get("namespace"), meta.get("name")), field="spec.predictor",
+                                  hint="set spec.predictor.model (with a runtime) or spec.predictor.containers")
+        container = copy.deepcopy(containers[0])
+        return Effective(isvc, None, None, container, SOURCE_ISVC, 0)
+    runtime, kind = select_runtime(isvc, reader)
+    index, base = runtime_container(runtime, kind)
+    own = container_of_model(model)
+    merged = merge_runtime_container(base, own)
+    merged = replace_placeholders(merged, meta)
+    command_from = SOURCE_ISVC if own.get("command") else SOURCE_OF_KIND[kind]
+    return Effective(isvc, runtime, kind, merged, command_from, len(base.get("args") or []), runtime_index=index)
+
+
+# --------------------------------------------------------------------------------------------------
+# Decisions: deploy double, rollback fixes
+# --------------------------------------------------------------------------------------------------
+
+def runtime_flag_problem(effective, policy="refuse"):
+    """Deploy check. Returns (error message or None, warnings) for the rendered InferenceService.
+
+    A flag in the runtime that reaches vLLM together with the InferenceService's own: vLLM keeps the last one
+    (the InferenceService's args come after the runtime's), so ``policy`` ``replace`` lets the InferenceService's
+    win (a warning), ``refuse`` refuses. A runtime flag with none in the InferenceService is always refused (the
+    service would run a config the deploy did not ask for).
+    """
+    if policy not in ("refuse", "replace"):
+        raise ValidationError("must be replace or refuse, got %r" % (policy,), field="runtime_flag",
+                              hint="use refuse (the default) or replace")
+    sources = effective.sources()
+    warnings = []
+    if effective.ignored():
+        warnings.append("%s %s sets --speculative-config in its args, but the command is a shell script that does not pass "
+                        "its arguments (\"$@\") to vLLM: that flag is ignored" % (effective.kind, effective.runtime_name))
+    runtime_src = effective.runtime_source
+    if runtime_src is None or runtime_src not in sources:
+        return None, warnings
+    who = "%s %s" % (effective.kind, effective.runtime_name)
+    if SOURCE_ISVC not in sources:
+        return ("the %s sets --speculative-config for every InferenceService that uses it, and this one would run it "
+                "although the deploy does not ask for it" % who), warnings
+    if policy == "replace":
+        warnings.append("the %s also sets --speculative-config; the InferenceService's comes last in the merged command, "
+                        "so vLLM takes it" % who)
+        return None, warnings
+    return ("--speculative-config would appear twice: in the %s and in the InferenceService (vLLM takes the last one)"
+            % who), warnings
+
+
+EMPTY_RESULT = {"changed": False, "runtime": None, "runtime_object": None, "source": None, "sources": [],
+                "speculative_config": None, "speculative_config_error": None, "command": [], "args": [],
+                "command_from": None, "args_reach_engine": True, "ignored_flags": []}
+
+
+def resolve(isvc, reader, runtime_flag=None, missing_runtime="fail"):
+    """The merged command of ``isvc`` and, with ``runtime_flag`` (refuse | replace), the deploy check.
+
+    Returns (result dict, warnings, problem, effective): ``result`` as ``Effective.as_dict()`` plus ``runtime_object``;
+    ``problem`` is the deploy's refusal message (naming the runtime and its kind, and the fixes) or None; ``effective`` the
+    Effective itself (None when the runtime was not found), for callers that go on with it (the users of the runtime). ``missing_runtime='warn'`` turns
+    a runtime that cannot be found (or read) into a warning and an empty result instead of a ValidationError."""
+    warnings = []
+    try:
+        effective = effective_command(isvc, reader)
+    except ValidationError as exc:
+        if missing_runtime != "warn" or exc.field != "spec.predictor.model.runtime":
+            raise
+        why = " (servingruntimes/clusterservingruntimes not readable: 403 Forbidden)" if getattr(reader, "forbidden", None) else ""
+        warnings.append("%s%s; the runtime's command could not be merged in" % (exc, why))
+        return dict(EMPTY_RESULT), warnings, None, None
+    result = effective.as_dict()
+    result.update(changed=False, runtime_object=effective.runtime)
+    if getattr(reader, "forbidden", None):
+        warnings.append("clusterservingruntimes are not readable with these credentials (403): only ServingRuntimes of %s were "
+                        "considered" % (isvc.get("metadata") or {}).get("namespace"))
+    problem = None
+    if runtime_flag:
+        problem, more = runtime_flag_problem(effective, runtime_flag)
+        warnings.extend(more)
+        if problem:
+            meta = isvc["metadata"]
+            problem = ("runtime_flag: InferenceService %s/%s: %s. Nothing was written. Fix: remove --speculative-config from the "
+                       "%s %s (or give this service its own runtime without it)%s" % (
+                           meta.get("namespace"), meta.get("name"), problem, effective.kind, effective.runtime_name,
+                           ", or set spec_decoding_runtime_flag: replace to let the InferenceService's flag win"
+                           if SOURCE_ISVC in effective.sources() else ""))
+    return result, warnings, problem, effective
+
+
+def flag_locations(isvc, effective=None):
+    """``(locations, source)``: where the predictor's vLLM gets a speculative flag from, as verify reports it.
+
+    With a runtime (``effective`` from ``effective_command``): each source in command-line order, the predictor's own
+    as ``kserve-container`` and the runtime's as ``<kind> <name>``. Without one (a custom predictor, or a runtime that
+    could not be read): every predictor container (``spec.predictor.model``, then ``spec.predictor.containers``) whose
+    command or args carry the flag in any form. ``source`` is ``effective.source()``, or ``inference_service`` when
+    only the predictor's containers carry it, else None.
+    """
+    if effective is not None and effective.runtime is not None:
+        where = ["kserve-container" if source == SOURCE_ISVC else "%s %s" % (effective.kind, effective.runtime_name)
+                 for source in effective.sources()]
+        return where, effective.source()
+    predictor = (isvc.get("spec") or {}).get("predictor") or {}
+    containers = ([predictor["model"]] if predictor.get("model") is not None else []) + list(predictor.get("containers") or [])
+    where = []
+    for container in containers:
+        argv = list(container.get("command") or []) + list(container.get("args") or [])
+        if vllm_command.strip_speculative_config(argv) != argv:
+            where.append(container.get("name") or "kserve-container")
+    return where, (SOURCE_ISVC if where else None)
+
+
+def _strip_container(container):
+    """(new command, new args) of a runtime container without any speculative flag."""
+    return (vllm_command.strip_speculative_config(container.get("command")),
+            vllm_command.strip_speculative_config(container.get("args")))
+
+
+def runtime_strip_patch(runtime, index):
+    """JSON patch (test + replace) removing the speculative flags from the runtime's kserve-container, or []."""
+    container = runtime["spec"]["containers"][index]
+    new_command, new_args = _strip_container(container)
+    ops = []
+    for field, new in (("command", new_command), ("args", new_args)):
+        old = container.get(field)
+        if old is None or old == new:
+            continue
+        path = "/spec/containers/%d/%s" % (index, field)
+        ops.append({"op": "test", "path": path, "value": old})
+        ops.append({"op": "replace", "path": path, "value": new})
+    return ops
+
+
+def copy_name(isvc_name, runtime_name):
+    """DNS-1123 name of the per-service runtime copy (at most 63 characters)."""
+    name = "%s-%s-nospec" % (isvc_name, runtime_name)
+    if len(name) > 63:
+        import hashlib  # pylint: disable=import-outside-toplevel
+        digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+        name = "%s-%s" % (name[:63 - 9].rstrip("-"), digest)
+    return name
+
+
+def render_runtime_copy(effective):
+    """A namespaced ServingRuntime: the InferenceService's runtime without the speculative flags.
+
+    Auto-selection is switched off (``autoSelect: false``) so other InferenceServices of the namespace keep their
+    runtime; the labels name the original and the service it was made for.
+    """
+    runtime = effective.runtime
+    meta = effective.isvc["metadata"]
+    spec = copy.deepcopy(runtime.get("spec") or {})
+    container = spec["containers"][effective.runtime_index]
+    new_command, new_args = _strip_container(container)
+    for field, new in (("command", new_command), ("args", new_args)):
+        if new:
+            container[field] = new
+        else:
+            container.pop(field, None)
+    for fmt in spec.get("supportedModelFormats") or []:
+        fmt["autoSelect"] = False
+    labels = {COPY_LABEL: "%s.%s" % (effective.kind.lower(), effective.runtime_name),
+              COPY_FOR_LABEL: meta["name"], "app.kubernetes.io/managed-by": "alauda.spec_decoding"}
+    annotations = {k: v for k, v in ((runtime.get("metadata") or {}).get("annotations") or {}).items()
+                   if k != "kubectl.kubernetes.io/last-applied-configuration"}
+    body = {"apiVersion": "%s/%s" % (GROUP, RUNTIME_VERSION), "kind": SERVING_RUNTIME,
+            "metadata": {"name": copy_name(meta["name"], effective.runtime_name), "namespace": meta["namespace"],
+                         "labels": labels},
+            "spec": spec}
+    if annotations:
+        body["metadata"]["annotations"] = annotations
+    return body
+
+
+def users_of_runtime(kind, name, namespace, isvcs, namespaced_names=None):
+    """``namespace/name`` of every InferenceService that uses the runtime (by spec or by KServe's status).
+
+    ``namespaced_names`` maps a namespace to the ServingRuntime names it has: for a ClusterServingRuntime a
+    same-named ServingRuntime in a service's namespace wins, as in GetServingRuntime.
+    """
+    users = []
+    for isvc in isvcs or []:
+        meta = isvc.get("metadata") or {}
+        status = isvc.get("status") or {}
+        model = ((isvc.get("spec") or {}).get("predictor") or {}).get("model") or {}
+        ns = meta.get("namespace")
+        if kind == SERVING_RUNTIME:
+            hit = ns == namespace and (status.get("servingRuntimeName") == name or model.get("runtime") == name)
+        else:
+            shadowed = name in ((namespaced_names or {}).get(ns) or ())
+            hit = status.get("clusterServingRuntimeName") == name or (model.get("runtime") == name and not shadowed)
+        if hit:
+            users.append("%s/%s" % (ns, meta.get("name")))
+    return sorted(set(users))
+
+
+def rollback_refusal(effective, users):
+    """The message a rollback gives when, after stripping the InferenceService, the runtime's flag still reaches vLLM."""
+    meta = effective.isvc["metadata"]
+    who = "%s %s" % (effective.kind, effective.runtime_name)
+    names = vllm_command.flag_names([o for o, s, _f, r in effective.occurrences() if r and s == effective.runtime_source])
+    return ("InferenceService %s/%s gets %s from the %s (shared by: %s); stripping the InferenceService "
+            "alone would leave the engine running speculative decoding, and the runtime is not edited silently. Nothing was "
+            "changed. Fix: either run the rollback with runtime_copy (role: spec_decoding_rollback_runtime_copy: true), which "
+            "creates the ServingRuntime %s/%s (the runtime without the flag, autoSelect off) and points this InferenceService "
+            "at it, or with edit_runtime (role: spec_decoding_rollback_edit_runtime: true), which strips the flag from the %s "
+            "itself and so from every InferenceService listed"
+            % (meta["namespace"], meta["name"], ", ".join(names) or "--speculative-config", who, ", ".join(users) or "no other InferenceService",
+               meta["namespace"], copy_name(meta["name"], effective.runtime_name), who))
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading the cluster (kubernetes client passed in by the module)
+# --------------------------------------------------------------------------------------------------
+
+class ClientReader:
+    """reader.get/list over a ``kubernetes.client.ApiClient`` (kubernetes.core's authenticated client).
+
+    A 404 (object or CRD missing) reads as None / []; a 403 on cluster-scoped runtimes is remembered in
+    ``forbidden`` and reads as none, so a namespaced identity still resolves namespaced runtimes.
+
+    One reader is one snapshot: each runtime and each list is read once per reader. A rollback resolves the merged
+    command before and after its strip; both must see the same runtime (and it saves the second round trip).
+    """
+
+    PLURALS = {SERVING_RUNTIME: "servingruntimes", CLUSTER_SERVING_RUNTIME: "clusterservingruntimes"}
+
+    def __init__(self, api_client):
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
+        self.api = CustomObjectsApi(api_client)
+        self.forbidden = []
+        self._read = {}
+
+    def _call(self, kind, fn, *args):
+        key = (fn.__name__,) + args
+        if key not in self._read:
+            self._read[key] = self._fetch(kind, fn, *args)
+        return self._read[key]
+
+    def _fetch(self, kind, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as exc:  # pylint: disable=broad-except
+            status = getattr(exc, "status", None)
+            if status == 404:
+                return None
+            if status == 403:
+                self.forbidden.append(kind)
+                return None
+            if status is None:
+                raise
+            from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
+            raise SpecDecodingError("reading %ss failed: %s" % (kind, k8s_pods.api_error_message(exc)),
+                                    field="runtime") from exc
+
+    def get(self, kind, namespace, name):
+        if kind == SERVING_RUNTIME:
+            return self._call(kind, self.api.get_namespaced_custom_object, GROUP, RUNTIME_VERSION, namespace,
+                              self.PLURALS[kind], name)
+        return self._call(kind, self.api.get_cluster_custom_object, GROUP, RUNTIME_VERSION, self.PLURALS[kind], name)
+
+    def list(self, kind, namespace):
+        if kind == SERVING_RUNTIME:
+            got = self._call(kind, self.api.list_namespaced_custom_object, GROUP, RUNTIME_VERSION, namespace, self.PLURALS[kind])
+        else:
+            got = self._call(kind, self.api.list_cluster_custom_object, GROUP, RUNTIME_VERSION, self.PLURALS[kind])
+        return (got or {}).get("items") or []
+
+    def inference_services(self, namespace=None):
+        if namespace:
+            got = self.api.list_namespaced_custom_object(GROUP, "v1beta1", namespace, "inferenceservices")
+        else:
+            got = self.api.list_cluster_custom_object(GROUP, "v1beta1", "inferenceservices")
+        return (got or {}).get("items") or []
+
+    def users(self, effective):
+        """Every InferenceService using the runtime of ``effective`` (ServingRuntime: its namespace; else all)."""
+        kind, name = effective.kind, effective.runtime_name
+        if kind == SERVING_RUNTIME:
+            return users_of_runtime(kind, name, effective.isvc["metadata"]["namespace"],
+                                    self.inference_services(effective.isvc["metadata"]["namespace"]))
+        isvcs = self.inference_services()
+        shadows = {}
+        for ns in sorted({i["metadata"]["namespace"] for i in isvcs}):
+            if self.get(SERVING_RUNTIME, ns, name) is not None:
+                shadows.setdefault(ns, set()).add(name)
+        return users_of_runtime(kind, name, None, isvcs, shadows)
+
+
+class RecordingReader:
+    """A reader that passes every get/list on to ``reader`` and keeps the answers: ``snapshot`` (plain data) lets a later
+    step resolve the same runtime without the cluster (``SnapshotReader``), e.g. the render after kserve_facts."""
+
+    def __init__(self, reader):
+        self.reader = reader
+        self.snapshot = {"get": {}, "list": {}, "forbidden": []}
+
+    @property
+    def forbidden(self):
+        return getattr(self.reader, "forbidden", [])
+
+    def get(self, kind, namespace, name):
+        found = self.reader.get(kind, namespace, name)
+        self.snapshot["get"][_snapshot_key(kind, namespace, name)] = found
+        self.snapshot["forbidden"] = sorted(set(self.forbidden))
+        return found
+
+    def list(self, kind, namespace):
+        found = self.reader.list(kind, namespace)
+        self.snapshot["list"][_snapshot_key(kind, namespace)] = found
+        self.snapshot["forbidden"] = sorted(set(self.forbidden))
+        return found
+
+
+def record_runtime_reads(reader, namespace, runtime=None, model_format="vllm"):
+    """Read what resolving an InferenceService of ``namespace`` with ``runtime`` (or, without one, KServe's auto-selection
+    for ``model_format``) needs, through ``reader``; returns the snapshot. A runtime that does not exist is recorded as
+    missing (the check that reads the snapshot reports it)."""
+    recorder = RecordingReader(reader)
+    model = {"modelFormat": {"name": model_format or "vllm"}}
+    if runtime:
+        model["runtime"] = runtime
+    stub = {"metadata": {"namespace": namespace, "name": "snapshot"}, "spec": {"predictor": {"model": model}}}
+    try:
+        select_runtime(stub, recorder)
+    except ValidationError:
+        pass
+    return recorder.snapshot
+
+
+class SnapshotReader:
+    """reader.get/list answered from a ``RecordingReader`` snapshot; a read the snapshot does not hold is an error (it was
+    taken for another runtime or namespace), never a silent 'not found'."""
+
+    def __init__(self, snapshot):
+        self.snapshot = snapshot or {}
+        self.forbidden = list(self.snapshot.get("forbidden") or [])
+
+    def _answer(self, table, key):
+        held = self.snapshot.get(table) or {}
+        if key not in held:
+            raise ValidationError("the runtimes read from the cluster do not cover %s" % key, field="runtimes",
+                                  hint="pass the runtimes that kserve_info read for this InferenceService's namespace and runtime")
+        return held[key]
+
+    def get(self, kind, namespace, name):
+        return self._answer("get", _snapshot_key(kind, namespace, name))
+
+    def list(self, kind, namespace):
+        return self._answer("list", _snapshot_key(kind, namespace)) or []
+
+
+def _snapshot_key(kind, namespace, name=None):
+    """'ServingRuntime/<ns>/<name>', 'ClusterServingRuntime/<name>'; without a name, the list of that kind (and namespace)."""
+    return "/".join(part for part in (kind, namespace, name) if part)

@@ -1,0 +1,140 @@
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Wait for an InferenceService to be Ready *at its current generation*.
+
+kubernetes.core's `wait_condition` only looks at the condition, so a Ready=True left over from the
+previous revision would pass right after an apply. This waiter watches the object until
+status.observedGeneration == metadata.generation and Ready=True (polling where the watch is refused), and on
+timeout explains why, with the conditions and the predictor pods' states. Plain Python over a `kubernetes.client.ApiClient`.
+
+The checks per kind (InferenceService, LLMInferenceService) are here; the loop that reads, watches and waits out an API
+server outage is ``kube/wait.py``'s ``wait_for``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import wait as kube_wait
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import readers as isvc_readers
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import cluster as llmisvc_cluster
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import status as llmisvc_status
+
+
+class WaitTimeout(SpecDecodingError):
+    """The InferenceService did not become Ready at its generation in time."""
+
+    def __init__(self, message, isvc, pods):
+        super().__init__(message)
+        self.isvc = isvc
+        self.pods = pods
+
+
+def _pod_states(api_client, namespace, name):
+    try:
+        pods, skipped = k8s_pods.list_predictor_pods(api_client, namespace, name)
+    except SpecDecodingError as exc:
+        return [{"error": str(exc)}]
+    return pods + skipped
+
+
+def describe(isvc, pods):
+    """One paragraph for a timeout message: readiness, every condition, every predictor pod."""
+    state = isvc_readers.readiness(isvc)
+    conds = ["%s=%s%s" % (c.get("type"), c.get("status"), (" (%s)" % (c.get("message") or c.get("reason"))) if (c.get("message") or c.get("reason")) else "")
+             for c in ((isvc or {}).get("status") or {}).get("conditions") or []]
+    pod_text = ["%s: %s%s" % (p.get("name"), p.get("phase") or p.get("error"), (", " + p["reason"]) if p.get("reason") else "") for p in pods]
+    return "generation %s, observedGeneration %s; conditions: %s; predictor pods: %s" % (
+        state["generation"], state["observed_generation"], ", ".join(conds) or "none", "; ".join(pod_text) or "none")
+
+
+class _Kind:
+    """What differs between the kinds this waiter watches: the API path, the readiness predicate, the pod listing."""
+
+    def __init__(self, kind="InferenceService", version=None):
+        self.kind = kind
+        self.llm = kind == "LLMInferenceService"
+        if self.llm:
+            self.group, self.version, self.plural = llmisvc_model.GROUP, llmisvc_model.check_api_version(version, field="api_version"), llmisvc_model.PLURAL
+        else:
+            # ``version`` is the LLMInferenceService API version; an InferenceService is always read as serving.kserve.io/v1beta1.
+            self.group, self.version, self.plural = k8s_pods.KSERVE_GROUP, k8s_pods.KSERVE_VERSION, "inferenceservices"
+
+    def get(self, api_client, namespace, name):
+        if not self.llm:
+            return k8s_pods.get_inference_service(api_client, namespace, name)
+        return llmisvc_cluster.get(api_client, namespace, name, self.version)
+
+    def rollout_pending(self, api_client, obj):
+        return llmisvc_cluster.rollout_pending(api_client, obj) if self.llm else None
+
+    def readiness(self, obj):
+        return llmisvc_status.readiness(obj) if self.llm else isvc_readers.readiness(obj)
+
+    def describe(self, obj, pods):
+        return llmisvc_status.describe(obj) if self.llm else describe(obj, pods)
+
+    def pods(self, api_client, namespace, name):
+        if not self.llm:
+            return _pod_states(api_client, namespace, name)
+        # One listing for every pool, single-node (Deployment) and multi-node (LeaderWorkerSet leaders and workers).
+        try:
+            keep, skipped = k8s_pods.list_pods(api_client, namespace, llmisvc_model.all_pods_selector(name))
+        except SpecDecodingError as exc:
+            return [{"error": str(exc)}]
+        return [dict(p, pool=llmisvc_model.pod_pool(p.get("labels"))) for p in keep + skipped]
+
+
+def wait_ready(api_client, namespace, name, timeout=1200, interval=5, clock=time.monotonic, sleep=time.sleep, watch=True,
+               kind="InferenceService", api_version=None):
+    """Wait until Ready at the current generation. Returns (isvc, elapsed seconds); raises WaitTimeout.
+
+    It watches the InferenceService (one watch request from the resourceVersion it last read), so it returns as soon as
+    the controller writes the status, not up to ``interval`` later. Where the API server refuses the watch (a role
+    without the ``watch`` verb) it falls back to reading the object every ``interval`` seconds.
+    An API server outage during the wait (restart, overload) is waited out until the timeout; if the server
+    is still unreachable then, the error names the connection problem.
+    ``kind="LLMInferenceService"`` waits the same way on KServe's LLMInferenceService (``api_version`` v1alpha1 or
+    v1alpha2) with the readiness of ``llmisvc.readiness``; a PresetsCombined=False at the current generation (a missing
+    or broken baseRefs preset) fails at once, since waiting does not fix it."""
+    res = _Kind(kind, api_version)
+
+    def check(obj):
+        state = res.readiness(obj)
+        if state["ready"] and state["up_to_date"]:
+            # Ready at this generation; an LLMInferenceService's pool Deployments may still roll out (its status does
+            # not change meanwhile): look again in a second.
+            return True if res.rollout_pending(api_client, obj) is None else 1.0
+        if state.get("failed"):
+            raise WaitTimeout("%s %s/%s cannot become Ready: %s" % (res.kind, namespace, name, state["failed"]), obj,
+                              res.pods(api_client, namespace, name))
+        return False
+
+    def on_timeout(obj, elapsed):
+        pods = res.pods(api_client, namespace, name)
+        why = "not reconciled yet" if not res.readiness(obj)["up_to_date"] else "not Ready"
+        raise WaitTimeout("%s %s/%s is %s after %ds: %s. A cold start with a draft model takes about 5 "
+                          "minutes; raise the timeout if pods are still starting"
+                          % (res.kind, namespace, name, why, int(elapsed), res.describe(obj, pods)), obj, pods)
+
+    return kube_wait.wait_for(api_client, namespace, name, res, check, on_timeout, timeout, interval, clock, sleep, watch)
+
+
+def wait_until(api_client, namespace, name, done, timeout=1200, interval=5, clock=time.monotonic, sleep=time.sleep, watch=True,
+               what="the condition"):
+    """Wait until ``done(isvc)`` is true; like wait_ready (a watch from the last resourceVersion, reads every ``interval``
+    where watching is refused, outages waited out) but for any condition on the InferenceService (a canary step: both
+    revisions ready at a percent). Returns (isvc, elapsed seconds); raises WaitTimeout naming ``what`` (a str, or a
+    callable isvc -> str)."""
+    res = _Kind()
+
+    def on_timeout(obj, elapsed):
+        pods = _pod_states(api_client, namespace, name)
+        text = what(obj) if callable(what) else what
+        raise WaitTimeout("InferenceService %s/%s: %s after %ds: %s" % (namespace, name, text, int(elapsed), describe(obj, pods)), obj, pods)
+
+    return kube_wait.wait_for(api_client, namespace, name, res, lambda obj: bool(done(obj)), on_timeout, timeout, interval, clock, sleep, watch)

@@ -1,0 +1,31 @@
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The kubernetes client package, imported here and nowhere else in the collection (tests/unit/test_layers.py checks it).
+
+Modules and module_utils take what they need from here (``from ...module_utils.kube.client import CoreV1Api``), inside
+the function that calls the API where the import should stay lazy: the package costs about a second and 40+ MiB, which
+offline work (rendering, image rewrites) does not pay. The authenticated ``ApiClient`` itself always comes from
+kubernetes.core (``get_api_client(module).client.client``).
+
+Without the package the names are None (``ApiException`` a stand-in, so ``except`` clauses work) and HAS_KUBERNETES is
+False; the calling module reports it with ``missing_required_lib``.
+"""
+
+from __future__ import annotations
+
+try:
+    from kubernetes import client, watch
+    from kubernetes.client import ApiextensionsV1Api, AppsV1Api, CoreV1Api, CustomObjectsApi
+    from kubernetes.client.exceptions import ApiException  # the same class as kubernetes.client.rest.ApiException
+    HAS_KUBERNETES = True
+except ImportError:  # pragma: no cover - the calling module reports it with missing_required_lib
+    client = watch = None
+    ApiextensionsV1Api = AppsV1Api = CoreV1Api = CustomObjectsApi = None
+
+    class ApiException(Exception):
+        """Stand-in so except clauses work without the library."""
+
+    HAS_KUBERNETES = False
+
+__all__ = ["ApiException", "ApiextensionsV1Api", "AppsV1Api", "CoreV1Api", "CustomObjectsApi", "HAS_KUBERNETES", "client", "watch"]

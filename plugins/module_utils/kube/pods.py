@@ -1,0 +1,206 @@
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Reach an InferenceService's predictor pods through the API server: list them, stream their logs, proxy HTTP.
+
+Every function takes a ``kubernetes.client.ApiClient`` (modules get one from kubernetes.core's
+``get_api_client(module).client.client``), so authentication stays kubernetes.core's business. Logs are
+streamed (``_preload_content=False``) and handed on in chunks: memory stays bounded whatever the log size.
+
+Also reads an InferenceService object; what it says (predictor containers, the speculative flag, Ready at its
+generation) is read in ``kserve/isvc/readers.py``, where vLLM's HTTP server listens in a pod in ``vllm/http_target.py``.
+
+Plain Python, no Ansible imports; ``kubernetes`` is imported guardedly.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+
+try:
+    from kubernetes.client import CoreV1Api, CustomObjectsApi
+    from kubernetes.client.exceptions import ApiException
+    HAS_KUBERNETES = True
+except ImportError:  # pragma: no cover - the calling module reports it with missing_required_lib
+    CoreV1Api = CustomObjectsApi = None
+
+    class ApiException(Exception):
+        """Stand-in so except clauses work without the library."""
+
+    HAS_KUBERNETES = False
+
+try:
+    from urllib3.exceptions import HTTPError as TransportError
+except ImportError:  # pragma: no cover - urllib3 comes with kubernetes
+    class TransportError(Exception):
+        """Stand-in so except clauses work without the library."""
+
+ISVC_LABEL = "serving.kserve.io/inferenceservice"
+DEFAULT_CONTAINER = "kserve-container"
+KSERVE_GROUP = "serving.kserve.io"
+KSERVE_VERSION = "v1beta1"
+LOG_CHUNK = 1 << 16
+DEFAULT_HTTP_PORT = 8080  # KServe's runtimes (and its vLLM examples) serve HTTP on 8080
+
+
+class PodAccessError(SpecDecodingError):
+    """The API server refused or failed a pod read (log, proxy, list)."""
+
+
+def api_error_message(exc):
+    """The API server's own message from an ApiException (its JSON Status body), else its reason."""
+    body = getattr(exc, "body", None)
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    if body:
+        try:
+            status = json.loads(body)
+            if isinstance(status, dict) and status.get("message"):
+                return "%s (HTTP %s)" % (status["message"], getattr(exc, "status", "?"))
+        except ValueError:
+            return "%s (HTTP %s)" % (body.strip()[:500], getattr(exc, "status", "?"))
+    return "%s (HTTP %s)" % (getattr(exc, "reason", None) or exc, getattr(exc, "status", "?"))
+
+
+# ----------------------------------------------------------------------------------------------------
+# InferenceService
+
+def get_inference_service(api_client, namespace, name, version=KSERVE_VERSION):
+    """The InferenceService as a dict; ValidationError naming it when it does not exist."""
+    api = CustomObjectsApi(api_client)
+    try:
+        return api.get_namespaced_custom_object(KSERVE_GROUP, version, namespace, "inferenceservices", name)
+    except ApiException as exc:
+        if getattr(exc, "status", None) == 404:
+            raise ValidationError("InferenceService %s/%s not found" % (namespace, name), field="name",
+                                  hint="check name and namespace (kubectl get inferenceservices -n %s)" % namespace) from exc
+        raise PodAccessError("reading InferenceService %s/%s failed: %s" % (namespace, name, api_error_message(exc)),
+                             field="name") from exc
+
+
+# ----------------------------------------------------------------------------------------------------
+# Pods
+
+def _pod_summary(pod):
+    meta = pod.metadata
+    status = pod.status
+    containers = [c.name for c in (pod.spec.containers or [])] if pod.spec else []
+    restarts = {}
+    for cs in (status.container_statuses or []) if status else []:
+        restarts[cs.name] = cs.restart_count
+    return {
+        "name": meta.name,
+        "namespace": meta.namespace,
+        "phase": status.phase if status else None,
+        "deleting": meta.deletion_timestamp is not None,
+        "labels": dict(meta.labels or {}),
+        "containers": containers,
+        "restarts": restarts,
+    }
+
+
+def list_pods(api_client, namespace, selector):
+    """Pods matching ``selector`` (any workload, e.g. an LLMInferenceService pool): ``(pods, skipped)`` as summary dicts,
+    pods being deleted or finished in ``skipped`` with the reason."""
+    try:
+        pods = CoreV1Api(api_client).list_namespaced_pod(namespace, label_selector=selector)
+    except ApiException as exc:
+        raise PodAccessError("listing pods %s in namespace %s failed: %s" % (selector, namespace, api_error_message(exc)),
+                             field="namespace", hint="the identity needs list on pods in that namespace") from exc
+    keep, skipped = [], []
+    for pod in sorted(pods.items, key=lambda p: p.metadata.name):
+        info = _pod_summary(pod)
+        if info["deleting"]:
+            skipped.append(dict(info, reason="being deleted"))
+        elif info["phase"] in ("Succeeded", "Failed"):
+            skipped.append(dict(info, reason="phase %s" % info["phase"]))
+        else:
+            keep.append(info)
+    return keep, skipped
+
+
+def list_predictor_pods(api_client, namespace, name, label_selector=None, component="predictor"):
+    """Predictor pods of an InferenceService: ``(pods, skipped)`` as summary dicts.
+
+    Selected by ``serving.kserve.io/inferenceservice=<name>`` (plus ``label_selector``); pods labelled with
+    another KServe ``component`` (transformer, explainer) are left out; so are pods being deleted and pods
+    that finished (Succeeded/Failed), which are returned in ``skipped`` with the reason.
+    """
+    selector = "%s=%s" % (ISVC_LABEL, name)
+    if label_selector:
+        selector += "," + label_selector
+    keep, skipped = list_pods(api_client, namespace, selector)
+
+    def wanted(info):
+        comp = info["labels"].get("component")
+        return not (component and comp and comp != component)
+    return [p for p in keep if wanted(p)], [p for p in skipped if wanted(p)]
+
+
+def stream_pod_log(api_client, namespace, pod, container=DEFAULT_CONTAINER, since_seconds=None, tail_lines=None,
+                   previous=False, chunk_size=LOG_CHUNK, timeout=None):
+    """Yield a pod container's log in byte chunks, streamed from the API server (never loaded whole)."""
+    kwargs = {"container": container, "_preload_content": False}
+    if since_seconds is not None:
+        kwargs["since_seconds"] = int(since_seconds)
+    if tail_lines is not None:
+        kwargs["tail_lines"] = int(tail_lines)
+    if previous:
+        kwargs["previous"] = True
+    if timeout is not None:
+        kwargs["_request_timeout"] = timeout
+    try:
+        resp = CoreV1Api(api_client).read_namespaced_pod_log(pod, namespace, **kwargs)
+    except ApiException as exc:
+        hint = None
+        text = api_error_message(exc)
+        if "previous terminated container" in text:
+            hint = "the container has not restarted; drop previous"
+        elif "is not valid for pod" in text or "container" in text and "not found" in text:
+            hint = "set container to one of the pod's containers (vLLM runs in %s by default)" % DEFAULT_CONTAINER
+        elif "waiting to start" in text or "ContainerCreating" in text or "PodInitializing" in text:
+            hint = "the container has not started yet; wait for the InferenceService to be Ready"
+        raise PodAccessError("reading log of pod %s/%s container %s failed: %s" % (namespace, pod, container, text),
+                             field="name", hint=hint) from exc
+    try:
+        yield from resp.stream(chunk_size, decode_content=True)
+    finally:
+        resp.release_conn()
+
+
+def proxy_get(api_client, namespace, pod, port=DEFAULT_HTTP_PORT, path="metrics", scheme="http", timeout=30):
+    """GET ``path`` on a pod's port through the API server's pod proxy; returns the body as text."""
+    target = "%s:%s" % (pod, port) if scheme == "http" else "%s:%s:%s" % (scheme, pod, port)
+    try:
+        resp = CoreV1Api(api_client).connect_get_namespaced_pod_proxy_with_path(
+            target, namespace, path.lstrip("/"), _preload_content=False, _request_timeout=timeout)
+    except ApiException as exc:
+        raise PodAccessError("GET /%s on pod %s/%s port %s (%s) through the API server proxy failed: %s"
+                             % (path.lstrip("/"), namespace, pod, port, scheme, api_error_message(exc)), field="port",
+                             hint="check the pod is Running and serves /%s on that port (vLLM's default in KServe is 8080) "
+                                  "with that scheme (https when vLLM runs with --ssl-certfile); "
+                                  "the identity needs get on pods/proxy" % path.lstrip("/")) from exc
+    except (TransportError, OSError) as exc:
+        raise PodAccessError("GET /%s on pod %s/%s port %s (%s) through the API server proxy failed: %s"
+                             % (path.lstrip("/"), namespace, pod, port, scheme, exc), field="timeout",
+                             hint="the API server or the pod did not answer in time; raise timeout or check the pod") from exc
+    try:
+        return resp.data.decode("utf-8", "replace")
+    finally:
+        resp.release_conn()
+
+
+def read_pod(api_client, namespace, pod):
+    """A pod as a plain dict (the API's camelCase keys)."""
+    try:
+        obj = CoreV1Api(api_client).read_namespaced_pod(pod, namespace)
+    except ApiException as exc:
+        if getattr(exc, "status", None) == 404:
+            raise ValidationError("pod %s/%s not found" % (namespace, pod), field="pod",
+                                  hint="check pod and namespace (kubectl get pods -n %s)" % namespace) from exc
+        raise PodAccessError("reading pod %s/%s failed: %s" % (namespace, pod, api_error_message(exc)), field="pod",
+                             hint="the identity needs get on pods to find the HTTP port and scheme; or give port (a number) "
+                                  "and scheme") from exc
+    return api_client.sanitize_for_serialization(obj)

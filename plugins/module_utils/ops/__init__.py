@@ -1,0 +1,1 @@
+"""ops: the loop's steps that combine the districts below (canary, draft removal, troubleshoot)."""

@@ -1,0 +1,1 @@
+"""vllm: what vLLM accepts and what it says (speculative config rules, command line, engine log, metrics)."""

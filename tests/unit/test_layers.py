@@ -1,0 +1,222 @@
+"""The districts of plugins/module_utils/ and their layer rule (docs/DEVELOPING.md "Districts and layers").
+
+Every import of every file under plugins/ is read (ast, also imports inside functions) and checked:
+- a district imports only from itself and from the districts below it
+  (errors < kube < vllm < kserve < artifacts < bench < ops < modules, filters and other plugins);
+- the ``kubernetes`` client package is imported in module_utils/kube/ only (kube/client.py hands it to the rest);
+- a module_utils file stays under MAX_LINES lines, unless BIG_FILES says why not.
+An exception to the first rule is named in UPWARD_IMPORTS with its reason, and the test fails when one is no longer needed.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+
+from tests.paths import REPO
+
+PLUGINS = os.path.join(REPO, "plugins")
+MODULE_UTILS = os.path.join(PLUGINS, "module_utils")
+PREFIX = "ansible_collections.alauda.spec_decoding.plugins."
+
+# Bottom to top. A district imports only from itself and from the districts before it in this list.
+LAYERS = ("errors", "kube", "vllm", "kserve", "artifacts", "bench", "ops")
+TOP = len(LAYERS)  # modules, filters, doc fragments and any other plugin: above every district
+
+MAX_LINES = 600
+
+# module_utils files allowed over MAX_LINES, and why. Split a file instead of adding it here when it has two concerns.
+BIG_FILES = {
+    # The stager Job's script (roles/stage_pvc/files/artifact_sync.py, linked here so modules can import its sources and
+    # checks): the Job runs it as one standalone file, so it cannot be split into modules.
+    "artifacts/artifact_sync.py": "the stager Job's single-file script",
+    # Being rewritten in parallel (its plotting part); moved whole, split after that lands.
+    "bench/report.py": "plotting rewrite in progress elsewhere",
+    # One flag registry and the argv / bash -c / env-string reader and editor that share it; splitting the registry from
+    # its readers would make every reader import private tables.
+    "vllm/command_line.py": "one flag registry and its readers/editors",
+    # The load sweep: input checks, the break-even search, the k model and resuming from JSON, all on one sweep dict.
+    # Candidate split: the k model (num_speculative_tokens on the acceptance curve) into its own file.
+    "bench/sweep.py": "to split: the k model",
+    # OCI image layout writer (layers, config, manifest, index) for the Modelcar image; one format.
+    "artifacts/modelcar_image.py": "one format (OCI layout) end to end",
+    # KServe's runtime merge and selection with the live / recording / snapshot readers they run on.
+    "kserve/isvc/runtime.py": "to split: the readers (ClientReader, SnapshotReader) from the merge",
+    # The registry client (auth challenge, retries, blob upload sessions, mounts) and push_plan.
+    "artifacts/registry.py": "to split: push_plan from the client",
+    # Draft removal for storageUris, PVC subdirectories and Modelcar layers: three removals behind one plan.
+    "ops/draft_removal.py": "to split: the Modelcar layer rewrite",
+    # The bundle's collectors and the rules that read it.
+    "ops/troubleshoot.py": "to split: the rules from the collectors",
+}
+
+# Imports that run up a layer, (importing file, imported module) -> why. Each is a known debt, not a pattern.
+UPWARD_IMPORTS = {
+    # Rendering an InferenceService checks the Modelcar image reference with the registry's own parser (ImageRef.parse),
+    # so a reference the push would refuse is refused at render time. Moving ImageRef below kserve (or artifacts below
+    # kserve: nothing in artifacts/ imports kserve/) removes this.
+    ("kserve/isvc/render.py", "artifacts.registry"): "ImageRef.parse for artifacts.modelcar_image",
+}
+
+
+def _rel(path):
+    return os.path.relpath(path, PLUGINS).replace(os.sep, "/")
+
+
+def _plugin_files():
+    for dirpath, dirnames, filenames in os.walk(PLUGINS):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(filenames):
+            if name.endswith(".py"):
+                yield os.path.join(dirpath, name)
+
+
+def district_of(rel):
+    """``module_utils/kube/pods.py`` -> ``kube``; ``modules/x.py`` -> None (above every district)."""
+    parts = rel.split("/")
+    if parts[0] != "module_utils":
+        return None
+    head = parts[1][:-3] if parts[1].endswith(".py") else parts[1]
+    return head
+
+
+def rank(district):
+    return TOP if district is None else LAYERS.index(district)
+
+
+def imports(path):
+    """``[(line, imported dotted name)]`` of one file; ``from X import Y`` gives ``X.Y`` (Y may be a module or a name)."""
+    with open(path, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read(), path)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                out.append((node.lineno, "." * node.level + (node.module or "")))
+                continue
+            out.extend((node.lineno, "%s.%s" % (node.module, alias.name)) for alias in node.names)
+    return out
+
+
+def imported_district(dotted):
+    """The district a dotted import reaches (``...module_utils.kube.pods.x`` -> ``kube``), TOP for plugins outside
+    module_utils, or False when the import is not of this collection."""
+    if not dotted.startswith(PREFIX):
+        return False
+    parts = dotted[len(PREFIX):].split(".")
+    if parts[0] != "module_utils":
+        return None
+    return parts[1] if len(parts) > 1 else None
+
+
+def _module_of(dotted):
+    """``...module_utils.kube.pods.readiness`` -> ``kube.pods`` (the imported module under module_utils)."""
+    parts = dotted[len(PREFIX):].split(".")[1:]
+    for cut in range(len(parts), 0, -1):
+        candidate = os.path.join(MODULE_UTILS, *parts[:cut])
+        if os.path.isfile(candidate + ".py") or os.path.isdir(candidate):
+            return ".".join(parts[:cut])
+    return ".".join(parts)
+
+
+FILES = [(_rel(p), p) for p in _plugin_files()]
+
+
+def test_every_district_is_a_package_and_every_module_utils_file_is_in_a_district():
+    for name in sorted(os.listdir(MODULE_UTILS)):
+        full = os.path.join(MODULE_UTILS, name)
+        if name == "__pycache__":
+            continue
+        if os.path.isdir(full):
+            assert name in LAYERS, "plugins/module_utils/%s/ is no district: add it to LAYERS (and docs/DEVELOPING.md)" % name
+            for dirpath, dirnames, _files in os.walk(full):
+                dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+                assert os.path.isfile(os.path.join(dirpath, "__init__.py")), "%s has no __init__.py" % os.path.relpath(dirpath, REPO)
+        else:
+            assert name == "errors.py", ("plugins/module_utils/%s sits outside the districts: move it into the one it belongs to "
+                                         "(docs/DEVELOPING.md, Districts and layers)" % name)
+
+
+def layer_problems(rel, path):
+    """What is wrong with the imports of one file (plugins/-relative ``rel``), one line per import."""
+    here = district_of(rel)
+    problems = []
+    for line, dotted in imports(path):
+        if dotted.startswith("."):
+            problems.append("%s:%d imports %s: relative imports hide the district, use the ansible_collections path" % (rel, line, dotted))
+            continue
+        if dotted == "kubernetes" or dotted.startswith("kubernetes."):
+            if here != "kube":
+                problems.append("%s:%d imports %s: the kubernetes client package is imported in module_utils/kube/ only "
+                                "(take it from module_utils.kube.client)" % (rel, line, dotted))
+            continue
+        there = imported_district(dotted)
+        if there is False:
+            continue
+        if there is None and here is not None:
+            problems.append("%s:%d imports %s: module_utils never imports modules, filters or other plugins" % (rel, line, dotted))
+            continue
+        if there is None or here is None or there == here:
+            continue
+        if there not in LAYERS:
+            problems.append("%s:%d imports %s: %s is no district (LAYERS)" % (rel, line, dotted, there))
+        elif rank(there) > rank(here) and (rel[len("module_utils/"):], _module_of(dotted)) not in UPWARD_IMPORTS:
+            problems.append("%s:%d imports %s: %s runs up a layer from %s (order: %s)"
+                            % (rel, line, dotted, there, here, " < ".join(LAYERS)))
+    return problems
+
+
+def test_imports_follow_the_layers():
+    problems = [problem for rel, path in FILES for problem in layer_problems(rel, path)]
+    assert not problems, "imports against the layer rule (docs/DEVELOPING.md, Districts and layers):\n" + "\n".join(problems)
+
+
+def test_the_exceptions_are_still_needed():
+    """An allow-list entry whose import or size is gone is removed, so the lists say what is true."""
+    seen = set()
+    for rel, path in FILES:
+        if rel.startswith("module_utils/"):
+            for _line, dotted in imports(path):
+                if dotted.startswith(PREFIX + "module_utils."):
+                    seen.add((rel[len("module_utils/"):], _module_of(dotted)))
+    for key in UPWARD_IMPORTS:
+        assert key in seen, "UPWARD_IMPORTS lists %s -> %s, which is no longer imported: remove the entry" % key
+    for rel in BIG_FILES:
+        path = os.path.join(MODULE_UTILS, rel)
+        assert os.path.isfile(path), "BIG_FILES lists %s, which does not exist: remove the entry" % rel
+        with open(path, encoding="utf-8") as fh:
+            lines = len(fh.readlines())
+        assert lines > MAX_LINES, "BIG_FILES lists %s, now %d lines (at most %d): remove the entry" % (rel, lines, MAX_LINES)
+
+
+def test_module_utils_files_stay_small():
+    big = []
+    for rel, path in FILES:
+        if not rel.startswith("module_utils/"):
+            continue
+        with open(path, encoding="utf-8") as fh:
+            lines = len(fh.readlines())
+        if lines > MAX_LINES and rel[len("module_utils/"):] not in BIG_FILES:
+            big.append("%s has %d lines (at most %d)" % (rel, lines, MAX_LINES))
+    assert not big, ("split these by concern, or add them to BIG_FILES in tests/unit/test_layers.py with the reason:\n"
+                     + "\n".join(big))
+
+
+def test_the_rule_catches_an_upward_import_and_kubernetes_outside_kube(tmp_path):
+    """The checker itself, on a file of the vllm district that imports ops/ and the kubernetes client, and a module that
+    imports the kubernetes client: each import is reported with the file, the import and the rule."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import canary\n"
+                   "from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods\n"
+                   "def f():\n    from kubernetes.client import CoreV1Api\n")
+    problems = layer_problems("module_utils/vllm/bad.py", str(bad))
+    assert problems == [
+        "module_utils/vllm/bad.py:1 imports ansible_collections.alauda.spec_decoding.plugins.module_utils.ops.canary: ops runs up a "
+        "layer from vllm (order: errors < kube < vllm < kserve < artifacts < bench < ops)",
+        "module_utils/vllm/bad.py:4 imports kubernetes.client.CoreV1Api: the kubernetes client package is imported in "
+        "module_utils/kube/ only (take it from module_utils.kube.client)",
+    ]
+    assert len(layer_problems("modules/bad.py", str(bad))) == 1  # a module may import any district, not kubernetes
+    assert layer_problems("module_utils/kube/bad.py", str(bad))[0].endswith("ops runs up a layer from kube (order: %s)" % " < ".join(LAYERS))

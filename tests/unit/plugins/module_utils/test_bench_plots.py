@@ -249,7 +249,7 @@ def test_a_report_asked_for_plots_without_matplotlib_writes_nothing_and_one_with
 def test_the_report_and_sweep_code_do_not_import_matplotlib_until_a_plot_is_drawn():
     """A module that does not plot (canary_observe through bench_report, spec_benchmark with plots off) does not pay matplotlib's import."""
     code = ("import sys\n"
-            "from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_plots, bench_report, spec_sweep\n"
+            "from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import plots as bench_plots, report as bench_report, sweep as spec_sweep\n"
             "print(any(n == 'matplotlib' or n.startswith('matplotlib.') for n in sys.modules))\n"
             "bench_plots.require_matplotlib()\n"
             "print('matplotlib.backends.backend_agg' in sys.modules)\n")

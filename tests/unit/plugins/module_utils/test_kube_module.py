@@ -18,6 +18,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube_module i
 from ansible_collections.kubernetes.core.plugins.module_utils.k8s import client as k8s_client_module
 
 from tests.loopback_http import serving
+from tests.module_run import run_module
 
 
 VERSION = {"major": "1", "minor": "30", "gitVersion": "v1.30.0", "gitCommit": "0", "gitTreeState": "clean", "buildDate": "2024-01-01T00:00:00Z",
@@ -188,3 +189,11 @@ def test_argspec_puts_kubernetes_core_auth_options_last_in_fresh_dicts():
     first["name"]["required"] = False
     assert kube_module.INFERENCE_SERVICE_ARG_SPEC["name"]["required"] is True and second["name"]["required"] is True
 
+
+def test_a_real_module_refuses_before_it_needs_a_cluster(builds):
+    result = run_module("isvc_speculative", {"name": "llama", "namespace": "models", "state": "present"})
+    assert result.failed and result["field"] == "config"
+    assert result.msg == ("config: state=present needs config (a mapping or JSON string). "
+                          "Fix: pass config, or restore_backup: true to roll forward from the backup")
+    assert result["fix"] == "pass config, or restore_backup: true to roll forward from the backup"
+    assert builds == []

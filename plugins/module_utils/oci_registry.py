@@ -697,3 +697,16 @@ def format_progress(done, total, rate, final):
 
 __all__ = ["ImageRef", "Progress", "RegistryAuthError", "RegistryClient", "RegistryError", "format_progress", "push_plan",
            "read_auth_file"]
+
+
+def open_client(ref, username=None, password=None, auth_file=None, hide=None, **kwargs):
+    """A RegistryClient for ``ref`` with the credentials given, or those `auth_file` holds for its registry.
+
+    ``hide(password)`` is called with the password in use (also one read from the file) so the module keeps it out of
+    every output (AnsibleModule.no_log_values.add); `kwargs` go to RegistryClient (tls_verify, ca_file, timeout, retries).
+    """
+    if auth_file:
+        username, password = read_auth_file(auth_file, ref.registry)
+    if password and hide is not None:
+        hide(password)
+    return RegistryClient(ref, username, password, **kwargs)

@@ -42,6 +42,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils import isvc_w
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import k8s_pods
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import prometheus_text
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import spec_metrics
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import speculative_config as spec_config
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import vllm_command
 
 STANDARD, KNATIVE = "Standard", "Knative"
@@ -758,3 +759,96 @@ def render_markdown(report):
 
 def report_json(report):
     return json.dumps(report, indent=2, sort_keys=True, default=str) + "\n"
+
+
+# Module canary_rollout: one step of the canary (start or move, promote, roll back), rendered from a definition or applied.
+
+def plan_step(params, isvc, kserve_version):
+    """(mode, patch, canary predictor) of the step, validated; nothing is written here."""
+    mode = check_mode(deployment_mode(isvc), kserve_version)
+    name = check_canary_name(params["canary_name"])
+    state = params["state"]
+    spec = isvc.get("spec") or {}
+    entry = next((c for c in spec.get("canary") or [] if (c.get("predictor") or {}).get("name") == name), None)
+    canary_pred = None
+    if params.get("speculative_config") is not None:
+        json_text = spec_config.canonical_json(params["speculative_config"], vllm_version=params.get("vllm_version"))[0]
+        if state == "present" and entry is None and already_promoted(isvc, json.loads(json_text)):
+            return mode, None, None  # a rerun after the promotion: the serving revision already runs this config
+        stable = spec.get("predictor") or {}
+        if mode == KNATIVE and stable.get("canaryTrafficPercent") is not None:
+            stable = rollback_source(isvc)
+        canary_pred = canary_predictor(stable, json_text, name) if not (state != "present" and entry) else None
+    if canary_pred is None and entry is not None:
+        canary_pred = copy.deepcopy(entry["predictor"])
+    if state == "present":
+        percent = check_percent(params.get("percent"))
+        return mode, step_patch(isvc, mode, percent, canary_pred), canary_pred
+    if state == "promoted":
+        if canary_pred is None and mode == STANDARD:
+            raise ValidationError("there is no canary %r to promote" % name, field="canary_name",
+                                  hint="start the canary first (state: present), or give speculative_config to render the promotion")
+        if mode == KNATIVE:
+            check_knative_promotion(isvc)
+        return mode, promote_patch(isvc, mode, canary_pred), canary_pred
+    return mode, rollback_patch(isvc, mode, rollback_source(isvc)), canary_pred
+
+
+def check_step_params(params):
+    """Refuse a percent that is not one of the steps, or out of range, before anything is read."""
+    if params.get("steps"):
+        plan = check_steps(params["steps"])
+        if params["state"] == "present" and params.get("percent") not in plan:
+            raise ValidationError("percent %s is not one of the steps %s" % (params.get("percent"), plan), field="percent",
+                                  hint="give one of the steps as the percent")
+    if params["state"] == "present":
+        check_percent(params["percent"])
+
+
+def render_step(params):
+    """canary_rollout with a definition: the manifest after the step; nothing is read or written."""
+    isvc = params["definition"]
+    mode, patch, _pred = plan_step(params, isvc, params.get("kserve_version"))
+    patch = patch or {}
+    out = manifest(isvc, patch)
+    selectors = revision_selectors(out, mode, params["canary_name"]) if mode == STANDARD else {}
+    return dict(changed=False, manifest=out, patch=patch, mode=mode, selectors=selectors)
+
+
+def apply_step(api_client, params, dry_run=False, diff=False):
+    """canary_rollout on the cluster: plan the step on the live InferenceService, merge-patch it (a server dry run with
+    `dry_run`) and, with wait, wait until the step has taken effect. Returns the module's result."""
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils import kserve_facts  # pylint: disable=import-outside-toplevel
+    ns, name = params["namespace"], params["name"]
+    isvc = k8s_pods.get_inference_service(api_client, ns, name)
+    version = params.get("kserve_version") or kserve_facts.kserve_release(api_client).get("kserve_version")
+    mode, patch, _pred = plan_step(params, isvc, version)
+    if patch is None:
+        return dict(changed=False, already_promoted=True, mode=mode, resource=isvc, selectors={}, patch={},
+                    manifest=manifest(isvc, {}),
+                    msg="%s/%s already serves this speculative config without a canary: nothing to do" % (ns, name))
+    read = isvc
+    before = manifest(isvc, {})
+    after = manifest(isvc, patch)
+    changed = before["spec"] != after["spec"]
+    selectors = revision_selectors(after, mode, params["canary_name"]) if mode == STANDARD else {}
+    result = {"changed": changed, "manifest": after, "patch": patch, "mode": mode, "selectors": selectors}
+    if diff:
+        result["diff"] = {"before": before, "after": after}
+    if changed:
+        isvc = apply_merge_patch(api_client, ns, name, patch, dry_run=dry_run)
+    result["resource"] = isvc
+    if params["wait"] and not dry_run:
+        retired, stable_revision = None, None
+        if mode == STANDARD and params["state"] != "present":
+            retired = revision_selectors(before, mode, params["canary_name"])["stable" if params["state"] == "promoted" else "canary"]
+        elif mode == KNATIVE and params["state"] != "present" and changed:
+            # the revisions as they were before this write: the one that goes out of the traffic is retired
+            stable_revision, retired = knative_retired(read, params["state"])
+        isvc, _elapsed, rollout = wait_step(api_client, ns, name, params["state"], mode, params["canary_name"],
+                                            params.get("percent"), params["wait_timeout"], retired=retired,
+                                            stable_revision=stable_revision)
+        result.update(resource=isvc, rollout=rollout)
+        if mode == KNATIVE and params["state"] == "present":
+            result["selectors"] = revision_selectors(isvc, mode, params["canary_name"])
+    return result

@@ -852,3 +852,34 @@ def apply_step(api_client, params, dry_run=False, diff=False):
         if mode == KNATIVE and params["state"] == "present":
             result["selectors"] = revision_selectors(isvc, mode, params["canary_name"])
     return result
+
+
+def observe_canary(connect, params):
+    """Module canary_observe: check the options, read the InferenceService (and the selectors of its two revisions when
+    none are given), observe both revisions' /metrics over the window and decide; returns the module's result.
+    `connect()` returns the kubernetes ApiClient, called once the options are checked."""
+    if params["window"] <= 0:
+        raise ValidationError("must be more than 0 seconds", field="window", hint="observe at least a few minutes of live traffic")
+    if params["min_requests"] < 1:
+        raise ValidationError("must be at least 1", field="min_requests", hint="ask for enough requests per side to decide on, e.g. 50")
+    bench_report.check_tolerances(params.get("tolerances"))
+    check_p99_tolerance(params.get("p99_tolerance"))
+    k8s_pods.check_port(params.get("port"))
+    selectors = params.get("selectors")
+    api_client = connect()
+    isvc = k8s_pods.get_inference_service(api_client, params["namespace"], params["name"])
+    mode = deployment_mode(isvc)
+    if not selectors:
+        selectors = revision_selectors(isvc, mode, check_canary_name(params["canary_name"]))
+    elif set(selectors) != {"stable", "canary"}:
+        raise ValidationError("needs exactly the keys stable and canary, got %s" % ", ".join(sorted(selectors)), field="selectors",
+                              hint="pass the selectors canary_rollout returned, e.g. {stable: app=isvc.x-predictor, canary: app=isvc.x-predictor-spec}")
+    result = observe(api_client, params["namespace"], params["name"], selectors, params["window"],
+                     max_window=params.get("max_window"), min_requests=params["min_requests"],
+                     tolerances=params.get("tolerances"), p99_tolerance=params.get("p99_tolerance"),
+                     model_name=params.get("model_name"),
+                     container=params["container"], port=params.get("port"), scheme=params.get("scheme"),
+                     timeout=params["timeout"])
+    report = build_report(params["namespace"], params["name"], result, percent=params.get("percent"),
+                          canary_name=params["canary_name"], mode=mode)
+    return dict(changed=False, report=report, markdown=render_markdown(report), **result)

@@ -11,6 +11,7 @@ draft's storageUris entry when asked. Errors are SpecDecodingErrors that name th
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 
@@ -378,3 +379,64 @@ def remove_draft(params, cluster, result, warnings):
                                                timeout=params["wait_timeout"], interval=params["wait_sleep"])
         result["resource"] = ready
     return {"removed": removed, "note": note}
+
+
+# Module llmisvc_speculative: the rollback of a KServe LLMInferenceService (read the flags of every pool, strip them).
+
+def _patch_llmisvc(api_client, params, ops, dry_run):
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils import llmisvc  # pylint: disable=import-outside-toplevel
+    kwargs = {"field_manager": ROLLBACK_FIELD_MANAGER}
+    if dry_run:
+        kwargs["dry_run"] = "All"
+    api = llmisvc._custom_api(api_client)
+    args = (llmisvc.GROUP, params["api_version"], params["namespace"], llmisvc.PLURAL, params["name"], ops)
+    try:
+        return api.patch_namespaced_custom_object(*args, _content_type="application/json-patch+json", **kwargs)
+    except TypeError:  # kubernetes < 31 picks the content type from the body (a list: JSON patch)
+        return api.patch_namespaced_custom_object(*args, **kwargs)
+
+
+def strip_llmisvc(api_client, params, check_mode=False, diff=False, warn=None):
+    """Module llmisvc_speculative: (changed, result) - every speculative flag of an LLMInferenceService's pools (also those
+    its presets and env sources set) and, with state=absent, one guarded JSON patch that strips them. `warn(text)` passes
+    warnings on."""
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils import llmisvc  # pylint: disable=import-outside-toplevel
+
+    obj = llmisvc.get(api_client, params["namespace"], params["name"], params["api_version"])
+    prefix = params["config_prefix"]
+    unreadable = []
+    presets = llmisvc.read_presets(api_client, obj, params["config_namespace"], params["api_version"], config_prefix=prefix,
+                                   unreadable=unreadable)
+    for preset in unreadable:
+        if warn is not None:
+            warn("could not read KServe's well-known preset %s (forbidden): a flag it sets is not seen here; the engine "
+                 "line on the pods still shows what runs" % preset)
+    env_sources = llmisvc.read_env_sources(api_client, obj, presets, config_prefix=prefix)
+    found = llmisvc.flags(obj, presets, env_sources, config_prefix=prefix)
+    previous = {pool: None for pool in llmisvc.pools_of(obj)}
+    for entry in found:
+        if previous.get(entry["pool"]) is None:
+            previous[entry["pool"]] = entry["config"]
+    for entry in found:
+        entry.pop("unstrippable", None)
+    result = {"flags": found, "previous_config": previous, "changes": [], "patch": [], "resource": obj,
+              "generation": obj["metadata"].get("generation")}
+    if params["state"] == "query":
+        return False, result
+    ops, changes = llmisvc.strip(obj, presets, env_sources, secret_env_has_no_flag=params["secret_env_has_no_flag"], config_prefix=prefix)
+    result.update(changes=changes, patch=ops)
+    if not ops:
+        return False, result
+    from kubernetes.client.rest import ApiException  # pylint: disable=import-outside-toplevel
+    try:
+        after = _patch_llmisvc(api_client, params, ops, check_mode)
+    except ApiException as exc:
+        if exc.status == 422 and "test" in str(exc.body or ""):
+            raise SpecDecodingError("LLMInferenceService %s/%s changed while the rollback read it (a JSON patch test failed)"
+                                    % (params["namespace"], params["name"]), field="name", hint="rerun the rollback") from exc
+        raise llmisvc.api_error("patching LLMInferenceService %s/%s" % (params["namespace"], params["name"]), exc,
+                                "name") from exc
+    result.update(resource=after, generation=after["metadata"].get("generation"))
+    if diff:
+        result["diff"] = {"before": {"spec": copy.deepcopy(obj.get("spec"))}, "after": {"spec": after.get("spec")}}
+    return True, result

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import sys
 
+from ansible.module_utils.basic import missing_required_lib
 from ansible.module_utils.common.text.converters import to_text
 from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
 from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
@@ -80,11 +81,12 @@ def failure(exc, failed=None, timed_out=None):
     return out
 
 
-def run(module, execute, failed=None, timed_out=None, unexpected=None):
+def run(module, execute, failed=None, timed_out=None, unexpected=None, unexpected_types=Exception):
     """``exit_json(**execute(module))``; the errors end in ``fail_json`` instead of a traceback.
 
     - SpecDecodingError: see `failure` (`failed` and `timed_out` add keys to it).
-    - `unexpected` (the module's name): any other exception fails with ``"<name>: <error>"`` (and `failed`'s keys).
+    - `unexpected` (the module's name): any other exception (of `unexpected_types`) fails with ``"<name>: <error>"``
+      (and `failed`'s keys).
     - kubernetes.core's CoreException (a kubeconfig it cannot load): its message and traceback, as kubernetes.core's
       modules report it (``fail_from_exception``).
     `execute` may itself end the run with ``module.fail_json`` or ``module.exit_json``.
@@ -94,12 +96,19 @@ def run(module, execute, failed=None, timed_out=None, unexpected=None):
     except SpecDecodingError as exc:
         module.fail_json(**failure(exc, failed, timed_out))
     except Exception as exc:  # pylint: disable=broad-except
-        if unexpected:
+        if unexpected and isinstance(exc, unexpected_types):
             module.fail_json(**dict(failed or {}, msg="%s: %s" % (unexpected, to_text(exc))))
         if isinstance(exc, CoreException) and hasattr(module, "fail_from_exception"):
             module.fail_from_exception(exc)
         raise
     module.exit_json(**result)
+
+
+def require_prometheus_client(module):
+    """Fail the task, the Ansible way, when the prometheus_client library (the /metrics parser) is not installed."""
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils import prometheus_text  # pylint: disable=import-outside-toplevel
+    if not prometheus_text.HAS_PROMETHEUS_CLIENT:
+        module.fail_json(msg=missing_required_lib("prometheus_client"), exception=str(prometheus_text.PROMETHEUS_IMPORT_ERROR))
 
 
 class KubeModule(AnsibleK8SModule):
@@ -129,6 +138,6 @@ class KubeModule(AnsibleK8SModule):
         """AnsibleModule's set of values masked in every output (a password read from a file at run time goes in it)."""
         return self._module.no_log_values
 
-    def run(self, execute, failed=None, timed_out=None, unexpected=None):
+    def run(self, execute, failed=None, timed_out=None, unexpected=None, unexpected_types=Exception):
         """See the module-level `run`."""
-        run(self, execute, failed=failed, timed_out=timed_out, unexpected=unexpected)
+        run(self, execute, failed=failed, timed_out=timed_out, unexpected=unexpected, unexpected_types=unexpected_types)

@@ -147,10 +147,8 @@ markdown:
 """
 
 
-from ansible.module_utils.basic import missing_required_lib
-
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import canary, prometheus_text
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube_module import INFERENCE_SERVICE_ARG_SPEC, KubeModule, argspec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import canary
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube_module import INFERENCE_SERVICE_ARG_SPEC, KubeModule, argspec, require_prometheus_client
 
 
 def argument_spec():
@@ -173,8 +171,7 @@ def argument_spec():
 
 
 def execute(module):
-    if not prometheus_text.HAS_PROMETHEUS_CLIENT:
-        module.fail_json(msg=missing_required_lib("prometheus_client"), exception=str(prometheus_text.PROMETHEUS_IMPORT_ERROR))
+    require_prometheus_client(module)
     return canary.observe_canary(lambda: module.api_client, module.params)
 
 

@@ -336,19 +336,16 @@ progress_file:
 """
 
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_run, prometheus_text
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube_module import run
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import bench_run
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube_module import require_prometheus_client, run
 
 
 def execute(module):
-    if module.params["scrape_metrics"] and not prometheus_text.HAS_PROMETHEUS_CLIENT:
-        module.fail_json(msg=missing_required_lib("prometheus_client"), exception=str(prometheus_text.PROMETHEUS_IMPORT_ERROR))
-    try:
-        return bench_run.benchmark(module.params)
-    except OSError as exc:  # a report file that cannot be written
-        module.fail_json(msg="spec_benchmark: %s" % exc)
+    if module.params["scrape_metrics"]:
+        require_prometheus_client(module)
+    return bench_run.benchmark(module.params)
 
 
 def main():
@@ -369,7 +366,7 @@ def main():
         ],
         supports_check_mode=True,
     )
-    run(module, execute)
+    run(module, execute, unexpected="spec_benchmark", unexpected_types=OSError)  # a report file that cannot be written
 
 
 if __name__ == "__main__":

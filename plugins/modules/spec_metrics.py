@@ -254,12 +254,11 @@ msg:
 """
 
 
-from ansible.module_utils.basic import missing_required_lib
 from ansible.module_utils.common.text.converters import to_text
 from ansible.module_utils.urls import open_url
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils import prometheus_text, spec_metrics
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube_module import KubeModule, argspec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import spec_metrics
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube_module import KubeModule, argspec, require_prometheus_client
 
 
 def argument_spec():
@@ -300,8 +299,8 @@ def http_get(url, headers, validate_certs, timeout):
 def execute(module):
     params = module.params
     has_prom_source = spec_metrics.check_sources(params)
-    if has_prom_source and not prometheus_text.HAS_PROMETHEUS_CLIENT:
-        module.fail_json(msg=missing_required_lib("prometheus_client"), exception=str(prometheus_text.PROMETHEUS_IMPORT_ERROR))
+    if has_prom_source:
+        require_prometheus_client(module)
     summary = spec_metrics.read_acceptance(params, connect=lambda: module.api_client, http_get=http_get)
     if summary["failures"]:
         detail = " (%s)" % summary["msg"] if summary["has_data"] else ""

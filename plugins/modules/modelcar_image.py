@@ -283,7 +283,7 @@ def _argument_spec():
 def execute(module):
     # A password read from auth_file stays out of every output too.
     return oci_registry.build_modelcar(module.params, check_mode=module.check_mode, diff=module._diff,  # pylint: disable=protected-access
-                                      warn=module.warn, hide=module.no_log_values.add)
+                                       warn=module.warn, hide=module.no_log_values.add)
 
 
 def main():

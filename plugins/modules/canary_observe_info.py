@@ -24,14 +24,6 @@ description:
 author:
   - Alauda Platform Team (@alauda)
 options:
-  name:
-    description: InferenceService name.
-    type: str
-    required: true
-  namespace:
-    description: Namespace.
-    type: str
-    required: true
   canary_name:
     description: Name of the canary predictor (Standard mode).
     type: str
@@ -85,6 +77,7 @@ options:
     type: int
     default: 30
 extends_documentation_fragment:
+  - alauda.spec_decoding.inference_service
   - kubernetes.core.k8s_auth_options
   - alauda.spec_decoding.attributes.READ_ONLY
   - alauda.spec_decoding.attributes.ACTION_GROUP
@@ -153,17 +146,15 @@ markdown:
   type: str
 """
 
-from ansible.module_utils.basic import missing_required_lib
-from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
-from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import INFERENCE_SERVICE_ARG_SPEC, KubeModule, argspec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import canary_steps
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.prometheus_text import require_prometheus_client
 
 
-def main():
-    spec = dict(
-        name=dict(type="str", required=True),
-        namespace=dict(type="str", required=True),
+def argument_spec():
+    return argspec(
+        INFERENCE_SERVICE_ARG_SPEC,
         canary_name=dict(type="str", default="spec"),
         selectors=dict(type="dict"),
         window=dict(type="float", default=300),
@@ -178,46 +169,15 @@ def main():
         timeout=dict(type="int", default=30),
         percent=dict(type="int"),
     )
-    spec.update(AUTH_ARG_SPEC)
-    module = AnsibleK8SModule(argument_spec=spec, supports_check_mode=True)
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import canary  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import canary_window  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import http_target  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import prometheus_text  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report  # pylint: disable=import-outside-toplevel
-    if not prometheus_text.HAS_PROMETHEUS_CLIENT:
-        module.fail_json(msg=missing_required_lib("prometheus_client"), exception=str(prometheus_text.PROMETHEUS_IMPORT_ERROR))
-    params = module.params
-    try:
-        if params["window"] <= 0:
-            raise ValidationError("must be more than 0 seconds", field="window", hint="observe at least a few minutes of live traffic")
-        if params["min_requests"] < 1:
-            raise ValidationError("must be at least 1", field="min_requests", hint="ask for enough requests per side to decide on, e.g. 50")
-        bench_report.check_tolerances(params.get("tolerances"))
-        canary_window.check_p99_tolerance(params.get("p99_tolerance"))
-        http_target.check_port(params.get("port"))
-        selectors = params.get("selectors")
-        from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
-        api_client = get_api_client(module=module).client.client
-        isvc = k8s_pods.get_inference_service(api_client, params["namespace"], params["name"])
-        mode = canary.deployment_mode(isvc)
-        if not selectors:
-            selectors = canary.revision_selectors(isvc, mode, canary.check_canary_name(params["canary_name"]))
-        elif set(selectors) != {"stable", "canary"}:
-            raise ValidationError("needs exactly the keys stable and canary, got %s" % ", ".join(sorted(selectors)), field="selectors",
-                                  hint="pass the selectors canary_rollout returned, e.g. {stable: app=isvc.x-predictor, canary: app=isvc.x-predictor-spec}")
-        result = canary.observe(api_client, params["namespace"], params["name"], selectors, params["window"],
-                                max_window=params.get("max_window"), min_requests=params["min_requests"],
-                                tolerances=params.get("tolerances"), p99_tolerance=params.get("p99_tolerance"),
-                                model_name=params.get("model_name"),
-                                container=params["container"], port=params.get("port"), scheme=params.get("scheme"),
-                                timeout=params["timeout"])
-    except SpecDecodingError as exc:
-        module.fail_json(msg=str(exc))
-    report = canary.build_report(params["namespace"], params["name"], result, percent=params.get("percent"),
-                                 canary_name=params["canary_name"], mode=mode)
-    module.exit_json(changed=False, report=report, markdown=canary.render_markdown(report), **result)
+
+
+def execute(module):
+    require_prometheus_client(module)
+    return canary_steps.observe_canary(lambda: module.api_client, module.params)
+
+
+def main():
+    KubeModule(argument_spec(), supports_check_mode=True).run(execute)
 
 
 if __name__ == "__main__":

@@ -145,50 +145,13 @@ msg:
   type: str
 """
 
-import copy
-import json
 
-from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
-from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
-
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import canary
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as spec_config
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import canary_steps
 
 
-def _plan(params, isvc, kserve_version):
-    """(mode, patch, canary predictor) of the step, validated; nothing is written here."""
-    mode = canary.check_mode(canary.deployment_mode(isvc), kserve_version)
-    name = canary.check_canary_name(params["canary_name"])
-    state = params["state"]
-    spec = isvc.get("spec") or {}
-    entry = next((c for c in spec.get("canary") or [] if (c.get("predictor") or {}).get("name") == name), None)
-    canary_pred = None
-    if params.get("speculative_config") is not None:
-        json_text = spec_config.canonical_json(params["speculative_config"], vllm_version=params.get("vllm_version"))[0]
-        if state == "present" and entry is None and canary.already_promoted(isvc, json.loads(json_text)):
-            return mode, None, None  # a rerun after the promotion: the serving revision already runs this config
-        stable = spec.get("predictor") or {}
-        if mode == canary.KNATIVE and stable.get("canaryTrafficPercent") is not None:
-            stable = canary.rollback_source(isvc)
-        canary_pred = canary.canary_predictor(stable, json_text, name) if not (state != "present" and entry) else None
-    if canary_pred is None and entry is not None:
-        canary_pred = copy.deepcopy(entry["predictor"])
-    if state == "present":
-        percent = canary.check_percent(params.get("percent"))
-        return mode, canary.step_patch(isvc, mode, percent, canary_pred), canary_pred
-    if state == "promoted":
-        if canary_pred is None and mode == canary.STANDARD:
-            raise ValidationError("there is no canary %r to promote" % name, field="canary_name",
-                                  hint="start the canary first (state: present), or give speculative_config to render the promotion")
-        if mode == canary.KNATIVE:
-            canary.check_knative_promotion(isvc)
-        return mode, canary.promote_patch(isvc, mode, canary_pred), canary_pred
-    return mode, canary.rollback_patch(isvc, mode, canary.rollback_source(isvc)), canary_pred
-
-
-def main():
-    spec = dict(
+def argument_spec():
+    return argspec(
         name=dict(type="str"),
         namespace=dict(type="str"),
         state=dict(type="str", default="present", choices=["present", "promoted", "absent"]),
@@ -202,76 +165,22 @@ def main():
         wait=dict(type="bool", default=True),
         wait_timeout=dict(type="int", default=1200),
     )
-    spec.update(AUTH_ARG_SPEC)
-    module = AnsibleK8SModule(argument_spec=spec, supports_check_mode=True,
-                              required_if=[("state", "present", ("speculative_config", "percent"))],
-                              required_one_of=[("definition", "name")],
-                              required_together=[("name", "namespace")])
-    params = module.params
-    try:
-        if params.get("steps"):
-            plan = canary.check_steps(params["steps"])
-            if params["state"] == "present" and params.get("percent") not in plan:
-                raise ValidationError("percent %s is not one of the steps %s" % (params.get("percent"), plan), field="percent",
-                                      hint="give one of the steps as the percent")
-        if params["state"] == "present":
-            canary.check_percent(params["percent"])
-    except ValidationError as exc:
-        module.fail_json(msg=str(exc))
-    if params.get("definition"):
-        isvc = params["definition"]
-        try:
-            mode, patch, _pred = _plan(params, isvc, params.get("kserve_version"))
-            patch = patch or {}
-            out = canary.manifest(isvc, patch)
-            selectors = canary.revision_selectors(out, mode, params["canary_name"]) if mode == canary.STANDARD else {}
-        except SpecDecodingError as exc:
-            module.fail_json(msg=str(exc))
-        module.exit_json(changed=False, manifest=out, patch=patch, mode=mode, selectors=selectors)
 
-    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import facts as kserve_facts  # pylint: disable=import-outside-toplevel
-    api_client = get_api_client(module=module).client.client
-    ns, name = params["namespace"], params["name"]
-    try:
-        isvc = k8s_pods.get_inference_service(api_client, ns, name)
-        version = params.get("kserve_version") or kserve_facts.kserve_release(api_client).get("kserve_version")
-        mode, patch, _pred = _plan(params, isvc, version)
-        if patch is None:
-            module.exit_json(changed=False, already_promoted=True, mode=mode, resource=isvc, selectors={}, patch={},
-                             manifest=canary.manifest(isvc, {}),
-                             msg="%s/%s already serves this speculative config without a canary: nothing to do" % (ns, name))
-        read = isvc
-        before = canary.manifest(isvc, {})
-        after = canary.manifest(isvc, patch)
-        changed = before["spec"] != after["spec"]
-        selectors = canary.revision_selectors(after, mode, params["canary_name"]) if mode == canary.STANDARD else {}
-        result = {"changed": changed, "manifest": after, "patch": patch, "mode": mode, "selectors": selectors}
-        if module._diff:
-            result["diff"] = {"before": before, "after": after}
-        if changed:
-            isvc = canary.apply_merge_patch(api_client, ns, name, patch, dry_run=module.check_mode)
-        result["resource"] = isvc
-        if params["wait"] and not module.check_mode:
-            retired, stable_revision = None, None
-            if mode == canary.STANDARD and params["state"] != "present":
-                retired = canary.revision_selectors(before, mode, params["canary_name"])["stable" if params["state"] == "promoted" else "canary"]
-            elif mode == canary.KNATIVE and params["state"] != "present" and changed:
-                # the revisions as they were before this write: the one that goes out of the traffic is retired
-                stable_revision, retired = canary.knative_retired(read, params["state"])
-            isvc, _elapsed, rollout = canary.wait_step(api_client, ns, name, params["state"], mode, params["canary_name"],
-                                                       params.get("percent"), params["wait_timeout"], retired=retired,
-                                                       stable_revision=stable_revision)
-            result.update(resource=isvc, rollout=rollout)
-            if mode == canary.KNATIVE and params["state"] == "present":
-                result["selectors"] = canary.revision_selectors(isvc, mode, params["canary_name"])
-    except isvc_wait.WaitTimeout as exc:
-        module.fail_json(msg=str(exc), resource=exc.isvc, pods=exc.pods, rollout={"done": False})
-    except SpecDecodingError as exc:
-        module.fail_json(msg=str(exc))
-    module.exit_json(**result)
+
+def execute(module):
+    params = module.params
+    canary_steps.check_step_params(params)
+    if params.get("definition"):
+        return canary_steps.render_step(params)
+    return canary_steps.apply_step(module.api_client, params, dry_run=module.check_mode, diff=module._diff)  # pylint: disable=protected-access
+
+
+def main():
+    module = KubeModule(argument_spec(), supports_check_mode=True,
+                        required_if=[("state", "present", ("speculative_config", "percent"))],
+                        required_one_of=[("definition", "name")],
+                        required_together=[("name", "namespace")])
+    module.run(execute, timed_out={"rollout": {"done": False}})
 
 
 if __name__ == "__main__":

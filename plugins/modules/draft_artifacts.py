@@ -102,15 +102,8 @@ options:
     description: After changing the InferenceService, wait until it is Ready at its new generation.
     type: bool
     default: true
-  wait_timeout:
-    description: Seconds to wait.
-    type: int
-    default: 1200
-  wait_sleep:
-    description: Seconds between readiness polls.
-    type: int
-    default: 5
 extends_documentation_fragment:
+  - alauda.spec_decoding.inference_service.WAIT
   - kubernetes.core.k8s_auth_options
   - alauda.spec_decoding.attributes.WRITES
   - alauda.spec_decoding.attributes.ACTION_GROUP
@@ -185,16 +178,14 @@ resource:
   type: dict
 """
 
-from ansible.module_utils.common.text.converters import to_text
-from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
-from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.ssa_conflicts import ROLLBACK_FIELD_MANAGER
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec, wait_arg_spec
 
 
 def argument_spec():
-    spec = dict(
+    return argspec(
+        wait_arg_spec(wait=True),
         name=dict(type="str", required=True),
         namespace=dict(type="str", required=True),
         kind=dict(type="str", default="InferenceService", choices=["InferenceService", "LLMInferenceService"]),
@@ -212,144 +203,29 @@ def argument_spec():
         tls_verify=dict(type="bool", default=True),
         ca_file=dict(type="path"),
         registry_timeout=dict(type="int", default=120),
-        wait=dict(type="bool", default=True),
-        wait_timeout=dict(type="int", default=1200),
-        wait_sleep=dict(type="int", default=5),
     )
-    spec.update(AUTH_ARG_SPEC)
-    return spec
 
 
-class Cluster:
-    """The API calls draft_removal.execute makes, over kubernetes.core's authenticated ApiClient."""
-
-    def __init__(self, api_client, params):
-        self.api_client = api_client
-        self.params = params
-
-    def _error(self, what, exc):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
-        return SpecDecodingError("%s failed: %s" % (what, k8s_pods.api_error_message(exc)), field="name")
-
-    def _llm(self):
-        return self.params.get("kind") == "LLMInferenceService"
-
-    def get_isvc(self):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import (  # pylint: disable=import-outside-toplevel
-            cluster as llmisvc_cluster,
-        )
-        if self._llm():
-            return llmisvc_cluster.get(self.api_client, self.params["namespace"], self.params["name"], self.params["api_version"])
-        return k8s_pods.get_inference_service(self.api_client, self.params["namespace"], self.params["name"])
-
-    def list_users(self):
-        """The namespace's InferenceServices and LLMInferenceServices (other users of a PVC), and the kinds that could
-        not be listed (a kind whose CRD is not installed has no objects)."""
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
-        objects, unchecked = [], []
-        for kind, version, plural in (("InferenceService", "v1beta1", "inferenceservices"),
-                                      ("LLMInferenceService", self.params["api_version"], "llminferenceservices")):
-            try:
-                items = CustomObjectsApi(self.api_client).list_namespaced_custom_object(
-                    "serving.kserve.io", version, self.params["namespace"], plural).get("items") or []
-            except Exception as exc:  # pylint: disable=broad-except
-                if getattr(exc, "status", None) is None:
-                    raise
-                if exc.status == 404:
-                    continue
-                unchecked.append("%ss (listing them failed, so it is unknown whether one uses it: %s)" % (kind, k8s_pods.api_error_message(exc)))
-                continue
-            objects += [dict(item, kind=kind) for item in items]
-        return objects, unchecked
-
-    def patch_isvc(self, ops, dry_run=False):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
-        api = CustomObjectsApi(self.api_client)
-        # The rollback's field manager: a later deploy takes these fields back instead of refusing a foreign edit.
-        kwargs = {"field_manager": ROLLBACK_FIELD_MANAGER}
-        if dry_run:
-            kwargs["dry_run"] = "All"
-        version, plural = (self.params["api_version"], "llminferenceservices") if self._llm() else ("v1beta1", "inferenceservices")
-        try:
-            return api.patch_namespaced_custom_object("serving.kserve.io", version, self.params["namespace"], plural,
-                                                      self.params["name"], ops, _content_type="application/json-patch+json", **kwargs)
-        except Exception as exc:  # pylint: disable=broad-except
-            if getattr(exc, "status", None) is None:
-                raise
-            raise self._error("patching InferenceService %s/%s" % (self.params["namespace"], self.params["name"]), exc) from exc
-
-    def wait_ready(self):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
-        isvc, _elapsed = isvc_wait.wait_ready(self.api_client, self.params["namespace"], self.params["name"],
-                                              timeout=self.params["wait_timeout"], interval=self.params["wait_sleep"],
-                                              kind=self.params["kind"], api_version=self.params["api_version"] if self._llm() else None)
-        return isvc
-
-    def get_pvc(self, name):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import CoreV1Api  # pylint: disable=import-outside-toplevel
-        try:
-            return self.api_client.sanitize_for_serialization(
-                CoreV1Api(self.api_client).read_namespaced_persistent_volume_claim(name, self.params["namespace"]))
-        except Exception as exc:  # pylint: disable=broad-except
-            if getattr(exc, "status", None) == 404:
-                return None
-            if getattr(exc, "status", None) is None:
-                raise
-            raise self._error("reading PVC %s" % name, exc) from exc
-
-    def patch_pvc_annotations(self, name, annotations):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import CoreV1Api  # pylint: disable=import-outside-toplevel
-        try:
-            CoreV1Api(self.api_client).patch_namespaced_persistent_volume_claim(
-                name, self.params["namespace"], {"metadata": {"annotations": annotations}})
-        except Exception as exc:  # pylint: disable=broad-except
-            if getattr(exc, "status", None) is None:
-                raise
-            raise self._error("recording the removal on PVC %s" % name, exc) from exc
-
-
-def registry_opener(module):
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as oci_registry  # pylint: disable=import-outside-toplevel
-    RegistryClient, read_auth_file = oci_registry.RegistryClient, oci_registry.read_auth_file
-    params = module.params
-
-    def open_registry(ref):
-        username, password = params["username"], params["password"]
-        if params["auth_file"]:
-            username, password = read_auth_file(params["auth_file"], ref.registry)
-        if password:  # also a password read from auth_file stays out of every output
-            getattr(module, "_module", module).no_log_values.add(password)
-        return RegistryClient(ref, username, password, tls_verify=params["tls_verify"], ca_file=params["ca_file"],
-                              timeout=params["registry_timeout"])
-    return open_registry
+def execute(module):
+    # A password read from auth_file stays out of every output too.
+    open_registry = draft_removal.registry_opener(module.params, hide=module.no_log_values.add)
+    result = draft_removal.execute(module.params, draft_removal.Cluster(module.api_client, module.params), open_registry,
+                                   check_mode=module.check_mode)
+    if module._diff and result.get("patch"):  # pylint: disable=protected-access
+        result["diff"] = {"before": {"draft_path": result.get("draft_path"), "mode": result.get("mode")},
+                          "after": {"removed": result.get("removed")}}
+    return result
 
 
 def main():
-    module = AnsibleK8SModule(
-        argument_spec=argument_spec(),
+    module = KubeModule(
+        argument_spec(),
         supports_check_mode=True,
         mutually_exclusive=[("auth_file", "username"), ("auth_file", "password")],
         required_together=[("username", "password")],
     )
-    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
-
-    try:
-        cluster = Cluster(get_api_client(module=module).client.client, module.params)
-        result = draft_removal.execute(module.params, cluster, registry_opener(module), check_mode=module.check_mode)
-    except isvc_wait.WaitTimeout as exc:
-        module.fail_json(msg=str(exc), changed=True, resource=exc.isvc, pods=exc.pods)
-    except SpecDecodingError as exc:
-        module.fail_json(msg=str(exc))
-    except Exception as exc:  # pylint: disable=broad-except
-        module.fail_json(msg="draft_artifacts: %s" % to_text(exc))
-    if module._diff and result.get("patch"):  # pylint: disable=protected-access
-        result["diff"] = {"before": {"draft_path": result.get("draft_path"), "mode": result.get("mode")},
-                          "after": {"removed": result.get("removed")}}
-    module.exit_json(**result)
+    # A wait that times out comes after the patch: the task changed the InferenceService.
+    module.run(execute, timed_out={"changed": True}, unexpected="draft_artifacts")
 
 
 if __name__ == "__main__":

@@ -198,16 +198,13 @@ inference_service:
            "config": {"method": "ngram", "num_speculative_tokens": 5}, "error": null}]}
 """
 
-from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
-from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import engine_log
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import engine_config_info
 
 
 def argument_spec():
-    spec = dict(
+    return argspec(
         log_text=dict(type="str"),
         log_path=dict(type="path"),
         name=dict(type="str"),
@@ -226,170 +223,25 @@ def argument_spec():
         expected_from_inference_service=dict(type="bool", default=True),
         timeout=dict(type="int", default=60),
     )
-    spec.update(AUTH_ARG_SPEC)
-    return spec
 
 
-def _clean_expected(expected):
-    """Drop unset keys and refuse expectations no engine can meet, before any log is read."""
-    if not expected:
-        return None
-    out = {k: v for k, v in expected.items() if v is not None}
-    method = out.get("method")
-    if method is not None and method not in speculative_config.METHOD_NAMES and not method.endswith("_mtp"):
-        raise ValidationError("%r is not a vLLM speculative method" % method, field="expected.method",
-                              hint="use one of %s (as in --speculative-config)" % ", ".join(sorted(speculative_config.METHOD_NAMES)[:12] + ["..."]))
-    tokens = out.get("num_speculative_tokens")
-    if tokens is not None and tokens < 1:
-        raise ValidationError("must be greater than zero, got %d" % tokens, field="expected.num_speculative_tokens",
-                              hint="give the num_speculative_tokens of the deployed --speculative-config, e.g. 3")
-    return out or None
-
-
-def check_one(result, expected):
-    """Differences and notes of one scan result against expected (None: nothing to compare)."""
-    if not result["found"] or expected is None:
-        return [], []
-    return engine_log.compare_expected(result["speculative_config"], expected)
-
-
-def run_local(params):
-    expected = _clean_expected(params["expected"])
-    if params["log_text"] is not None:
-        result = engine_log.scan_text(params["log_text"])
-    else:
-        result = engine_log.scan_file(params["log_path"])
-    diffs, notes = check_one(result, expected)
-    if result["configs_seen"]:
-        notes.append("the log holds %d engine starts with different speculative configs; the last one is reported"
-                     % result["engine_lines_seen"])
-    result.update(expected=expected, differences=diffs, notes=notes)
+def execute(module):
+    result, problem = engine_config_info.engine_config(module.params, connect=lambda: module.api_client, warn=module.warn)
+    if problem:
+        module.fail_json(msg=problem, **result)
     return result
 
 
-def run_cluster(module, params):
-    # Imported here so a log_text/log_path run needs neither the kubernetes library nor a cluster.
-    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import readers as isvc_readers  # pylint: disable=import-outside-toplevel
-
-    expected = _clean_expected(params["expected"])
-    module.requires("kubernetes")
-    api_client = get_api_client(module=module).client.client
-    ns, name = params["namespace"], params["name"]
-    isvc = k8s_pods.get_inference_service(api_client, ns, name)
-    flags = isvc_readers.isvc_speculative_flags(isvc)
-    isvc_info = dict(isvc_readers.readiness(isvc), flags=flags, speculative_flag_present=any(f["present"] for f in flags))
-    if expected is None and params["expected_from_inference_service"]:
-        with_flag = [f for f in flags if f["present"]]
-        if with_flag and with_flag[0]["config"] is not None:
-            expected = engine_log.expected_from_flag(with_flag[0]["config"])
-        elif with_flag:
-            module.warn("the predictor's speculative flag could not be read (%s); the engine line is not compared"
-                        % with_flag[0]["error"])
-        elif not with_flag and flags:
-            expected = {"enabled": False}
-    pods, skipped = k8s_pods.list_predictor_pods(api_client, ns, name, label_selector=params["label_selector"])
-    out = {"inference_service": isvc_info, "skipped_pods": [_brief(p) for p in skipped], "expected": expected}
-    if not pods:
-        out.update(found=False, pods=[], vllm_version=None, engine=None, speculative_config=None, line=None,
-                   log_warnings=[], differences=[], notes=[])
-        return out, ("no predictor pods of InferenceService %s/%s (label %s=%s%s): not deployed yet, scaled to zero, "
-                     "or wrong name/namespace" % (ns, name, k8s_pods.ISVC_LABEL, name,
-                                                  ", " + params["label_selector"] if params["label_selector"] else ""))
-    pod_results, warnings, diffs_all, notes_all, problems = [], [], [], [], []
-    for pod in pods:
-        entry = {"name": pod["name"], "found": False, "vllm_version": None, "engine": None, "speculative_config": None,
-                 "differences": [], "error": None}
-        if params["container"] not in pod["containers"]:
-            entry["error"] = "pod has no container %r (containers: %s); set container" % (params["container"], ", ".join(pod["containers"]))
-            problems.append("%s: %s" % (pod["name"], entry["error"]))
-            pod_results.append(entry)
-            continue
-        try:
-            chunks = k8s_pods.stream_pod_log(api_client, ns, pod["name"], container=params["container"],
-                                             since_seconds=params["since_seconds"], tail_lines=params["tail_lines"],
-                                             previous=params["previous"], timeout=params["timeout"])
-            result = engine_log.scan_chunks(chunks)
-        except SpecDecodingError as exc:
-            entry["error"] = str(exc)
-            problems.append("%s: %s" % (pod["name"], exc))
-            pod_results.append(entry)
-            continue
-        entry.update(found=result["found"], vllm_version=result["vllm_version"], engine=result["engine"],
-                     speculative_config=result["speculative_config"], line=result["line"],
-                     engine_lines_seen=result["engine_lines_seen"])
-        for warning in result["log_warnings"]:
-            warnings.append(dict(warning, pod=pod["name"]))
-        diffs, notes = check_one(result, expected)
-        entry["differences"] = diffs
-        diffs_all.extend("pod %s: %s" % (pod["name"], d) for d in diffs)
-        notes_all.extend(n for n in notes if n not in notes_all)
-        if not result["found"]:
-            problems.append("%s: no engine-config line in container %s (%d bytes read)" % (pod["name"], params["container"], result["bytes_scanned"]))
-        pod_results.append(entry)
-    first = next((p for p in pod_results if p["found"]), None)
-    configs = []
-    for entry in pod_results:
-        if entry["found"] and entry["speculative_config"] not in configs:
-            configs.append(entry["speculative_config"])
-    if len(configs) > 1:
-        diffs_all.append("predictor pods run different speculative configs: %s" % "; ".join(
-            "%s: %s" % (p["name"], engine_log.format_config(p["speculative_config"])) for p in pod_results if p["found"]))
-    out.update(
-        found=all(p["found"] for p in pod_results),
-        pods=pod_results,
-        vllm_version=first["vllm_version"] if first else None,
-        engine=first["engine"] if first else None,
-        speculative_config=first["speculative_config"] if first else None,
-        line=first.get("line") if first else None,
-        log_warnings=warnings,
-        differences=diffs_all,
-        notes=notes_all,
-    )
-    for entry in pod_results:
-        entry.pop("line", None)
-    if problems:
-        return out, "engine-config line missing on %d of %d predictor pods: %s. Hint: %s" % (
-            len(problems), len(pod_results), "; ".join(problems), engine_log.NOT_FOUND_HINT)
-    return out, None
-
-
-def _brief(pod):
-    return {"name": pod["name"], "phase": pod["phase"], "reason": pod.get("reason")}
-
-
 def main():
-    module = AnsibleK8SModule(
-        argument_spec=argument_spec(),
+    module = KubeModule(
+        argument_spec(),
         mutually_exclusive=[("log_text", "log_path", "name")],
         required_one_of=[("log_text", "log_path", "name")],
         supports_check_mode=True,
         check_k8s=False,
         check_pyyaml=False,
     )
-    params = module.params
-    try:
-        if params["name"]:
-            result, problem = run_cluster(module, params)
-        else:
-            result = run_local(params)
-            problem = None
-            if not result["found"]:
-                problem = "no engine-config line (\"Initializing a V1 LLM engine (v...) with config:\") in the log (%d bytes read). Hint: %s" % (
-                    result["bytes_scanned"], engine_log.NOT_FOUND_HINT)
-    except SpecDecodingError as exc:
-        module.fail_json(msg=str(exc), field=exc.field, changed=False)
-    result.pop("bytes_scanned", None)
-    result["changed"] = False
-    if problem:
-        module.fail_json(msg=problem, **result)
-    if result["differences"]:
-        module.fail_json(msg="the running engine differs from what was requested: %s. Requested %s; engine line: %s" % (
-            "; ".join(result["differences"]), engine_log.format_expected(result["expected"] or {})
-            if (result["expected"] or {}).get("enabled", True) else "speculative_config=None",
-            engine_log.format_config(result["speculative_config"])), **result)
-    module.exit_json(**result)
+    module.run(execute)
 
 
 if __name__ == "__main__":

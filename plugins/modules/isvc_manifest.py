@@ -325,10 +325,9 @@ warnings:
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import render as isvc
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import flags as llmisvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import render as llmisvc_render
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import run
 
 ARGUMENT_SPEC = dict(
     name=dict(type="str", required=True),
@@ -383,30 +382,30 @@ ARGUMENT_SPEC = dict(
 )
 
 
-def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+def execute(module):
     if not isvc.HAS_YAML:
         module.fail_json(msg=missing_required_lib("PyYAML"))
     params = dict(module.params)
     existing = params.pop("existing")
     kind = params.pop("resource_kind")
-    try:
-        if kind == llmisvc_model.KIND:
-            rendered = llmisvc_render.render(params, existing=existing)
-        else:
-            rendered = isvc.render(params, existing=existing)
-    except SpecDecodingError as exc:
-        module.fail_json(msg=str(exc), field=exc.field)
+    if kind == llmisvc_model.KIND:
+        rendered = llmisvc_render.render(params, existing=existing)
+    else:
+        rendered = isvc.render(params, existing=existing)
     for warning in rendered["warnings"]:
         module.warn(warning)
     manifest = rendered["manifest"]
     spec = rendered["speculative"]
     art = rendered["artifacts"]
-    module.exit_json(changed=False, manifest=manifest, manifest_yaml=isvc.to_yaml(manifest),
-                     speculative_json=spec.json if spec else None, artifact_mode=art.mode,
-                     target_path=art.target_path, draft_path=art.draft_path,
-                     filename=(llmisvc_render.manifest_filename(manifest) if kind == llmisvc_model.KIND else isvc.manifest_filename(manifest)),
-                     runtime_check=rendered["runtime_check"], resource_kind=kind, api_version=manifest["apiVersion"])
+    return dict(changed=False, manifest=manifest, manifest_yaml=isvc.to_yaml(manifest),
+                speculative_json=spec.json if spec else None, artifact_mode=art.mode,
+                target_path=art.target_path, draft_path=art.draft_path,
+                filename=(llmisvc_render.manifest_filename(manifest) if kind == llmisvc_model.KIND else isvc.manifest_filename(manifest)),
+                runtime_check=rendered["runtime_check"], resource_kind=kind, api_version=manifest["apiVersion"])
+
+
+def main():
+    run(AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True), execute)
 
 
 if __name__ == "__main__":

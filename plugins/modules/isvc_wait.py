@@ -19,14 +19,6 @@ description:
 author:
   - Alauda Platform Team (@alauda)
 options:
-  name:
-    description: InferenceService name.
-    type: str
-    required: true
-  namespace:
-    description: Namespace.
-    type: str
-    required: true
   timeout:
     description: Seconds to wait. A cold start with a draft model takes about 5 minutes.
     type: int
@@ -51,6 +43,7 @@ options:
     choices: [v1alpha1, v1alpha2]
     default: v1alpha2
 extends_documentation_fragment:
+  - alauda.spec_decoding.inference_service
   - kubernetes.core.k8s_auth_options
   - alauda.spec_decoding.attributes.READ_ONLY
   - alauda.spec_decoding.attributes.ACTION_GROUP
@@ -96,38 +89,32 @@ pods:
   elements: dict
 """
 
-from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
-from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import INFERENCE_SERVICE_ARG_SPEC, KubeModule, argspec
 
 
-def main():
-    spec = dict(
-        name=dict(type="str", required=True),
-        namespace=dict(type="str", required=True),
+def argument_spec():
+    return argspec(
+        INFERENCE_SERVICE_ARG_SPEC,
         timeout=dict(type="int", default=1200),
         interval=dict(type="int", default=5),
         kind=dict(type="str", default="InferenceService", choices=["InferenceService", "LLMInferenceService"]),
         api_version=dict(type="str", default="v1alpha2", choices=["v1alpha1", "v1alpha2"]),
     )
-    spec.update(AUTH_ARG_SPEC)
-    module = AnsibleK8SModule(argument_spec=spec, supports_check_mode=True)
-    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
 
+
+def execute(module):
     params = module.params
-    api_client = get_api_client(module=module).client.client
-    try:
-        isvc, elapsed = isvc_wait.wait_ready(api_client, params["namespace"], params["name"],
-                                             timeout=params["timeout"], interval=params["interval"],
-                                             kind=params["kind"], api_version=params["api_version"])
-    except isvc_wait.WaitTimeout as exc:
-        module.fail_json(msg=str(exc), ready=False, resource=exc.isvc, pods=exc.pods)
-    except SpecDecodingError as exc:
-        module.fail_json(msg=str(exc), ready=False, resource={})
-    module.exit_json(changed=False, ready=True, elapsed=round(elapsed, 1),
-                     generation=isvc["metadata"].get("generation"), resource=isvc)
+    isvc, elapsed = isvc_wait.wait_ready(module.api_client, params["namespace"], params["name"],
+                                         timeout=params["timeout"], interval=params["interval"],
+                                         kind=params["kind"], api_version=params["api_version"])
+    return dict(changed=False, ready=True, elapsed=round(elapsed, 1), generation=isvc["metadata"].get("generation"), resource=isvc)
+
+
+def main():
+    # A refusal returns an empty resource; a timeout the object as last read and its pods.
+    KubeModule(argument_spec(), supports_check_mode=True).run(execute, failed={"ready": False, "resource": {}})
 
 
 if __name__ == "__main__":

@@ -25,14 +25,6 @@ description:
 author:
   - Alauda Platform Team (@alauda)
 options:
-  name:
-    description: InferenceService name.
-    type: str
-    required: true
-  namespace:
-    description: Namespace of the InferenceService.
-    type: str
-    required: true
   kserve_namespace:
     description: Namespace KServe is installed in (where C(inferenceservice-config) lives).
     type: str
@@ -45,6 +37,7 @@ options:
     type: str
     default: transformers
 extends_documentation_fragment:
+  - alauda.spec_decoding.inference_service
   - kubernetes.core.k8s_auth_options
   - alauda.spec_decoding.attributes.READ_ONLY
   - alauda.spec_decoding.attributes.ACTION_GROUP
@@ -113,33 +106,29 @@ runtimes:
   type: dict
 """
 
-from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
-from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import facts as kserve_facts
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import INFERENCE_SERVICE_ARG_SPEC, KubeModule, argspec
 
 
-def main():
-    spec = dict(
-        name=dict(type="str", required=True),
-        namespace=dict(type="str", required=True),
+def argument_spec():
+    return argspec(
+        INFERENCE_SERVICE_ARG_SPEC,
         kserve_namespace=dict(type="str", default="kserve"),
         runtime=dict(type="str"),
         model_format=dict(type="str", default="transformers"),
     )
-    spec.update(AUTH_ARG_SPEC)
-    module = AnsibleK8SModule(argument_spec=spec, supports_check_mode=True)
-    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import facts as kserve_facts  # pylint: disable=import-outside-toplevel
 
+
+def execute(module):
     params = module.params
-    api_client = get_api_client(module=module).client.client
-    try:
-        facts = kserve_facts.gather(api_client, params["namespace"], params["name"], params["kserve_namespace"],
-                                    runtime=params["runtime"], model_format=params["model_format"])
-    except SpecDecodingError as exc:
-        module.fail_json(msg=str(exc), field=exc.field, changed=False)
-    module.exit_json(changed=False, **facts)
+    facts = kserve_facts.gather(module.api_client, params["namespace"], params["name"], params["kserve_namespace"],
+                                runtime=params["runtime"], model_format=params["model_format"])
+    return dict(changed=False, **facts)
+
+
+def main():
+    KubeModule(argument_spec(), supports_check_mode=True).run(execute)
 
 
 if __name__ == "__main__":

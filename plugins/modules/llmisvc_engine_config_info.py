@@ -114,16 +114,13 @@ problems:
   elements: str
 """
 
-from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
-from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import cluster as llmisvc_cluster
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
 
 
 def argument_spec():
-    spec = dict(
+    return argspec(
         name=dict(type="str", required=True),
         namespace=dict(type="str", required=True),
         api_version=dict(type="str", default="v1alpha2", choices=["v1alpha1", "v1alpha2"]),
@@ -137,32 +134,29 @@ def argument_spec():
         config_namespace=dict(type="str", default="kserve"),
         timeout=dict(type="int", default=60),
     )
-    spec.update(AUTH_ARG_SPEC)
-    return spec
 
 
-def main():
-    module = AnsibleK8SModule(argument_spec=argument_spec(), supports_check_mode=True)
-    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
+def execute(module):
     params = module.params
-    api_client = get_api_client(module=module).client.client
+    api_client = module.api_client
     expected = {k: v for k, v in (params["expected"] or {}).items() if v is not None} or None
-    try:
-        obj = llmisvc_cluster.get(api_client, params["namespace"], params["name"], params["api_version"])
-        unreadable = []
-        presets = llmisvc_cluster.read_presets(api_client, obj, params["config_namespace"], params["api_version"], unreadable=unreadable)
-        for preset in unreadable:
-            module.warn("could not read KServe's well-known preset %s (forbidden): what each pool must run is taken from the "
-                        "resource and its baseRefs only" % preset)
-        report, problems = llmisvc_cluster.engine_report(api_client, obj, expected=expected, container=params["container"],
-                                                 timeout=params["timeout"], presets=presets)
-    except SpecDecodingError as exc:
-        module.fail_json(msg=str(exc), field=exc.field, changed=False)
+    obj = llmisvc_cluster.get(api_client, params["namespace"], params["name"], params["api_version"])
+    unreadable = []
+    presets = llmisvc_cluster.read_presets(api_client, obj, params["config_namespace"], params["api_version"], unreadable=unreadable)
+    for preset in unreadable:
+        module.warn("could not read KServe's well-known preset %s (forbidden): what each pool must run is taken from the "
+                    "resource and its baseRefs only" % preset)
+    report, problems = llmisvc_cluster.engine_report(api_client, obj, expected=expected, container=params["container"],
+                                             timeout=params["timeout"], presets=presets)
     result = {"changed": False, "pools": report, "problems": problems,
               "speculative_config": (report.get("decode") or {}).get("speculative_config")}
     if problems:
         module.fail_json(msg="LLMInferenceService %s/%s: %s" % (params["namespace"], params["name"], "; ".join(problems)), **result)
-    module.exit_json(**result)
+    return result
+
+
+def main():
+    KubeModule(argument_spec(), supports_check_mode=True).run(execute)
 
 
 if __name__ == "__main__":

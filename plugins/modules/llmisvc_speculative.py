@@ -125,21 +125,14 @@ resource:
   type: dict
 """
 
-import copy
 
-from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
-from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
-
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import rollback
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import flags as llmisvc
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import cluster as llmisvc_cluster
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import status as llmisvc_status
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.ssa_conflicts import ROLLBACK_FIELD_MANAGER
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
 
 
 def argument_spec():
-    spec = dict(
+    return argspec(
         name=dict(type="str", required=True),
         namespace=dict(type="str", required=True),
         api_version=dict(type="str", default="v1alpha2", choices=["v1alpha1", "v1alpha2"]),
@@ -148,72 +141,16 @@ def argument_spec():
         config_prefix=dict(type="str", default=llmisvc.WELL_KNOWN_PREFIX),
         secret_env_has_no_flag=dict(type="bool", default=False),
     )
-    spec.update(AUTH_ARG_SPEC)
-    return spec
 
 
-def _patch(api_client, params, ops, dry_run):
-    kwargs = {"field_manager": ROLLBACK_FIELD_MANAGER}
-    if dry_run:
-        kwargs["dry_run"] = "All"
-    api = llmisvc_cluster._custom_api(api_client)
-    args = (llmisvc_model.GROUP, params["api_version"], params["namespace"], llmisvc_model.PLURAL, params["name"], ops)
-    try:
-        return api.patch_namespaced_custom_object(*args, _content_type="application/json-patch+json", **kwargs)
-    except TypeError:  # kubernetes < 31 picks the content type from the body (a list: JSON patch)
-        return api.patch_namespaced_custom_object(*args, **kwargs)
-
-
-def run(module, api_client):
-    params = module.params
-    obj = llmisvc_cluster.get(api_client, params["namespace"], params["name"], params["api_version"])
-    prefix = params["config_prefix"]
-    unreadable = []
-    presets = llmisvc_cluster.read_presets(api_client, obj, params["config_namespace"], params["api_version"], config_prefix=prefix,
-                                   unreadable=unreadable)
-    for preset in unreadable:
-        module.warn("could not read KServe's well-known preset %s (forbidden): a flag it sets is not seen here; the engine "
-                    "line on the pods still shows what runs" % preset)
-    env_sources = llmisvc_cluster.read_env_sources(api_client, obj, presets, config_prefix=prefix)
-    found = llmisvc.flags(obj, presets, env_sources, config_prefix=prefix)
-    previous = {pool: None for pool in llmisvc_status.pools_of(obj)}
-    for entry in found:
-        if previous.get(entry["pool"]) is None:
-            previous[entry["pool"]] = entry["config"]
-    for entry in found:
-        entry.pop("unstrippable", None)
-    result = {"flags": found, "previous_config": previous, "changes": [], "patch": [], "resource": obj,
-              "generation": obj["metadata"].get("generation")}
-    if params["state"] == "query":
-        return False, result
-    ops, changes = llmisvc.strip(obj, presets, env_sources, secret_env_has_no_flag=params["secret_env_has_no_flag"], config_prefix=prefix)
-    result.update(changes=changes, patch=ops)
-    if not ops:
-        return False, result
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import ApiException  # pylint: disable=import-outside-toplevel
-    try:
-        after = _patch(api_client, params, ops, module.check_mode)
-    except ApiException as exc:
-        if exc.status == 422 and "test" in str(exc.body or ""):
-            raise SpecDecodingError("LLMInferenceService %s/%s changed while the rollback read it (a JSON patch test failed)"
-                                    % (params["namespace"], params["name"]), field="name", hint="rerun the rollback") from exc
-        raise llmisvc_cluster.api_error("patching LLMInferenceService %s/%s" % (params["namespace"], params["name"]), exc,
-                                "name") from exc
-    result.update(resource=after, generation=after["metadata"].get("generation"))
-    if module._diff:
-        result["diff"] = {"before": {"spec": copy.deepcopy(obj.get("spec"))}, "after": {"spec": after.get("spec")}}
-    return True, result
+def execute(module):
+    changed, result = rollback.strip_llmisvc(module.api_client, module.params, check_mode=module.check_mode,
+                                             diff=module._diff, warn=module.warn)  # pylint: disable=protected-access
+    return dict(changed=changed, **result)
 
 
 def main():
-    module = AnsibleK8SModule(argument_spec=argument_spec(), supports_check_mode=True)
-    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
-    api_client = get_api_client(module=module).client.client
-    try:
-        changed, result = run(module, api_client)
-    except SpecDecodingError as exc:
-        module.fail_json(msg=str(exc), field=exc.field, changed=False)
-    module.exit_json(changed=changed, **result)
+    KubeModule(argument_spec(), supports_check_mode=True).run(execute)
 
 
 if __name__ == "__main__":

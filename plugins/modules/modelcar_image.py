@@ -244,20 +244,11 @@ progress:
   elements: str
 """
 
-import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.modelcar_image import (
-    ANN_TITLE, DigestCache, build_plan, plan_from_layout, resolve_digests, write_archive,
-)
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.registry import (
-    ImageRef, RegistryClient, format_progress, push_plan, read_auth_file,
-)
-
-META_KEYS = (("model_name", "io.alauda.spec-decoding.model-name"), ("model_revision", "io.alauda.spec-decoding.model-revision"),
-             ("draft_name", "io.alauda.spec-decoding.draft-name"))
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as oci_registry
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import run
 
 
 def _argument_spec():
@@ -281,111 +272,18 @@ def _argument_spec():
         draft_name=dict(type="str"),
         follow_external_symlinks=dict(type="bool", default=False),
         max_layers=dict(type="int", default=100),
-        jobs=dict(type="int", default=3),
-        retries=dict(type="int", default=4),
-        timeout=dict(type="int", default=120),
+        jobs=dict(type="int", default=oci_registry.MODELCAR_DEFAULTS["jobs"]),
+        retries=dict(type="int", default=oci_registry.MODELCAR_DEFAULTS["retries"]),
+        timeout=dict(type="int", default=oci_registry.MODELCAR_DEFAULTS["timeout"]),
         cache_dir=dict(type="path", default="~/.cache/alauda-spec-decoding/modelcar"),
         progress_log=dict(type="path"),
     )
 
 
-class _ProgressSink:
-    def __init__(self, path):
-        self.path = path
-        self.lines = []
-
-    def __call__(self, done, total, rate, final):
-        line = "%s %s" % (time.strftime("%H:%M:%S"), format_progress(done, total, rate, final))
-        self.lines.append(line)
-        if len(self.lines) > 200:
-            del self.lines[1:-100]
-        if self.path:
-            with open(self.path, "a", encoding="utf-8") as fh:
-                fh.write(line + "\n")
-
-    def note(self, text):
-        self.lines.append("%s %s" % (time.strftime("%H:%M:%S"), text))
-        if self.path:
-            with open(self.path, "a", encoding="utf-8") as fh:
-                fh.write(self.lines[-1] + "\n")
-
-
-def run(module):
-    p = module.params
-    for key, low in (("jobs", 1), ("timeout", 1), ("retries", 0)):
-        if p[key] < low:
-            module.fail_json(msg="%s: must be at least %d, got %d. Fix: use the default (%s)" % (key, low, p[key], _argument_spec()[key]["default"]))
-    if p["target_dir"] and not (p["image"] or p["archive"]):
-        module.fail_json(msg="image: give image (registry/repository:tag) to push to, or archive to only write an OCI archive")
-    if p["from_archive"] and not p["image"]:
-        module.fail_json(msg="image: from_archive pushes an archive, so image (registry/repository:tag) is required")
-    ref = ImageRef.parse(p["image"]) if p["image"] else None
-    if ref is not None and ref.digest and not ref.tag:
-        module.fail_json(msg="image: push to a tag (registry/repository:tag); the digest is returned")
-
-    labels = dict((str(k), str(v)) for k, v in p["labels"].items())
-    annotations = dict((str(k), str(v)) for k, v in p["annotations"].items())
-    for opt, key in META_KEYS:
-        if p[opt]:
-            labels.setdefault(key, p[opt])
-            annotations.setdefault(key, p[opt])
-
-    sink = _ProgressSink(p["progress_log"])
-    cache = DigestCache(p["cache_dir"])
-    if p["from_archive"]:
-        plan = plan_from_layout(p["from_archive"])
-    else:
-        plan = build_plan(p["target_dir"], p["draft_dir"], layout=p["layout"], base=p["base"], labels=labels, annotations=annotations,
-                          max_layers=p["max_layers"], follow_external_symlinks=p["follow_external_symlinks"])
-    result = dict(changed=False, image=str(ref) if ref else None, digest=None, storage_uri=None, layers_pushed=0, layers_skipped=0,
-                  bytes_pushed=0, bytes_hashed=0, archive=None, archive_bytes_written=0, seconds=0.0, rate_mib_s=0.0)
-
-    if p["archive"]:
-        ref_name = ref.tag if ref and ref.tag else "latest"
-        if module.check_mode:
-            hashed = resolve_digests(plan, cache)
-            result["bytes_hashed"] += sum(layer.size for layer in hashed)
-            result["archive_bytes_written"] = 0
-        else:
-            sink.note("writing archive %s" % p["archive"])
-            written = write_archive(plan, p["archive"], ref_name, cache)
-            cache.save()
-            result["archive_bytes_written"] = written
-            result["changed"] = result["changed"] or written > 0
-        result["archive"] = p["archive"]
-
-    if ref is not None:
-        username, password = p["username"], p["password"]
-        if p["auth_file"]:
-            username, password = read_auth_file(p["auth_file"], ref.registry)
-        client = RegistryClient(ref, username, password, tls_verify=p["tls_verify"], ca_file=p["ca_file"], timeout=p["timeout"],
-                                retries=p["retries"])
-        if password:
-            module.no_log_values.add(password)
-        try:
-            pushed = push_plan(plan, client, cache, jobs=p["jobs"], progress_cb=sink, check_mode=module.check_mode)
-        finally:
-            client.close()
-        for key in ("digest", "layers_pushed", "layers_skipped", "bytes_pushed", "seconds"):
-            result[key] = pushed[key]
-        result["bytes_hashed"] += pushed["bytes_hashed"]
-        result["changed"] = result["changed"] or pushed["changed"]
-        result["storage_uri"] = "oci://" + ref.with_digest(pushed["digest"])
-        if pushed["seconds"] and pushed["bytes_pushed"]:
-            result["rate_mib_s"] = round(pushed["bytes_pushed"] / pushed["seconds"] / 1048576.0, 1)
-        if module._diff:  # pylint: disable=protected-access
-            result["diff"] = {"before": {"image": str(ref), "digest": pushed.get("remote_digest")},
-                              "after": {"image": str(ref), "digest": pushed["digest"]}}
-        verb = "would push" if module.check_mode else "pushed"
-        sink.note("%s %s: %d layers pushed (%d bytes), %d present" % (verb, result["storage_uri"], pushed["layers_pushed"],
-                                                                      pushed["bytes_pushed"], pushed["layers_skipped"]))
-    else:
-        result["digest"] = plan.manifest_digest()
-    result["layers"] = [{"title": (layer.annotations or {}).get(ANN_TITLE, ""), "digest": layer.digest, "size": layer.size} for layer in plan.layers]
-    result["progress"] = sink.lines
-    for warning in plan.warnings:
-        module.warn(warning)
-    return result
+def execute(module):
+    # A password read from auth_file stays out of every output too.
+    return oci_registry.build_modelcar(module.params, check_mode=module.check_mode, diff=module._diff,  # pylint: disable=protected-access
+                                       warn=module.warn, hide=module.no_log_values.add)
 
 
 def main():
@@ -396,10 +294,7 @@ def main():
         mutually_exclusive=[("target_dir", "from_archive"), ("draft_dir", "from_archive"), ("auth_file", "username"), ("auth_file", "password")],
         required_together=[("username", "password")],
     )
-    try:
-        module.exit_json(**run(module))
-    except SpecDecodingError as exc:
-        module.fail_json(msg=str(exc), field=exc.field)
+    run(module, execute)
 
 
 if __name__ == "__main__":

@@ -212,57 +212,59 @@ staged_annotation:
   type: str
 """
 
+
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import pvc_plan as pvc_stage
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import argspec, run
+
+
+def argument_spec():
+    # The kubernetes auth options are accepted (module_defaults of the action group set them) but not used: this module
+    # only plans, the role applies.
+    return argspec(
+        pvc_name=dict(type="str", required=True),
+        items=dict(type="list", elements="dict", required=True),
+        air_gapped=dict(type="bool", default=False),
+        hf_endpoint=dict(type="str"),
+        s3_endpoint=dict(type="str"),
+        insecure=dict(type="bool", default=False),
+        list_sources=dict(type="bool", default=True),
+        force=dict(type="bool", default=False),
+        size=dict(type="str"),
+        min_size=dict(type="str", default="1Gi"),
+        headroom_percent=dict(type="float", default=10),
+        storage_class_name=dict(type="str"),
+        storage_class=dict(type="dict"),
+        existing_storage_class=dict(type="dict"),
+        existing_pvc=dict(type="dict"),
+        access_modes=dict(type="list", elements="str", default=[]),
+        controller_address=dict(type="str"),
+        controller_port=dict(type="int", default=8765),
+        source_volume=dict(type="dict"),
+        verify=dict(type="str", default="auto", choices=["auto", "full", "quick"]),
+        workers=dict(type="int"),
+        model_mount_path=dict(type="str", default="/mnt/models"),
+        script_sha256=dict(type="str"),
+        stager_log=dict(type="str"),
+    )
+
+
+def execute(module):
+    params = module.params
+    if params["stager_log"] is not None:
+        items = pvc_stage.normalize_items(params["items"])
+        summary = pvc_stage.parse_stager_log(params["stager_log"], [i["subdir"] for i in items], [i["name"] for i in items])
+        staged = pvc_stage.staged_record(params["items"], summary, params["existing_pvc"])
+        return dict(changed=False, stager_summary=summary, staged_annotation=staged)
+    result = pvc_stage.plan(params)
+    for warning in result["warnings"]:
+        module.warn(warning)
+    return dict(changed=False, **result)
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            pvc_name=dict(type="str", required=True),
-            items=dict(type="list", elements="dict", required=True),
-            air_gapped=dict(type="bool", default=False),
-            hf_endpoint=dict(type="str"),
-            s3_endpoint=dict(type="str"),
-            insecure=dict(type="bool", default=False),
-            list_sources=dict(type="bool", default=True),
-            force=dict(type="bool", default=False),
-            size=dict(type="str"),
-            min_size=dict(type="str", default="1Gi"),
-            headroom_percent=dict(type="float", default=10),
-            storage_class_name=dict(type="str"),
-            storage_class=dict(type="dict"),
-            existing_storage_class=dict(type="dict"),
-            existing_pvc=dict(type="dict"),
-            access_modes=dict(type="list", elements="str", default=[]),
-            controller_address=dict(type="str"),
-            controller_port=dict(type="int", default=8765),
-            source_volume=dict(type="dict"),
-            verify=dict(type="str", default="auto", choices=["auto", "full", "quick"]),
-            workers=dict(type="int"),
-            model_mount_path=dict(type="str", default="/mnt/models"),
-            script_sha256=dict(type="str"),
-            stager_log=dict(type="str"),
-            **AUTH_ARG_SPEC
-        ),
-        supports_check_mode=True,
-    )
-    params = module.params
-    try:
-        if params["stager_log"] is not None:
-            items = pvc_stage.normalize_items(params["items"])
-            summary = pvc_stage.parse_stager_log(params["stager_log"], [i["subdir"] for i in items], [i["name"] for i in items])
-            staged = pvc_stage.staged_record(params["items"], summary, params["existing_pvc"])
-            module.exit_json(changed=False, stager_summary=summary, staged_annotation=staged)
-        result = pvc_stage.plan(params)
-    except SpecDecodingError as exc:
-        module.fail_json(msg=str(exc), field=exc.field)
-    for warning in result["warnings"]:
-        module.warn(warning)
-    module.exit_json(changed=False, **result)
+    run(AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True), execute)
 
 
 if __name__ == "__main__":

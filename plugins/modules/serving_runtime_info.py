@@ -157,16 +157,13 @@ users:
   elements: str
 """
 
-from ansible.module_utils.common.text.converters import to_text
-from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
-from ansible_collections.kubernetes.core.plugins.module_utils.k8s.core import AnsibleK8SModule
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime as serving_runtime
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
 
 
 def argument_spec():
-    spec = dict(
+    return argspec(
         name=dict(type="str"),
         namespace=dict(type="str", required=True),
         inference_service=dict(type="dict"),
@@ -174,50 +171,24 @@ def argument_spec():
         list_users=dict(type="bool", default=False),
         missing_runtime=dict(type="str", choices=["fail", "warn"], default="fail"),
     )
-    spec.update(AUTH_ARG_SPEC)
-    return spec
 
 
-def run(module, api_client):
-    params = module.params
-    if params["inference_service"] is not None:
-        isvc = dict(params["inference_service"])
-        meta = dict(isvc.get("metadata") or {})
-        meta.setdefault("namespace", params["namespace"])
-        if params["name"]:
-            meta.setdefault("name", params["name"])
-        isvc["metadata"] = meta
-    else:
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
-        isvc = k8s_pods.get_inference_service(api_client, params["namespace"], params["name"])
-    reader = serving_runtime.ClientReader(api_client)
-    result, warnings, problem, effective = serving_runtime.resolve(isvc, reader, params["runtime_flag"], params["missing_runtime"])
-    result["flag_locations"], result["flag_source"] = serving_runtime.flag_locations(isvc, effective)
-    if params["list_users"] and effective is not None and effective.runtime is not None:
-        result["users"] = reader.users(effective)
-    if params["name"] and params["inference_service"] is None:
-        result["inference_service"] = isvc
-    return result, warnings, problem
-
-
-def main():
-    module = AnsibleK8SModule(
-        argument_spec=argument_spec(),
-        supports_check_mode=True,
-        required_one_of=[("name", "inference_service")],
-    )
-    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
-    try:
-        result, warnings, problem = run(module, get_api_client(module=module).client.client)
-    except SpecDecodingError as exc:
-        module.fail_json(msg=str(exc), changed=False)
-    except Exception as exc:  # pylint: disable=broad-except
-        module.fail_json(msg="serving_runtime_info: %s" % to_text(exc), changed=False)
+def execute(module):
+    result, warnings, problem = serving_runtime.runtime_info(module.api_client, module.params)
     for warning in warnings:
         module.warn(warning)
     if problem:
         module.fail_json(msg=problem, **result)
-    module.exit_json(**result)
+    return result
+
+
+def main():
+    module = KubeModule(
+        argument_spec(),
+        supports_check_mode=True,
+        required_one_of=[("name", "inference_service")],
+    )
+    module.run(execute, failed={"changed": False}, unexpected="serving_runtime_info")
 
 
 if __name__ == "__main__":

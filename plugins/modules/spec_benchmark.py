@@ -338,126 +338,18 @@ progress_file:
   type: str
 """
 
-import json
-import os
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import client as bench_client
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import plots as bench_plots
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import workloads as bench_workloads
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import prometheus_text
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench.run import Progress, check_protocol, measure, protocol_arg_spec
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench.run import acceptance as _acceptance  # noqa: F401  pylint: disable=unused-import
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench.run import now as _now
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
-
-RESULTS_SCHEMA = "alauda.spec_decoding/benchmark-side/v1"
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import run as bench_run
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import run
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.prometheus_text import require_prometheus_client
 
 
-def request_parameters(params, prompts):
-    return {
-        "api": params["api"],
-        "workload": params["prompts_file"] or params["workload"],
-        "num_prompts": len(prompts),
-        "temperature": params["temperature"],
-        "max_tokens": params["max_tokens"],
-        "seed": params["seed"],
-        "concurrency": params["concurrency"],
-        "request_rate": params["request_rate"],
-        "arrival": params["arrival"] if params["request_rate"] else None,
-        "runs_per_prompt": params["runs_per_prompt"],
-        "warmup_requests": params["warmup"],
-        "sampling": dict(params["extra_body"] or {}, seed=params["seed"], temperature=params["temperature"]),
-    }
-
-
-def _endpoint(params, side):
-    return bench_client.Endpoint(
-        params["%s_url" % side], model=params["%s_model" % side], api=params["api"], token=params["bearer_token"],
-        headers=params["headers"], timeout=params["timeout"], validate_certs=params["validate_certs"], ca_path=params["ca_path"],
-        field="%s_url" % side)
-
-
-def _write_json(path, data):
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=1, sort_keys=True)
-    os.replace(tmp, path)
-
-
-def public_side(side):
-    return {k: v for k, v in side.items() if k != "records"}
-
-
-def run(params):
-    # Everything that can be refused is checked before the first file is written.
-    check_protocol(params)
-    phase = params["phase"]
-    sides = {"both": ("baseline", "candidate"), "baseline": ("baseline",)}.get(phase, ("candidate",))
-    endpoints = {side: _endpoint(params, side) for side in sides}
-    prompts = bench_workloads.load_workload(params["workload"], params["prompts_file"], params["num_prompts"])
-    request = request_parameters(params, prompts)
-    request["params"] = {"max_tokens": params["max_tokens"], "temperature": params["temperature"], "seed": params["seed"],
-                         "extra_body": dict(params["extra_body"] or {})}
-    public_request = {k: v for k, v in request.items() if k != "params"}
-    report_dir = params["report_dir"]
-    name = params["report_name"]
-    baseline_results = params["baseline_results"] or os.path.join(report_dir, "baseline-results.json")
-    context = None
-    if phase != "baseline":
-        context = bench_report.build_context(params["report_context"], public_request)
-        bench_report.require_complete(context)  # refuse before spending time on requests
-        if params["plots"]:
-            bench_plots.require_matplotlib()  # the plots are drawn last: a missing matplotlib is refused before the requests
-    os.makedirs(report_dir, exist_ok=True)
-    progress = Progress(params["progress_file"] or os.path.join(report_dir, "%s-progress.log" % name))
-    out = {"changed": False, "progress_file": progress.path}
-
-    if phase in ("both", "baseline"):
-        baseline = measure("baseline", endpoints["baseline"], prompts, params, request, progress)
-    else:
-        baseline = load_baseline(baseline_results, public_request, prompts)
-    if phase == "baseline":
-        _write_json(baseline_results, {"schema": RESULTS_SCHEMA, "request": public_request,
-                                       "prompt_ids": [p["id"] for p in prompts], "side": baseline})
-        out.update(baseline=public_side(baseline), baseline_results=baseline_results, requests_file=baseline_results)
-        progress.line("baseline saved to %s" % baseline_results)
-        return out
-
-    candidate = measure("candidate", endpoints["candidate"], prompts, params, request, progress)
-    acceptance = candidate.get("acceptance")
-    report = bench_report.build_report(
-        public_side(baseline), public_side(candidate), context, tolerances=params["tolerances"], acceptance=acceptance,
-        title=params["title"], generated_at=_now())
-    paths = bench_report.write_report(report, report_dir, records={"baseline": baseline["records"], "candidate": candidate["records"]},
-                                      plots=params["plots"], basename=name)
-    requests_file = os.path.join(report_dir, "%s-requests.json" % name)
-    _write_json(requests_file, {"baseline": baseline["records"], "candidate": candidate["records"]})
-    progress.line("decision %s; report %s" % (report["decision"]["decision"], paths["markdown"]))
-    out.update(
-        decision=report["decision"]["decision"], reasons=report["decision"]["reasons"], speedup=report["comparison"]["speedup"],
-        comparison=report["comparison"], acceptance=acceptance, baseline=public_side(baseline), candidate=public_side(candidate),
-        report_markdown=paths["markdown"], report_json=paths["json"], plots=paths["plots"], requests_file=requests_file,
-        notes=report["notes"])
-    return out
-
-
-def load_baseline(path, request, prompts):
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, ValueError) as exc:
-        raise ValidationError("cannot read the baseline measurements %s (%s)" % (path, exc), field="baseline_results",
-                              hint="run the module with phase=baseline first (same report_dir), or point baseline_results at its file")
-    if data.get("schema") != RESULTS_SCHEMA:
-        raise ValidationError("%s is not a spec_benchmark baseline file" % path, field="baseline_results")
-    differ = sorted(k for k in set(request) | set(data.get("request") or {}) if request.get(k) != (data.get("request") or {}).get(k))
-    if differ or data.get("prompt_ids") != [p["id"] for p in prompts]:
-        raise ValidationError("request parameters differ from the baseline phase (%s)" % (", ".join(differ) or "prompts"),
-                              field="baseline_results", hint="both phases must use identical parameters and prompts")
-    return data["side"]
+def execute(module):
+    if module.params["scrape_metrics"]:
+        require_prometheus_client(module)
+    return bench_run.benchmark(module.params)
 
 
 def main():
@@ -469,7 +361,7 @@ def main():
             baseline_results=dict(type="path"),
             concurrency=dict(type="int", default=1),
             request_rate=dict(type="float"),
-            **protocol_arg_spec(report_name="report"),
+            **bench_run.protocol_arg_spec(report_name="report"),
         ),
         required_if=[
             ("phase", "both", ("baseline_url", "candidate_url")),
@@ -478,15 +370,7 @@ def main():
         ],
         supports_check_mode=True,
     )
-    if module.params["scrape_metrics"] and not prometheus_text.HAS_PROMETHEUS_CLIENT:
-        module.fail_json(msg=missing_required_lib("prometheus_client"), exception=str(prometheus_text.PROMETHEUS_IMPORT_ERROR))
-    try:
-        result = run(module.params)
-    except SpecDecodingError as exc:
-        module.fail_json(msg=str(exc), field=exc.field)
-    except OSError as exc:
-        module.fail_json(msg="spec_benchmark: %s" % exc)
-    module.exit_json(**result)
+    run(module, execute, unexpected="spec_benchmark", unexpected_types=OSError)  # a report file that cannot be written
 
 
 if __name__ == "__main__":

@@ -339,12 +339,18 @@ progress_file:
   type: str
 """
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import prometheus_text
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import run as bench_run
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import sweep as spec_sweep
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench.run import protocol_arg_spec
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import run
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.prometheus_text import require_prometheus_client
+
+
+def execute(module):
+    require_prometheus_client(module)
+    return spec_sweep.run_sweep(module.params)
 
 
 def main():
@@ -368,21 +374,13 @@ def main():
             confirm_k=dict(type="int"),
             confirm_load=dict(type="float"),
             resume_from=dict(type="path"),
-            **protocol_arg_spec(report_name="sweep"),
+            **bench_run.protocol_arg_spec(report_name="sweep"),
         ),
         required_one_of=[("request_rates", "concurrencies")],
         required_by={"confirm_url": ("confirm_k",), "confirm_engine_config": ("confirm_url",), "k_candidates": ("method",)},
         supports_check_mode=True,
     )
-    if not prometheus_text.HAS_PROMETHEUS_CLIENT:
-        module.fail_json(msg=missing_required_lib("prometheus_client"), exception=str(prometheus_text.PROMETHEUS_IMPORT_ERROR))
-    try:
-        result = spec_sweep.run_sweep(module.params)
-    except SpecDecodingError as exc:
-        module.fail_json(msg=str(exc), field=exc.field)
-    except OSError as exc:
-        module.fail_json(msg="spec_sweep: %s" % exc)
-    module.exit_json(**result)
+    run(module, execute, unexpected="spec_sweep", unexpected_types=OSError)  # a report file that cannot be written
 
 
 if __name__ == "__main__":

@@ -98,10 +98,25 @@ vllm_version:
   sample: "0.32.0"
 """
 
+
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as core
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import run
+
+
+def execute(module):
+    params = module.params
+    if params["preset"]:
+        result = core.from_preset(params["preset"], params["overrides"], params["vllm_version"])
+    else:
+        result = core.validate(params["config"], vllm_version=params["vllm_version"])
+    for warning in result.warnings:
+        module.warn(warning)
+    # module.warn() also puts them in the result's `warnings` list (the documented return).
+    returned = result.as_dict()
+    del returned["warnings"]
+    return dict(changed=False, **returned)
 
 
 def main():
@@ -116,20 +131,7 @@ def main():
         required_one_of=[("config", "preset")],
         supports_check_mode=True,
     )
-    params = module.params
-    try:
-        if params["preset"]:
-            result = core.from_preset(params["preset"], params["overrides"], params["vllm_version"])
-        else:
-            result = core.validate(params["config"], vllm_version=params["vllm_version"])
-    except SpecDecodingError as exc:
-        module.fail_json(msg=str(exc), field=exc.field)
-    for warning in result.warnings:
-        module.warn(warning)
-    # module.warn() also puts them in the result's `warnings` list (the documented return).
-    returned = result.as_dict()
-    del returned["warnings"]
-    module.exit_json(changed=False, **returned)
+    run(module, execute)
 
 
 if __name__ == "__main__":

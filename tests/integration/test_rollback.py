@@ -113,23 +113,20 @@ def test_check_mode_writes_nothing_and_diff_shows_the_flag(tmp_path, kubeconfig,
     assert stored["spec"] == eagle3_service["spec"]
 
 
-class _Module:
-    """What isvc_speculative.run reads from an AnsibleModule."""
-
-    def __init__(self, **params):
-        self.params = dict(name=NAME, namespace=None, state="absent", config=None, vllm_version=None, restore_backup=False,
-                           container=None, backup="annotation", backup_file=None, guard="value", retries=0,
-                           remove_draft_artifacts=False, wait=False, wait_timeout=60, wait_sleep=1)
-        self.params.update(params)
-        self.check_mode = False
-        self._diff = False
+def _params(**params):
+    """The isvc_speculative options rollback.run reads."""
+    out = dict(name=NAME, namespace=None, state="absent", config=None, vllm_version=None, restore_backup=False,
+               container=None, backup="annotation", backup_file=None, guard="value", retries=0,
+               remove_draft_artifacts=False, wait=False, wait_timeout=60, wait_sleep=1)
+    out.update(params)
+    return out
 
 
 def _racing_cluster(k8s_client, namespace, edit):
     """The module's real Cluster, with another writer editing the object right after each of the module's reads."""
-    from ansible_collections.alauda.spec_decoding.plugins.modules import isvc_speculative  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import rollback  # pylint: disable=import-outside-toplevel
 
-    class Racing(isvc_speculative.Cluster):
+    class Racing(rollback.Cluster):
         edits = 0
 
         def get(self):
@@ -143,7 +140,7 @@ def _racing_cluster(k8s_client, namespace, edit):
 
 
 def test_concurrent_edit_between_read_and_patch_is_detected(k8s_client, eagle3_service, namespace):
-    from ansible_collections.alauda.spec_decoding.plugins.modules import isvc_speculative  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import rollback  # pylint: disable=import-outside-toplevel
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ConflictError  # pylint: disable=import-outside-toplevel
 
     def edit(marker="concurrent-edit"):
@@ -155,7 +152,7 @@ def test_concurrent_edit_between_read_and_patch_is_detected(k8s_client, eagle3_s
                                                         _content_type="application/json-patch+json")
 
     with pytest.raises(ConflictError) as exc:
-        isvc_speculative.run(_Module(namespace=namespace), _racing_cluster(k8s_client, namespace, edit))
+        rollback.run(_racing_cluster(k8s_client, namespace, edit), _params(namespace=namespace))
     assert "changed between read and write" in str(exc.value) and "retries" in str(exc.value)
     stored = _get(k8s_client, namespace)
     script = stored["spec"]["predictor"]["model"]["command"][2]
@@ -164,22 +161,22 @@ def test_concurrent_edit_between_read_and_patch_is_detected(k8s_client, eagle3_s
 
     # with retries the module re-reads and strips the flag on top of the other writer's edit
     # with retries the module re-reads after the conflict and strips the flag on top of the other writer's edits
-    result, _warnings = isvc_speculative.run(_Module(namespace=namespace, retries=1),
-                                             _racing_cluster(k8s_client, namespace, lambda: edit("second-edit")))
+    result, _warnings = rollback.run(_racing_cluster(k8s_client, namespace, lambda: edit("second-edit")),
+                                     _params(namespace=namespace, retries=1))
     assert result["changed"] is True and result["attempts"] == 2
     script = _get(k8s_client, namespace)["spec"]["predictor"]["model"]["command"][2]
     assert "echo concurrent-edit" in script and "echo second-edit" in script and "--speculative-config" not in script
 
 
 def test_resource_version_guard_conflicts_on_any_edit(k8s_client, eagle3_service, namespace):
-    from ansible_collections.alauda.spec_decoding.plugins.modules import isvc_speculative  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import rollback  # pylint: disable=import-outside-toplevel
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ConflictError  # pylint: disable=import-outside-toplevel
 
     def label_edit():
         _api(k8s_client).patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, NAME, {"metadata": {"labels": {"x": "y"}}})
 
     with pytest.raises(ConflictError):
-        isvc_speculative.run(_Module(namespace=namespace, guard="resource_version"), _racing_cluster(k8s_client, namespace, label_edit))
+        rollback.run(_racing_cluster(k8s_client, namespace, label_edit), _params(namespace=namespace, guard="resource_version"))
     assert "--speculative-config" in _get(k8s_client, namespace)["spec"]["predictor"]["model"]["command"][2]
 
 

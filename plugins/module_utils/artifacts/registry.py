@@ -34,6 +34,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.modelcar_image import (
     ANN_TITLE, MT_DOCKER_MANIFEST, MT_MANIFEST, resolve_digests, sha256_digest,
 )
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.modelcar_image import DigestCache, build_plan, plan_from_layout, write_archive
 
 USER_AGENT = "alauda.spec_decoding-modelcar/1"
 MANIFEST_ACCEPT = ", ".join([MT_MANIFEST, MT_DOCKER_MANIFEST])
@@ -697,3 +698,120 @@ def format_progress(done, total, rate, final):
 
 __all__ = ["ImageRef", "Progress", "RegistryAuthError", "RegistryClient", "RegistryError", "format_progress", "push_plan",
            "read_auth_file"]
+
+
+def open_client(ref, username=None, password=None, auth_file=None, hide=None, **kwargs):
+    """A RegistryClient for ``ref`` with the credentials given, or those `auth_file` holds for its registry.
+
+    ``hide(password)`` is called with the password in use (also one read from the file) so the module keeps it out of
+    every output (AnsibleModule.no_log_values.add); `kwargs` go to RegistryClient (tls_verify, ca_file, timeout, retries).
+    """
+    if auth_file:
+        username, password = read_auth_file(auth_file, ref.registry)
+    if password and hide is not None:
+        hide(password)
+    return RegistryClient(ref, username, password, **kwargs)
+
+
+# Module modelcar_image: the image of target and draft, as an OCI archive and/or pushed.
+
+META_KEYS = (("model_name", "io.alauda.spec-decoding.model-name"), ("model_revision", "io.alauda.spec-decoding.model-revision"),
+             ("draft_name", "io.alauda.spec-decoding.draft-name"))
+MODELCAR_DEFAULTS = {"jobs": 3, "timeout": 120, "retries": 4}  # modelcar_image's defaults of these options
+
+
+class _ProgressSink:
+    def __init__(self, path):
+        self.path = path
+        self.lines = []
+
+    def __call__(self, done, total, rate, final):
+        line = "%s %s" % (time.strftime("%H:%M:%S"), format_progress(done, total, rate, final))
+        self.lines.append(line)
+        if len(self.lines) > 200:
+            del self.lines[1:-100]
+        if self.path:
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
+
+    def note(self, text):
+        self.lines.append("%s %s" % (time.strftime("%H:%M:%S"), text))
+        if self.path:
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write(self.lines[-1] + "\n")
+
+
+def build_modelcar(p, check_mode=False, diff=False, warn=None, hide=None):
+    """Module modelcar_image: build the Modelcar image of target (and draft) from directories (or an OCI archive), write
+    it as an archive and/or push it; returns the module's result. `warn(text)` passes the plan's warnings on, `hide` as
+    for open_client."""
+    for key, low in (("jobs", 1), ("timeout", 1), ("retries", 0)):
+        if p[key] < low:
+            raise ValidationError("must be at least %d, got %d" % (low, p[key]), field=key, hint="use the default (%s)" % MODELCAR_DEFAULTS[key])
+    if p["target_dir"] and not (p["image"] or p["archive"]):
+        raise ValidationError("give image (registry/repository:tag) to push to, or archive to only write an OCI archive", field="image")
+    if p["from_archive"] and not p["image"]:
+        raise ValidationError("from_archive pushes an archive, so image (registry/repository:tag) is required", field="image")
+    ref = ImageRef.parse(p["image"]) if p["image"] else None
+    if ref is not None and ref.digest and not ref.tag:
+        raise ValidationError("push to a tag (registry/repository:tag); the digest is returned", field="image")
+
+    labels = dict((str(k), str(v)) for k, v in p["labels"].items())
+    annotations = dict((str(k), str(v)) for k, v in p["annotations"].items())
+    for opt, key in META_KEYS:
+        if p[opt]:
+            labels.setdefault(key, p[opt])
+            annotations.setdefault(key, p[opt])
+
+    sink = _ProgressSink(p["progress_log"])
+    cache = DigestCache(p["cache_dir"])
+    if p["from_archive"]:
+        plan = plan_from_layout(p["from_archive"])
+    else:
+        plan = build_plan(p["target_dir"], p["draft_dir"], layout=p["layout"], base=p["base"], labels=labels, annotations=annotations,
+                          max_layers=p["max_layers"], follow_external_symlinks=p["follow_external_symlinks"])
+    result = dict(changed=False, image=str(ref) if ref else None, digest=None, storage_uri=None, layers_pushed=0, layers_skipped=0,
+                  bytes_pushed=0, bytes_hashed=0, archive=None, archive_bytes_written=0, seconds=0.0, rate_mib_s=0.0)
+
+    if p["archive"]:
+        ref_name = ref.tag if ref and ref.tag else "latest"
+        if check_mode:
+            hashed = resolve_digests(plan, cache)
+            result["bytes_hashed"] += sum(layer.size for layer in hashed)
+            result["archive_bytes_written"] = 0
+        else:
+            sink.note("writing archive %s" % p["archive"])
+            written = write_archive(plan, p["archive"], ref_name, cache)
+            cache.save()
+            result["archive_bytes_written"] = written
+            result["changed"] = result["changed"] or written > 0
+        result["archive"] = p["archive"]
+
+    if ref is not None:
+        client = open_client(ref, p["username"], p["password"], p["auth_file"], hide=hide, tls_verify=p["tls_verify"], ca_file=p["ca_file"],
+                             timeout=p["timeout"], retries=p["retries"])
+        try:
+            pushed = push_plan(plan, client, cache, jobs=p["jobs"], progress_cb=sink, check_mode=check_mode)
+        finally:
+            client.close()
+        for key in ("digest", "layers_pushed", "layers_skipped", "bytes_pushed", "seconds"):
+            result[key] = pushed[key]
+        result["bytes_hashed"] += pushed["bytes_hashed"]
+        result["changed"] = result["changed"] or pushed["changed"]
+        result["storage_uri"] = "oci://" + ref.with_digest(pushed["digest"])
+        if pushed["seconds"] and pushed["bytes_pushed"]:
+            result["rate_mib_s"] = round(pushed["bytes_pushed"] / pushed["seconds"] / 1048576.0, 1)
+        if diff:
+            result["diff"] = {"before": {"image": str(ref), "digest": pushed.get("remote_digest")},
+                              "after": {"image": str(ref), "digest": pushed["digest"]}}
+        verb = "would push" if check_mode else "pushed"
+        sink.note("%s %s: %d layers pushed (%d bytes), %d present" % (verb, result["storage_uri"], pushed["layers_pushed"],
+                                                                      pushed["bytes_pushed"], pushed["layers_skipped"]))
+    else:
+        result["digest"] = plan.manifest_digest()
+    result["layers"] = [{"title": (layer.annotations or {}).get(ANN_TITLE, ""), "digest": layer.digest, "size": layer.size} for layer in plan.layers]
+    result["progress"] = sink.lines
+    for warning in plan.warnings:
+        if warn is not None:
+            warn(warning)
+    return result

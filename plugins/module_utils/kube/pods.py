@@ -19,17 +19,18 @@ import json
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
-try:
-    from kubernetes.client import CoreV1Api, CustomObjectsApi
-    from kubernetes.client.exceptions import ApiException
-    HAS_KUBERNETES = True
-except ImportError:  # pragma: no cover - the calling module reports it with missing_required_lib
-    CoreV1Api = CustomObjectsApi = None
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import client as _client
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import HAS_KUBERNETES, ApiException  # noqa: F401
 
-    class ApiException(Exception):
-        """Stand-in so except clauses work without the library."""
 
-    HAS_KUBERNETES = False
+def CoreV1Api(api_client):  # noqa: N802  pylint: disable=invalid-name
+    """kubernetes.client.CoreV1Api, imported on first use (kube/client.py says why)."""
+    return _client.CoreV1Api(api_client)
+
+
+def CustomObjectsApi(api_client):  # noqa: N802  pylint: disable=invalid-name
+    """kubernetes.client.CustomObjectsApi, imported on first use (kube/client.py says why)."""
+    return _client.CustomObjectsApi(api_client)
 
 try:
     from urllib3.exceptions import HTTPError as TransportError

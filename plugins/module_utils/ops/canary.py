@@ -39,7 +39,6 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import canary_window
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import readers as isvc_readers
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import http_target
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 
@@ -534,3 +533,6 @@ def render_markdown(report):
 
 def report_json(report):
     return json.dumps(report, indent=2, sort_keys=True, default=str) + "\n"
+
+
+# Module canary_rollout: one step of the canary (start or move, promote, roll back), rendered from a definition or applied.

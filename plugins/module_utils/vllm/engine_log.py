@@ -550,3 +550,7 @@ NOT_FOUND_HINT = (
     "container), or the log window was cut (raise tail_lines/since_seconds, or set previous for a restarted "
     "container). From vLLM 0.24 only data-parallel rank 0 prints it"
 )
+
+
+# What module engine_config reads and compares: a log (text or file), or every predictor pod's log of an InferenceService
+# through the API server, against what was asked for or what the InferenceService's flag says.

@@ -550,3 +550,7 @@ def check_thresholds(summary, min_mean_acceptance_length=None, min_acceptance_ra
         failures.append("draft_acceptance_rate %s is below min_acceptance_rate %s"
                         % ("n/a" if rate is None else "%.4f" % rate, min_acceptance_rate))
     return failures
+
+
+# Where module spec_metrics reads the counters: a /metrics page (a URL, text, a file, or the predictor pods through the
+# API server's pod proxy) or vLLM's log (text, a file, or the pods' logs when the pod proxy gives nothing).

@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 import re
 
+from ansible.module_utils.basic import missing_required_lib
+
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 try:
@@ -108,3 +110,9 @@ def parse_samples(text, prefixes, field="metrics"):
                 continue
             samples.append(sample)
     return samples
+
+
+def require_prometheus_client(module):
+    """Fail the task, the Ansible way, when the prometheus_client library (the /metrics parser) is not installed."""
+    if not HAS_PROMETHEUS_CLIENT:
+        module.fail_json(msg=missing_required_lib("prometheus_client"), exception=str(PROMETHEUS_IMPORT_ERROR))

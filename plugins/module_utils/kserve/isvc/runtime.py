@@ -706,3 +706,27 @@ class SnapshotReader:
 def _snapshot_key(kind, namespace, name=None):
     """'ServingRuntime/<ns>/<name>', 'ClusterServingRuntime/<name>'; without a name, the list of that kind (and namespace)."""
     return "/".join(part for part in (kind, namespace, name) if part)
+
+
+# Module serving_runtime_info: the runtime KServe merges into an InferenceService's predictor, and what that means for its flag.
+
+def runtime_info(api_client, params):
+    """Module serving_runtime_info: (result, warnings, problem or None) for the InferenceService read or given."""
+    if params["inference_service"] is not None:
+        isvc = dict(params["inference_service"])
+        meta = dict(isvc.get("metadata") or {})
+        meta.setdefault("namespace", params["namespace"])
+        if params["name"]:
+            meta.setdefault("name", params["name"])
+        isvc["metadata"] = meta
+    else:
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
+        isvc = k8s_pods.get_inference_service(api_client, params["namespace"], params["name"])
+    reader = ClientReader(api_client)
+    result, warnings, problem, effective = resolve(isvc, reader, params["runtime_flag"], params["missing_runtime"])
+    result["flag_locations"], result["flag_source"] = flag_locations(isvc, effective)
+    if params["list_users"] and effective is not None and effective.runtime is not None:
+        result["users"] = reader.users(effective)
+    if params["name"] and params["inference_service"] is None:
+        result["inference_service"] = isvc
+    return result, warnings, problem

@@ -240,18 +240,18 @@ def test_markdown_prefix_cache_column():
 
 def test_acceptance_from_a_real_metrics_capture():
     """The module's acceptance block is spec_metrics' deltas: check it against the ngram capture's counters."""
-    from ansible_collections.alauda.spec_decoding.plugins.modules import spec_benchmark
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import run as bench_run
     text = read_capture("ngram", "metrics.txt")
     empty = "# no counters yet\n"
-    acc = spec_benchmark._acceptance(empty, text, "t-ngram")
+    acc = bench_run.acceptance(empty, text, "t-ngram")
     # metrics.txt: drafts 229, draft tokens 1002, accepted 655, per position 190, 152, 126, 99, 88
     assert acc["num_drafts"] == 229 and acc["num_draft_tokens"] == 1002 and acc["num_accepted_tokens"] == 655
     assert acc["mean_acceptance_length"] == pytest.approx(1 + 655 / 229)
     assert acc["acceptance_rate"] == pytest.approx(655 / 1002)
     assert acc["per_position"] == pytest.approx([190 / 229, 152 / 229, 126 / 229, 99 / 229, 88 / 229])
-    assert spec_benchmark._acceptance(text, text, "t-ngram")["num_drafts"] == 0
+    assert bench_run.acceptance(text, text, "t-ngram")["num_drafts"] == 0
     baseline_text = read_capture("baseline", "metrics.txt")
-    assert spec_benchmark._acceptance(baseline_text, baseline_text, "t-baseline") is None
+    assert bench_run.acceptance(baseline_text, baseline_text, "t-baseline") is None
     assert spec_metrics.parse_prometheus(text).found
 
 

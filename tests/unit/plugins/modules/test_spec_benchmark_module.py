@@ -6,8 +6,8 @@ import time
 
 import pytest
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import run as bench_run
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
-from ansible_collections.alauda.spec_decoding.plugins.modules import spec_benchmark
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 from tests.loopback_http import serving
 from tests.unit.plugins.module_utils.test_bench_client import ScriptedSSE, server  # noqa: F401  pylint: disable=unused-import
@@ -33,10 +33,10 @@ def params(tmp_path, **over):
 
 
 def test_two_phases_around_a_rollout(tmp_path, url):
-    first = spec_benchmark.run(params(tmp_path, phase="baseline", baseline_url=url, report_context={}))
+    first = bench_run.benchmark(params(tmp_path, phase="baseline", baseline_url=url, report_context={}))
     assert "decision" not in first and os.path.exists(first["baseline_results"])
     assert first["baseline"]["summary"]["completed"] == 5
-    second = spec_benchmark.run(params(tmp_path, phase="candidate", candidate_url=url))
+    second = bench_run.benchmark(params(tmp_path, phase="candidate", candidate_url=url))
     assert second["decision"] in ("keep", "roll_back") and second["changed"] is False
     with open(second["report_json"], encoding="utf-8") as handle:
         report = json.load(handle)
@@ -48,14 +48,14 @@ def test_two_phases_around_a_rollout(tmp_path, url):
         assert "candidate 5/5" in handle.read()
     # Different parameters in the second phase are refused.
     with pytest.raises(ValidationError, match="max_tokens"):
-        spec_benchmark.run(params(tmp_path, phase="candidate", candidate_url=url, max_tokens=33))
+        bench_run.benchmark(params(tmp_path, phase="candidate", candidate_url=url, max_tokens=33))
 
 
 def test_refusal_happens_before_any_request(tmp_path, url):
     sent = len(ScriptedSSE.bodies)
     context = dict(CONTEXT, image=None)
     with pytest.raises(ValidationError, match="Runtime: image"):
-        spec_benchmark.run(params(tmp_path, baseline_url=url, candidate_url=url, report_context=context))
+        bench_run.benchmark(params(tmp_path, baseline_url=url, candidate_url=url, report_context=context))
     assert len(ScriptedSSE.bodies) == sent
 
 
@@ -64,11 +64,11 @@ def test_plots_without_matplotlib_are_refused_before_any_request(tmp_path, url, 
         monkeypatch.setitem(sys.modules, name, None)  # a host without matplotlib
     sent = len(ScriptedSSE.bodies)
     with pytest.raises(SpecDecodingError) as err:
-        spec_benchmark.run(params(tmp_path, baseline_url=url, candidate_url=url))
+        bench_run.benchmark(params(tmp_path, baseline_url=url, candidate_url=url))
     assert err.value.field == "plots" and "pip install 'matplotlib>=3.8'" in str(err.value)
     assert len(ScriptedSSE.bodies) == sent and not os.path.exists(str(tmp_path / "rep"))
     # the baseline phase draws nothing, so it runs without matplotlib
-    out = spec_benchmark.run(params(tmp_path, phase="baseline", baseline_url=url, report_context={}))
+    out = bench_run.benchmark(params(tmp_path, phase="baseline", baseline_url=url, report_context={}))
     assert os.path.exists(out["baseline_results"])
 
 
@@ -76,7 +76,7 @@ def test_plots_without_matplotlib_are_refused_before_any_request(tmp_path, url, 
                                         ({"warmup": 2}, "warmup"), ({"request_rate": 0.0}, "request_rate")])
 def test_protocol_bounds(tmp_path, over, match):
     with pytest.raises(ValidationError, match=match):
-        spec_benchmark.check_protocol(params(tmp_path, **over))
+        bench_run.check_protocol(params(tmp_path, **over))
 
 
 class BufferedSSE(ScriptedSSE):
@@ -104,7 +104,7 @@ def buffered_url():
 
 
 def test_buffered_candidate_is_noted_and_not_kept(tmp_path, url, buffered_url):
-    out = spec_benchmark.run(params(tmp_path, baseline_url=url, candidate_url=buffered_url, scrape_metrics=False, plots=False))
+    out = bench_run.benchmark(params(tmp_path, baseline_url=url, candidate_url=buffered_url, scrape_metrics=False, plots=False))
     with open(out["requests_file"], encoding="utf-8") as handle:
         requests = json.load(handle)
     assert [bench_stats.burst_delivered(r) for r in requests["candidate"]] == [True] * 5
@@ -152,7 +152,7 @@ def test_prefix_caching_setting_per_side_from_the_scrape_after_the_run(tmp_path)
     base_handler, base_served = _pages_handler([_cache_page(100.0, "False"), _cache_page(300.0, "True")])
     cand_handler, cand_served = _pages_handler([_cache_page(40.0, "False"), _cache_page(40.0, "False")])
     with serving(base_handler) as base_url, serving(cand_handler) as cand_url:
-        out = spec_benchmark.run(params(tmp_path, baseline_url=base_url, candidate_url=cand_url, plots=False))
+        out = bench_run.benchmark(params(tmp_path, baseline_url=base_url, candidate_url=cand_url, plots=False))
     assert len(base_served) == 2 and len(cand_served) == 2  # before and after the measured requests
     assert out["baseline"]["prefix_cache"] == {"hits": 50, "queries": 200, "hit_rate": 0.25, "enabled": True}
     assert out["candidate"]["prefix_cache"] == {"hits": 0, "queries": 0, "hit_rate": None, "enabled": False}

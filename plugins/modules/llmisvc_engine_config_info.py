@@ -117,6 +117,7 @@ problems:
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import cluster as llmisvc_cluster
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model
 
 
 def argument_spec():
@@ -147,7 +148,7 @@ def execute(module):
         module.warn("could not read KServe's well-known preset %s (forbidden): what each pool must run is taken from the "
                     "resource and its baseRefs only" % preset)
     report, problems = llmisvc_cluster.engine_report(api_client, obj, expected=expected, container=params["container"],
-                                             timeout=params["timeout"], presets=presets)
+                                                     timeout=params["timeout"], presets=presets)
     result = {"changed": False, "pools": report, "problems": problems,
               "speculative_config": (report.get("decode") or {}).get("speculative_config")}
     if problems:

@@ -124,7 +124,7 @@ def _canary(kubeconfig, ns, name, engines, stable, canary):  # pylint: disable=r
     assert not res.failed, res.msg
     with vllm_harness.clients_off_engine_cpus(list(engines.values())), Traffic([stable, canary]) as traffic:
         obs = run_module("canary_observe_info", dict(name=name, namespace=ns, kubeconfig=kubeconfig, selectors=res["selectors"],
-                                                window=10, max_window=30, min_requests=6, percent=10))
+                                                     window=10, max_window=30, min_requests=6, percent=10))
     assert not obs.failed, obs.msg
     assert not traffic.errors, traffic.errors[:3]
     # the figures are the engines': requests counted by vLLM itself, at most what the client sent in the window

@@ -1,7 +1,8 @@
 """End-to-end: ``playbooks/tune.yml`` (role ``tune``, module ``spec_sweep``) on real vLLM (CPU, tiny checkpoints).
 
 One baseline and one ngram server with k=5 (the largest candidate, so the per-position acceptance of every slot in
-1..5 is measured at once; the session's A/B pair, shared with the benchmark test) are swept over four request rates by ``ansible-playbook playbooks/tune.yml``. The run
+1..5 is measured at once; the session's A/B pair, shared with the benchmark test) are swept over four request rates
+by ``ansible-playbook playbooks/tune.yml``. The run
 predicts k from the measured curve and the measured verify cost. A server with the predicted k is then started and
 the playbook runs again with it as ``tune_confirm_url``: the sweep's points are resumed from the JSON (not measured
 again) and only the confirmation A/B (current k=5 against the predicted k, at the target load) is measured. When

@@ -63,7 +63,8 @@ import urllib.request
 
 from tests.e2e.vllm_install import CACHE_ROOT, VllmInstallError, ensure_vllm, installed_version
 
-__all__ = ["AB_K", "AB_NGRAM_CONFIG", "AB_SERVER_ARGS", "CACHE_ROOT", "NGRAM_CONFIG", "REPETITIVE_PROMPTS", "SERVER_ENV", "TIMINGS", "TINY_DTYPE", "VllmInstallError", "VllmServer",
+__all__ = ["AB_K", "AB_NGRAM_CONFIG", "AB_SERVER_ARGS", "CACHE_ROOT", "NGRAM_CONFIG", "REPETITIVE_PROMPTS", "SERVER_ENV", "TIMINGS", "TINY_DTYPE",
+           "VllmInstallError", "VllmServer",
            "VllmServerError", "clients_off_engine_cpus", "ensure_checkpoints", "ensure_vllm", "free_port", "http_request", "installed_version", "log_tail",
            "run_module", "run_modules"]
 

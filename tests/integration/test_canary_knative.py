@@ -112,7 +112,7 @@ def test_knative_step_observe_promote_and_rerun(k8s_client, kubeconfig, kserve, 
         [(CANARY, 50), (FIRST, 50)]
 
     obs = run_module("canary_observe_info", dict(name=NAME, namespace=namespace, kubeconfig=kubeconfig, window=0.2, min_requests=20,
-                                            percent=50))
+                                                 percent=50))
     assert not obs.failed, obs.msg
     assert obs["selectors"] == res["selectors"]  # read from status.components.predictor.traffic
     assert obs["decision"] == "promote", obs["reasons"]

@@ -114,7 +114,7 @@ def test_step_observe_and_promote_a_faster_canary(k8s_client, kubeconfig, kserve
     assert not again.failed and again["changed"] is False
 
     obs = run_module("canary_observe_info", dict(name=name, namespace=namespace, kubeconfig=kubeconfig, selectors=res["selectors"],
-                                            window=0.2, min_requests=20, percent=10))
+                                                 window=0.2, min_requests=20, percent=10))
     assert not obs.failed, obs.msg
     assert obs["decision"] == "promote", obs["reasons"]
     assert obs["stable"]["requests"] == 30 and obs["canary"]["requests"] == 25
@@ -246,7 +246,7 @@ def test_no_decision_on_too_few_requests_or_missing_metrics(k8s_client, kubeconf
     res = rollout(kubeconfig, namespace, name, speculative_config=NGRAM, percent=10, wait_timeout=60)
     assert not res.failed, res.msg
     obs = run_module("canary_observe_info", dict(name=name, namespace=namespace, kubeconfig=kubeconfig, window=0.2, max_window=1.5,
-                                            min_requests=20))
+                                                 min_requests=20))
     assert not obs.failed, obs.msg
     assert obs["decision"] == "none" and obs["extended"] >= 1 and obs["window_s"] >= 1.4, \
         (obs["extended"], obs["window_s"], obs["reasons"], kserve.kubelet.errors[-3:])
@@ -254,7 +254,7 @@ def test_no_decision_on_too_few_requests_or_missing_metrics(k8s_client, kubeconf
                               "the canary revision finished 3 requests in the window, fewer than min_requests 20"]
     assert obs["selectors"] == res["selectors"]  # read from the InferenceService when not given
     obs = run_module("canary_observe_info", dict(name=name, namespace=namespace, kubeconfig=kubeconfig, window=0.1, min_requests=1,
-                                            selectors={"stable": res["selectors"]["stable"], "canary": "app=isvc.nothing-here"}))
+                                                 selectors={"stable": res["selectors"]["stable"], "canary": "app=isvc.nothing-here"}))
     assert not obs.failed and obs["decision"] == "none"
     assert obs["missing"]["canary"] == ["(no running pod matches app=isvc.nothing-here)"]
     assert "no /metrics from the canary pods (no running pod matches app=isvc.nothing-here)" in obs["reasons"]

@@ -40,4 +40,5 @@ def __getattr__(name):
     raise AttributeError("module %r has no attribute %r" % (__name__, name))
 
 
-__all__ = ["ApiException", "ApiextensionsV1Api", "AppsV1Api", "CoreV1Api", "CustomObjectsApi", "HAS_KUBERNETES", "client", "watch"]
+# The typed API classes (_LAZY_APIS) are reached through __getattr__ and so are not listed here.
+__all__ = ["ApiException", "HAS_KUBERNETES", "client", "watch"]

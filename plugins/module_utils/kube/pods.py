@@ -20,7 +20,7 @@ import json
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import client as _client
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import HAS_KUBERNETES, ApiException  # noqa: F401
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import HAS_KUBERNETES, ApiException  # noqa: F401  pylint: disable=unused-import
 
 
 def CoreV1Api(api_client):  # noqa: N802  pylint: disable=invalid-name
@@ -31,6 +31,7 @@ def CoreV1Api(api_client):  # noqa: N802  pylint: disable=invalid-name
 def CustomObjectsApi(api_client):  # noqa: N802  pylint: disable=invalid-name
     """kubernetes.client.CustomObjectsApi, imported on first use (kube/client.py says why)."""
     return _client.CustomObjectsApi(api_client)
+
 
 try:
     from urllib3.exceptions import HTTPError as TransportError

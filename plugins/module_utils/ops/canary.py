@@ -41,6 +41,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import http_target
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import readers as isvc_readers
 
 STANDARD, KNATIVE = "Standard", "Knative"
 STANDARD_MIN_KSERVE = (0, 20)
@@ -476,7 +477,7 @@ def observe(api_client, namespace, name, selectors, window, max_window=None, min
             figures[side] = canary_window.revision_figures(deltas, elapsed)
             figures[side]["pod_names"] = sorted(pages)
         verdict = canary_window.decide(figures["stable"], figures["canary"], min_requests=min_requests, tolerances=tolerances, missing=later_missing,
-                         p99_tolerance=p99_tolerance)
+                                       p99_tolerance=p99_tolerance)
         short = verdict["decision"] == "none" and not any(later_missing.values())
         remaining = max_window - elapsed
         if not short or remaining <= 0.05:

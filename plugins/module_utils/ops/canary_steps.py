@@ -17,6 +17,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import p
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import http_target
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as spec_config
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import canary
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import canary_window
 
 
 def plan_step(params, isvc, kserve_version):
@@ -32,7 +33,7 @@ def plan_step(params, isvc, kserve_version):
         if state == "present" and entry is None and canary.already_promoted(isvc, json.loads(json_text)):
             return mode, None, None  # a rerun after the promotion: the serving revision already runs this config
         stable = spec.get("predictor") or {}
-        if mode == KNATIVE and stable.get("canaryTrafficPercent") is not None:
+        if mode == canary.KNATIVE and stable.get("canaryTrafficPercent") is not None:
             stable = canary.rollback_source(isvc)
         canary_pred = canary.canary_predictor(stable, json_text, name) if not (state != "present" and entry) else None
     if canary_pred is None and entry is not None:
@@ -41,10 +42,10 @@ def plan_step(params, isvc, kserve_version):
         percent = canary.check_percent(params.get("percent"))
         return mode, canary.step_patch(isvc, mode, percent, canary_pred), canary_pred
     if state == "promoted":
-        if canary_pred is None and mode == STANDARD:
+        if canary_pred is None and mode == canary.STANDARD:
             raise ValidationError("there is no canary %r to promote" % name, field="canary_name",
                                   hint="start the canary first (state: present), or give speculative_config to render the promotion")
-        if mode == KNATIVE:
+        if mode == canary.KNATIVE:
             canary.check_knative_promotion(isvc)
         return mode, canary.promote_patch(isvc, mode, canary_pred), canary_pred
     return mode, canary.rollback_patch(isvc, mode, canary.rollback_source(isvc)), canary_pred
@@ -67,7 +68,7 @@ def render_step(params):
     mode, patch, _pred = plan_step(params, isvc, params.get("kserve_version"))
     patch = patch or {}
     out = canary.manifest(isvc, patch)
-    selectors = canary.revision_selectors(out, mode, params["canary_name"]) if mode == STANDARD else {}
+    selectors = canary.revision_selectors(out, mode, params["canary_name"]) if mode == canary.STANDARD else {}
     return dict(changed=False, manifest=out, patch=patch, mode=mode, selectors=selectors)
 
 
@@ -87,7 +88,7 @@ def apply_step(api_client, params, dry_run=False, diff=False):
     before = canary.manifest(isvc, {})
     after = canary.manifest(isvc, patch)
     changed = before["spec"] != after["spec"]
-    selectors = canary.revision_selectors(after, mode, params["canary_name"]) if mode == STANDARD else {}
+    selectors = canary.revision_selectors(after, mode, params["canary_name"]) if mode == canary.STANDARD else {}
     result = {"changed": changed, "canary.manifest": after, "patch": patch, "mode": mode, "selectors": selectors}
     if diff:
         result["diff"] = {"before": before, "after": after}
@@ -96,16 +97,16 @@ def apply_step(api_client, params, dry_run=False, diff=False):
     result["resource"] = isvc
     if params["wait"] and not dry_run:
         retired, stable_revision = None, None
-        if mode == STANDARD and params["state"] != "present":
+        if mode == canary.STANDARD and params["state"] != "present":
             retired = canary.revision_selectors(before, mode, params["canary_name"])["stable" if params["state"] == "promoted" else "canary"]
-        elif mode == KNATIVE and params["state"] != "present" and changed:
+        elif mode == canary.KNATIVE and params["state"] != "present" and changed:
             # the revisions as they were before this write: the one that goes out of the traffic is retired
             stable_revision, retired = canary.knative_retired(read, params["state"])
         isvc, _elapsed, rollout = canary.wait_step(api_client, ns, name, params["state"], mode, params["canary_name"],
-                                            params.get("percent"), params["wait_timeout"], retired=retired,
-                                            stable_revision=stable_revision)
+                                                   params.get("percent"), params["wait_timeout"], retired=retired,
+                                                   stable_revision=stable_revision)
         result.update(resource=isvc, rollout=rollout)
-        if mode == KNATIVE and params["state"] == "present":
+        if mode == canary.KNATIVE and params["state"] == "present":
             result["selectors"] = canary.revision_selectors(isvc, mode, params["canary_name"])
     return result
 
@@ -119,7 +120,7 @@ def observe_canary(connect, params):
     if params["min_requests"] < 1:
         raise ValidationError("must be at least 1", field="min_requests", hint="ask for enough requests per side to decide on, e.g. 50")
     bench_report.check_tolerances(params.get("tolerances"))
-    check_p99_tolerance(params.get("p99_tolerance"))
+    canary_window.check_p99_tolerance(params.get("p99_tolerance"))
     http_target.check_port(params.get("port"))
     selectors = params.get("selectors")
     api_client = connect()
@@ -131,11 +132,11 @@ def observe_canary(connect, params):
         raise ValidationError("needs exactly the keys stable and canary, got %s" % ", ".join(sorted(selectors)), field="selectors",
                               hint="pass the selectors canary_rollout returned, e.g. {stable: app=isvc.x-predictor, canary: app=isvc.x-predictor-spec}")
     result = canary.observe(api_client, params["namespace"], params["name"], selectors, params["window"],
-                     max_window=params.get("max_window"), min_requests=params["min_requests"],
-                     tolerances=params.get("tolerances"), p99_tolerance=params.get("p99_tolerance"),
-                     model_name=params.get("model_name"),
-                     container=params["container"], port=params.get("port"), scheme=params.get("scheme"),
-                     timeout=params["timeout"])
+                            max_window=params.get("max_window"), min_requests=params["min_requests"],
+                            tolerances=params.get("tolerances"), p99_tolerance=params.get("p99_tolerance"),
+                            model_name=params.get("model_name"),
+                            container=params["container"], port=params.get("port"), scheme=params.get("scheme"),
+                            timeout=params["timeout"])
     report = canary.build_report(params["namespace"], params["name"], result, percent=params.get("percent"),
-                          canary_name=params["canary_name"], mode=mode)
+                                 canary_name=params["canary_name"], mode=mode)
     return dict(changed=False, report=report, markdown=canary.render_markdown(report), **result)

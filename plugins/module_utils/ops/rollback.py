@@ -417,7 +417,7 @@ def strip_llmisvc(api_client, params, check_mode=False, diff=False, warn=None):
     prefix = params["config_prefix"]
     unreadable = []
     presets = llmisvc_cluster.read_presets(api_client, obj, params["config_namespace"], params["api_version"], config_prefix=prefix,
-                                   unreadable=unreadable)
+                                           unreadable=unreadable)
     for preset in unreadable:
         if warn is not None:
             warn("could not read KServe's well-known preset %s (forbidden): a flag it sets is not seen here; the engine "
@@ -446,7 +446,7 @@ def strip_llmisvc(api_client, params, check_mode=False, diff=False, warn=None):
             raise SpecDecodingError("LLMInferenceService %s/%s changed while the rollback read it (a JSON patch test failed)"
                                     % (params["namespace"], params["name"]), field="name", hint="rerun the rollback") from exc
         raise llmisvc_cluster.api_error("patching LLMInferenceService %s/%s" % (params["namespace"], params["name"]), exc,
-                                "name") from exc
+                                        "name") from exc
     result.update(resource=after, generation=after["metadata"].get("generation"))
     if diff:
         result["diff"] = {"before": {"spec": copy.deepcopy(obj.get("spec"))}, "after": {"spec": after.get("spec")}}

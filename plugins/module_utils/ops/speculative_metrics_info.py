@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import http_target
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
 
 
@@ -88,7 +89,7 @@ class Scraper:
                                     "how": "port and scheme given"}
                 else:
                     spec = self.k8s_pods.read_pod(self.api_client, params["namespace"], pod)
-                    targets[pod] = self.k8s_pods.pod_http_target(spec, container=params["container"], port=port, scheme=params["scheme"])
+                    targets[pod] = http_target.pod_http_target(spec, container=params["container"], port=port, scheme=params["scheme"])
             self.targets = targets
         return [dict(pod=pod, scheme=t["scheme"], port=t["port"], path="/" + params["proxy_path"].lstrip("/"), how=t["how"])
                 for pod, t in self.targets.items()]
@@ -136,7 +137,7 @@ def prometheus_result(scraper, params, method):
         summary["endpoints"] = scraper.endpoints()
     if scraper.pods is not None and params["name"]:
         summary["pods"] = [dict(spec_metrics.summarize(c, method=method, mismatch_rate=params["mismatch_rate"],
-                                          collapse_rate=params["collapse_rate"]), name=k) for k, c in per_source.items()]
+                                                       collapse_rate=params["collapse_rate"]), name=k) for k, c in per_source.items()]
     if params["model_name"] and not total.found and total.all_model_names:
         summary["msg"] = "no spec_decode series for model_name %r; the page has model_name %s" % (
             params["model_name"], ", ".join(repr(m) for m in total.all_model_names))
@@ -161,7 +162,7 @@ def log_result(params, method, scraper=None):
     summary["windows_total"] = total
     if pods is not None and params["name"]:
         summary["pods"] = [dict(spec_metrics.summarize(c, method=method, mismatch_rate=params["mismatch_rate"],
-                                          collapse_rate=params["collapse_rate"]), name=p) for p, c in pods]
+                                                       collapse_rate=params["collapse_rate"]), name=p) for p, c in pods]
     if not total:
         summary["msg"] = ("no 'SpecDecoding metrics:' lines in the log: they appear every VLLM_LOG_STATS_INTERVAL (10 s) only while "
                           "drafts are made, are missing with --disable-log-stats or --api-server-count > 1, and are printed by the "

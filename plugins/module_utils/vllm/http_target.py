@@ -21,8 +21,6 @@ TLS_FLAGS = ("--ssl-certfile", "--ssl_certfile")
 HTTP_PORT_NAMES = ("http", "http1", "h2c", "http-server", "metrics", "http-metrics")
 
 
-
-
 def _argv_tokens(argv):
     """command+args as tokens; an element holding a shell line (``sh -c "vllm serve ... --port 8000"``) is split too."""
     tokens = []

@@ -24,6 +24,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisv
 # ----------------------------------------------------------------------------------------------------------------
 # Cluster reads (a kubernetes.client.ApiClient; the kubernetes library is imported only here)
 
+
 def api_error(what, exc, field):
     """A SpecDecodingError carrying the API server's own message (a 403 names the user, the verb and the resource)."""
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel

@@ -21,6 +21,7 @@ _FLAG_WORDS = tuple(s for s in vllm_command.flag_spellings() if s.startswith("--
 # ----------------------------------------------------------------------------------------------------------------
 # Where the flag is: every pool, every container, every form
 
+
 def _leftover(texts):
     return [t for t in texts if isinstance(t, str) and any(w in t for w in _FLAG_WORDS)]
 

@@ -83,7 +83,6 @@ WORKLOAD_CONDITIONS = ("MainWorkloadReady", "WorkerWorkloadReady", "PrefillWorkl
 ROUTER_CONDITIONS = ("GatewaysReady", "HTTPRoutesReady", "InferencePoolReady", "SchedulerWorkloadReady", "TokenizerReady")
 
 
-
 def check_resource_kind(kind, field="resource_kind"):
     if kind not in RESOURCE_KINDS:
         raise ValidationError("'%s' is not a resource kind the collection deploys" % (kind,), field=field,

@@ -21,6 +21,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisv
 # ----------------------------------------------------------------------------------------------------------------
 # Render
 
+
 def _parallelism(value, field):
     if not value:
         return {}

@@ -16,6 +16,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisv
 # ----------------------------------------------------------------------------------------------------------------
 # Readiness, as KServe's controller reports it
 
+
 def _conditions(obj):
     return {c.get("type"): c for c in (((obj or {}).get("status") or {}).get("conditions") or []) if isinstance(c, dict)}
 

@@ -4,6 +4,7 @@ The figures are read before they are saved (titles, axis labels, the data of eve
 read back (a valid PNG of the figure's size with both sides' colours in it), and a missing matplotlib is refused with
 the package and the fix, before anything is written.
 """
+import math
 import importlib.util
 import json
 import os
@@ -189,7 +190,7 @@ def test_load_figure_without_a_crossover_marks_the_first_roll_back_and_concurren
     assert "first roll_back at 4 requests in flight" in lines(tpot)
     gap = dict(POINTS[1], speedup=None)  # a point without a speedup leaves a gap, not a crash
     fig = bench_plots.sweep_load_figure([POINTS[0], gap, POINTS[2]], {}, None)
-    assert [y != y for y in lines(fig.get_axes()[0])["speculative / baseline output tokens/s"][1]] == [False, True, False]
+    assert [math.isnan(y) for y in lines(fig.get_axes()[0])["speculative / baseline output tokens/s"][1]] == [False, True, False]
 
 
 def test_k_figure_draws_the_curve_the_predicted_gains_the_predicted_k_and_the_measured_ab():
@@ -249,7 +250,8 @@ def test_a_report_asked_for_plots_without_matplotlib_writes_nothing_and_one_with
 def test_the_report_and_sweep_code_do_not_import_matplotlib_until_a_plot_is_drawn():
     """A module that does not plot (canary_observe through bench_report, spec_benchmark with plots off) does not pay matplotlib's import."""
     code = ("import sys\n"
-            "from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import plots as bench_plots, report as bench_report, sweep as spec_sweep\n"
+            "from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import plots as bench_plots\n"
+            "from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report, sweep as spec_sweep\n"
             "print(any(n == 'matplotlib' or n.startswith('matplotlib.') for n in sys.modules))\n"
             "bench_plots.require_matplotlib()\n"
             "print('matplotlib.backends.backend_agg' in sys.modules)\n")

@@ -246,7 +246,7 @@ def _status(generation, observed, **conds):
 
 def test_readiness_needs_ready_at_the_current_generation():
     ok = llmisvc_status.readiness(_status(2, 2, Ready="True", PresetsCombined="True", WorkloadsReady="True", RouterReady="True",
-                                   MainWorkloadReady="True", PrefillWorkloadReady="True"))
+                                          MainWorkloadReady="True", PrefillWorkloadReady="True"))
     assert ok["ready"] and ok["up_to_date"] and ok["pools"] == {"MainWorkloadReady": "True", "PrefillWorkloadReady": "True"}
     stale = llmisvc_status.readiness(_status(3, 2, Ready="True"))
     assert stale["ready"] and not stale["up_to_date"]
@@ -258,7 +258,7 @@ def test_readiness_needs_ready_at_the_current_generation():
 
 def test_pod_selector_and_names_follow_kserve_labels():
     assert llmisvc_model.pod_selector("m", "decode") == ("app.kubernetes.io/component=llminferenceservice-workload,"
-                                                   "app.kubernetes.io/name=m,app.kubernetes.io/part-of=llminferenceservice")
+                                                         "app.kubernetes.io/name=m,app.kubernetes.io/part-of=llminferenceservice")
     assert llmisvc_model.deployment_name("m", "prefill") == "m-kserve-prefill" and llmisvc_model.deployment_name("m", "decode") == "m-kserve"
     with pytest.raises(ValidationError):
         llmisvc_model.check_resource_kind("Deployment")

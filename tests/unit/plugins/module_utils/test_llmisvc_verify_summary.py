@@ -10,7 +10,6 @@ import json
 import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import flags as llmisvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import cluster as llmisvc_cluster
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import verify as llmisvc_verify

@@ -66,7 +66,7 @@ def test_wrong_cron_names_the_field_and_the_fix(cron, message):
 
 
 def test_every_wrong_field_of_one_cron_is_named():
-    assert [str(p).split(" is ")[0] for p in rollback_schedule.cron_problems("61 24 0 13 9")] == [
+    assert [str(p).split(" is ", maxsplit=1)[0] for p in rollback_schedule.cron_problems("61 24 0 13 9")] == [
         "rollback_schedule_cron: minute field 61", "rollback_schedule_cron: hour field 24", "rollback_schedule_cron: day of month field 0",
         "rollback_schedule_cron: month field 13", "rollback_schedule_cron: day of week field 9"]
 

@@ -83,6 +83,30 @@ def cost_lines(results, tiers):
     return lines
 
 
+def controlplane_lines(results, tiers):
+    """Per tier: what its workers' control planes cost (tests/testbed/fixtures.py writes <tier>-cost-controlplane-<worker>.json
+    with ALAUDA_TEST_COST): CPU seconds per process over the session and the API requests served, the most frequent first.
+    The tests are charged this CPU only when a control plane stops; these lines say which requests caused it."""
+    lines = []
+    for tier in tiers:
+        records = []
+        for path in sorted(glob.glob(os.path.join(results, "%s-cost-controlplane-*.json" % tier))):
+            with open(path, encoding="utf-8") as handle:
+                records.append(json.load(handle))
+        if not records:
+            continue
+        cpu, requests = {}, {}
+        for record in records:
+            for name, seconds in record.get("cpu", {}).items():
+                cpu[name] = cpu.get(name, 0.0) + seconds
+            for key, count in record.get("requests", {}).items():
+                requests[key] = requests.get(key, 0.0) + count
+        lines.append("%-12s %d control plane(s): %s CPU s; %d API requests, most: %s" % (
+            tier, len(records), ", ".join("%s %.0f" % kv for kv in sorted(cpu.items())), sum(requests.values()),
+            ", ".join("%s %d" % kv for kv in sorted(requests.items(), key=lambda kv: -kv[1])[:6])))
+    return lines
+
+
 def budget_rows(walls):
     """[(label, seconds, budget, over)] for every budget group with at least one tier that ran."""
     rows = []
@@ -141,6 +165,10 @@ def main(results):
     if costs:
         print("\ncost per tier (CPU seconds: this machine has two cores, so every CPU second of a test is wall time of its tier):")
         print("\n".join(costs))
+    planes = controlplane_lines(results, [t for t, _rc, _s in tiers])
+    if planes:
+        print("\ncontrol planes (tests/testbed, one per worker):")
+        print("\n".join(planes))
     if times:
         print("\nslowest %d tests:" % SLOWEST)
         for seconds, tier, name in sorted(times, reverse=True)[:SLOWEST]:

@@ -26,11 +26,11 @@ def test_wait_returns_on_the_status_write_not_on_the_next_poll(k8s_client, kserv
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
     kserve.set_behaviour(namespace, NAME, ready_after=0.5)
     created = _create(k8s_client, namespace)
-    assert isvc_wait.k8s_pods.readiness(created)["ready"] is False
+    assert isvc_wait.isvc_readers.readiness(created)["ready"] is False
     started = time.monotonic()
     isvc, elapsed = isvc_wait.wait_ready(k8s_client, namespace, NAME, timeout=60, interval=POLL_INTERVAL)
     took = time.monotonic() - started
-    state = isvc_wait.k8s_pods.readiness(isvc)
+    state = isvc_wait.isvc_readers.readiness(isvc)
     assert state["ready"] and state["up_to_date"] and state["generation"] == 1
     assert took < POLL_INTERVAL / 3, "the wait took %.1f s: it polled instead of watching" % took
     assert abs(elapsed - took) < 1.0
@@ -54,7 +54,7 @@ def test_wait_returns_on_the_status_write_not_on_the_next_poll(k8s_client, kserv
     thread.join(timeout=POLL_INTERVAL / 2)
     assert not thread.is_alive(), "the wait for generation 2 did not return within %d s" % (POLL_INTERVAL / 2)
     isvc, _elapsed = seen["result"]
-    state = isvc_wait.k8s_pods.readiness(isvc)
+    state = isvc_wait.isvc_readers.readiness(isvc)
     assert state["generation"] == 2 and state["observed_generation"] == 2 and state["ready"]
     # The pods of generation 2 report ready 1 s after they start: a wait that returned sooner took the stale Ready.
     assert time.monotonic() - started >= 1.0

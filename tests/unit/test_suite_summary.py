@@ -70,3 +70,16 @@ def test_cost_table_sums_the_workers_and_lists_the_most_cpu_first(tmp_path, caps
     most = out[out.index("most CPU"):]
     assert most.index("test_a.py::test_slow") < most.index("test_b.py::test_cheap")
     assert "units " not in out[out.index("cost per tier"):out.index("most CPU")]  # no records: no line
+
+
+def test_control_planes_are_summed_over_the_workers_with_their_most_frequent_requests(tmp_path, capsys):
+    _write(tmp_path, [("integration", 950)])
+    (tmp_path / "integration-cost-controlplane-gw0.json").write_text(
+        '{"worker": "gw0", "cpu": {"kube-apiserver": 100.0, "etcd": 20.0}, "requests": {"LIST pods": 2000, "GET namespaces": 10}}')
+    (tmp_path / "integration-cost-controlplane-gw1.json").write_text(
+        '{"worker": "gw1", "cpu": {"kube-apiserver": 50.5, "etcd": 5.0}, "requests": {"LIST pods": 1000, "LIST batch/jobs": 1500}}')
+    assert _summary().main(str(tmp_path)) == 0
+    out = capsys.readouterr().out
+    line = out[out.index("control planes (tests/testbed, one per worker):"):].splitlines()[1]
+    assert line.startswith("integration  2 control plane(s): etcd 25, kube-apiserver 150 CPU s; 4510 API requests, most: ")
+    assert line.endswith("most: LIST pods 3000, LIST batch/jobs 1500, GET namespaces 10")

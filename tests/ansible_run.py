@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -32,6 +33,25 @@ def children_cpu():
     return usage.ru_utime + usage.ru_stime
 
 
+def _callback_document(stdout):
+    """The json callback's document in ansible-playbook's stdout, and what was wrong when none was found.
+
+    At -v and above ansible prints a few lines (config file, ...) before it, and anything else a process wrote to the
+    same stdout may come before or after it: every line that starts with "{" is tried, and the first that decodes to
+    the callback's document (it has "plays") wins; text after it is ignored."""
+    decoder = json.JSONDecoder()
+    problem = "stdout holds no line starting with '{' (no json callback document); it starts with %r" % stdout[:300]
+    for match in re.finditer(r"(?m)^\{", stdout):
+        try:
+            data, _end = decoder.raw_decode(stdout, match.start())
+        except ValueError as exc:
+            problem = "the json callback's document did not decode (%s); stdout starts with %r" % (exc, stdout[:300])
+            continue
+        if isinstance(data, dict) and "plays" in data:
+            return data, None
+    return {"plays": [], "stats": {}}, problem
+
+
 class PlaybookRun:
     """rc, raw output, per-task host results (in order) and the recap stats."""
 
@@ -39,13 +59,7 @@ class PlaybookRun:
         self.rc = proc.returncode
         self.stdout = proc.stdout
         self.stderr = proc.stderr
-        # At -v and above ansible prints a few lines (config file, ...) before the json callback's document.
-        start = proc.stdout.find("\n{")
-        text = proc.stdout if proc.stdout.startswith("{") else proc.stdout[start + 1:] if start >= 0 else ""
-        try:
-            data = json.loads(text)
-        except ValueError:
-            data = {"plays": [], "stats": {}}
+        data, self.parse_problem = _callback_document(proc.stdout)
         self.tasks = [(t["task"]["name"], host, res) for p in data.get("plays", []) for t in p["tasks"]
                       for host, res in t["hosts"].items()]
         self.stats = data.get("stats", {})
@@ -61,7 +75,8 @@ class PlaybookRun:
     def result(self, name_fragment):
         """The last result of a task whose name contains `name_fragment`."""
         found = [res for name, _h, res in self.tasks if name_fragment in name]
-        assert found, "no task named like %r ran; tasks: %s\n%s" % (name_fragment, [n for n, _h, _r in self.tasks], self.output)
+        assert found, "no task named like %r ran; tasks: %s%s\n%s" % (
+            name_fragment, [n for n, _h, _r in self.tasks], "\n" + self.parse_problem if self.parse_problem else "", self.output)
         return found[-1]
 
     def case_tasks(self, case_id):

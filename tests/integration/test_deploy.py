@@ -82,6 +82,8 @@ def test_deploy_eagle3_creates_waits_verifies_and_reruns_unchanged(tmp_path, kub
     assert env["GPU_MEMORY_UTILIZATION"] == "0.85"  # 0.9 minus the draft headroom
     waited = run.result("Wait for Ready")
     assert waited["ready"] is True and waited["generation"] == isvc["metadata"]["generation"]
+    # verify reads that wait's result (Ready at the applied generation) instead of waiting a second time
+    assert run.result("Wait until Ready at the current generation").get("skipped") is True
     assert run.result("Apply the InferenceService")["changed"] is True
     engine = run.result("engine-config line")
     assert engine["speculative_config"] == {"method": "eagle3", "model": DRAFT, "num_spec_tokens": 3}

@@ -97,7 +97,9 @@ def test_deploy_verify_rollback_an_llminferenceservice_with_only_the_documented_
     assert deploy.rc == 0, deploy.output
     engine = deploy.result("Check the engine-config line of every pod, per pool")
     assert engine["pools"]["decode"]["speculative_config"] == EAGLE3
-    assert deploy.result("Wait until Ready at the current generation")["generation"] == 1
+    assert deploy.result("Wait for Ready at the new generation")["generation"] == 1
+    # verify read the deploy's own wait (Ready at generation 1, pools rolled out) instead of waiting a second time
+    assert deploy.result("Wait until Ready at the current generation").get("skipped") is True
     # the well-known presets were read (404 in both namespaces), not skipped as forbidden in KServe's namespace
     assert not [w for w in _warnings(deploy) if PRESET_WARNING in w], _warnings(deploy)
     live = _get(k8s_client, namespace, NAME)

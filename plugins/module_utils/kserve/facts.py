@@ -32,13 +32,9 @@ def _status(exc):
 
 
 def _read_crd(api_client):
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import ApiextensionsV1Api  # pylint: disable=import-outside-toplevel
-    # Deserialising the typed object would walk the whole schema: ask for the raw JSON instead.
-    response = ApiextensionsV1Api(api_client).read_custom_resource_definition(CRD_NAME, _preload_content=False)
-    try:
-        return json.loads(response.data)
-    finally:
-        response.release_conn()
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import request  # pylint: disable=import-outside-toplevel
+    # Deserialising the typed object would walk the whole schema: the raw JSON is what is read.
+    return request(api_client, "GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + CRD_NAME)
 
 
 def kserve_release(api_client):
@@ -60,13 +56,13 @@ def kserve_release(api_client):
 
 def modelcar_enabled(api_client, kserve_namespace):
     """``(enabled, how)`` from the storage initializer settings; KServe's default (on since v0.15.2) when unreadable."""
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import CoreV1Api  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import request  # pylint: disable=import-outside-toplevel
     try:
-        config_map = CoreV1Api(api_client).read_namespaced_config_map(CONFIG_MAP, kserve_namespace)
+        config_map = request(api_client, "GET", "/api/v1/namespaces/%s/configmaps/%s" % (kserve_namespace, CONFIG_MAP))
     except k8s_pods.ApiException as exc:
         return True, "ConfigMap %s/%s not readable (%s): KServe's default, Modelcar on" % (
             kserve_namespace, CONFIG_MAP, k8s_pods.api_error_message(exc))
-    raw = (config_map.data or {}).get("storageInitializer") or "{}"
+    raw = (config_map.get("data") or {}).get("storageInitializer") or "{}"
     try:
         settings = json.loads(raw)
     except ValueError as exc:

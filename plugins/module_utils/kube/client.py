@@ -14,6 +14,8 @@ False; the calling module reports it with ``missing_required_lib``.
 
 from __future__ import annotations
 
+import json
+
 try:
     from kubernetes import client, watch
     from kubernetes.client.exceptions import ApiException  # the same class as kubernetes.client.rest.ApiException
@@ -40,5 +42,39 @@ def __getattr__(name):
     raise AttributeError("module %r has no attribute %r" % (__name__, name))
 
 
+def request(api_client, method, path, query=None, body=None, content_type="application/json", stream=False, timeout=None):
+    """One API request by path with kubernetes.core's authenticated ``ApiClient``: the answer's JSON as plain dicts (the
+    API's camelCase keys), or with ``stream=True`` the open urllib3 response (the caller reads it and releases it).
+
+    Why not the typed API classes: with kubernetes 37 importing CoreV1Api costs 0.45-1 CPU s and every answer is turned
+    into pydantic models and back, in each module process; the collection reads dicts anyway. This is what
+    ``kubernetes.dynamic``'s ``DynamicClient.request`` does, without the discovery. A non-2xx answer raises the client's
+    own ``ApiException`` (with status, reason and body), as the typed classes do. Works with the generated client
+    before and after its 2024 rewrite (kubernetes 24 to 37)."""
+    query_params = [(key, value) for key, value in (query or {}).items() if value is not None]
+    headers = {"Accept": "application/json" if not stream else "*/*"}
+    if body is not None:
+        headers["Content-Type"] = content_type
+    if hasattr(api_client, "param_serialize"):  # kubernetes >= 31: serialise, call, deserialise are separate steps
+        prepared = api_client.param_serialize(method.upper(), path, query_params=query_params, header_params=headers,
+                                              body=body, auth_settings=["BearerToken"])
+        answer = api_client.call_api(*prepared, _request_timeout=timeout)
+        if not 200 <= answer.status <= 299:
+            answer.read()
+            api_client.response_deserialize(answer, {})  # raises ApiException (or its subclass for the status)
+        raw = answer.response
+    else:  # the older generated client raises on a non-2xx answer itself
+        raw = api_client.call_api(path, method.upper(), query_params=query_params, header_params=headers, body=body,
+                                  auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
+                                  _request_timeout=timeout)
+    if stream:
+        return raw
+    try:
+        data = raw.data
+    finally:
+        raw.release_conn()
+    return json.loads(data) if data else None
+
+
 # The typed API classes (_LAZY_APIS) are reached through __getattr__ and so are not listed here.
-__all__ = ["ApiException", "HAS_KUBERNETES", "client", "watch"]
+__all__ = ["ApiException", "HAS_KUBERNETES", "client", "request", "watch"]

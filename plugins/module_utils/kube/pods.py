@@ -16,16 +16,12 @@ Plain Python, no Ansible imports; ``kubernetes`` is imported guardedly.
 from __future__ import annotations
 
 import json
+import urllib.parse
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import client as _client
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import HAS_KUBERNETES, ApiException  # noqa: F401  pylint: disable=unused-import
-
-
-def CoreV1Api(api_client):  # noqa: N802  pylint: disable=invalid-name
-    """kubernetes.client.CoreV1Api, imported on first use (kube/client.py says why)."""
-    return _client.CoreV1Api(api_client)
 
 
 def CustomObjectsApi(api_client):  # noqa: N802  pylint: disable=invalid-name
@@ -85,21 +81,25 @@ def get_inference_service(api_client, namespace, name, version=KSERVE_VERSION):
 # ----------------------------------------------------------------------------------------------------
 # Pods
 
+def _pods_path(namespace, pod=None, sub=None):
+    path = "/api/v1/namespaces/%s/pods" % urllib.parse.quote(namespace, safe="")
+    if pod is not None:
+        path += "/" + urllib.parse.quote(pod, safe=":")
+    return path + ("/" + sub if sub else "")
+
+
 def _pod_summary(pod):
-    meta = pod.metadata
-    status = pod.status
-    containers = [c.name for c in (pod.spec.containers or [])] if pod.spec else []
-    restarts = {}
-    for cs in (status.container_statuses or []) if status else []:
-        restarts[cs.name] = cs.restart_count
+    """What the collection reads of a pod (a dict with the API's camelCase keys)."""
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
     return {
-        "name": meta.name,
-        "namespace": meta.namespace,
-        "phase": status.phase if status else None,
-        "deleting": meta.deletion_timestamp is not None,
-        "labels": dict(meta.labels or {}),
-        "containers": containers,
-        "restarts": restarts,
+        "name": meta.get("name"),
+        "namespace": meta.get("namespace"),
+        "phase": status.get("phase"),
+        "deleting": meta.get("deletionTimestamp") is not None,
+        "labels": dict(meta.get("labels") or {}),
+        "containers": [c.get("name") for c in ((pod.get("spec") or {}).get("containers") or [])],
+        "restarts": {cs.get("name"): cs.get("restartCount") for cs in status.get("containerStatuses") or []},
     }
 
 
@@ -107,12 +107,12 @@ def list_pods(api_client, namespace, selector):
     """Pods matching ``selector`` (any workload, e.g. an LLMInferenceService pool): ``(pods, skipped)`` as summary dicts,
     pods being deleted or finished in ``skipped`` with the reason."""
     try:
-        pods = CoreV1Api(api_client).list_namespaced_pod(namespace, label_selector=selector)
+        pods = _client.request(api_client, "GET", _pods_path(namespace), query={"labelSelector": selector})
     except ApiException as exc:
         raise PodAccessError("listing pods %s in namespace %s failed: %s" % (selector, namespace, api_error_message(exc)),
                              field="namespace", hint="the identity needs list on pods in that namespace") from exc
     keep, skipped = [], []
-    for pod in sorted(pods.items, key=lambda p: p.metadata.name):
+    for pod in sorted(pods.get("items") or [], key=lambda p: p["metadata"]["name"]):
         info = _pod_summary(pod)
         if info["deleting"]:
             skipped.append(dict(info, reason="being deleted"))
@@ -144,17 +144,10 @@ def list_predictor_pods(api_client, namespace, name, label_selector=None, compon
 def stream_pod_log(api_client, namespace, pod, container=DEFAULT_CONTAINER, since_seconds=None, tail_lines=None,
                    previous=False, chunk_size=LOG_CHUNK, timeout=None):
     """Yield a pod container's log in byte chunks, streamed from the API server (never loaded whole)."""
-    kwargs = {"container": container, "_preload_content": False}
-    if since_seconds is not None:
-        kwargs["since_seconds"] = int(since_seconds)
-    if tail_lines is not None:
-        kwargs["tail_lines"] = int(tail_lines)
-    if previous:
-        kwargs["previous"] = True
-    if timeout is not None:
-        kwargs["_request_timeout"] = timeout
+    query = {"container": container, "sinceSeconds": None if since_seconds is None else int(since_seconds),
+             "tailLines": None if tail_lines is None else int(tail_lines), "previous": "true" if previous else None}
     try:
-        resp = CoreV1Api(api_client).read_namespaced_pod_log(pod, namespace, **kwargs)
+        resp = _client.request(api_client, "GET", _pods_path(namespace, pod, "log"), query=query, stream=True, timeout=timeout)
     except ApiException as exc:
         hint = None
         text = api_error_message(exc)
@@ -176,8 +169,8 @@ def proxy_get(api_client, namespace, pod, port=DEFAULT_HTTP_PORT, path="metrics"
     """GET ``path`` on a pod's port through the API server's pod proxy; returns the body as text."""
     target = "%s:%s" % (pod, port) if scheme == "http" else "%s:%s:%s" % (scheme, pod, port)
     try:
-        resp = CoreV1Api(api_client).connect_get_namespaced_pod_proxy_with_path(
-            target, namespace, path.lstrip("/"), _preload_content=False, _request_timeout=timeout)
+        resp = _client.request(api_client, "GET", _pods_path(namespace, target, "proxy/" + urllib.parse.quote(path.lstrip("/"))),
+                               stream=True, timeout=timeout)
     except ApiException as exc:
         raise PodAccessError("GET /%s on pod %s/%s port %s (%s) through the API server proxy failed: %s"
                              % (path.lstrip("/"), namespace, pod, port, scheme, api_error_message(exc)), field="port",
@@ -197,7 +190,7 @@ def proxy_get(api_client, namespace, pod, port=DEFAULT_HTTP_PORT, path="metrics"
 def read_pod(api_client, namespace, pod):
     """A pod as a plain dict (the API's camelCase keys)."""
     try:
-        obj = CoreV1Api(api_client).read_namespaced_pod(pod, namespace)
+        return _client.request(api_client, "GET", _pods_path(namespace, pod))
     except ApiException as exc:
         if getattr(exc, "status", None) == 404:
             raise ValidationError("pod %s/%s not found" % (namespace, pod), field="pod",
@@ -205,4 +198,3 @@ def read_pod(api_client, namespace, pod):
         raise PodAccessError("reading pod %s/%s failed: %s" % (namespace, pod, api_error_message(exc)), field="pod",
                              hint="the identity needs get on pods to find the HTTP port and scheme; or give port (a number) "
                                   "and scheme") from exc
-    return api_client.sanitize_for_serialization(obj)

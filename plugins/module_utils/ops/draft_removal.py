@@ -768,10 +768,9 @@ class Cluster:
         return isvc
 
     def get_pvc(self, name):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import CoreV1Api  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import request  # pylint: disable=import-outside-toplevel
         try:
-            return self.api_client.sanitize_for_serialization(
-                CoreV1Api(self.api_client).read_namespaced_persistent_volume_claim(name, self.params["namespace"]))
+            return request(self.api_client, "GET", "/api/v1/namespaces/%s/persistentvolumeclaims/%s" % (self.params["namespace"], name))
         except Exception as exc:  # pylint: disable=broad-except
             if getattr(exc, "status", None) == 404:
                 return None
@@ -780,10 +779,10 @@ class Cluster:
             raise self._error("reading PVC %s" % name, exc) from exc
 
     def patch_pvc_annotations(self, name, annotations):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import CoreV1Api  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import request  # pylint: disable=import-outside-toplevel
         try:
-            CoreV1Api(self.api_client).patch_namespaced_persistent_volume_claim(
-                name, self.params["namespace"], {"metadata": {"annotations": annotations}})
+            request(self.api_client, "PATCH", "/api/v1/namespaces/%s/persistentvolumeclaims/%s" % (self.params["namespace"], name),
+                    body={"metadata": {"annotations": annotations}}, content_type="application/merge-patch+json")
         except Exception as exc:  # pylint: disable=broad-except
             if getattr(exc, "status", None) is None:
                 raise

@@ -117,7 +117,7 @@ def read_env_sources(api_client, obj, presets=None, config_prefix=WELL_KNOWN_PRE
     namespace (where its pods run): ``{(name, key): {"value": str or None, "reason": str or None}}``. A missing ConfigMap
     or key gives the value "" (the pod then has no such variable, or does not start: no flag can come from it); a read
     that fails otherwise (e.g. forbidden) gives None and the reason. Secrets are never read."""
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import CoreV1Api  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import request  # pylint: disable=import-outside-toplevel
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import ApiException  # pylint: disable=import-outside-toplevel
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
     namespace = obj["metadata"]["namespace"]
@@ -125,7 +125,7 @@ def read_env_sources(api_client, obj, presets=None, config_prefix=WELL_KNOWN_PRE
     for name, key, _optional in env_configmap_refs(obj, presets, config_prefix):
         if name not in cache:
             try:
-                cache[name] = (CoreV1Api(api_client).read_namespaced_config_map(name, namespace).data or {}, None)
+                cache[name] = (request(api_client, "GET", "/api/v1/namespaces/%s/configmaps/%s" % (namespace, name)).get("data") or {}, None)
             except ApiException as exc:
                 cache[name] = ({}, None) if exc.status == 404 else (None, k8s_pods.api_error_message(exc))
         data, reason = cache[name]
@@ -310,7 +310,7 @@ def rollout_pending(api_client, obj, presets=None):
     condition, which stays True on the old pods during a rolling update: Ready at the current generation alone does not
     mean the new pods run. A Deployment is done as `kubectl rollout status` says (observedGeneration caught up, every
     replica updated and available, no old one left); a LeaderWorkerSet as ``lws_rollout_pending`` says."""
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import AppsV1Api  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import request  # pylint: disable=import-outside-toplevel
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import ApiException  # pylint: disable=import-outside-toplevel
     namespace, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
     for pool in pools_of(obj, presets):
@@ -329,16 +329,17 @@ def rollout_pending(api_client, obj, presets=None):
             continue
         dep_name = deployment_name(name, pool)
         try:
-            dep = AppsV1Api(api_client).read_namespaced_deployment(dep_name, namespace)
+            dep = request(api_client, "GET", "/apis/apps/v1/namespaces/%s/deployments/%s" % (namespace, dep_name))
         except ApiException as exc:
             if exc.status == 404:
                 return "pool %s: Deployment %s does not exist yet" % (pool, dep_name)
             raise api_error("reading Deployment %s/%s (the pool's rollout)" % (namespace, dep_name), exc, "name") from exc
-        want = dep.spec.replicas if dep.spec.replicas is not None else 1
-        st = dep.status
-        if (st.observed_generation or 0) < (dep.metadata.generation or 0):
-            return "pool %s: Deployment %s not observed at generation %s yet" % (pool, dep_name, dep.metadata.generation)
-        updated, total, available = st.updated_replicas or 0, st.replicas or 0, st.available_replicas or 0
+        replicas = (dep.get("spec") or {}).get("replicas")
+        want = replicas if replicas is not None else 1
+        st, generation = dep.get("status") or {}, dep["metadata"].get("generation") or 0
+        if (st.get("observedGeneration") or 0) < generation:
+            return "pool %s: Deployment %s not observed at generation %s yet" % (pool, dep_name, generation)
+        updated, total, available = st.get("updatedReplicas") or 0, st.get("replicas") or 0, st.get("availableReplicas") or 0
         if updated < want or total > updated or available < updated:
             return "pool %s: Deployment %s rolling out (%d of %d updated, %d old, %d available)" % (
                 pool, dep_name, updated, want, max(0, total - updated), available)

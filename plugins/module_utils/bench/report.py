@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench.plots import plot_acceptance, plot_k_curve, plot_latency, plot_sweep_load
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 
 SCHEMA = "alauda.spec_decoding/benchmark-report/v1"
 DECISIONS = ("keep", "roll_back")
@@ -91,66 +91,18 @@ def command_text(command):
     return str(command)
 
 
-_SHELLS = ("bash", "sh", "dash", "zsh")
-_VAR_RE = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)")
-
-
-def command_words(command, env=None):
-    """The words of a vLLM command given as argv or text, with ``bash -c`` scripts opened and ``$VARS`` expanded.
-
-    ``env`` is the container's environment (dict, or KServe's list of ``{name, value}``). Good enough to read
-    flags for the report; the authoritative command parser is ``vllm_command``.
-    """
-    if isinstance(env, list):
-        env = {item.get("name"): item.get("value") for item in env if isinstance(item, dict)}
-    env = env or {}
-
-    def expand(word):
-        return _VAR_RE.sub(lambda m: str(env.get(m.group(1) or m.group(3), m.group(2) if m.group(2) is not None else m.group(0))), word)
-
-    def split(text):
-        try:
-            return shlex.split(text.replace("\\\n", " "), comments=True)
-        except ValueError:
-            return text.split()
-
-    argv = [str(w) for w in command] if isinstance(command, (list, tuple)) else split(str(command or ""))
-    words = []
-    index = 0
-    while index < len(argv):
-        word = argv[index]
-        if word == "-c" and index + 1 < len(argv) and words and os.path.basename(words[-1]) in _SHELLS:
-            words.extend(split(argv[index + 1]))
-            index += 2
-            continue
-        words.append(word)
-        index += 1
-    return [expand(w) for w in words]
-
-
-def flag_value(words, flag):
-    """The value of the last ``--flag X`` / ``--flag=X`` in ``words``, or None."""
-    value = None
-    for index, word in enumerate(words):
-        if word == flag and index + 1 < len(words):
-            value = words[index + 1]
-        elif word.startswith(flag + "="):
-            value = word.split("=", 1)[1]
-    return value
-
-
 def build_context(report_context, request):
     """The report's context block from the user/cluster-supplied values and the module's request parameters.
 
     Model identifier and dtype, when not given, are read from the candidate's command (``--served-model-name``
-    or ``--model``; ``--dtype``), with ``candidate_env`` expanding ``$VARS``.
+    or ``--model``; ``--dtype``) by vllm.command_line, with ``candidate_env`` expanding ``$VARS``.
     """
     ctx = dict(report_context or {})
-    words = command_words(ctx.get("candidate_command"), ctx.get("candidate_env")) if not _blank(ctx.get("candidate_command")) else []
+    command, env = ctx.get("candidate_command"), ctx.get("candidate_env")
     if _blank(ctx.get("model")):
-        ctx["model"] = flag_value(words, "--served-model-name") or flag_value(words, "--model")
+        ctx["model"] = vllm_command.option_value(command, "--served-model-name", env) or vllm_command.option_value(command, "--model", env)
     if _blank(ctx.get("dtype")):
-        ctx["dtype"] = flag_value(words, "--dtype")
+        ctx["dtype"] = vllm_command.option_value(command, "--dtype", env)
     return {
         "hardware": {"gpu_model": ctx.get("gpu_model"), "gpu_count": ctx.get("gpu_count"), "notes": ctx.get("hardware_notes")},
         "model": {"id": ctx.get("model"), "dtype": ctx.get("dtype")},

@@ -41,6 +41,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import run as bench_run
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import workloads as bench_workloads
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import engine_log
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config
@@ -512,9 +513,6 @@ def resume_state(previous_json, plan):
 
 
 # -- spec state of each side, before any request ------------------------------------------------------------------
-SPEC_FLAGS = ("--speculative-config", "--spec-method", "--spec-model", "--spec-tokens")
-
-
 def spec_state_from_metrics(text, model_name=None):
     """``{"speculative": bool | None, "k": int | None}`` from one ``/metrics`` page.
 
@@ -533,11 +531,13 @@ def spec_state_from_metrics(text, model_name=None):
 
 
 def spec_state_from_command(command, env=None):
-    """True/False whether a vLLM command line sets speculative decoding, None without a command."""
+    """True/False whether a vLLM command line sets speculative decoding, None without a command.
+
+    Any speculative flag with a value counts (vllm_command's registry: ``--speculative-config`` and its dotted keys, the
+    0.24+ ``--spec-*`` shorthand, and the pre-0.10 flags with which older images run speculative decoding)."""
     if bench_report._blank(command):  # pylint: disable=protected-access
         return None
-    words = bench_report.command_words(command, env)
-    return any(bench_report.flag_value(words, flag) is not None for flag in SPEC_FLAGS)
+    return any(occ.has_value for occ in vllm_command.find_occurrences(vllm_command.command_words(command, env)))
 
 
 ENGINE_FIELDS = {"baseline": "baseline_engine_config", "candidate": "candidate_engine_config", "confirm": "confirm_engine_config"}
@@ -671,7 +671,7 @@ def check_spec_states(states, commands=None):
         if wants[side]:
             raise ValidationError("has no --speculative-config: the candidate's command does not enable speculative decoding",
                                   field=field, hint="give the command the candidate really runs")
-        raise ValidationError("sets %s: the baseline's command enables speculative decoding" % "/".join(SPEC_FLAGS[:1]),
+        raise ValidationError("sets --speculative-config: the baseline's command enables speculative decoding",
                               field=field, hint="the baseline is the same command without --speculative-config")
     return notes
 

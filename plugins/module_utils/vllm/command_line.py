@@ -1,7 +1,11 @@
 # -*- coding: utf-8 -*-
 # Copyright: Alauda
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Find, strip and set vLLM's speculative-decoding flags in a container's command or args list.
+"""Read vLLM's command line, and find, strip and set its speculative-decoding flags, in a container's command or args list.
+
+The one reader of the vLLM command: command_words (the argv vLLM receives, ``bash -c`` scripts opened, variables
+expanded from the container's env) and option_value / find_option (the last ``--flag V`` of any option: ``--port``,
+``--model``, ``--served-model-name``...). Every other module that needs an option of the command asks these.
 
 A list element is either one argv word (``--speculative-config``, its value, ``--speculative-config=<json>``,
 ``-sc``, ``--spec-method``...) or a shell script (the element after ``bash -c``/``sh -c``, or any element that
@@ -20,8 +24,8 @@ Forms recognised (vLLM 0.10 to 0.33):
   ``--ngram-prompt-lookup-max``... see SPECULATIVE_FLAGS), still in published manifests: older images run
   speculative decoding with them, so a rollback must remove them too.
 
-SPECULATIVE_FLAGS is the one list of these flags (spellings, value arity); speculative_config.REMOVED_FLAGS
-is derived from it.
+SPECULATIVE_FLAGS is the one list of these flags (spellings, value arity); speculative_config.REMOVED_FLAGS and SHORTHAND_FLAGS
+are derived from it.
 
 Plain Python, no Ansible imports.
 """
@@ -33,9 +37,7 @@ import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
-_FLAG_HINT = "--speculative-config"
 _SCRIPT_SHELLS = ("bash", "sh", "dash", "zsh", "ksh", "ash")
-_VLLM_MODULE_RE = re.compile(r"(^|/)vllm(\.entrypoints\.[A-Za-z0-9_.]*api_server)?$")
 
 # --------------------------------------------------------------------------------------------------
 # The one registry of vLLM's speculative-decoding flags
@@ -136,13 +138,17 @@ def classify_flag(word):
     return None
 
 
+# A word argparse takes for an option, not for the value of the option before it.
+_OPTION_RE = re.compile(r"--?[A-Za-z]")
+
+
 def _takes_next(spec, word):
     """Does ``spec`` (written without ``=``) take ``word``, the next argv word, as its value?"""
     if spec.value == NO_VALUE:
         return False
     if spec.value == OPTIONAL_BOOL:
         return str(word).strip().lower() in _BOOL_WORDS
-    if spec.kind == "legacy" and re.match(r"--?[A-Za-z]", str(word)):
+    if spec.kind == "legacy" and _OPTION_RE.match(str(word)):
         return False  # argparse refuses an option as the value: the next word is the next option, not ours
     return True
 
@@ -183,7 +189,8 @@ class ShellSyntaxError(ValueError):
 def _skip_balanced(text, pos, opener, closer):
     """Return the index just after the ``closer`` matching an already consumed ``opener``.
 
-    Quotes, escapes and nested substitutions inside are honoured (well enough for vLLM start scripts).
+    Quotes, escapes and nested substitutions inside are honoured (well enough for vLLM start scripts). ``opener`` None
+    is a backquoted command: bash ends it at the first unescaped ``closer`` and reads no quotes or nesting inside.
     """
     depth = 1
     n = len(text)
@@ -192,55 +199,34 @@ def _skip_balanced(text, pos, opener, closer):
         if ch == "\\":
             pos += 2
             continue
-        if ch == "'":
-            end = text.find("'", pos + 1)
-            if end < 0:
-                raise ShellSyntaxError("unterminated single quote")
-            pos = end + 1
-            continue
-        if ch == '"':
-            pos = _skip_double(text, pos + 1)[0]
-            continue
-        if ch == "`":
-            pos = _skip_backtick(text, pos + 1)
-            continue
-        if ch == opener:
-            depth += 1
-        elif ch == closer:
+        if opener is not None:
+            if ch == "'":
+                end = text.find("'", pos + 1)
+                if end < 0:
+                    raise ShellSyntaxError("unterminated single quote")
+                pos = end + 1
+                continue
+            if ch == '"':
+                pos = _skip_double(text, pos + 1)[0]
+                continue
+            if ch == "`":
+                pos = _skip_balanced(text, pos + 1, None, "`")
+                continue
+            if ch == opener:
+                depth += 1
+        if ch == closer:
             depth -= 1
             if depth == 0:
                 return pos + 1
         pos += 1
-    raise ShellSyntaxError("unterminated %s...%s" % (opener, closer))
+    raise ShellSyntaxError("unterminated %s...%s" % (opener or closer, closer))
 
 
-def _skip_backtick(text, pos):
-    n = len(text)
-    while pos < n:
-        ch = text[pos]
-        if ch == "\\":
-            pos += 2
-            continue
-        if ch == "`":
-            return pos + 1
-        pos += 1
-    raise ShellSyntaxError("unterminated backquote")
+_PARAMETER_RE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!-])")
+_BRACED_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)(.*))?", re.S)
 
 
-def _skip_dollar(text, pos):
-    """``text[pos] == '$'``: return (end, literal_value_or_None)."""
-    nxt = text[pos + 1:pos + 2]
-    if nxt == "(":
-        return _skip_balanced(text, pos + 2, "(", ")"), None
-    if nxt == "{":
-        return _skip_balanced(text, pos + 2, "{", "}"), None
-    m = re.match(r"\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!-])", text[pos:])
-    if m:
-        return pos + m.end(), None
-    return pos + 1, "$"  # a lone dollar is literal
-
-
-def _skip_double(text, pos):
+def _skip_double(text, pos, env=None):
     """Inside double quotes from ``pos``; return (index after closing quote, value, literal)."""
     out = []
     literal = True
@@ -262,7 +248,7 @@ def _skip_double(text, pos):
             pos += 1
             continue
         if ch in "$`":
-            pos, lit = _skip_substitution(text, pos, out)
+            pos, lit = _skip_substitution(text, pos, out, env)
             literal = literal and lit
             continue
         out.append(ch)
@@ -270,18 +256,48 @@ def _skip_double(text, pos):
     raise ShellSyntaxError("unterminated double quote")
 
 
-def _skip_substitution(text, pos, out):
-    """A ``$...`` or backtick at ``pos``: append its value to ``out`` when it is a known literal.
+def _skip_substitution(text, pos, out, env=None):
+    """A ``$...`` or backquoted command at ``pos``: returns (index after it, literal), literal False for a runtime expansion.
 
-    Returns (index after it, literal) where literal is False for a runtime substitution.
+    A lone ``$`` is literal text. Without ``env`` nothing is appended for an expansion (the editors keep its bytes from
+    the token's span); with ``env`` (a dict, for the readers) ``$NAME``, ``${NAME}``, ``${NAME:-default}`` and
+    ``${NAME-default}`` append their value, and any other expansion (unknown variable, ``$(...)``, ``$1``) appends
+    itself as written, so a reader sees ``$PORT`` rather than an empty word.
     """
-    if text[pos] == "$":
-        end, val = _skip_dollar(text, pos)
-        if val is None:
-            return end, False
-        out.append(val)
-        return end, True
-    return _skip_backtick(text, pos + 1), False
+    value = None
+    nxt = text[pos + 1:pos + 2]
+    if text[pos] == "`":
+        end = _skip_balanced(text, pos + 1, None, "`")
+    elif nxt and nxt in "({":
+        end = _skip_balanced(text, pos + 2, nxt, ")" if nxt == "(" else "}")
+        if nxt == "{" and env is not None:
+            value = _braced_value(text[pos + 2:end - 1], env)
+    else:
+        m = _PARAMETER_RE.match(text, pos)
+        if not m:
+            out.append("$")
+            return pos + 1, True
+        end = m.end()
+        value = None if env is None else env.get(m.group(1))
+    if env is None:
+        return end, False
+    out.append(text[pos:end] if value is None else value)
+    return end, value is not None
+
+
+def _braced_value(inner, env):
+    """The value of ``${inner}`` from ``env``, or None (not set and no default, or an operator other than ``-``/``:-``)."""
+    m = _BRACED_RE.fullmatch(inner)
+    if not m:
+        return None
+    name, operator, default = m.groups()
+    value = env.get(name)
+    if operator is None or (value is not None and (value or operator == "-")):
+        return value
+    try:  # the default is a shell word of its own: quotes removed, variables expanded
+        return " ".join(tok.value for tok in tokenize(default, env) if tok.kind == "word")
+    except ShellSyntaxError:
+        return default
 
 
 _ANSI_C = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"', "a": "\a", "b": "\b",
@@ -306,11 +322,12 @@ def _skip_ansi_c(text, pos):
     raise ShellSyntaxError("unterminated $'...' quote")
 
 
-def tokenize(text):
+def tokenize(text, env=None):
     """Lex a bash script into word/op/comment tokens with byte spans.
 
     Backslash-newline outside quotes is a line continuation (removed, as bash does). Heredoc bodies are
-    skipped. Raises ShellSyntaxError on unterminated quotes.
+    skipped. Raises ShellSyntaxError on unterminated quotes. ``env`` (a dict) expands variables in the word
+    values (see _skip_substitution); the spans stay those of the text as written.
     """
     tokens = []
     pos = 0
@@ -344,7 +361,7 @@ def tokenize(text):
             if op in ("<<", "<<-"):
                 heredocs.append((None, op == "<<-"))
             continue
-        pos = _lex_word(text, pos, tokens)
+        pos = _lex_word(text, pos, tokens, env)
         # a word right after << is the heredoc delimiter
         if len(tokens) >= 2 and tokens[-2].kind == "op" and tokens[-2].value in ("<<", "<<-") and heredocs \
                 and heredocs[-1][0] is None:
@@ -359,7 +376,7 @@ def _match_operator(text, pos):
     return None
 
 
-def _lex_word(text, pos, tokens):
+def _lex_word(text, pos, tokens, env=None):
     start = pos
     out = []
     literal = True
@@ -395,7 +412,7 @@ def _lex_word(text, pos, tokens):
             pos = end + 1
             continue
         if ch == '"':
-            pos, val, lit = _skip_double(text, pos + 1)
+            pos, val, lit = _skip_double(text, pos + 1, env)
             out.append(val)
             literal = literal and lit
             quote = quote or '"'
@@ -406,7 +423,7 @@ def _lex_word(text, pos, tokens):
             quote = quote or "$'"
             continue
         if ch in "$`":
-            pos, lit = _skip_substitution(text, pos, out)
+            pos, lit = _skip_substitution(text, pos, out, env)
             literal = literal and lit
             continue
         out.append(ch)
@@ -485,12 +502,24 @@ class Occurrence:
         return {"index": self.index, "kind": self.kind, "key": self.key, "value": self.raw, "form": self.form, "flag": self.flag}
 
 
-def _is_script_index(items, index):
-    """True when items[index] is the script of a ``<shell> -c`` invocation in the same list."""
-    if index >= 2 and items[index - 1] == "-c":
-        shell = str(items[index - 2]).rsplit("/", 1)[-1]
-        return shell in _SCRIPT_SHELLS or shell.startswith("bash")
-    return False
+# ``-c`` alone or in a cluster of the shell's one-letter options (``sh -ec``, ``bash -lc``).
+_SHELL_C_RE = re.compile(r"-[A-Za-z]*c[A-Za-z]*")
+
+
+def _script_shell_index(items, index):
+    """The index of the shell when items[index] is the script of ``<shell> [options] -c`` in the same list, else None."""
+    if index < 2 or not _SHELL_C_RE.fullmatch(str(items[index - 1])):
+        return None
+    shell = index - 2
+    while shell > 0 and str(items[shell]).startswith("-"):
+        shell -= 1
+    name = str(items[shell]).rsplit("/", 1)[-1]
+    return shell if name in _SCRIPT_SHELLS or name.startswith("bash") else None
+
+
+def is_shell_script(items, index):
+    """True when items[index] is the script of ``<shell> -c`` (``bash -c``, ``sh -ec``, ``/bin/bash -lc``) in the same list."""
+    return _script_shell_index(items, index) is not None
 
 
 def _looks_like_script(text):
@@ -550,7 +579,7 @@ def find_occurrences(items):
         if not isinstance(word, str):
             i += 1
             continue
-        if _is_script_index(items, i) or (classify_flag(word) is None and _FLAG_HINT_IN(word) and _looks_like_script(word)):
+        if is_shell_script(items, i) or (classify_flag(word) is None and _FLAG_HINT_IN(word) and _looks_like_script(word)):
             occ = _script_occurrences(word, i)
             if occ:
                 found.extend(occ)
@@ -570,6 +599,12 @@ def find_occurrences(items):
             found.append(Occurrence(i, kind, key, None, "argv", has_value=False, flag=spec.name))
         i += 1
     return found
+
+
+def script_occurrences(text):
+    """Every speculative flag in one shell text (a script, or an env value such as VLLM_ADDITIONAL_ARGS that a script
+    splices into the vLLM invocation); [] when it does not lex."""
+    return _script_occurrences(text, 0) or []
 
 
 def _FLAG_HINT_IN(word):  # pylint: disable=invalid-name
@@ -688,6 +723,126 @@ def find_speculative_config(command_list, args_list=None):
 
 
 # --------------------------------------------------------------------------------------------------
+# Reading any option of the vLLM invocation (--port, --model, --served-model-name, --dtype...)
+# --------------------------------------------------------------------------------------------------
+
+# Kubernetes expands ``$(NAME)`` in a container's command and args from its env (``$$`` is a literal ``$``), before
+# any shell runs; an unknown name stays as written.
+_KUBE_REF_RE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def container_env(env):
+    """A container's environment as ``{name: value}``: a dict, or Kubernetes' list of ``{name, value}`` (as KServe's
+    predictor and pod specs have it), where a value may use ``$(EARLIER)``. A variable set through valueFrom has no
+    value here, so it stays unknown rather than becoming ``"None"``."""
+    if isinstance(env, dict):
+        return {str(k): str(v) for k, v in env.items() if v is not None}
+    out = {}
+    for item in env or []:
+        if isinstance(item, dict) and item.get("name") and item.get("value") is not None:
+            out[str(item["name"])] = _kube_expand(str(item["value"]), out)
+    return out
+
+
+def _kube_expand(word, env):
+    return _KUBE_REF_RE.sub(lambda m: "$" if m.group(1) is None else env.get(m.group(1), m.group(0)), word)
+
+
+def _shell_words(text, env):
+    """The argv words of a shell line or script, or None when bash could not run it (unterminated quote).
+
+    When one of its simple commands (or what it evals) runs vLLM, only those commands' words (``echo --port 1`` or a ``pip install``
+    before ``exec vllm serve`` is not vLLM's command line); else every command's. Comments, redirections, line
+    continuations and quotes are read as bash reads them; variables the script itself sets are not followed.
+    """
+    try:
+        tokens = tokenize(text, env)
+    except ShellSyntaxError:
+        return None
+    commands = [[tok.value for tok, is_arg in cmd if is_arg and tok.kind == "word"] for cmd in simple_commands(tokens)]
+    # eval joins its arguments with blanks and runs them as a script: KServe's LLMInferenceService presets start vLLM
+    # with eval "vllm serve ... ${VLLM_ADDITIONAL_ARGS}", so the variable's words become options.
+    commands = [(_shell_words(" ".join(cmd[1:]), env) or cmd) if cmd[:1] == ["eval"] else cmd for cmd in commands]
+    vllm = [cmd for cmd in commands if _invokes_vllm(cmd)]
+    return _open_scripts([word for cmd in (vllm or commands) for word in cmd], env, lines=False)
+
+
+def _open_scripts(argv, env, lines):
+    """argv with the script of each ``<shell> -c`` (the shell and its options included) replaced by the script's words.
+
+    ``lines``: also open an element that is itself a shell line (words separated by blanks, e.g. an LLMInferenceService's
+    args whose ``bash -c`` is in a preset's command), unless it is the value of the option before it (a JSON value with
+    blanks). Words that came out of a shell lexer are never re-split: bash passes a quoted word as one argument.
+    """
+    groups = [[word] for word in argv]
+    for index, word in enumerate(argv):
+        shell = _script_shell_index(argv, index)
+        if shell is None and not (lines and _looks_like_script(word) and not _awaits_value(argv, index)):
+            continue
+        words = _shell_words(word, env)
+        if words is None:
+            continue
+        for opened in range(index if shell is None else shell, index):
+            groups[opened] = []
+        groups[index] = words
+    return [word for group in groups for word in group]
+
+
+def _awaits_value(argv, index):
+    prev = str(argv[index - 1]) if index > 0 else ""
+    return prev.startswith("-") and prev not in ("-", "--") and "=" not in prev
+
+
+def command_words(items, env=None):
+    """The words vLLM receives as argv, from a container's command + args (a list) or from one shell line (a string).
+
+    The script of ``bash -c``/``sh -c`` (and a list element that is itself a shell line) is read with this module's
+    bash lexer: comments, line continuations, quotes and redirections as bash reads them, so a ``--port`` inside a
+    comment or a quoted JSON value is not an option. ``env`` is the container's environment (see container_env):
+    ``$(VAR)`` in list elements is expanded as Kubernetes does, ``$VAR``/``${VAR}``/``${VAR:-default}`` in scripts as
+    bash does; unknown variables and ``$(...)`` command substitutions stay as written.
+    """
+    env = container_env(env)
+    if items is None:
+        return []
+    if isinstance(items, str):
+        words = _shell_words(items, env)
+        return [items] if words is None else words
+    return _open_scripts([_kube_expand(str(word), env) for word in items], env, lines=True)
+
+
+def _option_name(flag):
+    # vLLM's FlexibleArgumentParser reads ``--served_model_name`` as ``--served-model-name``.
+    return "--" + flag[2:].replace("_", "-") if flag.startswith("--") else flag
+
+
+def find_option(items, flags, env=None):
+    """``(flag as written, value)`` of the last ``--flag V`` / ``--flag=V`` among ``flags`` (one spelling or several;
+    ``_`` and ``-`` are the same in a long option, as vLLM reads them), or None. argparse keeps the last value of a
+    repeated option. A flag followed by another option or by nothing has no value and is skipped.
+    ``items`` and ``env`` as for command_words."""
+    names = {_option_name(flag) for flag in ((flags,) if isinstance(flags, str) else flags)}
+    words = command_words(items, env)
+    found = None
+    for index, word in enumerate(words):
+        name, sep, value = word.partition("=")
+        if _option_name(name) not in names:
+            continue
+        if sep:
+            found = (name, value)
+        elif index + 1 < len(words) and not _OPTION_RE.match(words[index + 1]):
+            found = (name, words[index + 1])
+    return found
+
+
+def option_value(items, flags, env=None):
+    """The value of the last ``--flag V`` / ``--flag=V`` for any spelling in ``flags`` (None when absent): what vLLM
+    (or KServe's model server) runs with, e.g. ``option_value(command + args, "--port", container["env"])``."""
+    found = find_option(items, flags, env)
+    return None if found is None else found[1]
+
+
+# --------------------------------------------------------------------------------------------------
 # Stripping
 # --------------------------------------------------------------------------------------------------
 
@@ -794,7 +949,7 @@ def strip_speculative_config(items, keep_anchor=False):
         if i in scripts:
             keep_here = anchor is not None and anchor.index == i
             new = strip_script(word, keep_anchor=keep_here)
-            if not new.strip() and not _is_script_index(items, i):
+            if not new.strip() and not is_shell_script(items, i):
                 continue  # the element held nothing but the flag and its value
             result.append(new)
             continue
@@ -813,25 +968,17 @@ def shell_quote(value, style="'"):
     return "'" + value.replace("'", "'\\''") + "'"
 
 
-def _is_vllm_invocation(words):
-    """True when the simple command's words invoke vLLM's API server (python -m ... or ``vllm serve``)."""
-    values = [w.value for w in words]
-    for i, val in enumerate(values):
-        if val == "-m" and i + 1 < len(values) and values[i + 1].startswith("vllm.entrypoints"):
-            return True
-        if _VLLM_MODULE_RE.search(val or "") and val.endswith("vllm") and i + 1 < len(values) and values[i + 1] == "serve":
-            return True
-        if val and "vllm.entrypoints" in val and val.endswith(".py"):
-            return True
-    return False
-
-
-def _argv_is_vllm(items):
-    words = [str(w) for w in items]
+def _invokes_vllm(words):
+    """True when argv words (strings) run vLLM's OpenAI server: ``-m vllm.entrypoints...``, ``[path/]vllm serve`` or an
+    entrypoints ``.py`` file."""
+    words = [str(w) for w in words]
     for i, val in enumerate(words):
-        if val == "-m" and i + 1 < len(words) and words[i + 1].startswith("vllm.entrypoints"):
+        nxt = words[i + 1] if i + 1 < len(words) else ""
+        if val == "-m" and nxt.startswith("vllm.entrypoints"):
             return True
-        if val.rsplit("/", 1)[-1] == "vllm" and i + 1 < len(words) and words[i + 1] == "serve":
+        if val.rsplit("/", 1)[-1] == "vllm" and nxt == "serve":
+            return True
+        if ("vllm.entrypoints" in val or "vllm/entrypoints/" in val) and val.endswith(".py"):
             return True
     return False
 
@@ -843,8 +990,7 @@ def _script_insert(text, canonical_json):
     except ShellSyntaxError:
         return None
     for cmd in simple_commands(tokens):
-        words = [tok for tok, _is_arg in cmd if tok.kind == "word"]
-        if not _is_vllm_invocation(words):
+        if not _invokes_vllm(tok.value for tok, _is_arg in cmd if tok.kind == "word"):
             continue
         args = [tok for tok, is_arg in cmd if is_arg and tok.kind == "word"]
         last = args[-1]
@@ -940,7 +1086,7 @@ def _insert(command, args, canonical_json):
         if not items:
             continue
         for i, word in enumerate(items):
-            if isinstance(word, str) and (_is_script_index(items, i) or (name == "args" and _looks_like_script(word) and "vllm" in word)):
+            if isinstance(word, str) and (is_shell_script(items, i) or (name == "args" and _looks_like_script(word) and "vllm" in word)):
                 new = _script_insert(word, canonical_json)
                 if new is not None:
                     items = list(items)
@@ -950,7 +1096,7 @@ def _insert(command, args, canonical_json):
     if args:
         return command, list(args) + ["--speculative-config", canonical_json]
     if command:
-        if not _argv_is_vllm(command) and not any("vllm" in str(w) for w in command):
+        if not _invokes_vllm(command) and not any("vllm" in str(w) for w in command):
             raise ValidationError("no vLLM invocation found to add --speculative-config to", field="command",
                                   hint="the predictor must run `python3 -m vllm.entrypoints.openai.api_server` or `vllm serve`")
         return list(command) + ["--speculative-config", canonical_json], args

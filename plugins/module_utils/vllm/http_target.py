@@ -2,7 +2,8 @@
 # Copyright: Alauda
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Where vLLM's HTTP server listens in a pod: ``--port`` / ``--ssl-certfile`` in the container's command and args (also
-inside a shell line), else its container ports; and the check of a ``port`` option before any API call.
+inside a ``bash -c`` script, ``$PORT`` from the container's env; read by vllm.command_line), else its container ports;
+and the check of a ``port`` option before any API call.
 
 Plain Python, no Ansible imports, no API calls: it reads a pod spec (a dict with the API's camelCase keys).
 """
@@ -10,43 +11,15 @@ Plain Python, no Ansible imports, no API calls: it reads a pod spec (a dict with
 from __future__ import annotations
 
 import re
-import shlex
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.pods import DEFAULT_CONTAINER, DEFAULT_HTTP_PORT
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 
-# vLLM's own flag first; KServe's model servers (huggingfaceserver) use --http_port.
-PORT_FLAGS = ("--port", "--http_port", "--http-port")
-TLS_FLAGS = ("--ssl-certfile", "--ssl_certfile")
+# vLLM's own flag; KServe's model servers (huggingfaceserver) use --http_port. vllm_command reads ``_`` and ``-`` alike.
+PORT_FLAGS = ("--port", "--http-port")
+TLS_FLAGS = ("--ssl-certfile",)
 HTTP_PORT_NAMES = ("http", "http1", "h2c", "http-server", "metrics", "http-metrics")
-
-
-def _argv_tokens(argv):
-    """command+args as tokens; an element holding a shell line (``sh -c "vllm serve ... --port 8000"``) is split too."""
-    tokens = []
-    for item in argv or []:
-        item = str(item)
-        if any(ch.isspace() for ch in item.strip()):
-            try:
-                tokens.extend(shlex.split(item))
-            except ValueError:
-                tokens.extend(item.split())
-        else:
-            tokens.append(item)
-    return tokens
-
-
-def argv_option(argv, flags):
-    """Value of the last ``--flag V`` / ``--flag=V`` in argv for any of ``flags`` (None when absent)."""
-    tokens = _argv_tokens(argv)
-    value = None
-    for i, token in enumerate(tokens):
-        for flag in flags:
-            if token == flag and i + 1 < len(tokens):
-                value = tokens[i + 1]
-            elif token.startswith(flag + "="):
-                value = token[len(flag) + 1:]
-    return value
 
 
 _PORT_NAME = re.compile(r"^(?=.*[a-z])[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?$")
@@ -107,10 +80,9 @@ def pod_http_target(pod, container=DEFAULT_CONTAINER, port=None, scheme=None):
                                       hint="give the port number, or one of the pod's port names")
             resolved, source = int(named[0][1]["containerPort"]), "from the port named %r of container %s" % (text, named[0][0])
     if resolved is None:
-        flag_value = argv_option(argv, PORT_FLAGS)
-        if flag_value is not None and str(flag_value).isdigit():
-            resolved, source = int(flag_value), "from %s in the command/args of %s" % (
-                [f for f in PORT_FLAGS if argv_option(argv, (f,)) == flag_value][0], chosen.get("name"))
+        flag = vllm_command.find_option(argv, PORT_FLAGS, chosen.get("env"))
+        if flag is not None and flag[1].isdigit():
+            resolved, source = int(flag[1]), "from %s in the command/args of %s" % (flag[0], chosen.get("name"))
     if resolved is None and ports:
         tcp = [p for p in ports if str(p.get("protocol") or "TCP").upper() == "TCP"]
         named = [p for p in tcp if str(p.get("name") or "").lower() in HTTP_PORT_NAMES]
@@ -124,7 +96,7 @@ def pod_http_target(pod, container=DEFAULT_CONTAINER, port=None, scheme=None):
     if scheme:
         chosen_scheme = scheme
         how.append("scheme %s given" % scheme)
-    elif argv_option(argv, TLS_FLAGS):
+    elif vllm_command.option_value(argv, TLS_FLAGS, chosen.get("env")):
         chosen_scheme = "https"
         how.append("https because %s passes --ssl-certfile" % chosen.get("name"))
     else:

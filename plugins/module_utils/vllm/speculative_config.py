@@ -114,8 +114,8 @@ _KEY_HINTS = {
 # Separate flags that older vLLM had and that no longer exist; they make the server refuse to start.
 # Derived from vllm_command.SPECULATIVE_FLAGS (the one registry of speculative flags): flag -> what to write instead.
 REMOVED_FLAGS = {name: spec.replacement for name, spec in vllm_command.LEGACY_FLAGS.items()}
-# 0.24+ shorthand flags; each is mutually exclusive with the same key in the JSON.
-SHORTHAND_FLAGS = {"--spec-method": "method", "--spec-model": "model", "--spec-tokens": "num_speculative_tokens"}
+# 0.24+ shorthand flags (flag -> the JSON key it sets, from the same registry); each is mutually exclusive with that key in the JSON.
+SHORTHAND_FLAGS = {spec.name: spec.key for spec in vllm_command.SPECULATIVE_FLAGS if spec.kind == "split"}
 SHORTHAND_SINCE = (0, 24, 0)
 
 PRESETS = {
@@ -434,32 +434,21 @@ def canonical_json(config, vllm_version=None):
     return result.json, result.config, result.warnings
 
 
-def _flag_pattern(flag):
-    # A flag as its own word: start of text or after whitespace/quote, followed by '=', whitespace, quote or end.
-    return re.compile(r"(?:^|(?<=[\s'\"]))%s(?=$|[=\s'\"])" % re.escape(flag))
-
-
-# Every spelling of a removed flag (``--speculative_model`` too), reported under its registry name.
-_REMOVED_PATTERNS = [(name, _flag_pattern(spelling), spec.replacement)
-                     for name, spec in vllm_command.LEGACY_FLAGS.items() for spelling in spec.spellings()]
-_SHORTHAND_PATTERNS = [(flag, _flag_pattern(flag), key) for flag, key in SHORTHAND_FLAGS.items()]
-
-
 def check_command(command, vllm_version=None, config=None, field="command"):
     """Refuse a server command that uses removed speculative flags, or a 0.24+ shorthand flag that duplicates a JSON key.
 
-    `command` is a list of argv strings (a container's command + args, including `bash -c` scripts) or one string.
-    Returns a list of warnings.
+    `command` is a list of argv strings (a container's command + args, including `bash -c` scripts) or one shell line.
+    Read with vllm_command's lexer: a flag counts as a word of the command (any spelling, ``--speculative_model=x``
+    too), not as text inside a quoted value, a path or a comment. Returns a list of warnings.
     """
-    parts = [command] if isinstance(command, str) else [str(p) for p in (command or [])]
-    text = "\n".join(parts)
-    for flag, pattern, repl in _REMOVED_PATTERNS:
-        if pattern.search(text):
+    used = {occ.flag for occ in vllm_command.find_occurrences(vllm_command.command_words(command))}
+    for flag, repl in REMOVED_FLAGS.items():
+        if flag in used:
             raise ValidationError("uses %s, which vLLM no longer has (the server exits on an unrecognized argument)" % flag,
                                   field=field, hint="remove it and put %s" % repl)
     warnings = []
-    for flag, pattern, key in _SHORTHAND_PATTERNS:
-        if not pattern.search(text):
+    for flag, key in SHORTHAND_FLAGS.items():
+        if flag not in used:
             continue
         version = parse_version(vllm_version) if vllm_version else NEWEST_KNOWN
         if version < SHORTHAND_SINCE:

@@ -265,7 +265,7 @@ def _args_reach_engine(command):
     """False when the command is ``<shell> -c '<script>'`` and the script never reads its arguments."""
     items = list(command or [])
     for i, word in enumerate(items):
-        if vllm_command._is_script_index(items, i):  # pylint: disable=protected-access
+        if vllm_command.is_shell_script(items, i):
             return bool(_SCRIPT_ARGS.search(word))
     return True
 

@@ -173,11 +173,6 @@ def env_ref(item):
     return None
 
 
-def _env_text_flags(text):
-    words = vllm_command._script_occurrences(text, 0) or []  # pylint: disable=protected-access
-    return words, _leftover([vllm_command.strip_script(text)])
-
-
 def container_flags(container, env_sources=None):
     """The speculative flags of one container: ``[{field, forms, occurrences}]`` for command/args and VLLM_ADDITIONAL_ARGS,
     plus ``unstrippable`` (a flag spelling the token-exact editor does not see as a shell word, e.g. inside eval "...").
@@ -199,7 +194,7 @@ def container_flags(container, env_sources=None):
         ref = env_ref(item)
         if ref is None:
             if isinstance(item.get("value"), str):
-                words = vllm_command._script_occurrences(item["value"], 0) or []  # pylint: disable=protected-access
+                words = vllm_command.script_occurrences(item["value"])
                 if words:
                     found.append({"field": field, "forms": ["env"], "occurrences": words})
                 env_values.append(vllm_command.strip_script(item["value"]))
@@ -216,7 +211,8 @@ def container_flags(container, env_sources=None):
             found.append({"field": where, "forms": ["env_configmap"], "occurrences": [], "value_from": ref,
                           "opaque": "ConfigMap %s key %s could not be read (%s)" % (ref["name"], ref["key"], source.get("reason"))})
             continue
-        words, leftover = _env_text_flags(source["value"])
+        words = vllm_command.script_occurrences(source["value"])
+        leftover = _leftover([vllm_command.strip_script(source["value"])])
         if words or leftover:
             found.append({"field": where, "forms": ["env_configmap"], "occurrences": words, "value_from": ref,
                           "leftover": leftover})

@@ -6,6 +6,7 @@ import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from tests.paths import read_capture
@@ -264,8 +265,9 @@ def test_model_and_dtype_read_from_the_guide_command():
     ctx = bench_report.build_context(context, REQUEST)
     # bash -c script, flag on a continued line, --dtype ${DTYPE} from the container env
     assert ctx["model"] == {"id": "llama31-8b-eagle3", "dtype": "bfloat16"}
-    words = bench_report.command_words("vllm serve /m --dtype=half", None)
-    assert bench_report.flag_value(words, "--dtype") == "half" and bench_report.flag_value(words, "--served-model-name") is None
+    # the command reader is vllm.command_line's now (bench_report.command_words / flag_value were folded into it)
+    command = "vllm serve /m --dtype=half"
+    assert vllm_command.option_value(command, "--dtype") == "half" and vllm_command.option_value(command, "--served-model-name") is None
     ctx = bench_report.build_context(dict(CONTEXT, model=None, dtype=None, candidate_command="vllm serve /mnt/models"), REQUEST)
     assert ctx["model"]["id"] is None and ctx["model"]["dtype"] is None  # `vllm serve X` positional: not guessed
     assert [label for label, _src in bench_report.missing_fields(ctx)] == ["Model: identifier", "Model: dtype"]

@@ -64,10 +64,16 @@ def test_other_container_name_falls_back_to_the_first():
         "port 8000 from --port in the command/args of vllm"
 
 
-def test_argv_option_last_wins_and_ignores_lookalikes():
-    assert http_target.argv_option(["--port", "1", "--port=2"], ("--port",)) == "2"
-    assert http_target.argv_option(["--portx", "1", "--ports=3"], ("--port",)) is None
-    assert http_target.argv_option(["--port"], ("--port",)) is None
+def test_port_from_a_script_with_env_comment_and_substitution():
+    # the comment's --port 1 is not an option (the old shlex reader returned 1); $PORT comes from the container's env
+    script = pod(command=["bash", "-c", 'exec vllm serve m --port "$PORT" # --port 1'], ports=[{"containerPort": 8080}])
+    script["spec"]["containers"][0]["env"] = [{"name": "PORT", "value": "8001"}]
+    assert http_target.pod_http_target(script)["how"] == "port 8001 from --port in the command/args of kserve-container"
+    # a port known only at run time ($(...)) is not a number: the container port is used
+    dynamic = pod(command=["bash", "-c", "exec vllm serve m --port $(cat /etc/port)"], ports=[{"containerPort": 8080}])
+    assert http_target.pod_http_target(dynamic)["how"] == "port 8080 from containerPort of kserve-container"
+    tls = pod(["--ssl_certfile=/tls/crt", "--port", "8443"])  # vLLM reads --ssl_certfile as --ssl-certfile
+    assert http_target.pod_http_target(tls)["scheme"] == "https"
 
 
 @pytest.mark.parametrize("port, expected", [(8080, 8080), ("443", 443), (" http ", "http"), ("h2c", "h2c"), ("metrics-1", "metrics-1"),

@@ -35,6 +35,12 @@ def test_spec_state_from_a_real_ngram_capture_and_a_baseline_page():
     ("bash -c 'exec vllm serve /m --speculative-config={\"method\":\"ngram\"}'", True),
     ("vllm serve /m --spec-method ngram --spec-tokens 3", True),
     (None, None),
+    # the registry's other forms: dotted keys, and the pre-0.10 flags older images run speculative decoding with
+    (["vllm", "serve", "/m", "--speculative-config.method", "ngram"], True),
+    (["bash", "-c", "exec vllm serve /m --speculative_model /d --num-speculative-tokens 3"], True),
+    # a comment, an echo and a flag without a value do not set it
+    ("bash -c 'echo --speculative-config {}; exec vllm serve /m # --spec-method ngram'", False),
+    (["vllm", "serve", "/m", "--speculative-config"], False),
 ])
 def test_spec_state_from_command(command, expected):
     assert spec_sweep.spec_state_from_command(command) is expected

@@ -266,6 +266,18 @@ def test_guide_command_passes_and_lookalikes_do_not_trip():
     assert core.check_command(["vllm", "serve", "/models/x--speculative-model-y", "--served-model-name", "a"]) == []
 
 
+def test_check_command_reads_flags_as_words_of_the_vllm_command():
+    # text that is not a word of vLLM's command does not trip (the old text regex refused all three)
+    assert core.check_command(["bash", "-c", "echo 'no --speculative-model here'\nexec vllm serve /m # --num-speculative-tokens 5"]) == []
+    assert core.check_command(["vllm", "serve", "/m", "--override-generation-config", '{"x": "a --spec-method b"}'],
+                              vllm_version="0.11.0") == []
+    # one shell line: the bash -c script inside it is read too; the registry name is reported for the _ spelling
+    with pytest.raises(ValidationError, match=r"^command: uses --ngram-prompt-lookup-max, which vLLM no longer has"):
+        core.check_command("bash -c 'exec vllm serve /m --ngram_prompt_lookup_max 4'")
+    with pytest.raises(ValidationError, match=r"^extra_args: uses --spec-tokens, which exists only from vLLM 0.24 \(you target 0.11.0\)"):
+        core.check_command(["--spec_tokens=3"], vllm_version="0.11.0", field="extra_args")
+
+
 def test_shorthand_flags_need_024_and_must_not_duplicate_json_keys():
     cmd = ["vllm", "serve", "/m", "--spec-method", "ngram"]
     with pytest.raises(ValidationError) as info:

@@ -206,6 +206,93 @@ def test_set_argv_appends_to_args_or_command_and_refuses_non_vllm():
 
 
 # --------------------------------------------------------------------------------------------------
+# reading any option: command_words, find_option, option_value
+# --------------------------------------------------------------------------------------------------
+
+def test_option_value_last_wins_and_ignores_lookalikes():
+    # moved from test_k8s_pods_http_target.py (http_target.argv_option is now vc.option_value), same assertions
+    assert vc.option_value(["--port", "1", "--port=2"], ("--port",)) == "2"
+    assert vc.option_value(["--portx", "1", "--ports=3"], ("--port",)) is None
+    assert vc.option_value(["--port"], ("--port",)) is None
+
+
+def test_option_in_a_script_reads_env_and_skips_the_comment():
+    # shlex.split (the old http_target reader) kept the comment's words: --port 1
+    items = ["bash", "-c", 'exec vllm serve m --port "$PORT" # --port 1']
+    assert vc.command_words(items, [{"name": "PORT", "value": "8001"}]) == ["exec", "vllm", "serve", "m", "--port", "8001"]
+    assert vc.option_value(items, "--port", {"PORT": "8001"}) == "8001"
+    assert vc.option_value(items, "--port") == "$PORT"  # unknown variable: as written, not an empty word
+
+
+def test_option_forms_spellings_and_line_continuations():
+    script = "set -e\nvllm serve /m \\\n  --model x \\\n  --model=y \\\n  --served_model_name a\\\nb \\\n  --dtype\n"
+    assert vc.option_value(["sh", "-c", script], "--model") == "y"  # --model x, then --model=y: the last one
+    assert vc.find_option(["sh", "-c", script], "--served-model-name") == ("--served_model_name", "ab")  # as bash joins it
+    assert vc.option_value(["sh", "-c", script], "--dtype") is None  # no value after it
+    assert vc.option_value(["vllm", "serve", "--model", "x", "--model-name", "z", "--model"], "--model") == "x"
+    assert vc.option_value(["vllm", "serve", "--port", "--model", "x"], "--port") is None  # argparse: no value
+
+
+def test_option_inside_quoted_json_or_substitution_is_not_an_option():
+    script = "vllm serve m --port 8000 --override-generation-config '{\"stop\": [\"--port 1\"]}' --seed $(cat /etc/seed --port 2)"
+    assert vc.command_words(["bash", "-c", script]) == [
+        "vllm", "serve", "m", "--port", "8000", "--override-generation-config", '{"stop": ["--port 1"]}', "--seed",
+        "$(cat /etc/seed --port 2)"]
+    assert vc.option_value(["bash", "-c", script], "--port") == "8000"
+    assert vc.option_value(["bash", "-c", script], "--seed") == "$(cat /etc/seed --port 2)"
+    # an argv element holding JSON after its flag stays one word (the old reader split every element with a blank)
+    argv = ["vllm", "serve", "m", "--port", "8000", "--override-generation-config", '{"a": 1} --port 1']
+    assert vc.option_value(argv, "--port") == "8000"
+
+
+def test_only_the_vllm_command_of_a_script_counts():
+    script = "python3 -m http.server --port 9000 &\nexec vllm serve m --port 8000 2>&1 | tee /tmp/log\necho --port 1"
+    assert vc.command_words(["/bin/bash", "-lc", script]) == ["exec", "vllm", "serve", "m", "--port", "8000"]
+    assert vc.option_value(["/bin/bash", "-lc", script], "--port") == "8000"
+    # no vLLM command in the script (a wrapper): every command's words
+    assert vc.command_words(["sh", "-ec", "cd /app; ./start --port 7"]) == ["cd", "/app", "./start", "--port", "7"]
+
+
+def test_option_in_an_eval_string_with_additional_args_from_env():
+    # KServe's data-parallel LLMInferenceService preset: bash -c in the command, the script in args, vLLM behind eval
+    script = ('START_RANK=0\neval "vllm serve \\\n  /mnt/models \\\n  --port 8001 \\\n  --data-parallel-size 2 \\\n'
+              '  ${VLLM_ADDITIONAL_ARGS} \\\n  --trust-remote-code"')
+    items = ["/bin/bash", "-c", script]
+    env = [{"name": "VLLM_ADDITIONAL_ARGS", "value": "--max-model-len 4096 --port=8002"}]
+    assert vc.command_words(items, env) == ["vllm", "serve", "/mnt/models", "--port", "8001", "--data-parallel-size", "2",
+                                            "--max-model-len", "4096", "--port=8002", "--trust-remote-code"]
+    assert vc.find_option(items, "--port", env) == ("--port", "8002")
+    assert vc.find_option(items, "--port") == ("--port", "8001")  # the variable unknown: it stays one word as written
+
+
+def test_env_defaults_kubernetes_refs_and_shell_line_strings():
+    assert vc.option_value(["bash", "-c", "vllm serve m --port ${PORT:-8003}"], "--port") == "8003"
+    assert vc.option_value(["bash", "-c", "vllm serve m --port ${PORT:-8003}"], "--port", {"PORT": "9"}) == "9"
+    assert vc.option_value(["bash", "-c", "vllm serve m --port ${PORT:-8003}"], "--port", {"PORT": ""}) == "8003"
+    assert vc.option_value(["bash", "-c", "vllm serve m --port ${PORT-8003}"], "--port", {"PORT": ""}) == ""
+    # a variable set through valueFrom has no value to read: it stays as written (not "None")
+    env = [{"name": "PORT", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}, {"name": "M", "value": "/m"},
+           {"name": "DIR", "value": "$(M)/draft"}]
+    assert vc.container_env(env) == {"M": "/m", "DIR": "/m/draft"}
+    assert vc.option_value(["bash", "-c", "vllm serve m --port $PORT"], "--port", env) == "$PORT"
+    # Kubernetes expands $(VAR) in command/args elements; $$ is a literal $; the shell never sees $(M)
+    assert vc.command_words(["vllm", "serve", "$(M)", "--model=$(DIR)", "--x", "$$(M)", "$(NOPE)"], env) == [
+        "vllm", "serve", "/m", "--model=/m/draft", "--x", "$(M)", "$(NOPE)"]
+    # one string is a shell line; an args element that is a shell line (its bash -c elsewhere) is opened too
+    assert vc.option_value("bash -c 'exec vllm serve /m --served-model-name=x'", "--served-model-name") == "x"
+    assert vc.command_words(["vllm serve /m --port 8006"]) == ["vllm", "serve", "/m", "--port", "8006"]
+    assert vc.command_words("vllm serve 'unterminated") == ["vllm serve 'unterminated"]
+    assert vc.command_words(None) == [] and vc.command_words("  ") == []
+
+
+def test_shell_script_with_option_cluster_is_a_script_for_the_editor_too():
+    assert [vc.is_shell_script(items, len(items) - 1) for items in (["bash", "-c", "s"], ["/bin/bash", "-lc", "s"], ["sh", "-e", "-c", "s"],
+                                                       ["python3", "-c", "s"], ["bash", "--port", "s"])] == [True, True, True, False, False]
+    cmd = vc.set_speculative_config(["/bin/bash", "-lc", "exec vllm serve /m --port 8080"], NGRAM)
+    assert cmd == ["/bin/bash", "-lc", "exec vllm serve /m --port 8080 --speculative-config '%s'" % NGRAM]
+
+
+# --------------------------------------------------------------------------------------------------
 # the guide's two example manifests
 # --------------------------------------------------------------------------------------------------
 
@@ -428,3 +515,16 @@ def test_property_set_then_strip_round_trip(case, config):
     assert argv[i + 1] == canonical
     assert argv[:i] + argv[i + 2:] == argv_without
     assert vc.strip_speculative_config(cmd) == ["bash", "-c", expected_script]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(commands())
+def test_property_command_words_are_the_argv_bash_gives_vllm(case):
+    # argv_with is what bash hands to python3 / vllm for this script: test_property_strip_script_removes_only_the_flags
+    # checks that against bash itself for the same generator, so this test needs no bash process of its own
+    script, _expected, argv_with, _argv_without = case
+    words = vc.command_words(["bash", "-c", script], {"SPEC": "SPECVALUE"})  # the env the bash oracle runs with
+    # the words of the vLLM command only (not set/export/echo/cat around it), after the program's own name
+    program = [w in ("python3", "vllm") for w in words].index(True)
+    assert words[program + 1:] == argv_with
+    assert words[:program] in ([], ["exec"])

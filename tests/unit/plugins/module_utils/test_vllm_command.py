@@ -523,8 +523,18 @@ def test_property_command_words_are_the_argv_bash_gives_vllm(case):
     # argv_with is what bash hands to python3 / vllm for this script: test_property_strip_script_removes_only_the_flags
     # checks that against bash itself for the same generator, so this test needs no bash process of its own
     script, _expected, argv_with, _argv_without = case
-    words = vc.command_words(["bash", "-c", script], {"SPEC": "SPECVALUE"})  # the env the bash oracle runs with
+    # bash gets the script as written when the pod spec escapes every "$" as "$$" (Kubernetes expands $(VAR) and turns
+    # $$ into $ in command/args before bash runs); the oracle ran bash on the script directly
+    words = vc.command_words(["bash", "-c", script.replace("$", "$$")], {"SPEC": "SPECVALUE"})  # the env the bash oracle runs with
     # the words of the vLLM command only (not set/export/echo/cat around it), after the program's own name
     program = [w in ("python3", "vllm") for w in words].index(True)
     assert words[program + 1:] == argv_with
     assert words[:program] in ([], ["exec"])
+
+
+def test_command_words_apply_kubernetes_dollar_escapes_before_the_shell():
+    # In a pod spec "$$" is a literal "$" and "$(VAR)" a container variable, both resolved by Kubernetes before bash
+    # reads the script; bash then expands "$PORT" itself.
+    words = vc.command_words(["bash", "-c", "exec vllm serve m --served-model-name 'a$$b' --port $PORT --dtype $(DTYPE)"],
+                             [{"name": "PORT", "value": "8001"}, {"name": "DTYPE", "value": "half"}])
+    assert words == ["exec", "vllm", "serve", "m", "--served-model-name", "a$b", "--port", "8001", "--dtype", "half"]

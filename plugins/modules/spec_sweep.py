@@ -147,18 +147,6 @@ options:
     type: str
     choices: [poisson, fixed]
     default: poisson
-  temperature:
-    description: Sampling temperature (the guide uses 0).
-    type: float
-    default: 0.0
-  max_tokens:
-    description: Maximum output tokens per request.
-    type: int
-    default: 1024
-  seed:
-    description: Seed sent with every request and used for the arrival times.
-    type: int
-    default: 0
   extra_body:
     description: Further request fields sent to every side, for example C(ignore_eos).
     type: dict
@@ -170,13 +158,6 @@ options:
     description: Extra HTTP headers for every endpoint.
     type: dict
     default: {}
-  validate_certs:
-    description: Verify TLS certificates of https endpoints.
-    type: bool
-    default: true
-  ca_path:
-    description: CA bundle for https endpoints.
-    type: path
   timeout:
     description: Seconds to wait for each response chunk.
     type: float
@@ -204,20 +185,11 @@ options:
     description: How much worse C(ttft), C(tpot) (higher) or C(throughput) (lower) may be and still count, as fractions.
     type: dict
     default: {}
-  plots:
-    description: Write the PNG plots.
-    type: bool
-    default: true
-  title:
-    description: Report title.
-    type: str
-  progress_file:
-    description: Progress log path. Defaults to C(<report_name>-progress.log) in O(report_dir).
-    type: path
 requirements:
   - prometheus_client
   - matplotlib >= 3.8 (for the PNG plots, O(plots=true))
 extends_documentation_fragment:
+  - alauda.spec_decoding.benchmark_protocol
   - alauda.spec_decoding.attributes.READ_ONLY
   - alauda.spec_decoding.attributes.ACTION_GROUP
 notes:

@@ -78,10 +78,11 @@ import hashlib
 import json
 import re
 import threading
+import time
 import urllib.parse
 
 from .kubelet import PodBehaviour
-from .wake import WatchWaker
+from .wake import EVERYTHING, RESYNC_SECONDS, WatchWaker, WorkQueue, owner_key
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
 FINALIZER = "inferenceservice.finalizers"
@@ -143,21 +144,25 @@ def same_spec_hash(live: dict, desired: dict) -> bool:
 
 
 class ControllerLoop:
-    """A controller stand-in's reconcile thread: lists its resources and reconciles each object whenever a watch on
-    them, on the Deployments it owns or on what its reconcile reads reports a change (tests/testbed/wake.py), and at
-    least every ``idle_interval`` seconds (the resync for what no watch reports). Subclasses set the class attributes and
+    """A controller stand-in's reconcile thread, driven like a real controller (tests/testbed/wake.py): watches on its
+    resources, on the Deployments it owns and on what its reconcile reads put the keys of the objects to reconcile into
+    a work queue (``event_keys`` maps an event to them), and the loop GETs and reconciles only those. A full pass (list
+    and reconcile every object) runs at start, when a watch lists again, on ``wake()`` and every ``idle_interval``
+    seconds (the resync for what no watch reports). Subclasses set the class attributes, ``event_keys(event)`` and
     ``reconcile(api, obj)``; ``self.cp``, ``idle_interval``, ``errors`` are theirs."""
 
     LIST_PATH = ""
     DEPLOYMENT_SELECTOR = ""
     NAME = "controller stand-in"
     FINALIZER_NAME = ""
+    RETRY_SECONDS = 1.0  # a reconcile that failed (not a 404/409) is tried again after this, as a rate-limited requeue
 
     def _init_loop(self, controlplane, idle_interval):
         self.cp = controlplane
         self.idle_interval = idle_interval
         self._stop = threading.Event()
-        self._wake = threading.Event()
+        self._queue = WorkQueue()
+        self._queue.add(EVERYTHING)  # the first pass lists everything
         self._thread = None
         self.errors = []
         self.reconciles = 0
@@ -184,7 +189,7 @@ class ControllerLoop:
 
     def stop(self) -> None:
         self._stop.set()
-        self._wake.set()
+        self._queue.close()
         if self._thread:
             self._thread.join(timeout=10)
 
@@ -195,37 +200,101 @@ class ControllerLoop:
         self.stop()
 
     def wake(self) -> None:
-        """Run a reconcile pass now (a behaviour set in this process changes nothing the API server could report)."""
-        self._wake.set()
+        """Run a full pass now (a behaviour set in this process changes nothing the API server could report)."""
+        self._queue.add(EVERYTHING)
 
     def watched_paths(self) -> list:
         """What wakes the loop: its resources and the Deployments it owns; subclasses add what their reconcile reads."""
         return [self.LIST_PATH, "/apis/apps/v1/deployments?labelSelector=" + urllib.parse.quote(self.DEPLOYMENT_SELECTOR)]
 
+    @staticmethod
+    def event_keys(event: dict) -> list:
+        """The keys (namespace, name) a watch event of watched_paths() makes dirty; (namespace, None): every object of
+        that namespace, EVERYTHING: all of them."""
+        raise NotImplementedError
+
+    def _on_event(self, event: dict) -> None:
+        for key in self.event_keys(event):
+            self._queue.add(key)
+
+    def _namespaced(self, ns: str) -> str:
+        """LIST_PATH for one namespace: /apis/<group>/<version>/namespaces/<ns>/<plural>."""
+        prefix, _sep, plural = self.LIST_PATH.rpartition("/")
+        return f"{prefix}/namespaces/{ns}/{plural}"
+
+    def _objects(self, api, keys) -> list:
+        """The live objects of the keys taken from the queue: one LIST for EVERYTHING or a namespace, else a GET each
+        (404: deleted since, nothing to do)."""
+        from .rest import ApiError  # pylint: disable=import-outside-toplevel
+        if EVERYTHING in keys:
+            return api.get(self.LIST_PATH)["items"]
+        namespaces = sorted({ns for ns, name in keys if name is None})
+        objs = [obj for ns in namespaces for obj in api.get(self._namespaced(ns))["items"]]
+        for ns, name in sorted(k for k in keys if k[1] is not None and k[0] not in namespaces):
+            try:
+                objs.append(api.get(f"{self._namespaced(ns)}/{name}"))
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+        return objs
+
     def _loop(self) -> None:
         from .rest import ApiError  # pylint: disable=import-outside-toplevel
         api = self.cp.rest()
-        waker = WatchWaker(self.cp, self.watched_paths(), self._wake, self._stop, name=self.NAME.replace(" ", "-")).start()
+        waker = WatchWaker(self.cp, self.watched_paths(), self._on_event, self.wake, self._stop,
+                           name=self.NAME.replace(" ", "-")).start()
+        waker.wait_started(10)  # one first full pass after every watch is open, not one per watch
+        last_full = time.monotonic()
         try:
             while not self._stop.is_set():
-                self._wake.clear()
+                # Woken by the keys watch events name (or wake()); the resync interval covers what no watch reports.
+                keys = self._queue.take(last_full + self.idle_interval)
+                if keys is None:
+                    break
+                if EVERYTHING in keys:
+                    last_full = time.monotonic()
                 try:
-                    objs = api.get(self.LIST_PATH)
-                    for obj in objs["items"]:
-                        try:
-                            self.reconcile(api, obj)
-                        except ApiError as exc:
-                            if exc.status not in (404, 409):
-                                self.errors.append(f"reconcile {obj['metadata']['namespace']}/{obj['metadata']['name']}: {exc}")
+                    objs = self._objects(api, keys)
                 except Exception as exc:  # pylint: disable=broad-except
                     if not self._stop.is_set():
                         self.errors.append(f"{self.NAME} loop: {exc!r}")
-                # Woken by a watch event (or wake()); the resync interval covers what no watch reports.
-                self._wake.wait(self.idle_interval)
+                        for key in keys:
+                            self._queue.add_after(key, time.monotonic() + self.RETRY_SECONDS)
+                    continue
+                for obj in objs:
+                    meta = obj["metadata"]
+                    try:
+                        self.reconcile(api, obj)
+                    except ApiError as exc:
+                        if exc.status not in (404, 409):
+                            self.errors.append(f"reconcile {meta['namespace']}/{meta['name']}: {exc}")
+                            self._queue.add_after((meta["namespace"], meta["name"]), time.monotonic() + self.RETRY_SECONDS)
+                    except Exception as exc:  # pylint: disable=broad-except
+                        if not self._stop.is_set():
+                            self.errors.append(f"{self.NAME} loop: {exc!r}")
+                            self._queue.add_after((meta["namespace"], meta["name"]), time.monotonic() + self.RETRY_SECONDS)
         finally:
             self._stop.set()
             waker.stop()
             api.close()
+
+
+def isvc_event_keys(event: dict) -> list:
+    """What a watch event makes the KServe stand-in reconcile (KServe's controller watches and Owns the same): an
+    InferenceService itself; for a Deployment, Service or Pod, the InferenceService that owns it (ownerReference or the
+    `serving.kserve.io/inferenceservice` label); for a ServingRuntime, every InferenceService of its namespace; for a
+    ClusterServingRuntime, every InferenceService (a predictor names or auto-selects its runtime)."""
+    obj = event.get("object") or {}
+    meta = obj.get("metadata") or {}
+    kind = obj.get("kind")
+    if kind == "InferenceService":
+        return [(meta.get("namespace"), meta.get("name"))]
+    if kind == "ServingRuntime":
+        return [(meta.get("namespace"), None)]
+    if kind == "ClusterServingRuntime":
+        return [EVERYTHING]
+    key = owner_key(obj, "InferenceService", "serving.kserve.io/inferenceservice")
+    return [key] if key else []
 
 
 class KServeStandIn(ControllerLoop):
@@ -235,9 +304,10 @@ class KServeStandIn(ControllerLoop):
     DEPLOYMENT_SELECTOR = "component=predictor"
     NAME = "kserve stand-in"
     FINALIZER_NAME = FINALIZER
+    event_keys = staticmethod(isvc_event_keys)
 
     def __init__(self, controlplane, kubelet=None, strict_runtimes: bool = False,
-                 progress_deadline_seconds: int | None = None, idle_interval: float = 2.0):
+                 progress_deadline_seconds: int | None = None, idle_interval: float = RESYNC_SECONDS):
         self._init_loop(controlplane, idle_interval)
         self.kubelet = kubelet
         self.strict_runtimes = strict_runtimes
@@ -288,7 +358,7 @@ class KServeStandIn(ControllerLoop):
         ns, name = meta["namespace"], meta["name"]
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}/{name}"
         if self._finalized(api, isvc, path):
-            return  # the next poll sees the new resourceVersion
+            return  # the patch's watch event brings the object back
         self.reconciles += 1
         predictor = (isvc.get("spec") or {}).get("predictor") or {}
         runtime, runtime_kind = self._resolve_runtime(api, predictor, ns)

@@ -42,7 +42,7 @@ import urllib.parse
 import uuid
 
 from .controlplane import free_port
-from .wake import WatchWaker
+from .wake import EVERYTHING, RESYNC_SECONDS, WatchWaker, WorkQueue
 
 NODE_NAME = "testbed-node"
 
@@ -209,14 +209,16 @@ class KubeletStandIn:
     """Kubelet + scheduler stand-in for one node. Use start()/stop() or a context manager."""
 
     def __init__(self, controlplane, node_name: str = NODE_NAME, log_dir: str | None = None,
-                 idle_interval: float = 2.0):
+                 idle_interval: float = RESYNC_SECONDS):
         self.cp = controlplane
         self.node_name = node_name
         self.log_dir = log_dir
         self._own_log_dir = log_dir is None
-        self.idle_interval = idle_interval  # the resync: pod events and behaviours wake the loop before it
-        self._next_readiness = None  # monotonic time at which the next pod's ready_after ends
-        self._wake = threading.Event()
+        self.idle_interval = idle_interval  # the resync: pod events, behaviours and readiness delays come before it
+        # Pods to handle: (namespace, name) -> the latest watch event of that pod, or None (GET it: a readiness delay
+        # ended); EVERYTHING: list them all (start, a watch that listed again, a behaviour set in this process).
+        self._queue = WorkQueue()
+        self._queue.add(EVERYTHING)
         self.port = None
         self._server = None
         self._threads = []
@@ -300,7 +302,7 @@ class KubeletStandIn:
 
     def stop(self) -> None:
         self._stop.set()
-        self._wake.set()
+        self._queue.close()
         # The log server's thread is one of self._threads: shut it down first, or the join below waits out its timeout.
         if self._server is not None:
             self._server.shutdown()
@@ -504,38 +506,84 @@ class KubeletStandIn:
             api.close()
 
     def wake(self) -> None:
-        """Run a pass over the pods now."""
-        self._wake.set()
+        """Run a pass over all pods now."""
+        self._queue.add(EVERYTHING)
+
+    def _on_event(self, event: dict) -> None:
+        meta = (event.get("object") or {}).get("metadata") or {}
+        if meta.get("name"):
+            self._queue.add((meta.get("namespace"), meta["name"]), event)
+
+    def _pods(self, api, batch: dict) -> list:
+        """(event type, pod) of each pod taken from the queue: the pod its latest watch event carried (events come in
+        order, so that is the newest state this kubelet knows: a stale write conflicts and the change that made it stale
+        brings its own event), a GET for a deferred key, all pods for EVERYTHING."""
+        from .rest import ApiError  # pylint: disable=import-outside-toplevel
+        if EVERYTHING in batch:
+            return [("LISTED", pod) for pod in api.get("/api/v1/pods")["items"]]
+        out = []
+        for (ns, name), event in sorted(batch.items()):
+            if event is not None:
+                out.append((event.get("type"), event["object"]))
+                continue
+            try:
+                out.append(("GOT", api.get(f"/api/v1/namespaces/{ns}/pods/{name}")))
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+        return out
 
     def _loop(self) -> None:
         from .rest import ApiError  # pylint: disable=import-outside-toplevel
         api = self.cp.rest()
-        waker = WatchWaker(self.cp, ["/api/v1/pods"], self._wake, self._stop, name=f"kubelet-{self.node_name}").start()
+        waker = WatchWaker(self.cp, ["/api/v1/pods"], self._on_event, self.wake, self._stop, name=f"kubelet-{self.node_name}").start()
+        waker.wait_started(10)
+        last_full = time.monotonic()
         try:
             while not self._stop.is_set():
-                self._wake.clear()
-                self._next_readiness = None
+                # Woken by a pod event (that pod only), a behaviour set in this process (all pods), the end of a pod's
+                # readiness delay (that pod), or the resync interval (all pods).
+                batch = self._queue.take(last_full + self.idle_interval)
+                if batch is None:
+                    break
+                if EVERYTHING in batch:
+                    last_full = time.monotonic()
                 try:
-                    pods = api.get("/api/v1/pods")
-                    for pod in pods["items"]:
-                        try:
-                            self._handle_pod(api, pod)
-                        except ApiError as exc:
-                            if exc.status not in (404, 409):
-                                self.errors.append(f"kubelet: {exc}")
+                    pods = self._pods(api, batch)
                 except Exception as exc:  # pylint: disable=broad-except
                     if not self._stop.is_set():
                         self.errors.append(f"kubelet loop: {exc!r}")
-                # Woken by a pod event (or a behaviour set in this process); else when the next pod's readiness delay
-                # ends, or after the resync interval.
-                wait = self.idle_interval
-                if self._next_readiness is not None:
-                    wait = min(wait, max(0.0, self._next_readiness - time.monotonic()) + 0.01)
-                self._wake.wait(wait)
+                        for key in batch:
+                            self._queue.add_after(key, time.monotonic() + 1.0)  # the events' pods are read again then
+                    continue
+                for kind, pod in pods:
+                    try:
+                        if kind == "DELETED":
+                            self._forget(pod)
+                        else:
+                            self._handle_pod(api, pod)
+                    except ApiError as exc:
+                        if exc.status not in (404, 409):
+                            self.errors.append(f"kubelet: {exc}")
+                            self._retry(pod)
+                    except Exception as exc:  # pylint: disable=broad-except
+                        if not self._stop.is_set():
+                            self.errors.append(f"kubelet loop: {exc!r}")
+                            self._retry(pod)
         finally:
             self._stop.set()
             waker.stop()
             api.close()
+
+    def _retry(self, pod: dict) -> None:
+        """A pod whose handling failed (not a 404/409) is tried again shortly, as a rate-limited requeue."""
+        self._queue.add_after((pod["metadata"]["namespace"], pod["metadata"]["name"]), time.monotonic() + 1.0)
+
+    def _forget(self, pod: dict) -> None:
+        """A pod removed without this kubelet finishing its deletion (deleted with grace period 0): stop serving it."""
+        meta = pod["metadata"]
+        if self._started.pop(meta.get("uid"), None) is not None:
+            self._close_http(meta["namespace"], meta["name"])
 
     def _handle_pod(self, api, pod: dict) -> None:
         from .rest import ApiError  # pylint: disable=import-outside-toplevel
@@ -576,8 +624,8 @@ class KubeletStandIn:
         ready = (not behaviour.crash_loop and behaviour.ready_after is not None
                  and time.monotonic() - started_mono >= behaviour.ready_after)
         if not ready and not behaviour.crash_loop and behaviour.ready_after is not None:
-            due = started_mono + behaviour.ready_after
-            self._next_readiness = due if self._next_readiness is None else min(self._next_readiness, due)
+            # Nothing reports the end of the delay: come back to this pod then.
+            self._queue.add_after((ns, name), started_mono + behaviour.ready_after + 0.01)
         status = pod.get("status") or {}
         current_ready = {c["type"]: c["status"] for c in status.get("conditions") or []}.get("Ready")
         if status.get("phase") == "Running" and current_ready == ("True" if ready else "False") and \

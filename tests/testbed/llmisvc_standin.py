@@ -40,6 +40,7 @@ import urllib.parse
 
 from .kserve_standin import GEN_ANNOTATION, HASH_ANNOTATION, ControllerLoop, KServeStandIn, _now, same_spec_hash, apply_or_create
 from .kubelet import PodBehaviour
+from .wake import EVERYTHING, RESYNC_SECONDS, owner_key
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1alpha2", "llminferenceservices"
 CONFIG_PLURAL = "llminferenceserviceconfigs"
@@ -332,6 +333,23 @@ def merge_spec(presets: list, spec: dict) -> dict:
     return out
 
 
+def llmisvc_event_keys(event: dict) -> list:
+    """What a watch event makes the LLMInferenceService stand-in reconcile: the LLMInferenceService itself; for what it
+    owns (Deployments and LeaderWorkerSets by ownerReference; the multi-node pods, owned by their LeaderWorkerSet, by the
+    `app.kubernetes.io/name` label with `app.kubernetes.io/part-of=llminferenceservice`), the owner; for an
+    LLMInferenceServiceConfig (a preset baseRefs name), every LLMInferenceService of its namespace, or of every
+    namespace for one in the system namespace (where baseRefs fall back to)."""
+    obj = event.get("object") or {}
+    meta = obj.get("metadata") or {}
+    kind = obj.get("kind")
+    if kind == "LLMInferenceService":
+        return [(meta.get("namespace"), meta.get("name"))]
+    if kind == "LLMInferenceServiceConfig":
+        return [EVERYTHING] if meta.get("namespace") == SYSTEM_NAMESPACE else [(meta.get("namespace"), None)]
+    key = owner_key(obj, "LLMInferenceService", "app.kubernetes.io/name", part_of=("app.kubernetes.io/part-of", PART_OF))
+    return [key] if key else []
+
+
 class LLMISvcStandIn(ControllerLoop):
     """Reconciles LLMInferenceServices in a background thread. start()/stop() or a context manager."""
 
@@ -339,8 +357,9 @@ class LLMISvcStandIn(ControllerLoop):
     DEPLOYMENT_SELECTOR = f"app.kubernetes.io/part-of={PART_OF}"
     NAME = "llmisvc stand-in"
     FINALIZER_NAME = FINALIZER
+    event_keys = staticmethod(llmisvc_event_keys)
 
-    def __init__(self, controlplane, kubelet=None, idle_interval: float = 2.0):
+    def __init__(self, controlplane, kubelet=None, idle_interval: float = RESYNC_SECONDS):
         self._init_loop(controlplane, idle_interval)
         self.kubelet = kubelet
 

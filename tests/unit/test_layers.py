@@ -35,7 +35,7 @@ BIG_FILES = {
     "bench/report.py": "to split: context checks",
     # One flag registry and the argv / bash -c / env-string reader and editor that share it (with the reader of any other
     # option: command_words, option_value); splitting the registry from its readers would make every reader import
-    # private tables.
+    # private tables. The bash lexer they stand on is vllm/shell_lexer.py (1104 -> 781 lines).
     "vllm/command_line.py": "one flag registry and its readers/editors",
     # The load sweep: input checks, the break-even search, the k model and resuming from JSON, all on one sweep dict.
     # Candidate split: the k model (num_speculative_tokens on the acceptance curve) into its own file.

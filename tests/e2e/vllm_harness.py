@@ -53,7 +53,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -61,6 +60,7 @@ import time
 import urllib.error
 import urllib.request
 
+from tests.testbed import ports as _ports
 from tests.e2e.vllm_install import CACHE_ROOT, VllmInstallError, ensure_vllm, installed_version
 
 __all__ = ["AB_K", "AB_NGRAM_CONFIG", "AB_SERVER_ARGS", "CACHE_ROOT", "NGRAM_CONFIG", "REPETITIVE_PROMPTS", "SERVER_ENV", "TIMINGS", "TINY_DTYPE",
@@ -165,10 +165,8 @@ def _clean_env():
 
 
 def free_port():
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port on 127.0.0.1 that is free right now (below the ephemeral range: tests/testbed/ports.py says why)."""
+    return _ports.free_port()
 
 
 def log_tail(path, lines=60):

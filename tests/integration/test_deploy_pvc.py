@@ -159,6 +159,7 @@ def test_subdirs_from_the_artifacts_fill_items_without_one(tmp_path, kubeconfig,
     with StagerPod(k8s_client, kubelet, namespace, pvc_dir, outcome="Failed") as pod:
         run = _deploy(tmp_path, kubeconfig, extra)
     assert run.rc != 0
+    assert len(pod.played) == 1, "the stager Job never ran; the deploy failed with: %s" % (run.failed[-1]["msg"] if run.failed else run.output)
     (job_name, (_rc, output)), = pod.played.items()  # pylint: disable=unbalanced-dict-unpacking
     msg = run.failed[-1]["msg"]
     assert "The stager Job %s/%s failed" % (namespace, job_name) in msg and "BackoffLimitExceeded" in msg, msg

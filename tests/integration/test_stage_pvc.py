@@ -22,6 +22,7 @@ import uuid
 import pytest
 
 from tests.ansible_run import run_playbook
+from tests.testbed import ports
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -44,23 +45,7 @@ def _write_model(root, seed, shards=2, mib=2):
 
 def _free_port(count=2):
     """The first of `count` consecutive loopback ports that are free now (the role serves one per controller directory)."""
-    for _attempt in range(50):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            base = sock.getsockname()[1]
-        held = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket()
-                held.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in held:
-                sock.close()
-    raise AssertionError("no %d consecutive free loopback ports" % count)
+    return ports.free_port(count=count)
 
 
 def _core(k8s_client):

@@ -29,6 +29,7 @@ import urllib.request
 from . import build as _build
 from . import crds as _crds
 from . import pki
+from . import ports as _ports
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SERVICE_CIDR = "127.96.0.0/16"
@@ -49,9 +50,7 @@ def kserve_crd_dir() -> str:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return _ports.free_port()
 
 
 def listening_ports(pids) -> list[tuple[int, int]]:

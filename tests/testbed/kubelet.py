@@ -42,6 +42,7 @@ import urllib.parse
 import uuid
 
 from .controlplane import free_port
+from . import ports as _ports
 from .wake import EVERYTHING, RESYNC_SECONDS, WatchWaker, WorkQueue
 
 NODE_NAME = "testbed-node"
@@ -137,10 +138,8 @@ def host_ipv4() -> str | None:
 
 
 def free_port_on(address: str) -> int:
-    """A TCP port that is free on `address` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((address, 0))
-        return sock.getsockname()[1]
+    """A TCP port that is free on `address` right now (below the ephemeral range: tests/testbed/ports.py says why)."""
+    return _ports.free_port(address)
 
 
 _PROXY_URI = re.compile(r"/namespaces/([^/]+)/pods/(?:https?:)?([^/:]+)(?::[^/]*)?/proxy(?:/|$)")

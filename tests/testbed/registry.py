@@ -23,7 +23,6 @@ import http.server
 import json
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import threading
@@ -32,6 +31,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+
+from . import ports as _ports
 
 PACKAGES = {"docker-registry": "docker-registry", "skopeo": "skopeo", "busybox": "busybox-static", "htpasswd": "apache2-utils"}
 
@@ -53,9 +54,7 @@ def ensure_tools(extra=()):
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return _ports.free_port()
 
 
 def _b64url(data):

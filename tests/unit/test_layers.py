@@ -43,8 +43,6 @@ BIG_FILES = {
     "bench/sweep.py": "to split: each side's speculative-state checks",
     # OCI image layout writer (layers, config, manifest, index) for the Modelcar image; one format.
     "artifacts/modelcar_image.py": "one format (OCI layout) end to end",
-    # KServe's runtime merge and selection with the live / recording / snapshot readers they run on.
-    "kserve/isvc/runtime.py": "to split: the readers (ClientReader, SnapshotReader) from the merge",
     # The registry client (auth challenge, retries, blob upload sessions, mounts) and push_plan.
     "artifacts/registry.py": "to split: push_plan from the client",
     # Draft removal for storageUris, PVC subdirectories and Modelcar layers: three removals behind one plan.

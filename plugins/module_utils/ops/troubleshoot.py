@@ -773,10 +773,10 @@ class Collector:
     def runtime(self, snap):
         """The ServingRuntime/ClusterServingRuntime KServe merges into the predictor, and the merged command."""
         from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import (  # pylint: disable=import-outside-toplevel
-            runtime as serving_runtime,
+            runtime as serving_runtime, runtime_readers,
         )
         try:
-            effective = serving_runtime.effective_command(snap["isvc"], serving_runtime.ClientReader(self.api_client))
+            effective = serving_runtime.effective_command(snap["isvc"], runtime_readers.ClientReader(self.api_client))
         except SpecDecodingError as exc:
             self.notes.append("runtime of %s/%s not resolved: %s" % (snap["namespace"], snap["name"], exc))
             return

@@ -43,8 +43,6 @@ BIG_FILES = {
     "bench/sweep.py": "to split: each side's speculative-state checks",
     # OCI image layout writer (layers, config, manifest, index) for the Modelcar image; one format.
     "artifacts/modelcar_image.py": "one format (OCI layout) end to end",
-    # The registry client (auth challenge, retries, blob upload sessions, mounts) and push_plan.
-    "artifacts/registry.py": "to split: push_plan from the client",
     # Draft removal for storageUris, PVC subdirectories and Modelcar layers: three removals behind one plan.
     "ops/draft_removal.py": "to split: the Modelcar layer rewrite",
     # The bundle's collectors and the rules that read it.

@@ -45,8 +45,6 @@ BIG_FILES = {
     "artifacts/modelcar_image.py": "one format (OCI layout) end to end",
     # Draft removal for storageUris, PVC subdirectories and Modelcar layers: three removals behind one plan.
     "ops/draft_removal.py": "to split: the Modelcar layer rewrite",
-    # The bundle's collectors and the rules that read it.
-    "ops/troubleshoot.py": "to split: the rules from the collectors",
 }
 
 # Imports that run up a layer, (importing file, imported module) -> why. Each is a known debt, not a pattern.

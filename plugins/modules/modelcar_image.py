@@ -247,7 +247,7 @@ progress:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as oci_registry
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_push
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import run
 
 
@@ -272,9 +272,9 @@ def _argument_spec():
         draft_name=dict(type="str"),
         follow_external_symlinks=dict(type="bool", default=False),
         max_layers=dict(type="int", default=100),
-        jobs=dict(type="int", default=oci_registry.MODELCAR_DEFAULTS["jobs"]),
-        retries=dict(type="int", default=oci_registry.MODELCAR_DEFAULTS["retries"]),
-        timeout=dict(type="int", default=oci_registry.MODELCAR_DEFAULTS["timeout"]),
+        jobs=dict(type="int", default=modelcar_push.MODELCAR_DEFAULTS["jobs"]),
+        retries=dict(type="int", default=modelcar_push.MODELCAR_DEFAULTS["retries"]),
+        timeout=dict(type="int", default=modelcar_push.MODELCAR_DEFAULTS["timeout"]),
         cache_dir=dict(type="path", default="~/.cache/alauda-spec-decoding/modelcar"),
         progress_log=dict(type="path"),
     )
@@ -282,8 +282,8 @@ def _argument_spec():
 
 def execute(module):
     # A password read from auth_file stays out of every output too.
-    return oci_registry.build_modelcar(module.params, check_mode=module.check_mode, diff=module._diff,  # pylint: disable=protected-access
-                                       warn=module.warn, hide=module.no_log_values.add)
+    return modelcar_push.build_modelcar(module.params, check_mode=module.check_mode, diff=module._diff,  # pylint: disable=protected-access
+                                        warn=module.warn, hide=module.no_log_values.add)
 
 
 def main():

@@ -158,7 +158,7 @@ users:
 """
 
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime as serving_runtime
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime_readers
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
 
 
@@ -174,7 +174,7 @@ def argument_spec():
 
 
 def execute(module):
-    result, warnings, problem = serving_runtime.runtime_info(module.api_client, module.params)
+    result, warnings, problem = runtime_readers.runtime_info(module.api_client, module.params)
     for warning in warnings:
         module.warn(warning)
     if problem:

@@ -42,11 +42,12 @@ MIB = 1 << 20
 def child_push(args):
     """Runs in a child process: build + push with the collection's module_utils, print the result as JSON."""
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_image as L  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_push  # pylint: disable=import-outside-toplevel
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as R  # pylint: disable=import-outside-toplevel
     t0 = time.monotonic()
     plan = L.build_plan(args.target, args.draft)
     client = R.RegistryClient(R.ImageRef.parse(args.image), tls_verify=False)
-    result = R.push_plan(plan, client, L.DigestCache(args.cache_dir), jobs=args.jobs)
+    result = modelcar_push.push_plan(plan, client, L.DigestCache(args.cache_dir), jobs=args.jobs)
     result["wall_in_process"] = round(time.monotonic() - t0, 3)
     print(json.dumps(result))
 

@@ -28,6 +28,7 @@ from tests.testbed.registry import Registry, ensure_tools
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import artifact_sync
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_image as oci_layout
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_push
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as oci_registry
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
@@ -213,7 +214,7 @@ def _push_image(tmp_path, registry):
     ref = oci_registry.ImageRef.parse("%s/models/llama-eagle3:v1" % registry.host)
     client = oci_registry.RegistryClient(ref, USER, PASSWORD, tls_verify=False)
     try:
-        pushed = oci_registry.push_plan(plan, client, oci_layout.DigestCache(enabled=False))
+        pushed = modelcar_push.push_plan(plan, client, oci_layout.DigestCache(enabled=False))
     finally:
         client.close()
     return ref, pushed["digest"], files

@@ -131,7 +131,8 @@ def _deployment_container(k8s_client, namespace, name):
 
 def _effective(k8s_client, isvc):
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime as serving_runtime  # pylint: disable=import-outside-toplevel
-    return serving_runtime.effective_command(isvc, serving_runtime.ClientReader(k8s_client))
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime_readers  # pylint: disable=import-outside-toplevel
+    return serving_runtime.effective_command(isvc, runtime_readers.ClientReader(k8s_client))
 
 
 DEPLOY_VARS = {

@@ -178,6 +178,18 @@ def summarize_run(records, duration, percentiles=DEFAULT_PERCENTILES):
     }
 
 
+def is_number(value):
+    """A finite int or float, not a bool (a measured figure or a numeric option)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def side_summary(side):
+    """The summary of one measured side, given as ``summarize_run``'s dict or as ``spec_benchmark``'s side dict
+    (``{"summary": {...}, ...}``)."""
+    side = side or {}
+    return side["summary"] if isinstance(side.get("summary"), dict) else side
+
+
 def relative_change(baseline, candidate):
     """``candidate / baseline - 1`` or ``None`` when it is undefined."""
     if baseline in (None, 0) or candidate is None:

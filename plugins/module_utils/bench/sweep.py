@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: Alauda
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Load and k sweeps for speculative decoding: input checks, break-even load, k model, target decision, resume.
+"""Load and k sweeps for speculative decoding: input checks, break-even load, k confirmation, target decision, resume.
 
 The pure logic under issue #18 (``spec_sweep`` module, ``playbooks/tune.yml``). Nothing here sends a request:
 
@@ -11,9 +11,8 @@ The pure logic under issue #18 (``spec_sweep`` module, ``playbooks/tune.yml``). 
 - ``break_even(points, keep_rule)``: the highest measured load at which the candidate still meets
   ``spec_benchmark``'s keep rule (``bench_report.decide``, called, not copied), the first at which it does not,
   and the interpolated crossover of the metric that crossed first.
-- ``recommend_k(per_position_rates, verify_cost_ratio, k_max)``: expected tokens per verify step for each k
-  from vLLM's per-position acceptance rates against a documented verify-cost model. A prediction only: the
-  caller confirms it with a measured A/B.
+- ``confirmation(prediction, ...)``: the measured A/B of the k that bench/num_speculative_tokens.py predicts from
+  vLLM's per-position acceptance rates (``recommend_k``, ``predict_k``) against the current k.
 - ``decision_for_target(points, target_qps, keep_rule)``: the keep/roll_back decision at the sweep point at or
   above the load the service really runs.
 - ``resume_state(previous_json, plan)``: which planned measurements a previous run's JSON already holds.
@@ -32,10 +31,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import client as bench_client
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import num_speculative_tokens as k_model
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import plots as bench_plots
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import run as bench_run
@@ -78,10 +77,6 @@ _LOAD_EPS = 1e-9
 
 
 # -- input validation -----------------------------------------------------------------------------------------
-def _is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _check_load_list(values, field, integer):
     if not isinstance(values, (list, tuple)):
         raise ValidationError("must be a list, got %r" % (values,), field=field,
@@ -94,7 +89,7 @@ def _check_load_list(values, field, integer):
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValidationError("item %d is %r, not a whole number" % (index, value), field=field,
                                       hint="concurrencies count parallel requests, e.g. [1, 4, 16]")
-        elif not _is_number(value):
+        elif not bench_stats.is_number(value):
             raise ValidationError("item %d is %r, not a finite number" % (index, value), field=field,
                                   hint="request rates are requests per second, e.g. [0.5, 1, 2, 4]")
         if value <= 0:
@@ -154,7 +149,7 @@ def validate_sweep(request_rates=None, concurrencies=None, num_speculative_token
                                   hint="list each k once")
         ks = sorted(num_speculative_tokens)
     if target_qps is not None:
-        if not _is_number(target_qps) or target_qps <= 0:
+        if not bench_stats.is_number(target_qps) or target_qps <= 0:
             raise ValidationError("must be a number greater than 0, got %r" % (target_qps,), field="target_qps",
                                   hint="the request rate (requests/s) the service really runs")
         if rates is None:
@@ -168,11 +163,6 @@ def validate_sweep(request_rates=None, concurrencies=None, num_speculative_token
 
 
 # -- points and the keep rule ---------------------------------------------------------------------------------
-def _summary(side):
-    side = side or {}
-    return side["summary"] if isinstance(side.get("summary"), dict) else side
-
-
 def _check_points(points, field="points"):
     """Points sorted by load, one kind, unique positive loads, both sides present."""
     if not isinstance(points, (list, tuple)) or not points:
@@ -180,7 +170,7 @@ def _check_points(points, field="points"):
     kinds = set()
     out = []
     for index, point in enumerate(points):
-        if not isinstance(point, dict) or not _is_number(point.get("load")) or point["load"] <= 0:
+        if not isinstance(point, dict) or not bench_stats.is_number(point.get("load")) or point["load"] <= 0:
             raise ValidationError("point %d has no load greater than 0" % index, field=field,
                                   hint="each point is {'kind', 'load', 'baseline', 'candidate'}")
         for side in SIDES:
@@ -201,7 +191,7 @@ def _check_points(points, field="points"):
 
 def _apply_keep_rule(keep_rule, point, kind):
     """``bench_report.decide`` (spec_benchmark's keep rule) on one point; ``keep_rule`` is its tolerances or a callable."""
-    baseline, candidate = _summary(point["baseline"]), _summary(point["candidate"])
+    baseline, candidate = bench_stats.side_summary(point["baseline"]), bench_stats.side_summary(point["candidate"])
     load = {kind: point["load"]}
     if callable(keep_rule):
         return keep_rule(baseline, candidate, load)
@@ -222,7 +212,7 @@ def _evaluate(points, keep_rule, kind):
     rows = []
     for point in points:
         decision = _apply_keep_rule(keep_rule, point, kind)
-        baseline, candidate = _summary(point["baseline"]), _summary(point["candidate"])
+        baseline, candidate = bench_stats.side_summary(point["baseline"]), bench_stats.side_summary(point["candidate"])
         rows.append({
             "load": point["load"],
             "decision": decision["decision"],
@@ -299,7 +289,7 @@ def decision_for_target(points, target_qps, keep_rule=None):
     ``ValidationError`` (field ``target_qps``) when it is not > 0, the points are concurrencies, or it is above
     every measured rate.
     """
-    if not _is_number(target_qps) or target_qps <= 0:
+    if not bench_stats.is_number(target_qps) or target_qps <= 0:
         raise ValidationError("must be a number greater than 0, got %r" % (target_qps,), field="target_qps",
                               hint="the request rate (requests/s) the service really runs")
     kind, points = _check_points(points)
@@ -311,130 +301,10 @@ def decision_for_target(points, target_qps, keep_rule=None):
         raise ValidationError("%g is above every measured request rate (largest %g)" % (target_qps, points[-1]["load"]),
                               field="target_qps", hint="measure a request rate at or above %g, or lower target_qps" % target_qps)
     decision = _apply_keep_rule(keep_rule, chosen, kind)
-    baseline, candidate = _summary(chosen["baseline"]), _summary(chosen["candidate"])
+    baseline, candidate = bench_stats.side_summary(chosen["baseline"]), bench_stats.side_summary(chosen["candidate"])
     return {"target_qps": float(target_qps), "load": chosen["load"], "exact": abs(chosen["load"] - target_qps) <= _LOAD_EPS * target_qps,
             "decision": decision,
             "speedup": bench_stats.ratio(candidate.get("output_throughput"), baseline.get("output_throughput"))}
-
-
-# -- the k model ----------------------------------------------------------------------------------------------
-def cumulative_rates(conditional):
-    """vLLM-style per-position rates from conditional ones: ``r_i = c_1 * ... * c_i``."""
-    out, product = [], 1.0
-    for value in conditional:
-        product *= float(value)
-        out.append(product)
-    return out
-
-
-def conditional_rates(cumulative):
-    """Conditional acceptance per slot from vLLM's rates: ``c_1 = r_1``, ``c_i = r_i / r_(i-1)`` (``None`` after a 0)."""
-    out, previous = [], 1.0
-    for value in cumulative:
-        out.append(float(value) / previous if previous else None)
-        previous = float(value)
-    return out
-
-
-def verify_cost_ratio_from(baseline_tpot_ms, candidate_tpot_ms, mean_acceptance_length, num_speculative_tokens):
-    """``verify_cost_ratio`` of the cost model in ``recommend_k``, from one measured A/B at ``k = num_speculative_tokens``.
-
-    A candidate step emits ``mean_acceptance_length`` tokens (vLLM's 1 + accepted/drafts) and lasts
-    ``candidate_tpot * mean_acceptance_length``; in baseline decode steps that is ``cost(k)``, so
-    ``verify_cost_ratio = (candidate_tpot * mean_acceptance_length / baseline_tpot - 1) / k``. An approximation:
-    TPOT also holds steps without a draft (an ngram with no match) and the prefill share of each request.
-    """
-    for name, value in (("baseline_tpot_ms", baseline_tpot_ms), ("candidate_tpot_ms", candidate_tpot_ms)):
-        if not _is_number(value) or value <= 0:
-            raise ValidationError("must be a measured TPOT greater than 0, got %r" % (value,), field=name,
-                                  hint="take the median TPOT of each side from one A/B at the same load")
-    if not _is_number(mean_acceptance_length) or mean_acceptance_length < 1:
-        raise ValidationError("must be >= 1 (it counts the bonus token), got %r" % (mean_acceptance_length,),
-                              field="mean_acceptance_length", hint="use the candidate's /metrics deltas over the run")
-    if not isinstance(num_speculative_tokens, int) or isinstance(num_speculative_tokens, bool) or num_speculative_tokens < 1:
-        raise ValidationError("must be a whole number >= 1, got %r" % (num_speculative_tokens,), field="num_speculative_tokens",
-                              hint="the k the candidate ran with")
-    cost = candidate_tpot_ms * mean_acceptance_length / baseline_tpot_ms
-    return max(0.0, (cost - 1.0) / num_speculative_tokens)
-
-
-def recommend_k(per_position_rates, verify_cost_ratio, k_max):
-    """Predict the best ``num_speculative_tokens`` from the per-position acceptance curve and a verify-cost model.
-
-    **Per-position rates.** ``per_position_rates`` are vLLM's figures: ``r_i = accepted_per_pos[i-1] / drafts``
-    (facts.md section 1, "per-position rate = accepted_per_pos/drafts"; the ``Per-position acceptance rate:`` log
-    values are the same numbers). vLLM accepts a draft's tokens left to right and stops at the first rejection,
-    so position i is counted only when positions 1..i were all accepted (per-request metrics say the same:
-    tokens accepted at position j are the steps that accepted more than j, see
-    ``spec_metrics.counters_from_response``). ``r_i`` is therefore **already the cumulative product**
-    ``c_1 * ... * c_i`` of the conditional acceptance rates ``c_j`` (the chance that slot j is accepted given
-    slots before it were), and never increases with i. It is used as is, not multiplied again;
-    ``conditional_rates`` gives the ``c_j`` for display and ``cumulative_rates`` converts the other way.
-    A rate that increases along the list is refused (it is not a vLLM curve; conditional rates were passed).
-
-    **Expected tokens per verify step** with k proposals: ``E(k) = 1 + sum_{i<k} prod_{j<=i} c_j = 1 + r_1 + ... + r_k``
-    (the bonus token plus each slot's chance to be accepted). The rates measured with a larger k hold for every
-    smaller k (a slot's acceptance does not depend on the slots after it), so k runs over
-    ``1..min(k_max, len(per_position_rates))``: deeper slots were not measured and are not predicted.
-
-    **Cost model**, relative to one plain decode step of the baseline: ``cost(k) = 1 + verify_cost_ratio * k``
-    (proposing and verifying each extra token costs ``verify_cost_ratio`` of a decode step; measure it with
-    ``verify_cost_ratio_from``). **Expected gain** ``gain(k) = E(k) / cost(k)``: the predicted decode speedup
-    over the baseline (1.0 = break-even). The recommendation is the k with the highest gain (the smaller k on a
-    tie); ``pays`` is false when no k beats 1.0. A prediction: confirm it with a measured A/B before using it.
-
-    Returns ``{"recommended_k", "expected_gain", "pays", "k_limit", "cost_model", "per_position_rates",
-    "conditional_rates", "table": [{"k", "expected_tokens_per_step", "cost", "expected_gain"}], "notes"}``.
-    """
-    field = "per_position_rates"
-    if not isinstance(per_position_rates, (list, tuple)) or not per_position_rates:
-        raise ValidationError("is empty", field=field,
-                              hint="use the candidate's measured per-position acceptance rates (spec_metrics per_position_acceptance_rate)")
-    rates = []
-    for index, value in enumerate(per_position_rates):
-        if not _is_number(value) or not 0 <= value <= 1:
-            raise ValidationError("position %d is %r, not a fraction in [0, 1]" % (index + 1, value), field=field,
-                                  hint="write 0.45 for 45%")
-        if rates and value > rates[-1] + 1e-9:
-            raise ValidationError("position %d (%g) is above position %d (%g): vLLM's per-position rates are cumulative "
-                                  "(accepted_per_pos/drafts) and never increase" % (index + 1, value, index, rates[-1]),
-                                  field=field, hint="pass vLLM's figures as measured, or convert conditional rates with cumulative_rates()")
-        rates.append(float(value))
-    if not _is_number(verify_cost_ratio) or verify_cost_ratio < 0:
-        raise ValidationError("must be a number >= 0, got %r" % (verify_cost_ratio,), field="verify_cost_ratio",
-                              hint="the cost of one proposed token as a fraction of a decode step; see verify_cost_ratio_from()")
-    if not isinstance(k_max, int) or isinstance(k_max, bool) or k_max < 1:
-        raise ValidationError("must be a whole number >= 1, got %r" % (k_max,), field="k_max",
-                              hint="the largest num_speculative_tokens the method allows (max_speculative_tokens())")
-    limit = min(k_max, len(rates))
-    notes = []
-    if k_max > len(rates):
-        notes.append("k above %d is not predicted: the curve was measured with %d speculative tokens; measure with a larger "
-                     "num_speculative_tokens to predict deeper" % (len(rates), len(rates)))
-    table = []
-    tokens = 1.0
-    for k in range(1, limit + 1):
-        tokens += rates[k - 1]
-        cost = 1.0 + float(verify_cost_ratio) * k
-        table.append({"k": k, "expected_tokens_per_step": tokens, "cost": cost, "expected_gain": tokens / cost})
-    best = max(table, key=lambda row: (row["expected_gain"], -row["k"]))
-    pays = best["expected_gain"] > 1.0
-    if not pays:
-        notes.append("no k is predicted to beat the baseline (best expected gain %.3f at k=%d): turn speculative decoding off "
-                     "for this workload, or lower the verify cost" % (best["expected_gain"], best["k"]))
-    notes.append("a prediction from the acceptance curve: confirm k=%d with a measured A/B against the current k" % best["k"])
-    return {
-        "recommended_k": best["k"],
-        "expected_gain": best["expected_gain"],
-        "pays": pays,
-        "k_limit": limit,
-        "cost_model": "cost(k) = 1 + %g * k decode steps; E(k) = 1 + r_1 + ... + r_k (vLLM's cumulative per-position rates)"
-                      % float(verify_cost_ratio),
-        "per_position_rates": rates,
-        "conditional_rates": conditional_rates(rates),
-        "table": table,
-        "notes": notes,
-    }
 
 
 # -- plan and resume ------------------------------------------------------------------------------------------
@@ -503,7 +373,7 @@ def resume_state(previous_json, plan):
                               field="resume_from", hint="rerun with the same prompts, seed and temperature, or start a fresh sweep without resume_from")
     measured = {}
     for item in previous.get("measurements") or []:
-        if isinstance(item, dict) and isinstance(item.get("summary"), dict) and _is_number(item.get("load")):
+        if isinstance(item, dict) and isinstance(item.get("summary"), dict) and bench_stats.is_number(item.get("load")):
             measured[_unit_key(item)] = item
     done, todo = [], []
     for unit in units:
@@ -676,67 +546,7 @@ def check_spec_states(states, commands=None):
     return notes
 
 
-# -- the k prediction from measured points --------------------------------------------------------------------------
-def pooled_acceptance(acceptances):
-    """Per-position rates and mean acceptance length over several /metrics windows (counts summed, then divided)."""
-    drafts, accepted, per_pos = 0.0, 0.0, []
-    for acc in acceptances:
-        if not acc or not acc.get("num_drafts"):
-            continue
-        drafts += acc["num_drafts"]
-        accepted += acc.get("num_accepted_tokens") or 0
-        for index, value in enumerate(acc.get("accepted_tokens_per_position") or []):
-            if index >= len(per_pos):
-                per_pos.append(0.0)
-            per_pos[index] += value or 0
-    if not drafts:
-        return None
-    rates = [value / drafts for value in per_pos]
-    for index in range(1, len(rates)):  # counter rounding cannot make a deeper slot exceed the one before
-        rates[index] = min(rates[index], rates[index - 1])
-    return {"num_drafts": drafts, "num_accepted_tokens": accepted, "per_position": rates,
-            "mean_acceptance_length": 1.0 + accepted / drafts}
-
-
-def predict_k(points, current_k, k_candidates, verify_cost_ratio=None):
-    """``recommend_k`` on the candidate's acceptance pooled over the sweep, restricted to ``k_candidates``.
-
-    ``verify_cost_ratio`` defaults to ``verify_cost_ratio_from`` at the lowest load (least queueing), with the
-    candidate's k. Returns ``recommend_k``'s dict plus ``predicted_k``, ``current_k``, ``pooled``, ``cost_source``;
-    ``None`` with no acceptance counts.
-    """
-    pooled = pooled_acceptance([_side(p, "candidate").get("acceptance") for p in points])
-    if pooled is None or not pooled["per_position"]:
-        return None
-    source = "given"
-    if verify_cost_ratio is None:
-        first = points[0]
-        b_tpot = ((_summary(first["baseline"]).get("tpot_ms") or {}).get("median"))
-        c_tpot = ((_summary(first["candidate"]).get("tpot_ms") or {}).get("median"))
-        own = pooled_acceptance([_side(first, "candidate").get("acceptance")]) or pooled
-        if not b_tpot or not c_tpot:
-            return None
-        verify_cost_ratio = verify_cost_ratio_from(b_tpot, c_tpot, own["mean_acceptance_length"], current_k or len(pooled["per_position"]))
-        source = "measured at load %g: baseline TPOT %.3f ms, candidate TPOT %.3f ms, mean acceptance length %.3f, k=%s" % (
-            first["load"], b_tpot, c_tpot, own["mean_acceptance_length"], current_k)
-    k_max = max(list(k_candidates) + ([current_k] if current_k else []))  # the current k's row too, for the comparison
-    out = recommend_k(pooled["per_position"], verify_cost_ratio, k_max)
-    rows = [row for row in out["table"] if row["k"] in k_candidates]
-    if not rows:
-        raise ValidationError("no candidate in %s was measured: the candidate proposes %d slot(s)" % (list(k_candidates), len(pooled["per_position"])),
-                              field="k_candidates", hint="run the candidate with num_speculative_tokens at least as large as the largest candidate")
-    best = max(rows, key=lambda row: (row["expected_gain"], -row["k"]))
-    out.update(predicted_k=best["k"], recommended_k=best["k"], expected_gain=best["expected_gain"], pays=best["expected_gain"] > 1.0,
-               current_k=current_k, pooled=pooled, verify_cost_ratio=verify_cost_ratio, cost_source=source, k_candidates=list(k_candidates))
-    current_row = next((row for row in out["table"] if row["k"] == current_k), None)
-    out["expected_gain_current"] = current_row["expected_gain"] if current_row else None
-    return out
-
-
-def _side(point, side):
-    return point.get(side) or {}
-
-
+# -- the k confirmation: the measured A/B of the predicted k --------------------------------------------------
 def confirmation(prediction, confirm_units, sweep_point, keep_rule=None):
     """The measured A/B of the predicted k against the current k, beside the prediction.
 
@@ -751,7 +561,7 @@ def confirmation(prediction, confirm_units, sweep_point, keep_rule=None):
            "expected_gain_current": prediction.get("expected_gain_current"),
            "load": sweep_point["load"] if sweep_point else None, "kind": (sweep_point or {}).get("kind")}
     if pred == cur:
-        summary_b, summary_c = _summary(sweep_point["baseline"]), _summary(sweep_point["candidate"])
+        summary_b, summary_c = bench_stats.side_summary(sweep_point["baseline"]), bench_stats.side_summary(sweep_point["candidate"])
         speedup = bench_stats.ratio(summary_c.get("output_throughput"), summary_b.get("output_throughput"))
         dec = _apply_keep_rule(keep_rule, sweep_point, sweep_point.get("kind", "request_rate"))
         out.update(status="confirmed" if dec["decision"] == "keep" else "rejected", recommended_k=cur if dec["decision"] == "keep" else None,
@@ -765,11 +575,11 @@ def confirmation(prediction, confirm_units, sweep_point, keep_rule=None):
                           "(or deploy it) and rerun with resume_from; never adopt a k from the curve alone" % (
                               pred, prediction["expected_gain"], _fmt3(prediction.get("expected_gain_current")), cur, pred))
         return out
-    cur_sum, rec_sum = _summary(confirm_units["current"]), _summary(confirm_units["recommended"])
+    cur_sum, rec_sum = bench_stats.side_summary(confirm_units["current"]), bench_stats.side_summary(confirm_units["recommended"])
     dec = bench_report.decide(cur_sum, rec_sum, keep_rule if isinstance(keep_rule, dict) else None,
                               {out["kind"] or "request_rate": out["load"]})
     speedup = bench_stats.ratio(rec_sum.get("output_throughput"), cur_sum.get("output_throughput"))
-    base = _summary(sweep_point["baseline"]) if sweep_point else {}
+    base = bench_stats.side_summary(sweep_point["baseline"]) if sweep_point else {}
     vs_base = bench_stats.ratio(rec_sum.get("output_throughput"), base.get("output_throughput"))
     predicted_ratio = bench_stats.ratio(prediction["expected_gain"], prediction.get("expected_gain_current"))
     keep = dec["decision"] == "keep"
@@ -820,7 +630,7 @@ def _point_view(point, decision_row):
     out = {"kind": point["kind"], "load": point["load"], "speedup": decision_row["speedup"], "decision": decision_row["decision"],
            "reasons": decision_row["reasons"]}
     for side in SIDES:
-        summary = _summary(point[side])
+        summary = bench_stats.side_summary(point[side])
         view = {key: {"median": (summary.get(key) or {}).get("median"), "p99": (summary.get(key) or {}).get("p99")}
                 for key in ("ttft_ms", "tpot_ms", "itl_ms")}
         view.update(output_throughput=summary.get("output_throughput"), completed=summary.get("completed"), failed=summary.get("failed"))
@@ -970,7 +780,7 @@ def analyse(measurements, sweep, params, current_k):
     target = decision_for_target(points["request_rate"], sweep["target_qps"], keep_rule) if sweep["target_qps"] and points["request_rate"] else None
     all_points = points["request_rate"] + points["concurrency"]
     ks = sweep["num_speculative_tokens"] or ([current_k] if current_k else None)
-    prediction = predict_k(points[main_kind], current_k, ks, params.get("verify_cost_ratio")) if ks and points[main_kind] else None
+    prediction = k_model.predict_k(points[main_kind], current_k, ks, params.get("verify_cost_ratio")) if ks and points[main_kind] else None
     confirm = None
     if prediction:
         ck = [m for m in measurements if m["side"] in ("confirm_current", "confirm")]

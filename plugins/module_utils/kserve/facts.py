@@ -20,7 +20,7 @@ import json
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import render as isvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime as serving_runtime
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime_readers
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 CRD_NAME = "inferenceservices.serving.kserve.io"
@@ -91,5 +91,5 @@ def gather(api_client, namespace, name, kserve_namespace, runtime=None, model_fo
                                 hint="install KServe, or set spec_decoding_target: gitops to only render manifests")
     facts["modelcar_enabled"], facts["modelcar_evidence"] = modelcar_enabled(api_client, kserve_namespace)
     facts["existing"] = current_inference_service(api_client, namespace, name)
-    facts["runtimes"] = serving_runtime.record_runtime_reads(serving_runtime.ClientReader(api_client), namespace, runtime, model_format)
+    facts["runtimes"] = runtime_readers.record_runtime_reads(runtime_readers.ClientReader(api_client), namespace, runtime, model_format)
     return facts

@@ -59,13 +59,13 @@ class Cluster:
     def create_runtime(self, body, dry_run):
         """Create (or, when it exists with our labels, keep) the per-service ServingRuntime copy."""
         from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import (  # pylint: disable=import-outside-toplevel
-            runtime as serving_runtime,
+            runtime as serving_runtime, runtime_readers,
         )
         meta = body["metadata"]
         kwargs = {"field_manager": FIELD_MANAGER}
         if dry_run:
             kwargs["dry_run"] = "All"
-        existing = serving_runtime.ClientReader(self.api_client).get(serving_runtime.SERVING_RUNTIME, meta["namespace"], meta["name"])
+        existing = runtime_readers.ClientReader(self.api_client).get(serving_runtime.SERVING_RUNTIME, meta["namespace"], meta["name"])
         if existing is not None:
             if (existing["metadata"].get("labels") or {}).get(serving_runtime.COPY_FOR_LABEL) != meta["labels"][serving_runtime.COPY_FOR_LABEL]:
                 raise ValidationError("ServingRuntime %s/%s exists and was not made by this collection for %s" % (
@@ -279,8 +279,9 @@ def plan_runtime(params, cluster, isvc, plan, result, warnings):
     {"fix": "edit", "kind": ..., "name": ..., "ops": [...]}; raises ValidationError (the refusal) otherwise.
     """
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime as srt  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime_readers  # pylint: disable=import-outside-toplevel
 
-    reader = srt.ClientReader(cluster.api_client)
+    reader = runtime_readers.ClientReader(cluster.api_client)
     try:
         before = srt.effective_command(isvc, reader)
     except ValidationError as exc:

@@ -27,6 +27,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as spec_core
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as oci_registry
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime as serving_runtime
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime_readers
 
 API_VERSION = "serving.kserve.io/v1beta1"
 KIND = "InferenceService"
@@ -455,7 +456,7 @@ def render(p, existing=None):
         # runtime reaches vLLM too. The runtimes were read from the cluster by kserve_facts; refuse a double here, before
         # anything (an image push, a PVC copy, the apply) is written.
         runtime_check, more, problem, _effective = serving_runtime.resolve(
-            manifest, serving_runtime.SnapshotReader(p["runtimes"]), p.get("runtime_flag") or "refuse", missing_runtime="warn")
+            manifest, runtime_readers.SnapshotReader(p["runtimes"]), p.get("runtime_flag") or "refuse", missing_runtime="warn")
         warnings.extend(more)
         if problem:
             raise ValidationError(problem, field="runtime_flag")

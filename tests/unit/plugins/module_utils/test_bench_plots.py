@@ -17,6 +17,7 @@ import zlib
 import pytest
 from PIL import Image
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import num_speculative_tokens as k_model
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import plots as bench_plots
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import sweep as spec_sweep
@@ -278,7 +279,7 @@ def test_the_docs_plot_data_is_the_published_run_and_draws_both_plots(tmp_path):
     assert "%.3g" % be["crossover_load"] == "10.9" and "TPOT crossed first, at about 10.9 req/s" in doc
     assert be["crossover_load"] == pytest.approx(result["break_even"]["crossover_load"])
     pred = result["k"]["prediction"]
-    gains = ["%.3f" % row["expected_gain"] for row in spec_sweep.recommend_k(pred["per_position_rates"], pred["verify_cost_ratio"], 5)["table"]]
+    gains = ["%.3f" % row["expected_gain"] for row in k_model.recommend_k(pred["per_position_rates"], pred["verify_cost_ratio"], 5)["table"]]
     assert gains == ["1.516", "1.687", "1.732", "1.697", "1.639"] and pred["predicted_k"] == 3
     assert "0.867, 0.600, 0.467, 0.333, 0.267" in doc and "measured speedup of k=3 over k=5 was 0.919" in doc
     spec = importlib.util.spec_from_file_location("docs_plots", os.path.join(REPO, "hack", "docs_plots.py"))

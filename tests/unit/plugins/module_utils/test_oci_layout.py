@@ -10,6 +10,7 @@ import tarfile
 import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_image as L
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_push
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as R
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
@@ -238,5 +239,5 @@ def test_unreachable_registry_is_a_clear_error(model):
     ref = R.ImageRef.parse("127.0.0.1:9/models/x:v1")  # discard port: nothing listens there
     client = R.RegistryClient(ref, tls_verify=False, retries=1, backoff=0.01)
     with pytest.raises(R.RegistryError) as err:
-        R.push_plan(plan, client, L.DigestCache(enabled=False))
+        modelcar_push.push_plan(plan, client, L.DigestCache(enabled=False))
     assert "127.0.0.1:9" in str(err.value) and "reachable" in str(err.value)

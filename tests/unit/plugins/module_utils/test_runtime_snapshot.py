@@ -6,7 +6,7 @@ import json
 import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import render as isvc
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime as sr
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime_readers
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from tests.unit.plugins.module_utils.test_isvc import P
 from tests.unit.plugins.module_utils.test_serving_runtime import VLLM, Reader, runtime
@@ -16,7 +16,7 @@ NGRAM = '{"method":"ngram","num_speculative_tokens":2}'
 
 def snapshot(namespaced=(), cluster=(), runtime_name="aml-vllm-0.32.0", namespace="models"):
     """What kserve_facts hands the render: the reads of resolving `runtime_name` in `namespace`, as plain data."""
-    data = sr.record_runtime_reads(Reader(namespaced, cluster), namespace, runtime_name)
+    data = runtime_readers.record_runtime_reads(Reader(namespaced, cluster), namespace, runtime_name)
     return json.loads(json.dumps(data))  # through JSON, as it travels through Ansible facts
 
 

@@ -16,6 +16,7 @@ import json
 import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime as sr
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime_readers
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 5}
@@ -274,7 +275,7 @@ def test_client_reader_reads_404_and_403_as_nothing():
         def list_cluster_custom_object(self, *args):
             raise Exc(500)
 
-    reader = sr.ClientReader(None)
+    reader = runtime_readers.ClientReader(None)
     reader.api = Api()
     assert reader.get(sr.SERVING_RUNTIME, "ns", "x") is None
     assert reader.get(sr.CLUSTER_SERVING_RUNTIME, None, "x") is None and reader.forbidden == [sr.CLUSTER_SERVING_RUNTIME]
@@ -296,7 +297,7 @@ def test_client_reader_reads_each_runtime_once():
             calls.append(args)
             return {"items": [runtime("x")]}
 
-    reader = sr.ClientReader(None)
+    reader = runtime_readers.ClientReader(None)
     reader.api = Api()
     first = sr.effective_command(isvc(), reader)
     again = sr.effective_command(isvc(), reader)

@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import num_speculative_tokens as k_model
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import sweep as spec_sweep
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
@@ -173,7 +174,7 @@ def _table(result):
 
 
 def test_collapse_at_slot_2_recommends_k1():
-    result = spec_sweep.recommend_k([0.6, 0.02, 0.01], 0.1, 3)
+    result = k_model.recommend_k([0.6, 0.02, 0.01], 0.1, 3)
     # E = 1.6, 1.62, 1.63; cost = 1.1, 1.2, 1.3
     expected = [(1, 1.6, 1.1, 1.6 / 1.1), (2, 1.62, 1.2, 1.62 / 1.2), (3, 1.63, 1.3, 1.63 / 1.3)]
     for got, want in zip(_table(result), expected):
@@ -186,40 +187,40 @@ def test_collapse_at_slot_2_recommends_k1():
 
 def test_flat_high_curve_recommends_largest_allowed_k():
     # vLLM's cumulative rates flat at 0.9: E(k) = 1 + 0.9 k against 1 + 0.1 k, rising with k
-    result = spec_sweep.recommend_k([0.9] * 5, 0.1, 5)
+    result = k_model.recommend_k([0.9] * 5, 0.1, 5)
     assert result["recommended_k"] == 5
     assert result["expected_gain"] == pytest.approx(5.5 / 1.5)
     # capped by k_max
-    assert spec_sweep.recommend_k([0.9] * 5, 0.1, 3)["recommended_k"] == 3
+    assert k_model.recommend_k([0.9] * 5, 0.1, 3)["recommended_k"] == 3
     # a conditional 0.9 per slot (cumulative 0.9, 0.81, 0.729, ...) is also high enough for k=5
-    result = spec_sweep.recommend_k(spec_sweep.cumulative_rates([0.9] * 5), 0.1, 5)
+    result = k_model.recommend_k(k_model.cumulative_rates([0.9] * 5), 0.1, 5)
     assert result["recommended_k"] == 5
     assert result["expected_gain"] == pytest.approx((1 + 0.9 + 0.81 + 0.729 + 0.6561 + 0.59049) / 1.5)
 
 
 def test_rates_are_used_as_cumulative_not_multiplied_again():
     # E(2) with vLLM rates [0.8, 0.6] is 1 + 0.8 + 0.6 = 2.4 (multiplying again would give 1 + 0.8 + 0.48)
-    result = spec_sweep.recommend_k([0.8, 0.6, 0.3, 0.1], 0.2, 4)
+    result = k_model.recommend_k([0.8, 0.6, 0.3, 0.1], 0.2, 4)
     gains = [row["expected_gain"] for row in result["table"]]
     assert gains == pytest.approx([1.8 / 1.2, 2.4 / 1.4, 2.7 / 1.6, 2.8 / 1.8])
     assert result["recommended_k"] == 2
 
 
 def test_k_beyond_the_measured_depth_is_not_predicted():
-    result = spec_sweep.recommend_k([0.7, 0.5], 0.05, 10)
+    result = k_model.recommend_k([0.7, 0.5], 0.05, 10)
     assert result["k_limit"] == 2 and [row["k"] for row in result["table"]] == [1, 2]
     assert any("k above 2 is not predicted" in note for note in result["notes"])
 
 
 def test_no_k_pays():
-    result = spec_sweep.recommend_k([0.05, 0.01], 0.5, 2)
+    result = k_model.recommend_k([0.05, 0.01], 0.5, 2)
     assert result["pays"] is False and result["recommended_k"] == 1
     assert result["expected_gain"] == pytest.approx(1.05 / 1.5)
     assert any("turn speculative decoding off" in note for note in result["notes"])
 
 
 def test_zero_cost_ties_pick_the_smaller_k():
-    assert spec_sweep.recommend_k([0.5, 0.0, 0.0], 0.0, 3)["recommended_k"] == 1
+    assert k_model.recommend_k([0.5, 0.0, 0.0], 0.0, 3)["recommended_k"] == 1
 
 
 @pytest.mark.parametrize("args, field, text", [
@@ -233,18 +234,18 @@ def test_zero_cost_ties_pick_the_smaller_k():
 ])
 def test_recommend_k_bad_input(args, field, text):
     with pytest.raises(ValidationError) as err:
-        spec_sweep.recommend_k(*args)
+        k_model.recommend_k(*args)
     assert err.value.field == field and text in str(err.value)
 
 
 def test_verify_cost_ratio_from_an_ab():
     # candidate step = 6 ms * 2.5 tokens = 15 ms = 1.5 baseline steps of 10 ms -> (1.5 - 1) / 4
-    assert spec_sweep.verify_cost_ratio_from(10.0, 6.0, 2.5, 4) == pytest.approx(0.125)
+    assert k_model.verify_cost_ratio_from(10.0, 6.0, 2.5, 4) == pytest.approx(0.125)
     with pytest.raises(ValidationError) as err:
-        spec_sweep.verify_cost_ratio_from(10.0, 6.0, 0.5, 4)
+        k_model.verify_cost_ratio_from(10.0, 6.0, 0.5, 4)
     assert err.value.field == "mean_acceptance_length"
     with pytest.raises(ValidationError) as err:
-        spec_sweep.verify_cost_ratio_from(0, 6.0, 2.5, 4)
+        k_model.verify_cost_ratio_from(0, 6.0, 2.5, 4)
     assert err.value.field == "baseline_tpot_ms"
 
 

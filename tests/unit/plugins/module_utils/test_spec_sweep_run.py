@@ -2,6 +2,7 @@
 its confirmation by a measured A/B (issue #18). The sweep itself runs in tests/unit/plugins/modules/test_spec_sweep_module.py."""
 import pytest
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import num_speculative_tokens as k_model
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import sweep as spec_sweep
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from tests.paced_server import paced_handler
@@ -133,10 +134,10 @@ def test_engine_lines_that_agree_give_the_k_and_a_missing_line_a_note():
 
 
 def test_pooled_acceptance_sums_counts_before_dividing():
-    pooled = spec_sweep.pooled_acceptance([acceptance(100, [50, 20]), acceptance(300, [60, 30]), None, {"num_drafts": 0}])
+    pooled = k_model.pooled_acceptance([acceptance(100, [50, 20]), acceptance(300, [60, 30]), None, {"num_drafts": 0}])
     assert pooled["num_drafts"] == 400 and pooled["per_position"] == pytest.approx([110 / 400.0, 50 / 400.0])
     assert pooled["mean_acceptance_length"] == pytest.approx(1 + 160 / 400.0)
-    assert spec_sweep.pooled_acceptance([None, {"num_drafts": 0}]) is None
+    assert k_model.pooled_acceptance([None, {"num_drafts": 0}]) is None
 
 
 def sweep_points(per_pos, drafts=100, base_tpot=10.0, cand_tpot=6.0):
@@ -145,26 +146,26 @@ def sweep_points(per_pos, drafts=100, base_tpot=10.0, cand_tpot=6.0):
 
 
 def test_predict_k_collapse_at_slot_2_gives_k1_and_flat_gives_the_largest_candidate():
-    collapse = spec_sweep.predict_k(sweep_points([90, 5, 2, 1, 0]), 5, [1, 2, 3, 4, 5], verify_cost_ratio=0.1)
+    collapse = k_model.predict_k(sweep_points([90, 5, 2, 1, 0]), 5, [1, 2, 3, 4, 5], verify_cost_ratio=0.1)
     assert collapse["predicted_k"] == 1 and collapse["current_k"] == 5
-    flat = spec_sweep.predict_k(sweep_points([95, 95, 95, 95, 95]), 5, [1, 2, 3, 4, 5], verify_cost_ratio=0.1)
+    flat = k_model.predict_k(sweep_points([95, 95, 95, 95, 95]), 5, [1, 2, 3, 4, 5], verify_cost_ratio=0.1)
     assert flat["predicted_k"] == 5
-    only = spec_sweep.predict_k(sweep_points([95, 95, 95, 95, 95]), 5, [1, 3], verify_cost_ratio=0.1)
+    only = k_model.predict_k(sweep_points([95, 95, 95, 95, 95]), 5, [1, 3], verify_cost_ratio=0.1)
     assert only["predicted_k"] == 3 and only["expected_gain_current"] == pytest.approx(flat["table"][4]["expected_gain"])
 
 
 def test_predict_k_measures_the_verify_cost_at_the_lowest_load():
     # baseline TPOT 10 ms, candidate 6 ms, mean acceptance length 1 + 1.5 = 2.5 at k=3: cost = 6 * 2.5 / 10 = 1.5
-    pred = spec_sweep.predict_k(sweep_points([80, 50, 20]), 3, [1, 2, 3])
+    pred = k_model.predict_k(sweep_points([80, 50, 20]), 3, [1, 2, 3])
     assert pred["verify_cost_ratio"] == pytest.approx((1.5 - 1) / 3)
     assert "measured at load 1" in pred["cost_source"]
-    assert spec_sweep.predict_k([{"kind": "request_rate", "load": 1.0, "baseline": side(1, 1, 1), "candidate": side(1, 1, 1)}],
+    assert k_model.predict_k([{"kind": "request_rate", "load": 1.0, "baseline": side(1, 1, 1), "candidate": side(1, 1, 1)}],
                                 3, [1, 2, 3]) is None
 
 
 def test_confirmation_needs_a_measured_ab_when_the_prediction_differs():
     pts = sweep_points([90, 5, 2, 1, 0])
-    pred = spec_sweep.predict_k(pts, 5, [1, 2, 3, 4, 5], verify_cost_ratio=0.1)
+    pred = k_model.predict_k(pts, 5, [1, 2, 3, 4, 5], verify_cost_ratio=0.1)
     out = spec_sweep.confirmation(pred, None, pts[0])
     assert out["status"] == "not_measured" and out["recommended_k"] is None and "never adopt" in out["reason"]
     better = spec_sweep.confirmation(pred, {"current": side(45, 6.0, 150), "recommended": side(44, 5.0, 170)}, pts[0])
@@ -177,12 +178,12 @@ def test_confirmation_needs_a_measured_ab_when_the_prediction_differs():
 
 def test_confirmation_of_the_deployed_k_is_the_sweeps_own_ab():
     pts = sweep_points([95, 95, 95])
-    pred = spec_sweep.predict_k(pts, 3, [1, 2, 3], verify_cost_ratio=0.05)
+    pred = k_model.predict_k(pts, 3, [1, 2, 3], verify_cost_ratio=0.05)
     out = spec_sweep.confirmation(pred, None, pts[0])
     assert out["status"] == "confirmed" and out["recommended_k"] == 3 and out["measured_speedup_vs_baseline"] == pytest.approx(1.5)
     losing = [{"kind": "request_rate", "load": 1.0, "baseline": side(50, 10.0, 100),
                "candidate": side(45, 12.0, 90, acceptance(100, [95, 95, 95]))}]
-    pred = spec_sweep.predict_k(losing, 3, [1, 2, 3], verify_cost_ratio=0.05)
+    pred = k_model.predict_k(losing, 3, [1, 2, 3], verify_cost_ratio=0.05)
     assert spec_sweep.confirmation(pred, None, losing[0])["status"] == "rejected"
     assert spec_sweep.confirmation(None, None, None)["status"] == "not_measured"
 

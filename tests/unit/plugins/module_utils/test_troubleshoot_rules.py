@@ -7,6 +7,7 @@ import tarfile
 import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import troubleshoot as t
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import troubleshoot_rules as rules
 
 from tests.paths import read_capture  # noqa: E402  pylint: disable=wrong-import-position
 EAGLE3 = '{"method":"eagle3","model":"/mnt/models/draft","num_speculative_tokens":3}'
@@ -58,7 +59,7 @@ def test_crash_loop_names_the_vllm_error_from_the_previous_log():
     snap = {"namespace": "models", "name": "llama", "isvc": isvc(),
             "pods": [pod(statuses=[cstatus(waiting={"reason": "CrashLoopBackOff"}, last={"exitCode": 1, "reason": "Error"}, restarts=4)])],
             "logs": {"llama-predictor-abc": {"kserve-container": {"current": "", "previous": prev}}}}
-    findings = t.diagnose(snap)
+    findings = rules.diagnose(snap)
     assert findings[0]["cause"] == "crash_loop"
     assert "Target and draft model should have the same vocabulary size" in findings[0]["title"]
     assert "speculative config is rejected" in findings[0]["fix"]
@@ -67,11 +68,11 @@ def test_crash_loop_names_the_vllm_error_from_the_previous_log():
 def test_oom_killed_and_cuda_oom():
     snap = {"namespace": "models", "name": "llama", "isvc": isvc(),
             "pods": [pod(statuses=[cstatus(waiting={"reason": "CrashLoopBackOff"}, last={"exitCode": 137, "reason": "OOMKilled"}, restarts=2)])]}
-    assert t.diagnose(snap)[0]["cause"] == "oom"
+    assert rules.diagnose(snap)[0]["cause"] == "oom"
     snap["pods"] = [pod(statuses=[cstatus(waiting={"reason": "CrashLoopBackOff"}, last={"exitCode": 1, "reason": "Error"}, restarts=2)])]
     oom_log = "INFO loading\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
     snap["logs"] = {"llama-predictor-abc": {"kserve-container": {"previous": oom_log}}}
-    first = t.diagnose(snap)[0]
+    first = rules.diagnose(snap)[0]
     assert first["cause"] == "oom" and "accelerator memory" in first["title"] and "draft" in first["fix"]
 
 
@@ -82,7 +83,7 @@ def test_image_pull_of_the_modelcar_image_points_at_pull_secrets():
                                    waiting={"reason": "ImagePullBackOff",
                                             "message": "Back-off pulling image: 401 Unauthorized"})])],
             "storage_initializer": {"enableModelcar": True}}
-    first = t.diagnose(snap)[0]
+    first = rules.diagnose(snap)[0]
     assert first["cause"] == "image_pull" and "Modelcar" in first["title"]
     assert "imagePullSecrets" in first["fix"] and "artifact_credentials" in first["fix"]
 
@@ -93,7 +94,7 @@ def test_pending_pod_unschedulable():
                                                        "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}])],
             "events": [{"involvedObject": {"kind": "Pod", "name": "llama-predictor-abc"}, "type": "Warning", "reason": "FailedScheduling",
                         "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]}
-    first = t.diagnose(snap)[0]
+    first = rules.diagnose(snap)[0]
     assert first["cause"] == "pending_pod" and "Insufficient nvidia.com/gpu" in first["evidence"][0]
 
 
@@ -106,13 +107,13 @@ def test_progress_deadline_exceeded(flag, draft):
                              "status": {"conditions": [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
                                                         "message": msg}]}}],
             "logs": {"llama-predictor-abc": {"kserve-container": {"current": "INFO Loading weights took 200 s\n"}}}}
-    first = t.diagnose(snap)[0]
+    first = rules.diagnose(snap)[0]
     assert first["cause"] == "readiness_deadline"
     assert ("too short for the target + draft" in first["title"]) is draft
     assert "progressDeadlineSeconds" in first["fix"] and "progressDeadlineSeconds=600" in " ".join(first["evidence"])
     knative = dict(snap, isvc=isvc(flag=flag, reason="ProgressDeadlineExceeded", message=msg, mode="Knative",
                                    annotations={"serving.knative.dev/progress-deadline": "600s"}))
-    assert "serving.knative.dev/progress-deadline" in t.diagnose(knative)[0]["fix"]
+    assert "serving.knative.dev/progress-deadline" in rules.diagnose(knative)[0]["fix"]
 
 
 def test_probe_kills_a_loading_engine_is_a_deadline_not_a_crash():
@@ -122,7 +123,7 @@ def test_probe_kills_a_loading_engine_is_a_deadline_not_a_crash():
             "events": [{"involvedObject": {"kind": "Pod", "name": "llama-predictor-abc"}, "type": "Warning", "reason": "Unhealthy",
                         "message": "Startup probe failed: Get \"http://10.0.0.1:8080/health\": connection refused"}],
             "logs": {"llama-predictor-abc": {"kserve-container": {"previous": prev, "current": "INFO starting\n"}}}}
-    findings = t.diagnose(snap)
+    findings = rules.diagnose(snap)
     assert findings[0]["cause"] == "readiness_deadline" and "draft" in findings[0]["title"]
     assert "crash_loop" not in causes(findings)
 
@@ -132,13 +133,13 @@ def test_acceptance_near_zero_from_the_eagle3_capture():
     snap = {"namespace": "models", "name": "llama", "isvc": isvc(ready="True"),
             "pods": [pod(statuses=[cstatus(ready=True, running=True)])],
             "logs": {"llama-predictor-abc": {"kserve-container": {"current": log}}}}
-    findings = t.diagnose(snap)
+    findings = rules.diagnose(snap)
     assert findings[0]["cause"] == "acceptance_near_zero" and findings[0]["severity"] == "error"
     assert "does not match the target" in findings[0]["fix"]
     assert "draft acceptance 0.0%" in findings[0]["evidence"][0]
     healthy = dict(snap, isvc=isvc(flag=NGRAM, ready="True"),
                    logs={"llama-predictor-abc": {"kserve-container": {"current": capture("ngram")}}})
-    assert "acceptance_near_zero" not in causes(t.diagnose(healthy))
+    assert "acceptance_near_zero" not in causes(rules.diagnose(healthy))
 
 
 def test_acceptance_from_a_spec_metrics_result_wins():
@@ -146,7 +147,7 @@ def test_acceptance_from_a_spec_metrics_result_wins():
             "metrics": {"has_data": True, "source": "prometheus", "draft_acceptance_rate": 0.01, "mean_acceptance_length": 1.03,
                         "num_draft_tokens": 3000, "per_position_acceptance_rate": [0.02, 0.01, 0.0],
                         "diagnosis": {"status": "likely_draft_mismatch", "reason": "draft tokens are almost never accepted"}}}
-    first = t.diagnose(snap)[0]
+    first = rules.diagnose(snap)[0]
     assert first["cause"] == "acceptance_near_zero" and "source prometheus" in first["evidence"][0]
 
 
@@ -154,20 +155,20 @@ def test_deployment_mode_change_rejected():
     text = ('admission webhook "inferenceservice.kserve-webhook-server.validator" denied the request: '
             "update rejected: deploymentMode cannot be changed from 'Standard' to 'Knative'")
     snap = {"namespace": "models", "name": "llama", "isvc": isvc(ready="True"), "pods": [], "deploy_errors": [text]}
-    first = t.diagnose(snap)[0]
+    first = rules.diagnose(snap)[0]
     assert first["cause"] == "deployment_mode_change_rejected" and "from Standard to Knative" in first["title"]
     assert "delete the InferenceService and create it again" in first["fix"]
     snap = {"namespace": "models", "name": "llama", "isvc": isvc(ready="True", mode="Standard"), "pods": [],
             "expected_deployment_mode": "Serverless"}
-    assert t.diagnose(snap)[0]["cause"] == "deployment_mode_change_rejected"
+    assert rules.diagnose(snap)[0]["cause"] == "deployment_mode_change_rejected"
     same = dict(snap, expected_deployment_mode="RawDeployment")
-    assert "deployment_mode_change_rejected" not in causes(t.diagnose(same))
+    assert "deployment_mode_change_rejected" not in causes(rules.diagnose(same))
 
 
 def test_modelcar_off_with_oci_uris():
     snap = {"namespace": "models", "name": "llama", "isvc": isvc(storage=["oci://r/m:v1"]), "pods": [],
             "storage_initializer": {"enableModelcar": False}, "deployments": [{"metadata": {"name": "x"}}]}
-    assert "modelcar_disabled" in causes(t.diagnose(snap))
+    assert "modelcar_disabled" in causes(rules.diagnose(snap))
 
 
 def test_storage_initializer_refused_points_at_credentials():
@@ -177,7 +178,7 @@ def test_storage_initializer_refused_points_at_credentials():
                                                 last={"exitCode": 1, "reason": "Error"}, restarts=2)])],
             "logs": {"llama-predictor-abc": {"storage-initializer": {
                 "previous": "huggingface_hub.errors.GatedRepoError: 401 Client Error. Cannot access gated repo"}}}}
-    first = t.diagnose(snap)[0]
+    first = rules.diagnose(snap)[0]
     assert first["cause"] == "storage_download" and "HF_TOKEN" in first["fix"] and "GatedRepoError" in first["evidence"][0]
 
 
@@ -185,13 +186,13 @@ def test_never_ready_still_loading_is_starting():
     snap = {"namespace": "models", "name": "llama", "isvc": isvc(reason="MinimumReplicasUnavailable"),
             "pods": [pod(statuses=[cstatus(running=True)])],
             "logs": {"llama-predictor-abc": {"kserve-container": {"current": "\n".join(capture("eagle3").splitlines()[:15])}}}}
-    first = t.diagnose(snap)[0]
+    first = rules.diagnose(snap)[0]
     assert first["cause"] == "starting" and "draft" in first["title"]
 
 
 def test_missing_isvc_and_no_pods():
-    assert t.diagnose({"namespace": "m", "name": "x", "isvc_error": "InferenceService m/x: not found (HTTP 404)"})[0]["cause"] == "not_found"
-    first = t.diagnose({"namespace": "models", "name": "llama", "isvc": isvc(), "pods": []})[0]
+    assert rules.diagnose({"namespace": "m", "name": "x", "isvc_error": "InferenceService m/x: not found (HTTP 404)"})[0]["cause"] == "not_found"
+    first = rules.diagnose({"namespace": "models", "name": "llama", "isvc": isvc(), "pods": []})[0]
     assert first["cause"] == "pods_not_created" and "KServe controller did not reconcile" in " ".join(first["evidence"])
 
 
@@ -202,7 +203,7 @@ def test_describe_summary_and_archive_redaction(tmp_path):
             "pods": [pod(statuses=[cstatus(running=True)])], "vllm_version": "0.32.0", "storage_initializer": {"enableModelcar": True}}
     text = t.describe(snap)
     assert "Ready" in text and "ProgressDeadlineExceeded" in text and "InternalError" in text and "eagle3" in text
-    findings = t.diagnose(snap)
+    findings = rules.diagnose(snap)
     summary = t.summary_markdown([t.service_summary(snap, findings)])
     assert "## models/llama: likely cause readiness_deadline" in summary and "Modelcar: on" in summary and "vLLM version: 0.32.0" in summary
     path = str(tmp_path / "b.tar.gz")

@@ -37,6 +37,9 @@ BIG_FILES = {
     # option: command_words, option_value); splitting the registry from its readers would make every reader import
     # private tables.
     "vllm/command_line.py": "one flag registry and its readers/editors",
+    # Generated data, not code: one table of --speculative-config facts per vLLM release (hack/vllm_speculative_tables.py
+    # writes it from each release's source); a release per file would only spread one dict literal over 25 files.
+    "vllm/speculative_releases.py": "generated data: one table per vLLM release",
     # The load sweep: input checks, the break-even search, the k model and resuming from JSON, all on one sweep dict.
     # Candidate split: the k model (num_speculative_tokens on the acceptance curve) into its own file.
     "bench/sweep.py": "to split: the k model",

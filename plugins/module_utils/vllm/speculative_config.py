@@ -343,10 +343,8 @@ def _check_key(key, cfg, table, version, field, warnings):
     if key in table["keys"] and key not in _REFUSED_FIELDS:
         _check_type(key, cfg[key], _kind(key, table["keys"][key]), field)
         return
-    if key in _KEY_HINTS:
-        if key == "tensor_parallel_size":
-            raise ValidationError(_KEY_HINTS[key], field=where, hint="rename it to draft_tensor_parallel_size")
-        raise ValidationError("'%s' is not a speculative-config key" % key, field=where, hint=_KEY_HINTS[key])
+    if key in _REFUSED_FIELDS:
+        raise ValidationError(_KEY_HINTS[key], field=where, hint="rename it to draft_tensor_parallel_size")
     if key in table["engine_keys"]:
         raise ValidationError("'%s' is set by the vLLM engine itself, not by --speculative-config" % key, field=where, hint="drop it")
     drops = table["unknown_keys"] != "refused"
@@ -357,7 +355,9 @@ def _check_key(key, cfg, table, version, field, warnings):
                               hint="upgrade the runtime image to vLLM %s or newer, or drop it" % _vtxt(absent[1]))
     if absent:
         raise ValidationError("'%s' was removed in vLLM %s (you target %s)%s" % (key, _vtxt(absent[1]), vtxt, tail), field=where,
-                              hint=_REMOVED_HINTS.get(key, "drop it"))
+                              hint=_REMOVED_HINTS.get(key) or _KEY_HINTS.get(key) or "drop it")
+    if key in _KEY_HINTS:
+        raise ValidationError("'%s' is not a speculative-config key" % key, field=where, hint=_KEY_HINTS[key])
     known = ", ".join(sorted(k for k in table["keys"] if k not in _REFUSED_FIELDS))
     if not drops:
         raise ValidationError("unknown key '%s': vLLM %s refuses it ('Unexpected keyword argument')" % (key, vtxt),

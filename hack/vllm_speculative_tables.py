@@ -9,8 +9,10 @@
 SRC is an unpacked vLLM source distribution, a git checkout or an installed package: the directory that holds
 ``vllm/`` (or ``vllm/`` itself). The release comes from ``vllm/_version.py`` (``--version`` overrides it); the
 commit from ``--commit`` or, failing that, ``__commit_id__`` in ``vllm/_version.py`` (setuptools-scm's short
-``g<hash>``). The next release is one command away: ``pip download --no-deps --no-binary :all: vllm==X`` keeps
-the source distribution; unpack it and run this on it.
+``g<hash>``). The next release is one command away once its source is here. pip will not keep vLLM's source
+distribution without building it, but it leaves the unpacked tree when asked not to clean up:
+``TMPDIR=/tmp/v pip download --no-deps --no-binary :all: --no-build-isolation --no-clean vllm==X`` fails at the
+metadata step and leaves /tmp/v/pip-download-*/vllm_*/; run this on that directory (an installed vLLM works too).
 
 Everything is read with ``ast`` from ``vllm/config/speculative.py`` (``vllm/config.py`` before 0.11),
 ``vllm/config/utils.py``, ``vllm/engine/arg_utils.py`` and, from 0.34 on, the per-method speculator configs under

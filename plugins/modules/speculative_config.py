@@ -12,7 +12,8 @@ short_description: Validate a vLLM speculative-decoding config and render it as 
 version_added: 0.1.0
 description:
   - Checks a value for vLLM's C(--speculative-config) against what the given vLLM release accepts
-    (methods, keys, value ranges, method-specific requirements), for vLLM 0.10 to 0.33.
+    (methods, keys, value ranges, method-specific requirements), for vLLM 0.10 to 0.34, one table per release
+    read from that release's own source. A newer release is validated against the newest table, with a warning.
   - Returns the config as compact JSON with a stable key order (C(method), C(model),
     C(num_speculative_tokens), then the rest sorted), so the same config always renders to the same bytes.
   - Returns advice that does not stop a rollout (for example that ngram turns async scheduling off) as

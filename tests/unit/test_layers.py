@@ -37,6 +37,9 @@ BIG_FILES = {
     # option: command_words, option_value); splitting the registry from its readers would make every reader import
     # private tables. The bash lexer they stand on is vllm/shell_lexer.py (1104 -> 781 lines).
     "vllm/command_line.py": "one flag registry and its readers/editors",
+    # Generated data, not code: one table of --speculative-config facts per vLLM release (hack/vllm_speculative_tables.py
+    # writes it from each release's source); a release per file would only spread one dict literal over 25 files.
+    "vllm/speculative_releases.py": "generated data: one table per vLLM release",
     # The load sweep: input checks, the break-even search, the target decision, the k confirmation, each side's speculative
     # state before the first request, resuming from JSON and the run, all on one sweep dict (the k model went to
     # bench/num_speculative_tokens.py, 999 -> 809 lines). Candidate split: the side checks (spec_state_*, check_*_states).

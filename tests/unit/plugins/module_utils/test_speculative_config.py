@@ -30,7 +30,8 @@ VALID = [
     ("0.24.0", {"method": "medusa", "model": "/m/medusa", "num_speculative_tokens": 3}),
     ("0.24.0", {"method": "dflash", "model": "/m/dflash", "num_speculative_tokens": 4}),
     ("0.24.0", {"method": "ngram_gpu", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}),
-    ("0.24.0", {"method": "custom_class", "num_speculative_tokens": 2}),
+    # vLLM 0.22-0.33 refuse custom_class without `model` (the proposer's import path)
+    ("0.24.0", {"method": "custom_class", "model": "my_pkg.MyProposer", "num_speculative_tokens": 2}),
     ("0.24.0", {"method": "extract_hidden_states", "num_speculative_tokens": 1}),
     ("0.33.0", {"method": "dspark", "model": "/m/dspark", "num_speculative_tokens": 3}),
     ("0.33.0", {"method": "mtp", "num_speculative_tokens": 1, "enforce_eager": True}),
@@ -77,7 +78,7 @@ def test_presets_are_the_guides_starting_points():
 def test_without_version_validates_against_newest_and_says_so():
     result = core.validate(NGRAM)
     assert result.vllm_version == core.NEWEST_KNOWN
-    assert any("vllm_version not given" in w and "0.33.0" in w for w in result.warnings)
+    assert any("vllm_version not given" in w and "0.34.0" in w for w in result.warnings)
 
 
 def test_newer_than_known_warns():
@@ -139,13 +140,27 @@ def test_unknown_key_is_a_warning_on_011_because_vllm_drops_it():
     assert "config.lookahead" in text and "silently drops" in text
 
 
+def test_ngram_without_bounds_warns_with_vllms_defaults():
+    # vLLM fills 5 and 5 when both are omitted (it used to be refused here)
+    text = _warnings({"method": "ngram", "num_speculative_tokens": 5})
+    assert "prompt_lookup_min/max are not set: vLLM 0.32.0 defaults them to 5 and 5" in text
+
+
+def test_tokens_omitted_with_a_draft_model_warns_that_vllm_reads_its_config():
+    text = _warnings({"method": "eagle3", "model": "/d"})
+    assert "num_speculative_tokens is not set" in text and "n_predict" in text
+
+
 def test_ngram_single_bound_warns_that_vllm_copies_it():
     assert "copies prompt_lookup_max=4" in _warnings({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4})
 
 
-def test_unverified_middle_version_warns_instead_of_refusing():
+def test_middle_version_uses_its_own_release_table():
+    # every minor release has its table now: 0.15 keeps an explicit draft_model (0.14 still raised 'not supported yet')
     text = _warnings({"method": "draft_model", "model": "/d", "num_speculative_tokens": 3}, "0.15.0")
-    assert "not verified for vLLM 0.15.0" in text
+    assert "not verified" not in text
+    with pytest.raises(ValidationError, match="not supported by vLLM 0.14.0"):
+        core.validate({"method": "draft_model", "model": "/d", "num_speculative_tokens": 3}, "0.14.0")
 
 
 def test_printed_method_normalises_mtp_aliases():
@@ -180,14 +195,14 @@ BAD = [
     ("v0-acceptance-method", dict(EAGLE3, acceptance_method="typical_acceptance_sampler"), "0.32.0", "config.acceptance_method", "V0"),
     ("ngram-prompt-lookup-key", {"method": "ngram", "num_speculative_tokens": 3, "ngram_prompt_lookup_max": 4}, "0.32.0",
      "config.ngram_prompt_lookup_max", "prompt_lookup_max"),
-    ("k-missing", {"method": "eagle3", "model": "/d"}, "0.32.0", "config.num_speculative_tokens", "set it"),
+    # without a `model` vLLM has no draft config to take num_speculative_tokens from
+    ("k-missing", {"method": "mtp"}, "0.32.0", "config.num_speculative_tokens", "set it"),
     ("k-zero", dict(EAGLE3, num_speculative_tokens=0), "0.32.0", "config.num_speculative_tokens", "greater than zero"),
     ("k-negative", dict(EAGLE3, num_speculative_tokens=-2), "0.32.0", "config.num_speculative_tokens", "greater than zero"),
     ("k-string", dict(EAGLE3, num_speculative_tokens="3"), "0.32.0", "config.num_speculative_tokens", "bare number"),
     ("k-float", dict(EAGLE3, num_speculative_tokens=2.5), "0.32.0", "config.num_speculative_tokens", "bare number"),
     ("k-bool", dict(EAGLE3, num_speculative_tokens=True), "0.32.0", "config.num_speculative_tokens", "bare number"),
     ("k-null", dict(EAGLE3, num_speculative_tokens=None), "0.32.0", "config.num_speculative_tokens", "bare number"),
-    ("ngram-no-bounds", {"method": "ngram", "num_speculative_tokens": 5}, "0.32.0", "config.prompt_lookup_max", "prompt_lookup_min"),
     ("ngram-min-gt-max", dict(NGRAM, prompt_lookup_min=5, prompt_lookup_max=2), "0.32.0", "config.prompt_lookup_min", "swap"),
     ("ngram-min-zero", dict(NGRAM, prompt_lookup_min=0), "0.32.0", "config.prompt_lookup_min", "positive"),
     ("ngram-max-string", dict(NGRAM, prompt_lookup_max="4"), "0.32.0", "config.prompt_lookup_max", "bare number"),
@@ -199,7 +214,7 @@ BAD = [
     ("draft-tp-zero", dict(EAGLE3, draft_tensor_parallel_size=0), "0.32.0", "config.draft_tensor_parallel_size", "positive"),
     ("max-model-len-str", dict(EAGLE3, max_model_len="4k"), "0.32.0", "config.max_model_len", "bare number"),
     ("enforce-eager-string", dict(EAGLE3, enforce_eager="yes"), "0.32.0", "config.enforce_eager", "true or false"),
-    ("enforce-eager-011", dict(EAGLE3, enforce_eager=True), "0.11.0", "config.enforce_eager", "upgrade"),
+    ("enforce-eager-010", dict(EAGLE3, enforce_eager=True), "0.10.2", "config.enforce_eager", "added in vLLM 0.11"),
     ("suffix-prob", {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_min_token_prob": 2}, "0.32.0",
      "config.suffix_decoding_min_token_prob", "0.1"),
     ("suffix-factor", {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_spec_factor": 0}, "0.32.0",

@@ -141,6 +141,23 @@ speculative_config:
   returned: always
   type: dict
   sample: {"method": "eagle3", "model": "/mnt/models/draft", "num_spec_tokens": 3}
+model:
+  description: The model the engine serves (C(model=) at the start of the line); with a speculators-format checkpoint this
+    is its verifier, not the path the command serves.
+  returned: always
+  type: str
+  sample: /mnt/models/target
+speculative_source:
+  description:
+    - Where speculative decoding comes from when the engine runs a proposer that no flag on the InferenceService (or, after
+      a rollback, on the pod) explains, else null. V(speculators_checkpoint) names the C(checkpoint) served as the model and
+      its C(verifier) (vLLM turns speculative decoding on from a C(speculators_config) in the checkpoint, with no flag);
+      V(unexplained) when the pod's command has no flag and no speculator is served. C(message) and C(fix) say what to do.
+      Always null with O(log_text) or O(log_path) (no pod spec to read).
+  returned: always
+  type: dict
+  sample: {"kind": "speculators_checkpoint", "checkpoint": "/mnt/models/llama-eagle3-speculator", "verifier": "/mnt/models/llama",
+           "message": "speculative decoding comes from the speculators-format checkpoint ...", "fix": "serve the target model ..."}
 line:
   description: The engine-config line, colour codes removed.
   returned: when found

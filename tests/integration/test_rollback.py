@@ -305,3 +305,31 @@ def test_remove_draft_artifacts_after_ready(tmp_path, kubeconfig, k8s_client, ea
     removed = run.result("Remove the draft (storageUris entry or Modelcar layers)")
     assert removed["mode"] == "storage_uris" and removed["removed"]["mountPath"] == "/mnt/models/draft"
     assert isvc["status"]["observedGeneration"] == isvc["metadata"]["generation"]
+
+
+SPECULATOR = "/mnt/models/llama-eagle3-speculator"
+
+
+def test_rollback_of_a_speculators_checkpoint_refuses_naming_it_and_the_fix(tmp_path, kubeconfig, k8s_client, kserve, namespace):
+    """A speculators-format checkpoint served as --model turns speculative decoding on with no flag (vLLM reads its
+    speculators_config and serves the verifier it names): the rollback has nothing to strip, and its proof of the engine
+    fails at once (no retries: waiting changes nothing) naming the checkpoint, the verifier and the fix. Nothing is written."""
+    # The real vLLM 0.32 engine line of the eagle3 capture, as vLLM prints it for a speculator: the verifier is the
+    # engine's model, the served checkpoint is the draft.
+    line = _capture("eagle3").replace("/mnt/models/tiny-eagle3", SPECULATOR).replace("/mnt/models/tiny-llama", "/mnt/models/target")
+    kserve.set_behaviour(namespace, NAME, ready_after=0.3, log_text=line)
+    manifest = _manifest("guide_example2_eagle3.rolled_back.yaml", namespace)
+    script = manifest["spec"]["predictor"]["model"]["command"][2]
+    manifest["spec"]["predictor"]["model"]["command"][2] = script.replace("--model /mnt/models/target", "--model " + SPECULATOR)
+    _api(k8s_client).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+    before = _wait_ready(k8s_client, namespace)
+    run = run_playbook(tmp_path, "playbooks/rollback.yml", kubeconfig=kubeconfig,
+                       extra_vars=_rollback_vars(namespace, rollback_verify_retries=5, rollback_verify_delay=2))
+    assert run.rc != 0, run.output  # never success while a proposer runs
+    assert run.result("Strip the speculative config")["changed"] is False
+    proof = run.result("Prove the engine runs without a proposer")
+    assert proof["failed"] and proof["attempts"] == 1, proof  # refused at once, not after 5 retries
+    assert proof["speculative_source"]["kind"] == "speculators_checkpoint"
+    assert "speculators-format checkpoint %s served as the model" % SPECULATOR in proof["msg"], proof["msg"]
+    assert "Fix: serve the target model /mnt/models/target directly" in proof["msg"], proof["msg"]
+    assert _get(k8s_client, namespace)["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]

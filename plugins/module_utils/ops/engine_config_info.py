@@ -107,6 +107,10 @@ def run_cluster(connect, params, warn):
             warnings.append(dict(warning, pod=pod["name"]))
         diffs, notes = check_one(result, expected)
         entry["differences"] = diffs
+        if result["speculative_config"] and (not isvc_info["speculative_flag_present"] or (expected or {}).get("enabled") is False):
+            # A proposer with no flag on the resource (or after a rollback): the pod's own command says whether a flag
+            # explains it (KServe merged one from the runtime) or the served checkpoint is a speculator.
+            entry["speculative_source"] = _flagless_source(api_client, ns, pod["name"], params["container"], result)
         diffs_all.extend("pod %s: %s" % (pod["name"], d) for d in diffs)
         notes_all.extend(n for n in notes if n not in notes_all)
         if not result["found"]:
@@ -139,6 +143,16 @@ def run_cluster(connect, params, warn):
     return out, None
 
 
+def _flagless_source(api_client, namespace, pod_name, container_name, result):
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
+    try:
+        pod = k8s_pods.read_pod(api_client, namespace, pod_name)
+    except SpecDecodingError:
+        return None  # the log already says what runs; without the pod spec the source stays unnamed
+    container = next((c for c in (pod.get("spec") or {}).get("containers") or [] if c.get("name") == container_name), {})
+    return engine_log.flagless_source(result, (container.get("command") or []) + (container.get("args") or []), container.get("env"))
+
+
 def _brief(pod):
     return {"name": pod["name"], "phase": pod["phase"], "reason": pod.get("reason")}
 
@@ -162,4 +176,8 @@ def engine_config(params, connect=None, warn=None):
             "; ".join(result["differences"]), engine_log.format_expected(result["expected"] or {})
             if (result["expected"] or {}).get("enabled", True) else "speculative_config=None",
             engine_log.format_config(result["speculative_config"]))
+        source = next((p["speculative_source"] for p in result.get("pods") or [] if p.get("speculative_source")), None)
+        if source:
+            problem += ". %s. Fix: %s" % (source["message"], source["fix"])
+    result["speculative_source"] = next((p["speculative_source"] for p in result.get("pods") or [] if p.get("speculative_source")), None)
     return result, problem

@@ -512,6 +512,19 @@ def find_option(items, flags, env=None):
     return found
 
 
+def served_model(items, env=None):
+    """The model vLLM is asked to serve: the positional model of ``vllm serve <model>`` (vLLM's ``serve`` puts it over
+    ``--model``: ``vllm/entrypoints/cli/serve.py``), else the value of ``--model`` (None when neither is there).
+    ``items`` and ``env`` as for command_words."""
+    words = command_words(items, env)
+    for index, word in enumerate(words[:-1]):
+        if word.rsplit("/", 1)[-1] == "vllm" and words[index + 1] == "serve":
+            following = words[index + 2:]
+            if following and not _OPTION_RE.match(following[0]):
+                return following[0]
+    return option_value(words, "--model")
+
+
 def option_value(items, flags, env=None):
     """The value of the last ``--flag V`` / ``--flag=V`` for any spelling in ``flags`` (None when absent): what vLLM
     (or KServe's model server) runs with, e.g. ``option_value(command + args, "--port", container["env"])``."""

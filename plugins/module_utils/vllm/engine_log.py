@@ -27,6 +27,7 @@ import ast
 import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
@@ -200,6 +201,10 @@ def parse_speculative_repr(config_text):
     }
 
 
+# The engine config starts with the model the engine serves: ``model='/mnt/models/target', speculative_config=...``.
+_SERVED_MODEL_RE = re.compile(r"^\s*model='((?:[^'\\]|\\.)*)'")
+
+
 def parse_engine_line(line):
     """Parse one log line; returns a dict or None when it is not an engine-config line."""
     text = strip_ansi(line).rstrip("\r\n")
@@ -207,9 +212,11 @@ def parse_engine_line(line):
     if not match:
         return None
     present, spec = parse_speculative_repr(match.group("config"))
+    served = _SERVED_MODEL_RE.match(match.group("config"))
     return {
         "engine": match.group("engine") or "V0",
         "vllm_version": match.group("version") or None,
+        "model": served.group(1) if served else None,
         "speculative_config": spec,
         "speculative_config_printed": present,
         "line": text,
@@ -348,6 +355,7 @@ class EngineLogScanner:
             "found": last is not None,
             "vllm_version": last["vllm_version"] if last else None,
             "engine": last["engine"] if last else None,
+            "model": last["model"] if last else None,
             "speculative_config": last["speculative_config"] if last else None,
             "line": last["line"] if last else None,
             "engine_lines_seen": len(self.engines),
@@ -554,3 +562,37 @@ NOT_FOUND_HINT = (
 
 # What module engine_config reads and compares: a log (text or file), or every predictor pod's log of an InferenceService
 # through the API server, against what was asked for or what the InferenceService's flag says.
+
+
+def flagless_source(found, command_items, env=None):
+    """Where speculative decoding comes from when the engine runs a proposer and the container's command carries no
+    speculative flag, or None when a flag explains it (or the engine runs none).
+
+    vLLM (``maybe_override_with_speculators`` in ``vllm/transformers_utils/config.py``, 0.32) reads the ``config.json``
+    of the model it is asked to serve; when it carries ``speculators_config``, the checkpoint is a speculator: vLLM serves
+    the verifier it names as the target and turns speculative decoding on with the checkpoint as the draft, without any
+    flag. The engine line then shows ``model='<verifier>'`` and ``speculative_config=SpeculativeConfig(..., model=
+    '<the served path>')``. ``found`` is a scan result (``model``, ``speculative_config``); ``command_items`` the
+    container's command + args, ``env`` its environment (for ``$(VAR)``/``$VAR`` in them)."""
+    spec = (found or {}).get("speculative_config")
+    if not spec:
+        return None
+    if vllm_command.find_occurrences(list(command_items or [])):
+        return None
+    served = vllm_command.served_model(command_items, env)
+    draft = spec.get("model")
+    if served and draft and _same_path(served, draft) and not _same_path(served, found.get("model") or ""):
+        return {"kind": "speculators_checkpoint", "checkpoint": served, "verifier": found.get("model"),
+                "message": "speculative decoding comes from the speculators-format checkpoint %s served as the model (its "
+                           "config.json carries speculators_config: vLLM serves its verifier %s with the checkpoint as the "
+                           "draft, with no flag to remove)" % (served, found.get("model")),
+                "fix": "serve the target model %s directly (set the model path or storageUri to it); then nothing proposes"
+                       % (found.get("model") or "(the checkpoint's verifier)")}
+    return {"kind": "unexplained", "checkpoint": None, "verifier": None,
+            "message": "the engine runs %s but the container's command carries no speculative flag (a ServingRuntime, an "
+                       "environment variable or a wrapper script may add it)" % format_config(spec),
+            "fix": "find where the flag comes from (serving_runtime_info shows the merged command) and remove it there"}
+
+
+def _same_path(left, right):
+    return str(left).rstrip("/") == str(right).rstrip("/")

@@ -301,3 +301,39 @@ def test_normalize_method():
 def test_scan_file_buffer_sizes(chunk_size):
     result = el.scan_file(capture("eagle3", "startup.log"), chunk_size=chunk_size)
     assert result["speculative_config"] == EAGLE3 and result["bytes_scanned"] == len(EAGLE3_BYTES)
+
+
+# -- flagless speculative decoding (a speculators-format checkpoint served as the model) ---------------------------------
+
+SPECULATOR_LINE = ("(EngineCore pid=1) INFO 12-02 10:00:00 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: "
+                   "model='/mnt/models/llama', speculative_config=SpeculativeConfig(method='eagle3', "
+                   "model='/mnt/models/llama-eagle3-speculator', num_spec_tokens=3), tokenizer='/mnt/models/llama', dtype=torch.bfloat16")
+
+
+def test_engine_line_gives_the_served_model():
+    found = el.scan_text(SPECULATOR_LINE + "\n")
+    assert found["model"] == "/mnt/models/llama"
+    assert found["speculative_config"]["model"] == "/mnt/models/llama-eagle3-speculator"
+    with open(capture_path("eagle3", "startup.log"), encoding="utf-8") as handle:
+        assert el.scan_text(handle.read())["model"] == "/mnt/models/tiny-llama"
+
+
+def test_a_speculators_checkpoint_served_as_the_model_is_named_with_its_verifier_and_the_fix():
+    found = el.scan_text(SPECULATOR_LINE + "\n")
+    source = el.flagless_source(found, ["bash", "-c", "exec vllm serve /mnt/models/llama-eagle3-speculator/ --port 8080"])
+    assert source["kind"] == "speculators_checkpoint"
+    assert (source["checkpoint"], source["verifier"]) == ("/mnt/models/llama-eagle3-speculator/", "/mnt/models/llama")
+    assert "speculators_config" in source["message"] and "serve the target model /mnt/models/llama directly" in source["fix"]
+
+
+def test_a_flag_or_no_proposer_is_not_flagless_and_an_unexplained_proposer_says_so():
+    found = el.scan_text(SPECULATOR_LINE + "\n")
+    with_flag = ["vllm", "serve", "/mnt/models/llama", "--speculative-config",
+                 '{"method":"eagle3","model":"/mnt/models/llama-eagle3-speculator","num_speculative_tokens":3}']
+    assert el.flagless_source(found, with_flag) is None
+    legacy = ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "/mnt/models/llama",
+              "--speculative_model", "/mnt/models/llama-eagle3-speculator", "--num-speculative-tokens", "3"]
+    assert el.flagless_source(found, legacy) is None  # the legacy flags explain it (the rollback removes them)
+    assert el.flagless_source(dict(found, speculative_config=None), ["vllm", "serve", "/mnt/models/llama"]) is None
+    unexplained = el.flagless_source(found, ["vllm", "serve", "/mnt/models/llama"])
+    assert unexplained["kind"] == "unexplained" and unexplained["checkpoint"] is None and "serving_runtime_info" in unexplained["fix"]

@@ -538,3 +538,14 @@ def test_command_words_apply_kubernetes_dollar_escapes_before_the_shell():
     words = vc.command_words(["bash", "-c", "exec vllm serve m --served-model-name 'a$$b' --port $PORT --dtype $(DTYPE)"],
                              [{"name": "PORT", "value": "8001"}, {"name": "DTYPE", "value": "half"}])
     assert words == ["exec", "vllm", "serve", "m", "--served-model-name", "a$b", "--port", "8001", "--dtype", "half"]
+
+
+@pytest.mark.parametrize("items, served", [
+    (["bash", "-c", "exec vllm serve /mnt/models/spec --port 8080"], "/mnt/models/spec"),
+    (["python3", "-m", "vllm.entrypoints.openai.api_server", "--model=/mnt/models/x", "--port", "8080"], "/mnt/models/x"),
+    (["vllm", "serve", "/mnt/models/a", "--model", "/mnt/models/b"], "/mnt/models/a"),  # vLLM's serve: the positional wins
+    (["vllm", "serve", "--port", "1"], None),
+    (["bash", "-c", "vllm serve $(MODEL_DIR)/target"], "/mnt/models/target"),
+])
+def test_served_model_is_the_model_option_or_the_serve_positional(items, served):
+    assert vc.served_model(items, [{"name": "MODEL_DIR", "value": "/mnt/models"}]) == served

@@ -21,6 +21,8 @@ import urllib.parse
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import client as _client
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.defaults import (  # noqa: F401  pylint: disable=unused-import
+    DEFAULT_CONTAINER, DEFAULT_HTTP_PORT, ISVC_LABEL, KSERVE_GROUP, KSERVE_VERSION)
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import HAS_KUBERNETES, ApiException  # noqa: F401  pylint: disable=unused-import
 
 
@@ -35,12 +37,7 @@ except ImportError:  # pragma: no cover - urllib3 comes with kubernetes
     class TransportError(Exception):
         """Stand-in so except clauses work without the library."""
 
-ISVC_LABEL = "serving.kserve.io/inferenceservice"
-DEFAULT_CONTAINER = "kserve-container"
-KSERVE_GROUP = "serving.kserve.io"
-KSERVE_VERSION = "v1beta1"
 LOG_CHUNK = 1 << 16
-DEFAULT_HTTP_PORT = 8080  # KServe's runtimes (and its vLLM examples) serve HTTP on 8080
 
 
 class PodAccessError(SpecDecodingError):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.pods import DEFAULT_CONTAINER, DEFAULT_HTTP_PORT
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.defaults import DEFAULT_CONTAINER, DEFAULT_HTTP_PORT
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 
 # vLLM's own flag; KServe's model servers (huggingfaceserver) use --http_port. vllm_command reads ``_`` and ``-`` alike.

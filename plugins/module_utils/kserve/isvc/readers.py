@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.pods import DEFAULT_CONTAINER
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.defaults import DEFAULT_CONTAINER
 
 
 def predictor_containers(isvc):

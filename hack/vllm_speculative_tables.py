@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: Alauda
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Read one vLLM release's ``--speculative-config`` facts from its source tree, without importing vLLM.
@@ -75,7 +74,7 @@ def _version_info(root):
     path = os.path.join(root, "vllm", "_version.py")
     if not os.path.isfile(path):
         return None, None
-    tree, _ = _parse(path)
+    tree, _source = _parse(path)
     found = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign):
@@ -190,7 +189,7 @@ def _engine_keys(root):
     path = os.path.join(root, "vllm", "engine", "arg_utils.py")
     if not os.path.isfile(path):
         return set()
-    tree, _ = _parse(path)
+    tree, _source = _parse(path)
     keys = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef) and node.name == "create_speculative_config":
@@ -215,7 +214,7 @@ def _unknown_keys(cls, root, spec_rel):
             path = os.path.join(root, rel)
             if not os.path.isfile(path):
                 continue
-            tree, _ = _parse(path)
+            tree, _source = _parse(path)
             # the decorator may come with typing overloads: any definition that forbids extras decides
             defs = [ast.unparse(n) for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "config"]
             if defs:
@@ -294,8 +293,8 @@ def _detection_chain(func, names):
         if not isinstance(node, ast.If):
             continue
         chain = _if_chain(node)
-        if any(test is not None and "lower()" in ast.unparse(test) for test, _ in chain) and \
-                any(_assigned_method(body) == "eagle" for _, body in chain):
+        if any(test is not None and "lower()" in ast.unparse(test) for test, _body in chain) and \
+                any(_assigned_method(body) == "eagle" for _test, body in chain):
             return chain
     return None
 
@@ -393,7 +392,7 @@ def _registry(root, names):
     path = os.path.join(root, _REGISTRY_DIR, "speculator_config.py")
     if not os.path.isfile(path):
         return None
-    tree, _ = _parse(path)
+    tree, _source = _parse(path)
     assigns = _module_assignments([tree])
     by_method, order = {}, _strings(assigns.get("_CHECKPOINT_DETECTION_ORDER", ast.Tuple(elts=[])), names)
     table = assigns.get("_CONFIG_BY_METHOD")
@@ -412,7 +411,7 @@ def _registry_class(path, name, seen=None):
     if (path, name) in seen or not os.path.isfile(path):
         return None, None
     seen.add((path, name))
-    tree, _ = _parse(path)
+    tree, _source = _parse(path)
     cls = _class(tree, name)
     if cls is not None:
         return cls, path
@@ -593,7 +592,7 @@ from __future__ import annotations
 def load(path=DATA):
     if not os.path.isfile(path):
         return {}
-    tree, _ = _parse(path)
+    tree, _source = _parse(path)
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "RELEASES" for t in node.targets):
             return ast.literal_eval(node.value)
@@ -605,11 +604,12 @@ def write(releases, path=DATA):
     ordered = {k: releases[k] for k in sorted(releases, key=_sort_key)}
     body = pprint.pformat(ordered, width=150, sort_dicts=False)
     with open(path, "w") as handle:
-        handle.write(HEADER + "RELEASES = " + body + "\n")
+        # The dict opens on its own line, every line indented alike: pprint's alignment then meets pep8's continuation rules.
+        handle.write(HEADER + "RELEASES = (\n" + "".join("    " + line + "\n" for line in body.splitlines()) + ")\n")
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("src", help="vLLM source tree (the directory holding vllm/)")
     parser.add_argument("--version", help="the release, when the tree has no vllm/_version.py")
     parser.add_argument("--commit", help="the commit the tree is (40 hex when known)")

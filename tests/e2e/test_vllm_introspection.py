@@ -83,7 +83,7 @@ def _sample_keys(table):
     """Every key of every release (so a key missing from the table but accepted by vLLM shows), each with its default
     (the installed release's own default when its table has the key)."""
     keys = {}
-    for minor in sorted(RELEASES, key=lambda m: core.parse_version(m)) + [None]:
+    for minor in sorted(RELEASES, key=core.parse_version) + [None]:
         for key, spec in (RELEASES[minor] if minor else table)["keys"].items():
             default = spec.get("default")
             if key in ("method", "num_speculative_tokens") or isinstance(default, dict) or "default_factory" in spec:

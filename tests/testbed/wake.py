@@ -113,7 +113,7 @@ class WatchWaker:
         self.stop_event = stop
         self.name = name
         self._threads = []
-        self._started = [threading.Event() for _ in self.paths]
+        self._started = [threading.Event() for _path in self.paths]
         self._clients = {}
         self._lock = threading.Lock()
 

@@ -7,7 +7,7 @@ from tests.testbed import ports
 def test_free_ports_are_below_the_ephemeral_range_consecutive_and_bindable():
     start = ports._ephemeral_start()  # pylint: disable=protected-access
     seen = set()
-    for _ in range(20):
+    for _attempt in range(20):
         base = ports.free_port(count=3)
         assert ports._LOWEST <= base and base + 3 <= start  # pylint: disable=protected-access
         held = []

@@ -149,7 +149,7 @@ def thing(ns, name):
 
 
 def wait_for(loop, count):
-    for _ in range(count):
+    for _pass in range(count):
         assert loop.passes.acquire(timeout=10), loop.errors
     time.sleep(0.05)  # anything the loop would wrongly do next happens now
     out, loop.seen[:] = list(loop.seen), []

@@ -110,6 +110,7 @@ PRESETS = {
     "mtp": {"method": "mtp", "num_speculative_tokens": 1},
 }
 
+
 def parse_version(version):
     """'0.32.0', 'v0.11.1rc2', '0.32.0+cpu', '0.24' -> (major, minor, patch)."""
     if isinstance(version, (tuple, list)):

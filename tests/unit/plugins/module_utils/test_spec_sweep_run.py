@@ -160,7 +160,7 @@ def test_predict_k_measures_the_verify_cost_at_the_lowest_load():
     assert pred["verify_cost_ratio"] == pytest.approx((1.5 - 1) / 3)
     assert "measured at load 1" in pred["cost_source"]
     assert k_model.predict_k([{"kind": "request_rate", "load": 1.0, "baseline": side(1, 1, 1), "candidate": side(1, 1, 1)}],
-                                3, [1, 2, 3]) is None
+                             3, [1, 2, 3]) is None
 
 
 def test_confirmation_needs_a_measured_ab_when_the_prediction_differs():

@@ -286,8 +286,8 @@ def test_env_defaults_kubernetes_refs_and_shell_line_strings():
 
 
 def test_shell_script_with_option_cluster_is_a_script_for_the_editor_too():
-    assert [vc.is_shell_script(items, len(items) - 1) for items in (["bash", "-c", "s"], ["/bin/bash", "-lc", "s"], ["sh", "-e", "-c", "s"],
-                                                       ["python3", "-c", "s"], ["bash", "--port", "s"])] == [True, True, True, False, False]
+    scripts = (["bash", "-c", "s"], ["/bin/bash", "-lc", "s"], ["sh", "-e", "-c", "s"], ["python3", "-c", "s"], ["bash", "--port", "s"])
+    assert [vc.is_shell_script(items, len(items) - 1) for items in scripts] == [True, True, True, False, False]
     cmd = vc.set_speculative_config(["/bin/bash", "-lc", "exec vllm serve /m --port 8080"], NGRAM)
     assert cmd == ["/bin/bash", "-lc", "exec vllm serve /m --port 8080 --speculative-config '%s'" % NGRAM]
 

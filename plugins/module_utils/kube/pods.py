@@ -4,8 +4,9 @@
 """Reach an InferenceService's predictor pods through the API server: list them, stream their logs, proxy HTTP.
 
 Every function takes a ``kubernetes.client.ApiClient`` (modules get one from kubernetes.core's
-``get_api_client(module).client.client``), so authentication stays kubernetes.core's business. Logs are
-streamed (``_preload_content=False``) and handed on in chunks: memory stays bounded whatever the log size.
+``get_api_client(module).client.client``), so authentication stays kubernetes.core's business. Each call is one request
+by path (``kube.client.request``): pods come back as dicts, and no typed API class is imported. Logs are streamed
+(``stream=True``) and handed on in chunks: memory stays bounded whatever the log size.
 
 Also reads an InferenceService object; what it says (predictor containers, the speculative flag, Ready at its
 generation) is read in ``kserve/isvc/readers.py``, where vLLM's HTTP server listens in a pod in ``vllm/http_target.py``.

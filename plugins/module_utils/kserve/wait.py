@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.defaults import KSERVE_GROUP, KSERVE_VERSION
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import wait as kube_wait
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import readers as isvc_readers
@@ -62,7 +63,7 @@ class _Kind:
             self.group, self.version, self.plural = llmisvc_model.GROUP, llmisvc_model.check_api_version(version, field="api_version"), llmisvc_model.PLURAL
         else:
             # ``version`` is the LLMInferenceService API version; an InferenceService is always read as serving.kserve.io/v1beta1.
-            self.group, self.version, self.plural = k8s_pods.KSERVE_GROUP, k8s_pods.KSERVE_VERSION, "inferenceservices"
+            self.group, self.version, self.plural = KSERVE_GROUP, KSERVE_VERSION, "inferenceservices"
 
     def get(self, api_client, namespace, name):
         if not self.llm:

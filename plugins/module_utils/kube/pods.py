@@ -22,7 +22,7 @@ import urllib.parse
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import client as _client
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.defaults import (  # noqa: F401  pylint: disable=unused-import
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.defaults import (
     DEFAULT_CONTAINER, DEFAULT_HTTP_PORT, ISVC_LABEL, KSERVE_GROUP, KSERVE_VERSION)
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import HAS_KUBERNETES, ApiException  # noqa: F401  pylint: disable=unused-import
 

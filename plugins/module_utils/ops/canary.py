@@ -39,6 +39,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import canary_window
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.defaults import DEFAULT_CONTAINER, KSERVE_GROUP, KSERVE_VERSION
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import http_target
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import readers as isvc_readers
@@ -371,7 +372,7 @@ def apply_merge_patch(api_client, namespace, name, patch, dry_run=False):
     kwargs = {"dry_run": "All"} if dry_run else {}
     try:
         return k8s_pods.CustomObjectsApi(api_client).patch_namespaced_custom_object(
-            k8s_pods.KSERVE_GROUP, k8s_pods.KSERVE_VERSION, namespace, "inferenceservices", name, patch,
+            KSERVE_GROUP, KSERVE_VERSION, namespace, "inferenceservices", name, patch,
             _content_type="application/merge-patch+json", **kwargs)
     except k8s_pods.ApiException as exc:
         raise k8s_pods.PodAccessError("patching InferenceService %s/%s failed: %s" % (namespace, name, k8s_pods.api_error_message(exc)),
@@ -446,7 +447,7 @@ def _scrape_all(api_client, namespace, targets, model_name, timeout):
 
 
 def observe(api_client, namespace, name, selectors, window, max_window=None, min_requests=20, tolerances=None, model_name=None,
-            container=k8s_pods.DEFAULT_CONTAINER, port=None, scheme=None, timeout=30, clock=None, sleep=None,
+            container=DEFAULT_CONTAINER, port=None, scheme=None, timeout=30, clock=None, sleep=None,
             p99_tolerance=canary_window.DEFAULT_P99_TOLERANCE):
     """Scrape every pod of both revisions, wait ``window`` seconds of live traffic, scrape again; while a side has fewer than
     ``min_requests`` finished requests, extend the window (up to ``max_window`` seconds in all) instead of deciding on noise.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.defaults import ISVC_LABEL
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import engine_log
 
 
@@ -79,7 +80,7 @@ def run_cluster(connect, params, warn):
         out.update(found=False, pods=[], vllm_version=None, engine=None, speculative_config=None, line=None,
                    log_warnings=[], differences=[], notes=[])
         return out, ("no predictor pods of InferenceService %s/%s (label %s=%s%s): not deployed yet, scaled to zero, "
-                     "or wrong name/namespace" % (ns, name, k8s_pods.ISVC_LABEL, name,
+                     "or wrong name/namespace" % (ns, name, ISVC_LABEL, name,
                                                   ", " + params["label_selector"] if params["label_selector"] else ""))
     pod_results, warnings, diffs_all, notes_all, problems = [], [], [], [], []
     for pod in pods:
@@ -171,13 +172,13 @@ def engine_config(params, connect=None, warn=None):
                 result["bytes_scanned"], engine_log.NOT_FOUND_HINT)
     result.pop("bytes_scanned", None)
     result["changed"] = False
+    # The first pod whose proposer no flag explains (a speculators checkpoint, or unexplained); None for a local log.
+    result["speculative_source"] = next((p["speculative_source"] for p in result.get("pods") or [] if p.get("speculative_source")), None)
     if not problem and result["differences"]:
         problem = "the running engine differs from what was requested: %s. Requested %s; engine line: %s" % (
             "; ".join(result["differences"]), engine_log.format_expected(result["expected"] or {})
             if (result["expected"] or {}).get("enabled", True) else "speculative_config=None",
             engine_log.format_config(result["speculative_config"]))
-        source = next((p["speculative_source"] for p in result.get("pods") or [] if p.get("speculative_source")), None)
-        if source:
-            problem += ". %s. Fix: %s" % (source["message"], source["fix"])
-    result["speculative_source"] = next((p["speculative_source"] for p in result.get("pods") or [] if p.get("speculative_source")), None)
+        if result["speculative_source"]:
+            problem += ". %s. Fix: %s" % (result["speculative_source"]["message"], result["speculative_source"]["fix"])
     return result, problem

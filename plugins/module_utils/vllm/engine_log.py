@@ -560,10 +560,6 @@ NOT_FOUND_HINT = (
 )
 
 
-# What module engine_config reads and compares: a log (text or file), or every predictor pod's log of an InferenceService
-# through the API server, against what was asked for or what the InferenceService's flag says.
-
-
 def flagless_source(found, command_items, env=None):
     """Where speculative decoding comes from when the engine runs a proposer and the container's command carries no
     speculative flag, or None when a flag explains it (or the engine runs none).
@@ -596,3 +592,7 @@ def flagless_source(found, command_items, env=None):
 
 def _same_path(left, right):
     return str(left).rstrip("/") == str(right).rstrip("/")
+
+
+# What module engine_config reads and compares: a log (text or file), or every predictor pod's log of an InferenceService
+# through the API server, against what was asked for or what the InferenceService's flag says.

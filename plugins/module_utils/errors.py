@@ -24,6 +24,14 @@ class SpecDecodingError(Exception):
         super().__init__(text)
         self.message = text
 
+    def result(self):
+        """A failed task's keys: the message (it already names the field and says the fix), ``field``, ``fix`` (when
+        the error has one) and ``changed=False``."""
+        out = {"msg": str(self), "field": self.field, "changed": False}
+        if self.hint:
+            out["fix"] = self.hint
+        return out
+
 
 class ValidationError(SpecDecodingError):
     """The input is wrong; nothing was written anywhere."""

@@ -67,9 +67,7 @@ def failure(exc, failed=None, timed_out=None):
     ``fix`` (when the error has one), ``changed=False``, then `failed`'s keys. An InferenceService that did not become
     Ready in time (isvc_wait.WaitTimeout) also returns the object as last read (``resource``) and its ``pods``, then
     `timed_out`'s keys."""
-    out = {"msg": str(exc), "field": exc.field, "changed": False}
-    if exc.hint:
-        out["fix"] = exc.hint
+    out = exc.result()
     out.update(failed or {})
     # A WaitTimeout comes only from an imported isvc_wait; importing it here would import the kubernetes library into
     # every failing module, also those that never talk to a cluster.

@@ -44,8 +44,6 @@ BIG_FILES = {
     # state before the first request, resuming from JSON and the run, all on one sweep dict (the k model went to
     # bench/num_speculative_tokens.py, 999 -> 809 lines). Candidate split: the side checks (spec_state_*, check_*_states).
     "bench/sweep.py": "to split: each side's speculative-state checks",
-    # OCI image layout writer (layers, config, manifest, index) for the Modelcar image; one format.
-    "artifacts/modelcar_image.py": "one format (OCI layout) end to end",
     # Draft removal for storageUris, PVC subdirectories and Modelcar layers: three removals behind one plan.
     "ops/draft_removal.py": "to split: the Modelcar layer rewrite",
 }

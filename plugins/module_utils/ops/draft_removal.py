@@ -45,7 +45,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisv
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import pvc_plan as pvc_stage
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.ssa_conflicts import ROLLBACK_FIELD_MANAGER
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.modelcar_image import (
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.oci_blobs import (
     ANN_FILES, ANN_ROLE, ANN_TITLE, MT_CONFIG, MT_DOCKER_LAYER_TAR, MT_DOCKER_MANIFEST, MT_LAYER_TAR, BytesSource, canonical_json, sha256_digest,
 )
 

@@ -14,6 +14,8 @@ import yaml
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import artifact_sync as S
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal as D
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_image as L
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import oci_blobs
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import oci_layout
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -246,7 +248,7 @@ def _image(tmp_path, max_layers=100):
     plan = L.build_plan(str(tmp_path / "t"), str(tmp_path / "d"), busybox_path=str(busybox), max_layers=max_layers,
                         labels={D.DRAFT_NAME_KEY: "yuhuili/EAGLE3"}, annotations={D.DRAFT_NAME_KEY: "yuhuili/EAGLE3"})
     layout = tmp_path / "layout"
-    L.write_layout_dir(plan, str(layout), "v1", L.DigestCache(enabled=False))
+    oci_layout.write_layout_dir(plan, str(layout), "v1", oci_blobs.DigestCache(enabled=False))
     return plan, LayoutBlobs(str(layout))
 
 
@@ -260,9 +262,9 @@ def test_manifest_without_the_draft_reuses_every_other_blob(tmp_path):
     old = plan.manifest_bytes()
     actions, repl, new_manifest, new_config, uploads = D.plan_image(blobs, old, "models/draft", plan.manifest_digest())
     assert actions == ["keep", "drop", "drop", "keep", "keep", "keep"]  # base, draft x2, target x3
-    assert repl == {} and [u.media_type for u in uploads] == [L.MT_CONFIG]  # only the new config is new
+    assert repl == {} and [u.media_type for u in uploads] == [oci_blobs.MT_CONFIG]  # only the new config is new
     old_m, new_m = json.loads(old), json.loads(new_manifest)
-    kept = [d for d in old_m["layers"] if not d["annotations"][L.ANN_TITLE].startswith("models/draft/")]
+    kept = [d for d in old_m["layers"] if not d["annotations"][oci_blobs.ANN_TITLE].startswith("models/draft/")]
     assert new_m["layers"] == kept
     assert new_m["annotations"] == {D.REMOVED_FROM_ANNOTATION: plan.manifest_digest()}
     config = json.loads(new_config)
@@ -270,25 +272,25 @@ def test_manifest_without_the_draft_reuses_every_other_blob(tmp_path):
     assert len([h for h in config["history"] if not h.get("empty_layer")]) == len(kept)
     assert all("models/draft" not in h.get("created_by", "") for h in config["history"])
     assert D.DRAFT_NAME_KEY not in config["config"].get("Labels", {})
-    assert new_m["config"] == {"mediaType": L.MT_CONFIG, "digest": L.sha256_digest(new_config), "size": len(new_config)}
+    assert new_m["config"] == {"mediaType": oci_blobs.MT_CONFIG, "digest": oci_blobs.sha256_digest(new_config), "size": len(new_config)}
     files = [f for d in new_m["layers"] for f in _files_of(blobs.get_blob(d["digest"]))]
     assert "models/target/model.safetensors" in files and not [f for f in files if f.startswith("models/draft")]
 
 
 def test_a_layer_mixing_draft_and_target_files_is_rewritten(tmp_path):
     plan, blobs = _image(tmp_path, max_layers=3)  # base + the biggest file + one layer of the 4 smallest files
-    mixed = [i for i, layer in enumerate(plan.layers) if L.ANN_FILES in (layer.annotations or {})]
+    mixed = [i for i, layer in enumerate(plan.layers) if oci_blobs.ANN_FILES in (layer.annotations or {})]
     assert len(mixed) == 1
     actions, repl, new_manifest, new_config, uploads = D.plan_image(blobs, plan.manifest_bytes(), "models/draft", plan.manifest_digest())
     assert actions[mixed[0]] == "rewrite"
     desc, diff_id = repl[mixed[0]]
     blob = b"".join(bytes(c) for c in uploads[0].chunks())
-    assert desc["digest"] == diff_id == L.sha256_digest(blob)
+    assert desc["digest"] == diff_id == oci_blobs.sha256_digest(blob)
     assert _files_of(blob) == ["models/target/config.json", "models/target/tokenizer.json"]
     with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
         names = [m.name for m in tar.getmembers()]
         assert "models/draft" not in names and all((m.mtime, m.uid) == (0, 0) for m in tar.getmembers())
-    assert desc["annotations"][L.ANN_FILES] == "models/target/config.json,models/target/tokenizer.json"
+    assert desc["annotations"][oci_blobs.ANN_FILES] == "models/target/config.json,models/target/tokenizer.json"
     assert json.loads(new_manifest)["layers"][mixed[0]] == desc
     assert json.loads(new_config)["rootfs"]["diff_ids"][mixed[0]] == diff_id
     # reproducible: the same input gives the same bytes
@@ -302,12 +304,12 @@ def test_an_image_without_the_draft_needs_nothing(tmp_path):
     for source in uploads:  # "push" the new config next to the old blobs
         with open(os.path.join(blobs.directory, "blobs", "sha256", source.digest.split(":")[1]), "wb") as fh:
             fh.write(source.data)
-    actions, _r, again, _c, uploads = D.plan_image(blobs, new_manifest, "models/draft", L.sha256_digest(new_manifest))
+    actions, _r, again, _c, uploads = D.plan_image(blobs, new_manifest, "models/draft", oci_blobs.sha256_digest(new_manifest))
     assert set(actions) == {"keep"} and again is None and uploads == [] and len(nodraft["layers"]) == 4
 
 
 def test_unannotated_layers_are_read_and_the_tag_names():
-    manifest = {"layers": [{"digest": "sha256:1"}, {"annotations": {L.ANN_TITLE: "models/draft/a"}}]}
+    manifest = {"layers": [{"digest": "sha256:1"}, {"annotations": {oci_blobs.ANN_TITLE: "models/draft/a"}}]}
     assert D.classify_layers(manifest, "models/draft", {0: ["bin/sh"]}) == [("keep", ["bin/sh"]), ("drop", ["models/draft/a"])]
     assert D.classify_layers(manifest, "models/draft")[0] == ("unknown", None)
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.registry import ImageRef

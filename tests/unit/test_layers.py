@@ -30,9 +30,6 @@ BIG_FILES = {
     # The stager Job's script (roles/stage_pvc/files/artifact_sync.py, linked here so modules can import its sources and
     # checks): the Job runs it as one standalone file, so it cannot be split into modules.
     "artifacts/artifact_sync.py": "the stager Job's single-file script",
-    # The report: context checks, the decision, Markdown (the plots went to bench/plots.py, 1055 -> 685 lines; the command
-    # reader joined vllm/command_line.py, 685 -> 637). Candidate split: the context checks.
-    "bench/report.py": "to split: context checks",
     # One flag registry and the argv / bash -c / env-string reader and editor that share it (with the reader of any other
     # option: command_words, option_value); splitting the registry from its readers would make every reader import
     # private tables. The bash lexer they stand on is vllm/shell_lexer.py (1104 -> 781 lines).

@@ -9,7 +9,7 @@ The pure logic under issue #18 (``spec_sweep`` module, ``playbooks/tune.yml``). 
   candidates for the method, ``target_qps``), refused with ``ValidationError`` naming the field before any
   request is sent.
 - ``break_even(points, keep_rule)``: the highest measured load at which the candidate still meets
-  ``spec_benchmark``'s keep rule (``bench_report.decide``, called, not copied), the first at which it does not,
+  ``spec_benchmark``'s keep rule (``bench_decision.decide``, called, not copied), the first at which it does not,
   and the interpolated crossover of the metric that crossed first.
 - ``confirmation(prediction, ...)``: the measured A/B of the k that bench/num_speculative_tokens.py predicts from
   vLLM's per-position acceptance rates (``recommend_k``, ``predict_k``) against the current k.
@@ -37,6 +37,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import num_speculative_tokens as k_model
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import plots as bench_plots
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import decision as bench_decision
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import run as bench_run
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import workloads as bench_workloads
@@ -190,12 +191,12 @@ def _check_points(points, field="points"):
 
 
 def _apply_keep_rule(keep_rule, point, kind):
-    """``bench_report.decide`` (spec_benchmark's keep rule) on one point; ``keep_rule`` is its tolerances or a callable."""
+    """``bench_decision.decide`` (spec_benchmark's keep rule) on one point; ``keep_rule`` is its tolerances or a callable."""
     baseline, candidate = bench_stats.side_summary(point["baseline"]), bench_stats.side_summary(point["candidate"])
     load = {kind: point["load"]}
     if callable(keep_rule):
         return keep_rule(baseline, candidate, load)
-    return bench_report.decide(baseline, candidate, keep_rule, load)
+    return bench_decision.decide(baseline, candidate, keep_rule, load)
 
 
 def _margin(check):
@@ -226,7 +227,7 @@ def _evaluate(points, keep_rule, kind):
 def break_even(points, keep_rule=None):
     """Where the candidate stops paying, by ``spec_benchmark``'s keep rule, over the measured loads.
 
-    ``keep_rule``: ``None`` or a tolerances dict for ``bench_report.decide`` (the rule ``spec_benchmark`` decides
+    ``keep_rule``: ``None`` or a tolerances dict for ``bench_decision.decide`` (the rule ``spec_benchmark`` decides
     with: keep only if median TTFT, median TPOT and output throughput all pass, no extra failed requests, no
     burst-delivered side), or a callable ``(baseline_summary, candidate_summary, load) -> decide()-shaped dict``.
 
@@ -285,7 +286,7 @@ def break_even(points, keep_rule=None):
 def decision_for_target(points, target_qps, keep_rule=None):
     """The keep/roll_back decision for the load the service really runs: the request-rate point at or above ``target_qps``.
 
-    Returns ``{"target_qps", "load", "exact", "decision" (bench_report.decide's dict), "speedup"}``. Raises
+    Returns ``{"target_qps", "load", "exact", "decision" (bench_decision.decide's dict), "speedup"}``. Raises
     ``ValidationError`` (field ``target_qps``) when it is not > 0, the points are concurrencies, or it is above
     every measured rate.
     """
@@ -576,8 +577,8 @@ def confirmation(prediction, confirm_units, sweep_point, keep_rule=None):
                               pred, prediction["expected_gain"], _fmt3(prediction.get("expected_gain_current")), cur, pred))
         return out
     cur_sum, rec_sum = bench_stats.side_summary(confirm_units["current"]), bench_stats.side_summary(confirm_units["recommended"])
-    dec = bench_report.decide(cur_sum, rec_sum, keep_rule if isinstance(keep_rule, dict) else None,
-                              {out["kind"] or "request_rate": out["load"]})
+    dec = bench_decision.decide(cur_sum, rec_sum, keep_rule if isinstance(keep_rule, dict) else None,
+                                {out["kind"] or "request_rate": out["load"]})
     speedup = bench_stats.ratio(rec_sum.get("output_throughput"), cur_sum.get("output_throughput"))
     base = bench_stats.side_summary(sweep_point["baseline"]) if sweep_point else {}
     vs_base = bench_stats.ratio(rec_sum.get("output_throughput"), base.get("output_throughput"))

@@ -37,10 +37,6 @@ BIG_FILES = {
     # Generated data, not code: one table of --speculative-config facts per vLLM release (hack/vllm_speculative_tables.py
     # writes it from each release's source); a release per file would only spread one dict literal over 25 files.
     "vllm/speculative_releases.py": "generated data: one table per vLLM release",
-    # The load sweep: input checks, the break-even search, the target decision, the k confirmation, each side's speculative
-    # state before the first request, resuming from JSON and the run, all on one sweep dict (the k model went to
-    # bench/num_speculative_tokens.py, 999 -> 809 lines). Candidate split: the side checks (spec_state_*, check_*_states).
-    "bench/sweep.py": "to split: each side's speculative-state checks",
     # Draft removal for storageUris, PVC subdirectories and Modelcar layers: three removals behind one plan.
     "ops/draft_removal.py": "to split: the Modelcar layer rewrite",
 }

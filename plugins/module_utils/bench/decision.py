@@ -5,7 +5,7 @@
 
 ``decide`` keeps the candidate only if median TTFT, median TPOT and the output rate all pass (each within its
 tolerance), no more requests failed than on the baseline, and neither side's streams were burst-delivered; the
-load sweep (bench/sweep.py) and the canary's window (bench/canary_window.py) decide with it too. ``compare`` is the
+load sweep (bench/sweep_analysis.py) and the canary's window (bench/canary_window.py) decide with it too. ``compare`` is the
 report's comparison block. The report itself (context, Markdown, JSON) is bench/report.py.
 
 Plain Python, no Ansible imports.

@@ -56,6 +56,7 @@ def child_push(args):
 def child_remove(args):
     """Runs in a child process: remove the draft from ``args.image`` with the collection's module_utils, print the result."""
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal as D  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_location  # pylint: disable=import-outside-toplevel
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as R  # pylint: disable=import-outside-toplevel
     from tests.testbed.foreign_image import StubCluster  # pylint: disable=import-outside-toplevel
     import resource  # pylint: disable=import-outside-toplevel
@@ -64,7 +65,7 @@ def child_remove(args):
     cluster = StubCluster("oci://" + args.image)
     params = {"previous_config": {"model": "/mnt/models/draft"}, "wait": False}
     # what execute() does for a Modelcar image, minus its readiness check (which loads the kubernetes client)
-    loc = D.locate(cluster.isvc, "/mnt/models/draft")
+    loc = draft_location.locate(cluster.isvc, "/mnt/models/draft")
     res = D.modelcar_remove(params, cluster, cluster.isvc, loc, lambda ref: R.RegistryClient(ref, tls_verify=False), False)
     image = res["image"]
     print(json.dumps({"digest": image["digest"], "blobs": image["blobs"], "layers_rewritten": image["layers_rewritten"],

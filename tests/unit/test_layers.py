@@ -37,8 +37,6 @@ BIG_FILES = {
     # Generated data, not code: one table of --speculative-config facts per vLLM release (hack/vllm_speculative_tables.py
     # writes it from each release's source); a release per file would only spread one dict literal over 25 files.
     "vllm/speculative_releases.py": "generated data: one table per vLLM release",
-    # Draft removal for storageUris, PVC subdirectories and Modelcar layers: three removals behind one plan.
-    "ops/draft_removal.py": "to split: the Modelcar layer rewrite",
 }
 
 # Imports that run up a layer, (importing file, imported module) -> why. Each is a known debt, not a pattern.

@@ -15,7 +15,7 @@ import zlib
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal as D
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal_modelcar
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import layers as S
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import oci_blobs
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
@@ -285,19 +285,19 @@ def test_plan_image_rewrites_a_foreign_gzip_layer_that_holds_target_and_draft():
                 "config": {"mediaType": oci_blobs.MT_CONFIG, "digest": blobs.put(config), "size": len(config)},
                 "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": blobs.put(layer), "size": len(layer)}]}
     raw = json.dumps(manifest).encode()
-    actions, repl, new_manifest, new_config, uploads = D.plan_image(blobs, raw, "models/draft", oci_blobs.sha256_digest(raw))
+    actions, repl, new_manifest, new_config, uploads = draft_removal_modelcar.plan_image(blobs, raw, "models/draft", oci_blobs.sha256_digest(raw))
     assert actions == ["rewrite"]
     desc, diff_id = repl[0]
     out = b"".join(bytes(c) for c in uploads[0].chunks())
     assert desc["digest"] == diff_id == oci_blobs.sha256_digest(out) and desc["size"] == len(out) and desc["mediaType"] == oci_blobs.MT_LAYER_TAR
     assert desc["annotations"][oci_blobs.ANN_TITLE] == "models/target (6 files)"
-    assert D.layer_paths(desc) == [n for n in _contents(out) if _contents(out)[n][0] != "dir"]
+    assert draft_removal_modelcar.layer_paths(desc) == [n for n in _contents(out) if _contents(out)[n][0] != "dir"]
     assert json.loads(new_config)["rootfs"]["diff_ids"] == [diff_id]
     assert json.loads(new_manifest)["layers"] == [desc]
     # a second removal reads the annotations, not the layer: nothing left to remove
     blobs.put(out)
     blobs.put(new_config)
-    again = D.plan_image(blobs, new_manifest, "models/draft", oci_blobs.sha256_digest(new_manifest))
+    again = draft_removal_modelcar.plan_image(blobs, new_manifest, "models/draft", oci_blobs.sha256_digest(new_manifest))
     assert again[0] == ["keep"] and again[2] is None
 
 
@@ -340,7 +340,7 @@ def test_registry_blob_stream_answers_the_challenge_follows_the_redirect_without
     with serving(Handler) as url:
         client = R.RegistryClient(R.ImageRef.parse(url[len("http://"):] + "/repo:v1"), "alice", "pw", tls_verify=False, backoff=0.01)
         client.scheme = "http"
-        reader = D.RemoteImage(client)
+        reader = draft_removal_modelcar.RemoteImage(client)
         found = S.scan(lambda: reader.open_blob(digest), {"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": digest,
                                                           "size": len(blob)}, "models/draft")
     assert found.compression == "gzip" and len(found.kept) == 6

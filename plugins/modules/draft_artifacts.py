@@ -180,6 +180,7 @@ resource:
 
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal_cluster
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec, wait_arg_spec
 
 
@@ -208,8 +209,8 @@ def argument_spec():
 
 def execute(module):
     # A password read from auth_file stays out of every output too.
-    open_registry = draft_removal.registry_opener(module.params, hide=module.no_log_values.add)
-    result = draft_removal.execute(module.params, draft_removal.Cluster(module.api_client, module.params), open_registry,
+    open_registry = draft_removal_cluster.registry_opener(module.params, hide=module.no_log_values.add)
+    result = draft_removal.execute(module.params, draft_removal_cluster.Cluster(module.api_client, module.params), open_registry,
                                    check_mode=module.check_mode)
     if module._diff and result.get("patch"):  # pylint: disable=protected-access
         result["diff"] = {"before": {"draft_path": result.get("draft_path"), "mode": result.get("mode")},

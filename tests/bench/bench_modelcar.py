@@ -42,12 +42,13 @@ MIB = 1 << 20
 def child_push(args):
     """Runs in a child process: build + push with the collection's module_utils, print the result as JSON."""
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_image as L  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import oci_blobs  # pylint: disable=import-outside-toplevel
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_push  # pylint: disable=import-outside-toplevel
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as R  # pylint: disable=import-outside-toplevel
     t0 = time.monotonic()
     plan = L.build_plan(args.target, args.draft)
     client = R.RegistryClient(R.ImageRef.parse(args.image), tls_verify=False)
-    result = modelcar_push.push_plan(plan, client, L.DigestCache(args.cache_dir), jobs=args.jobs)
+    result = modelcar_push.push_plan(plan, client, oci_blobs.DigestCache(args.cache_dir), jobs=args.jobs)
     result["wall_in_process"] = round(time.monotonic() - t0, 3)
     print(json.dumps(result))
 
@@ -55,6 +56,7 @@ def child_push(args):
 def child_remove(args):
     """Runs in a child process: remove the draft from ``args.image`` with the collection's module_utils, print the result."""
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal as D  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_location  # pylint: disable=import-outside-toplevel
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as R  # pylint: disable=import-outside-toplevel
     from tests.testbed.foreign_image import StubCluster  # pylint: disable=import-outside-toplevel
     import resource  # pylint: disable=import-outside-toplevel
@@ -63,7 +65,7 @@ def child_remove(args):
     cluster = StubCluster("oci://" + args.image)
     params = {"previous_config": {"model": "/mnt/models/draft"}, "wait": False}
     # what execute() does for a Modelcar image, minus its readiness check (which loads the kubernetes client)
-    loc = D.locate(cluster.isvc, "/mnt/models/draft")
+    loc = draft_location.locate(cluster.isvc, "/mnt/models/draft")
     res = D.modelcar_remove(params, cluster, cluster.isvc, loc, lambda ref: R.RegistryClient(ref, tls_verify=False), False)
     image = res["image"]
     print(json.dumps({"digest": image["digest"], "blobs": image["blobs"], "layers_rewritten": image["layers_rewritten"],
@@ -114,8 +116,10 @@ def foreign_removal(work, target, total):
 
 def child_layout(args):
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_image as L  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import oci_blobs  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import oci_layout  # pylint: disable=import-outside-toplevel
     plan = L.build_plan(args.target, args.draft)
-    L.write_layout_dir(plan, args.layout, "v1", L.DigestCache(args.cache_dir))
+    oci_layout.write_layout_dir(plan, args.layout, "v1", oci_blobs.DigestCache(args.cache_dir))
 
 
 def make_model(size_gib):

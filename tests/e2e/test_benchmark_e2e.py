@@ -44,7 +44,7 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import decision as bench_decision
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
 from tests.e2e import vllm_harness
 from tests.loopback_http import serving
@@ -644,7 +644,7 @@ def test_ab_report_and_agreement_with_vllm_bench_serve(servers, paced, tiny_chec
             stalled = [r for r in records if r["ttft"] > 0.5 * r["latency"]]
             assert not stalled, "%s %s: %d of %d streams arrived in one piece, e.g. TTFT %.1f ms of %.1f ms" % (
                 tool, side, len(stalled), len(records), 1000 * stalled[0]["ttft"], 1000 * stalled[0]["latency"])
-            assert sum(map(bench_stats.burst_delivered, records)) <= bench_report.BURST_MAX_SHARE * len(records), (tool, side)
+            assert sum(map(bench_stats.burst_delivered, records)) <= bench_decision.BURST_MAX_SHARE * len(records), (tool, side)
     # With speculative decoding, chunks carry several tokens: fewer chunks than tokens on the candidate.
     cand = [r for rep in ours["candidate"] for r in rep if r["success"]]
     assert sum(len(r["itl"]) for r in cand) < sum(r["output_tokens"] - 1 for r in cand)

@@ -357,6 +357,7 @@ PUSH_SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, %(collections)r)
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_image as L
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import oci_blobs
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_push
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as R
     target, image, cache, progress = sys.argv[1:5]
@@ -365,7 +366,7 @@ PUSH_SCRIPT = textwrap.dedent("""
     def report(done, total, rate, final):
         with open(progress, "a") as fh:
             fh.write("%%d %%d\\n" %% (done, total))
-    print(modelcar_push.push_plan(plan, client, L.DigestCache(cache), jobs=1, progress_cb=report, progress_interval=0.02))
+    print(modelcar_push.push_plan(plan, client, oci_blobs.DigestCache(cache), jobs=1, progress_cb=report, progress_interval=0.02))
 """) % {"collections": COLLECTIONS}
 
 

@@ -20,6 +20,7 @@ from tests.testbed.foreign_image import StubCluster, write_foreign_layout
 from tests.testbed.registry import Registry, ensure_tools
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal_modelcar
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as oci_registry
 
 pytestmark = pytest.mark.e2e
@@ -99,7 +100,7 @@ def test_foreign_gzip_single_layer_image_is_rebuilt_without_its_draft(tmp_path):
         assert [d["mediaType"] for d in manifest["layers"]] == ["application/vnd.oci.image.layer.v1.tar"]
         old_digest = _skopeo("inspect", "--format", "{{.Digest}}", "--tls-verify=false", "--creds", "%s:%s" % (USER, PASSWORD),
                              "docker://%s/%s:v1" % (reg.host, repo)).strip()
-        assert manifest["annotations"][draft_removal.REMOVED_FROM_ANNOTATION] == old_digest
+        assert manifest["annotations"][draft_removal_modelcar.REMOVED_FROM_ANNOTATION] == old_digest
         pulled = str(tmp_path / "pulled")
         _skopeo("copy", "--src-tls-verify=false", "--src-creds", "%s:%s" % (USER, PASSWORD), "--dest-oci-accept-uncompressed-layers",
                 ref, "oci:%s:pulled" % pulled)  # skopeo checks every blob against its digest

@@ -27,7 +27,8 @@ from tests.integration.test_stage_pvc import StagerPod, _batch, _core, _write_mo
 from tests.testbed.registry import Registry, ensure_tools
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import artifact_sync
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_image as oci_layout
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_image
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import oci_blobs
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_push
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as oci_registry
 
@@ -209,12 +210,12 @@ def _push_image(tmp_path, registry):
         path = tmp_path / "models" / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-    plan = oci_layout.build_plan(str(tmp_path / "models" / "target"), str(tmp_path / "models" / "draft"),
-                                 annotations={"io.alauda.spec-decoding.draft-name": DRAFT})
+    plan = modelcar_image.build_plan(str(tmp_path / "models" / "target"), str(tmp_path / "models" / "draft"),
+                                     annotations={"io.alauda.spec-decoding.draft-name": DRAFT})
     ref = oci_registry.ImageRef.parse("%s/models/llama-eagle3:v1" % registry.host)
     client = oci_registry.RegistryClient(ref, USER, PASSWORD, tls_verify=False)
     try:
-        pushed = modelcar_push.push_plan(plan, client, oci_layout.DigestCache(enabled=False))
+        pushed = modelcar_push.push_plan(plan, client, oci_blobs.DigestCache(enabled=False))
     finally:
         client.close()
     return ref, pushed["digest"], files

@@ -1,5 +1,5 @@
 """canary module_utils: the plan's validation, each step's manifest, readiness per revision, histogram-delta quantiles
-checked against prometheus_client's own histogram counting, and the decision (bench_report.decide's keep rule)."""
+checked against prometheus_client's own histogram counting, and the decision (bench_decision.decide's keep rule)."""
 
 import json
 import random

@@ -30,9 +30,6 @@ BIG_FILES = {
     # The stager Job's script (roles/stage_pvc/files/artifact_sync.py, linked here so modules can import its sources and
     # checks): the Job runs it as one standalone file, so it cannot be split into modules.
     "artifacts/artifact_sync.py": "the stager Job's single-file script",
-    # The report: context checks, the decision, Markdown (the plots went to bench/plots.py, 1055 -> 685 lines; the command
-    # reader joined vllm/command_line.py, 685 -> 637). Candidate split: the context checks.
-    "bench/report.py": "to split: context checks",
     # One flag registry and the argv / bash -c / env-string reader and editor that share it (with the reader of any other
     # option: command_words, option_value); splitting the registry from its readers would make every reader import
     # private tables. The bash lexer they stand on is vllm/shell_lexer.py (1104 -> 781 lines).
@@ -40,14 +37,6 @@ BIG_FILES = {
     # Generated data, not code: one table of --speculative-config facts per vLLM release (hack/vllm_speculative_tables.py
     # writes it from each release's source); a release per file would only spread one dict literal over 25 files.
     "vllm/speculative_releases.py": "generated data: one table per vLLM release",
-    # The load sweep: input checks, the break-even search, the target decision, the k confirmation, each side's speculative
-    # state before the first request, resuming from JSON and the run, all on one sweep dict (the k model went to
-    # bench/num_speculative_tokens.py, 999 -> 809 lines). Candidate split: the side checks (spec_state_*, check_*_states).
-    "bench/sweep.py": "to split: each side's speculative-state checks",
-    # OCI image layout writer (layers, config, manifest, index) for the Modelcar image; one format.
-    "artifacts/modelcar_image.py": "one format (OCI layout) end to end",
-    # Draft removal for storageUris, PVC subdirectories and Modelcar layers: three removals behind one plan.
-    "ops/draft_removal.py": "to split: the Modelcar layer rewrite",
 }
 
 # Imports that run up a layer, (importing file, imported module) -> why. Each is a known debt, not a pattern.

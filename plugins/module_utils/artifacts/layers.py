@@ -30,7 +30,7 @@ import tarfile
 import zlib
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.modelcar_image import BLOCK, CHUNK, MT_LAYER_TAR, Entry, Source
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.oci_blobs import BLOCK, CHUNK, MT_LAYER_TAR, Entry, Source
 
 FIELD = "storageUri"
 GZIP_MAGIC = b"\x1f\x8b"

@@ -17,9 +17,11 @@ import threading
 import time
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.modelcar_image import (
-    ANN_TITLE, MT_MANIFEST, DigestCache, build_plan, plan_from_layout, resolve_digests, sha256_digest, write_archive,
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.modelcar_image import build_plan, plan_from_layout
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.oci_blobs import (
+    ANN_TITLE, MT_MANIFEST, DigestCache, resolve_digests, sha256_digest,
 )
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.oci_layout import write_archive
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.registry import ImageRef, Progress, RegistryError, open_client
 
 

@@ -28,7 +28,7 @@ import time
 import urllib.parse
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.modelcar_image import MT_DOCKER_MANIFEST, MT_MANIFEST, sha256_digest
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.oci_blobs import MT_DOCKER_MANIFEST, MT_MANIFEST, sha256_digest
 
 USER_AGENT = "alauda.spec_decoding-modelcar/1"
 MANIFEST_ACCEPT = ", ".join([MT_MANIFEST, MT_DOCKER_MANIFEST])

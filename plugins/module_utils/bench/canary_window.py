@@ -15,7 +15,7 @@ import copy
 import math
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import decision as bench_decision
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import prometheus_text
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
 
@@ -162,7 +162,7 @@ def revision_figures(pod_deltas, window_s, percentiles=(50, 99)):
 
 
 def as_bench_summary(figures):
-    """A revision's figures in the shape bench_report.decide reads (medians in ms, output throughput, completed)."""
+    """A revision's figures in the shape bench_decision.decide reads (medians in ms, output throughput, completed)."""
     return {"ttft_ms": figures["ttft_ms"], "tpot_ms": figures["tpot_ms"], "output_throughput": figures["output_rate_per_request"],
             "completed": figures["requests"], "failed": 0}
 
@@ -211,7 +211,7 @@ def _p99_checks(stable, canary, tolerance):
 def decide(stable, canary, min_requests=20, tolerances=None, missing=None, p99_tolerance=DEFAULT_P99_TOLERANCE):
     """``promote`` | ``roll_back`` | ``none`` (not enough evidence), with the reasons.
 
-    The keep rule is the benchmark's (``bench_report.decide``: median TTFT, median TPOT and the output rate all at least as
+    The keep rule is the benchmark's (``bench_decision.decide``: median TTFT, median TPOT and the output rate all at least as
     good within the tolerances), on the medians of the window's histogram deltas. Live traffic adds a tail guard: the
     canary's p99 TTFT and p99 TPOT may be at most ``p99_tolerance`` worse (None: tails not checked), since a median
     win can hide a tail that users feel. No decision when a side's pods had no metrics (``missing``:
@@ -225,7 +225,7 @@ def decide(stable, canary, min_requests=20, tolerances=None, missing=None, p99_t
              for side, fig in (("stable", stable), ("canary", canary)) if fig["requests"] < min_requests]
     if short:
         return {"decision": "none", "reasons": short, "checks": []}
-    verdict = bench_report.decide(as_bench_summary(stable), as_bench_summary(canary), tolerances=tolerances)
+    verdict = bench_decision.decide(as_bench_summary(stable), as_bench_summary(canary), tolerances=tolerances)
     tolerance = check_p99_tolerance(p99_tolerance)
     tail_checks, tail_reasons = _p99_checks(stable, canary, tolerance) if tolerance is not None else ([], [])
     fewest = min(stable["requests"], canary["requests"])

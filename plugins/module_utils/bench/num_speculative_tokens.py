@@ -5,8 +5,8 @@
 for each k against a verify-cost model (``recommend_k``, ``verify_cost_ratio_from``), and ``predict_k`` on a sweep's
 pooled acceptance counts.
 
-Its own file because it is a model, not a measurement: bench/sweep.py measures the loads and confirms the predicted k
-with an A/B. Plain Python, no Ansible imports.
+Its own file because it is a model, not a measurement: bench/sweep.py measures the loads and
+bench/sweep_analysis.py confirms the predicted k with an A/B. Plain Python, no Ansible imports.
 """
 
 from __future__ import annotations

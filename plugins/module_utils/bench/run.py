@@ -19,6 +19,7 @@ import time
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import client as bench_client
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import plots as bench_plots
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import decision as bench_decision
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import workloads as bench_workloads
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import prometheus_text
@@ -74,7 +75,7 @@ def check_protocol(params):
     if not name or name in (".", "..") or "/" in name or "\\" in name:
         raise ValidationError("must be a plain file name, got %r" % (name,), field="report_name",
                               hint="put the folder in report_dir and give only the base name here, e.g. 'llama-eagle3'")
-    bench_report.check_tolerances(params["tolerances"])
+    bench_decision.check_tolerances(params["tolerances"])
 
 
 def scrape(endpoint, enabled):

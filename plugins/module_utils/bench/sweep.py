@@ -1,30 +1,18 @@
 # -*- coding: utf-8 -*-
 # Copyright: Alauda
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Load and k sweeps for speculative decoding: input checks, break-even load, k confirmation, target decision, resume.
+"""Load and k sweeps for speculative decoding: input checks, the measurement plan, resume, the run (issue #18).
 
-The pure logic under issue #18 (``spec_sweep`` module, ``playbooks/tune.yml``). Nothing here sends a request:
+``run_sweep`` is the ``spec_sweep`` module's work (``playbooks/tune.yml``); the rest sends no request:
 
 - ``validate_sweep``: the sweep's inputs (``request_rates``, ``concurrencies``, ``num_speculative_tokens``
   candidates for the method, ``target_qps``), refused with ``ValidationError`` naming the field before any
   request is sent.
-- ``break_even(points, keep_rule)``: the highest measured load at which the candidate still meets
-  ``spec_benchmark``'s keep rule (``bench_report.decide``, called, not copied), the first at which it does not,
-  and the interpolated crossover of the metric that crossed first.
-- ``confirmation(prediction, ...)``: the measured A/B of the k that bench/num_speculative_tokens.py predicts from
-  vLLM's per-position acceptance rates (``recommend_k``, ``predict_k``) against the current k.
-- ``decision_for_target(points, target_qps, keep_rule)``: the keep/roll_back decision at the sweep point at or
-  above the load the service really runs.
+- ``plan_units(request_rates, concurrencies)``: the measurements in run order, per load the baseline then the candidate.
 - ``resume_state(previous_json, plan)``: which planned measurements a previous run's JSON already holds.
 
-A *point* is one load with both sides measured::
-
-    {"kind": "request_rate" | "concurrency", "load": 4.0,
-     "baseline": <bench_stats.summarize_run(...)>, "candidate": <bench_stats.summarize_run(...)>}
-
-A side may also be given as ``spec_benchmark``'s side dict (``{"summary": {...}, ...}``). The summaries carry
-the medians and p99 of TTFT/TPOT/ITL (``ttft_ms``, ``tpot_ms``, ``itl_ms``), ``output_throughput`` (tok/s),
-``completed``, ``failed`` and ``burst_delivered``, which is what the keep rule reads.
+What the measurements say (break-even, the target decision, the k confirmation) is bench/sweep_analysis.py; what each
+side runs, checked before the first request, is bench/sweep_sides.py.
 """
 
 from __future__ import annotations
@@ -34,22 +22,20 @@ import json
 import os
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import client as bench_client
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import num_speculative_tokens as k_model
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import plots as bench_plots
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import run as bench_run
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import workloads as bench_workloads
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import engine_log
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench.sweep_analysis import LOAD_EPS, analyse
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench.sweep_sides import (
+    ENGINE_FIELDS, check_engine_states, check_spec_states, describe_checks, spec_state_from_command, spec_state_from_engine,
+    spec_state_from_metrics,
+)
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 SWEEP_SCHEMA = "alauda.spec_decoding/sweep-results/v1"
-LOAD_KINDS = ("request_rate", "concurrency")
-LOAD_FIELDS = {"request_rate": "request_rates", "concurrency": "concurrencies"}
-SIDES = ("baseline", "candidate")
 
 # Upper bound of the num_speculative_tokens candidates a sweep accepts, per method (the name vLLM prints, so
 # every ``*_mtp`` alias counts as ``mtp``). vLLM itself only requires ``num_speculative_tokens > 0`` ("Expected
@@ -72,8 +58,6 @@ MAX_SPECULATIVE_TOKENS = {
 }
 # Protocol parameters a resumed sweep must share with the run it continues (more may be given in the plan).
 REQUIRED_PROTOCOL_KEYS = ("prompts_sha256", "seed", "temperature")
-# A rate may be this much below target_qps (float noise from YAML) and still count as "at" it.
-_LOAD_EPS = 1e-9
 
 
 # -- input validation -----------------------------------------------------------------------------------------
@@ -155,156 +139,11 @@ def validate_sweep(request_rates=None, concurrencies=None, num_speculative_token
         if rates is None:
             raise ValidationError("needs request_rates: the decision uses the sweep point at or above target_qps", field="target_qps",
                                   hint="add request_rates that reach %g, or drop target_qps" % target_qps)
-        if target_qps > rates[-1] * (1 + _LOAD_EPS):
+        if target_qps > rates[-1] * (1 + LOAD_EPS):
             raise ValidationError("%g is above every measured request rate (largest %g)" % (target_qps, rates[-1]), field="target_qps",
                                   hint="add a request rate at or above %g to request_rates, or lower target_qps" % target_qps)
     return {"request_rates": rates, "concurrencies": concs, "num_speculative_tokens": ks, "method": method, "k_limit": limit,
             "target_qps": float(target_qps) if target_qps is not None else None}
-
-
-# -- points and the keep rule ---------------------------------------------------------------------------------
-def _check_points(points, field="points"):
-    """Points sorted by load, one kind, unique positive loads, both sides present."""
-    if not isinstance(points, (list, tuple)) or not points:
-        raise ValidationError("no sweep points", field=field, hint="measure at least one load on both sides")
-    kinds = set()
-    out = []
-    for index, point in enumerate(points):
-        if not isinstance(point, dict) or not bench_stats.is_number(point.get("load")) or point["load"] <= 0:
-            raise ValidationError("point %d has no load greater than 0" % index, field=field,
-                                  hint="each point is {'kind', 'load', 'baseline', 'candidate'}")
-        for side in SIDES:
-            if not isinstance(point.get(side), dict):
-                raise ValidationError("point %d (load %g) has no %s measurement" % (index, point["load"], side), field=field,
-                                      hint="measure both sides at every load")
-        kinds.add(point.get("kind", "request_rate"))
-        out.append(point)
-    if len(kinds) != 1 or not kinds <= set(LOAD_KINDS):
-        raise ValidationError("points mix or misname load kinds (%s)" % ", ".join(sorted(str(k) for k in kinds)), field=field,
-                              hint="analyse request_rate and concurrency points separately")
-    out.sort(key=lambda p: p["load"])
-    for before, after in zip(out, out[1:]):
-        if after["load"] == before["load"]:
-            raise ValidationError("load %g is measured twice" % after["load"], field=field, hint="keep one point per load")
-    return kinds.pop(), out
-
-
-def _apply_keep_rule(keep_rule, point, kind):
-    """``bench_report.decide`` (spec_benchmark's keep rule) on one point; ``keep_rule`` is its tolerances or a callable."""
-    baseline, candidate = bench_stats.side_summary(point["baseline"]), bench_stats.side_summary(point["candidate"])
-    load = {kind: point["load"]}
-    if callable(keep_rule):
-        return keep_rule(baseline, candidate, load)
-    return bench_report.decide(baseline, candidate, keep_rule, load)
-
-
-def _margin(check):
-    """How far one decide() check is from failing, as a fraction of the baseline (>= 0 passes, < 0 fails)."""
-    base, cand, limit = check.get("baseline"), check.get("candidate"), check.get("limit")
-    if base in (None, 0) or cand is None or limit is None:
-        return None
-    if check.get("better") == "lower":
-        return (limit - cand) / float(base)
-    return (cand - limit) / float(base)
-
-
-def _evaluate(points, keep_rule, kind):
-    rows = []
-    for point in points:
-        decision = _apply_keep_rule(keep_rule, point, kind)
-        baseline, candidate = bench_stats.side_summary(point["baseline"]), bench_stats.side_summary(point["candidate"])
-        rows.append({
-            "load": point["load"],
-            "decision": decision["decision"],
-            "reasons": list(decision.get("reasons") or []),
-            "margins": {c["metric"]: _margin(c) for c in decision.get("checks") or []},
-            "speedup": bench_stats.ratio(candidate.get("output_throughput"), baseline.get("output_throughput")),
-        })
-    return rows
-
-
-def break_even(points, keep_rule=None):
-    """Where the candidate stops paying, by ``spec_benchmark``'s keep rule, over the measured loads.
-
-    ``keep_rule``: ``None`` or a tolerances dict for ``bench_report.decide`` (the rule ``spec_benchmark`` decides
-    with: keep only if median TTFT, median TPOT and output throughput all pass, no extra failed requests, no
-    burst-delivered side), or a callable ``(baseline_summary, candidate_summary, load) -> decide()-shaped dict``.
-
-    Each metric's *margin* is how far it is from its limit, as a fraction of that point's baseline
-    (``(limit - candidate) / baseline`` for latencies, ``(candidate - limit) / baseline`` for throughput; keep needs
-    every margin >= 0). The crossover between the last keep load ``x1`` (margin ``m1 >= 0``) and the next load
-    ``x2`` (margin ``m2 < 0``) is the linear interpolation ``x1 + (x2 - x1) * m1 / (m1 - m2)``, per metric that
-    failed at ``x2``; ``crossed_first`` is the metric with the lowest crossover.
-
-    Returns ``{"kind", "status", "last_keep_load", "first_roll_back_load", "crossover_load", "crossed_first",
-    "crossover_by_metric", "reason", "pays_again_at", "points"}``; ``status`` is ``crossed``, ``pays_everywhere``
-    or ``pays_nowhere`` (then ``crossover_load`` is ``None`` and ``reason`` says why). ``pays_again_at`` lists
-    keep loads above the first roll_back (a non-monotonic sweep: worth re-measuring).
-    """
-    kind, points = _check_points(points)
-    rows = _evaluate(points, keep_rule, kind)
-    unit = "req/s" if kind == "request_rate" else "concurrent requests"
-    out = {"kind": kind, "status": None, "last_keep_load": None, "first_roll_back_load": None, "crossover_load": None,
-           "crossed_first": None, "crossover_by_metric": {}, "reason": "", "pays_again_at": [], "points": rows}
-    first_bad = next((i for i, row in enumerate(rows) if row["decision"] != "keep"), None)
-    if first_bad is None:
-        out.update(status="pays_everywhere", last_keep_load=rows[-1]["load"],
-                   reason="the candidate meets keep at every measured load (%g to %g %s): the break-even lies above the "
-                          "measured range; add higher loads to find it" % (rows[0]["load"], rows[-1]["load"], unit))
-        return out
-    bad = rows[first_bad]
-    out["first_roll_back_load"] = bad["load"]
-    out["pays_again_at"] = [row["load"] for row in rows[first_bad + 1:] if row["decision"] == "keep"]
-    if first_bad == 0:
-        out.update(status="pays_nowhere",
-                   reason="the candidate does not meet keep even at the lowest measured load (%g %s): %s" % (
-                       bad["load"], unit, "; ".join(bad["reasons"])))
-        return out
-    good = rows[first_bad - 1]
-    out.update(status="crossed", last_keep_load=good["load"])
-    x1, x2 = good["load"], bad["load"]
-    for metric, m2 in bad["margins"].items():
-        m1 = good["margins"].get(metric)
-        if m1 is None or m2 is None or m2 >= 0 or m1 < 0:
-            continue
-        out["crossover_by_metric"][metric] = x1 + (x2 - x1) * m1 / (m1 - m2)
-    if out["crossover_by_metric"]:
-        order = list(bad["margins"])
-        metric = min(out["crossover_by_metric"], key=lambda m: (out["crossover_by_metric"][m], order.index(m)))
-        crossover = out["crossover_by_metric"][metric]
-        out["crossed_first"] = metric
-        out["crossover_load"] = crossover
-        out["reason"] = "keep holds at %g and fails at %g %s; %s crossed first, at about %.3g (linear interpolation of its margin): %s" % (
-            x1, x2, unit, metric, crossover, "; ".join(bad["reasons"]))
-    else:
-        out["reason"] = ("keep holds at %g and fails at %g %s for a reason with no margin to interpolate, so there is no crossover "
-                         "estimate: %s" % (x1, x2, unit, "; ".join(bad["reasons"])))
-    return out
-
-
-def decision_for_target(points, target_qps, keep_rule=None):
-    """The keep/roll_back decision for the load the service really runs: the request-rate point at or above ``target_qps``.
-
-    Returns ``{"target_qps", "load", "exact", "decision" (bench_report.decide's dict), "speedup"}``. Raises
-    ``ValidationError`` (field ``target_qps``) when it is not > 0, the points are concurrencies, or it is above
-    every measured rate.
-    """
-    if not bench_stats.is_number(target_qps) or target_qps <= 0:
-        raise ValidationError("must be a number greater than 0, got %r" % (target_qps,), field="target_qps",
-                              hint="the request rate (requests/s) the service really runs")
-    kind, points = _check_points(points)
-    if kind != "request_rate":
-        raise ValidationError("needs request-rate points, the sweep measured %s" % kind, field="target_qps",
-                              hint="sweep request_rates up to at least %g" % target_qps)
-    chosen = next((p for p in points if p["load"] >= target_qps * (1 - _LOAD_EPS)), None)
-    if chosen is None:
-        raise ValidationError("%g is above every measured request rate (largest %g)" % (target_qps, points[-1]["load"]),
-                              field="target_qps", hint="measure a request rate at or above %g, or lower target_qps" % target_qps)
-    decision = _apply_keep_rule(keep_rule, chosen, kind)
-    baseline, candidate = bench_stats.side_summary(chosen["baseline"]), bench_stats.side_summary(chosen["candidate"])
-    return {"target_qps": float(target_qps), "load": chosen["load"], "exact": abs(chosen["load"] - target_qps) <= _LOAD_EPS * target_qps,
-            "decision": decision,
-            "speedup": bench_stats.ratio(candidate.get("output_throughput"), baseline.get("output_throughput"))}
 
 
 # -- plan and resume ------------------------------------------------------------------------------------------
@@ -382,219 +221,6 @@ def resume_state(previous_json, plan):
     return {"done": done, "todo": todo}
 
 
-# -- spec state of each side, before any request ------------------------------------------------------------------
-def spec_state_from_metrics(text, model_name=None):
-    """``{"speculative": bool | None, "k": int | None}`` from one ``/metrics`` page.
-
-    vLLM registers the ``vllm:spec_decode_*`` counters only when the engine runs with a speculative config
-    (``SpecDecodingProm`` returns early without one), and creates one ``..._per_pos`` series per proposed slot at
-    start-up, so the series count is the engine's ``num_speculative_tokens``. ``None`` when there is no page.
-    """
-    if text is None:
-        return {"speculative": None, "k": None}
-    counters = spec_metrics.parse_prometheus(text)
-    name = model_name if model_name in counters.all_model_names else None
-    if name:
-        counters = spec_metrics.parse_prometheus(text, model_name=name)
-    k = len(counters.accepted_per_pos or []) or None
-    return {"speculative": bool(counters.found), "k": k}
-
-
-def spec_state_from_command(command, env=None):
-    """True/False whether a vLLM command line sets speculative decoding, None without a command.
-
-    Any speculative flag with a value counts (vllm_command's registry: ``--speculative-config`` and its dotted keys, the
-    0.24+ ``--spec-*`` shorthand, and the pre-0.10 flags with which older images run speculative decoding)."""
-    if bench_report._blank(command):  # pylint: disable=protected-access
-        return None
-    return any(occ.has_value for occ in vllm_command.find_occurrences(vllm_command.command_words(command, env)))
-
-
-ENGINE_FIELDS = {"baseline": "baseline_engine_config", "candidate": "candidate_engine_config", "confirm": "confirm_engine_config"}
-
-
-def spec_state_from_engine(engine, field):
-    """``{"found": bool, "config": dict | None}`` from what a side's engine printed at start-up, ``None`` when not given.
-
-    ``engine``: the result of ``alauda.spec_decoding.engine_config_info`` or ``llmisvc_engine_config`` (``found`` and
-    ``speculative_config``, the parsed ``speculative_config=...`` of the "Initializing a V1 LLM engine" line), or
-    ``{"line": "<the engine-config line>"}``. The engine line is what the engine really runs: a flag lost on
-    the way (a ServingRuntime that drops args, a config the engine rejected and replaced) shows there first.
-    """
-    if engine is None or engine == {}:
-        return None
-    if not isinstance(engine, dict):
-        raise ValidationError("must be a dict, got %s" % type(engine).__name__, field=field,
-                              hint="register the result of alauda.spec_decoding.engine_config_info and pass it")
-    if engine.get("line") and "found" not in engine:
-        parsed = engine_log.parse_engine_line(engine["line"])
-        if parsed is None:
-            raise ValidationError("line is not vLLM's engine-config line (\"Initializing a V1 LLM engine (v...) with config: ...\")",
-                                  field=field + ".line", hint="give the line as the engine logged it, or the engine_config_info module's result")
-        return {"found": True, "config": parsed["speculative_config"]}
-    if "found" not in engine:
-        raise ValidationError("has neither found/speculative_config nor line", field=field,
-                              hint="register the result of alauda.spec_decoding.engine_config_info (found, speculative_config) and pass it")
-    config = engine.get("speculative_config")
-    if config is not None and not isinstance(config, dict):
-        raise ValidationError("speculative_config must be a dict or null, got %r" % (config,), field=field + ".speculative_config",
-                              hint="pass the engine_config_info module's result unchanged")
-    return {"found": bool(engine["found"]), "config": config}
-
-
-def check_engine_states(engines, metrics_states, method=None, current_k=None, confirm_k=None):
-    """Refuse, from each side's engine line, a baseline that runs speculative decoding, a candidate or confirm server
-    that does not, and an engine whose method or k contradicts the sweep's inputs or the same side's /metrics.
-
-    ``engines``: ``{side: spec_state_from_engine(...)}`` (``None`` values: not given). Returns
-    ``(notes, engine_k)``: what could not be checked, and the candidate's k as its engine printed it.
-    """
-    notes, engine_k = [], None
-    wants = {"baseline": False, "candidate": True, "confirm": True}
-    for side, state in engines.items():
-        field = ENGINE_FIELDS[side]
-        if state is None:
-            continue
-        if not state["found"]:
-            notes.append("the %s's engine-config line was not found (%s.found is false), so its speculative config was "
-                         "checked on /metrics only" % (side, field))
-            continue
-        config = state["config"]
-        printed = engine_log.format_config(config)
-        if not wants[side]:
-            if config is not None:
-                raise ValidationError("shows %s: the baseline's engine runs speculative decoding, so it is no baseline" % printed,
-                                      field=field, hint="give the engine line of the same model served without --speculative-config")
-            continue
-        if config is None:
-            raise ValidationError("shows speculative_config=None: the %s's engine runs without speculative decoding" % side, field=field,
-                                  hint="check that --speculative-config reached vLLM (alauda.spec_decoding.engine_config_info with "
-                                       "expected) and point %s_url at that server" % side)
-        got_method = engine_log.normalize_method(config.get("method"))
-        want_method = engine_log.normalize_method(speculative_config.printed_method(method))
-        if want_method and got_method and got_method != want_method:
-            raise ValidationError("is %s, but the %s's engine runs method %r (%s)" % (method, side, got_method, printed), field="method",
-                                  hint="set method to %s, the method the k candidates are checked against" % got_method)
-        k = config.get("num_spec_tokens")
-        seen = (metrics_states.get(side) or {}).get("k")
-        if isinstance(k, int) and seen is not None and seen != k:
-            raise ValidationError("shows num_spec_tokens=%d, but %s_url's /metrics has %d per-position series: the log and the URL "
-                                  "are of different servers" % (k, side, seen), field=field,
-                                  hint="give the engine line of the server %s_url serves" % side)
-        if side == "candidate" and isinstance(k, int):
-            engine_k = k
-            if current_k is not None and current_k != k:
-                raise ValidationError("is %d, but the candidate's engine runs num_spec_tokens=%d" % (current_k, k), field="current_k",
-                                      hint="leave current_k unset (it is read from the engine line) or set it to %d" % k)
-        if side == "confirm" and isinstance(k, int) and confirm_k is not None and confirm_k != k:
-            raise ValidationError("is %d, but the confirm server's engine runs num_spec_tokens=%d" % (confirm_k, k), field="confirm_k",
-                                  hint="deploy the predicted k there, or set confirm_k to %d" % k)
-    return notes, engine_k
-
-
-def describe_checks(states, engines):
-    """What the report says each side was found to run, before the first request."""
-    out = {}
-    for side, state in states.items():
-        engine = engines.get(side)
-        seen = state.get("speculative")
-        out[side] = {
-            "engine_line": (engine_log.format_config(engine["config"]) if engine and engine["found"] else
-                            "not found in the log" if engine else "not given"),
-            "metrics": ("no /metrics page" if seen is None else
-                        "vllm:spec_decode_* counters, %s per-position series" % state.get("k") if seen else
-                        "no vllm:spec_decode_* counters"),
-        }
-    return out
-
-
-def check_spec_states(states, commands=None):
-    """Refuse a candidate that does not run speculative decoding and a baseline that does (``ValidationError``).
-
-    ``states``: ``{side: spec_state_from_metrics(...)}`` for ``baseline``, ``candidate`` and optionally ``confirm``
-    (with ``"expected_k"``); ``commands``: ``{side: True/False/None}`` from ``spec_state_from_command``.
-    Returns notes for what could not be checked.
-    """
-    notes = []
-    wants = {"baseline": False, "candidate": True, "confirm": True}
-    fields = {"baseline": "baseline_url", "candidate": "candidate_url", "confirm": "confirm_url"}
-    for side, state in states.items():
-        seen = state.get("speculative")
-        if seen is None:
-            notes.append("the %s has no /metrics page, so whether it runs speculative decoding was not checked" % side)
-        elif seen != wants[side]:
-            if wants[side]:
-                raise ValidationError("shows no speculative decoding: its /metrics has no vllm:spec_decode_* counters, which vLLM "
-                                      "registers whenever a speculative config is set", field=fields[side],
-                                      hint="point %s at the server started with --speculative-config" % fields[side])
-            raise ValidationError("shows speculative decoding (vllm:spec_decode_* counters on its /metrics, k=%s): it is not a "
-                                  "baseline" % state.get("k"), field=fields[side],
-                                  hint="point baseline_url at the same model served without --speculative-config")
-        expected = state.get("expected_k")
-        if seen and expected is not None and state.get("k") is not None and state["k"] != expected:
-            raise ValidationError("serves num_speculative_tokens=%d (per-position series on /metrics), not the k=%d to confirm" % (
-                state["k"], expected), field=fields[side], hint="deploy the recommended k there, or set confirm_k to what it serves")
-    for side, flagged in (commands or {}).items():
-        if flagged is None or flagged == wants[side]:
-            continue
-        field = "report_context.%s_command" % side
-        if wants[side]:
-            raise ValidationError("has no --speculative-config: the candidate's command does not enable speculative decoding",
-                                  field=field, hint="give the command the candidate really runs")
-        raise ValidationError("sets --speculative-config: the baseline's command enables speculative decoding",
-                              field=field, hint="the baseline is the same command without --speculative-config")
-    return notes
-
-
-# -- the k confirmation: the measured A/B of the predicted k --------------------------------------------------
-def confirmation(prediction, confirm_units, sweep_point, keep_rule=None):
-    """The measured A/B of the predicted k against the current k, beside the prediction.
-
-    ``confirm_units``: ``{"current": side, "recommended": side}`` measured fresh at the same load (or ``None``);
-    ``sweep_point``: the sweep's point at that load (baseline vs current k). When the predicted k is the current k,
-    the sweep's own A/B is the measurement. Returns ``{"status": confirmed | rejected | not_measured, ...}``.
-    """
-    if prediction is None:
-        return {"status": "not_measured", "reason": "no acceptance counts were measured on the candidate, so there is no k prediction"}
-    pred, cur = prediction["predicted_k"], prediction["current_k"]
-    out = {"predicted_k": pred, "current_k": cur, "expected_gain": prediction["expected_gain"],
-           "expected_gain_current": prediction.get("expected_gain_current"),
-           "load": sweep_point["load"] if sweep_point else None, "kind": (sweep_point or {}).get("kind")}
-    if pred == cur:
-        summary_b, summary_c = bench_stats.side_summary(sweep_point["baseline"]), bench_stats.side_summary(sweep_point["candidate"])
-        speedup = bench_stats.ratio(summary_c.get("output_throughput"), summary_b.get("output_throughput"))
-        dec = _apply_keep_rule(keep_rule, sweep_point, sweep_point.get("kind", "request_rate"))
-        out.update(status="confirmed" if dec["decision"] == "keep" else "rejected", recommended_k=cur if dec["decision"] == "keep" else None,
-                   measured_speedup_vs_current=1.0, measured_speedup_vs_baseline=speedup, decision=dec,
-                   reason="the predicted k is the deployed k=%d; the sweep's A/B at this load measured it against the baseline: "
-                          "speedup %s, %s" % (cur, _fmt3(speedup), dec["decision"]))
-        return out
-    if not confirm_units:
-        out.update(status="not_measured", recommended_k=None,
-                   reason="predicted k=%d (expected gain %.3f vs %s at the current k=%s) is not confirmed: serve k=%d on confirm_url "
-                          "(or deploy it) and rerun with resume_from; never adopt a k from the curve alone" % (
-                              pred, prediction["expected_gain"], _fmt3(prediction.get("expected_gain_current")), cur, pred))
-        return out
-    cur_sum, rec_sum = bench_stats.side_summary(confirm_units["current"]), bench_stats.side_summary(confirm_units["recommended"])
-    dec = bench_report.decide(cur_sum, rec_sum, keep_rule if isinstance(keep_rule, dict) else None,
-                              {out["kind"] or "request_rate": out["load"]})
-    speedup = bench_stats.ratio(rec_sum.get("output_throughput"), cur_sum.get("output_throughput"))
-    base = bench_stats.side_summary(sweep_point["baseline"]) if sweep_point else {}
-    vs_base = bench_stats.ratio(rec_sum.get("output_throughput"), base.get("output_throughput"))
-    predicted_ratio = bench_stats.ratio(prediction["expected_gain"], prediction.get("expected_gain_current"))
-    keep = dec["decision"] == "keep"
-    out.update(status="confirmed" if keep else "rejected", recommended_k=pred if keep else cur, decision=dec,
-               measured_speedup_vs_current=speedup, measured_speedup_vs_baseline=vs_base, predicted_speedup_vs_current=predicted_ratio,
-               reason=("k=%d measured against k=%d at load %g: speedup %s (predicted %s); %s" % (
-                   pred, cur, out["load"], _fmt3(speedup), _fmt3(predicted_ratio),
-                   "keep k=%d" % pred if keep else "keep the current k=%d: %s" % (cur, "; ".join(dec["reasons"])))))
-    return out
-
-
-def _fmt3(value):
-    return "n/a" if value is None else "%.3f" % value
-
-
 # -- the run ------------------------------------------------------------------------------------------------------
 # Protocol parameters recorded in the sweep JSON; a resumed run must match every one of them.
 PROTOCOL_KEYS = ("prompts_sha256", "seed", "temperature", "max_tokens", "api", "runs_per_prompt", "warmup", "arrival",
@@ -623,21 +249,6 @@ def _read_resume(path):
     except OSError as exc:
         raise ValidationError("cannot read %s (%s)" % (path, exc.strerror or exc), field="resume_from",
                               hint="point it at the JSON an earlier sweep wrote (<report_dir>/<report_name>.json)") from exc
-
-
-def _point_view(point, decision_row):
-    """A point as the module returns it: medians and p99 of TTFT/TPOT/ITL, tok/s, speedup, acceptance, decision."""
-    out = {"kind": point["kind"], "load": point["load"], "speedup": decision_row["speedup"], "decision": decision_row["decision"],
-           "reasons": decision_row["reasons"]}
-    for side in SIDES:
-        summary = bench_stats.side_summary(point[side])
-        view = {key: {"median": (summary.get(key) or {}).get("median"), "p99": (summary.get(key) or {}).get("p99")}
-                for key in ("ttft_ms", "tpot_ms", "itl_ms")}
-        view.update(output_throughput=summary.get("output_throughput"), completed=summary.get("completed"), failed=summary.get("failed"))
-        if side == "candidate":
-            view["acceptance"] = point[side].get("acceptance")
-        out[side] = view
-    return out
 
 
 def run_sweep(params, measure=None):
@@ -721,7 +332,7 @@ def run_sweep(params, measure=None):
         kind = "request_rate" if sweep["request_rates"] else "concurrency"
         loads = sweep["request_rates"] or sweep["concurrencies"]
         confirm_load = params.get("confirm_load") or (sweep["target_qps"] if kind == "request_rate" and sweep["target_qps"] else loads[0])
-        confirm_load = next((x for x in loads if x >= confirm_load * (1 - _LOAD_EPS)), loads[-1])
+        confirm_load = next((x for x in loads if x >= confirm_load * (1 - LOAD_EPS)), loads[-1])
         units += [{"kind": kind, "load": confirm_load, "side": "confirm_current", "k": current_k},
                   {"kind": kind, "load": confirm_load, "side": "confirm", "k": params["confirm_k"]}]
     state = resume_state(resume_text, {"protocol": protocol, "units": units})
@@ -756,54 +367,3 @@ def run_sweep(params, measure=None):
             "decision": result["target"], "k": result["k"], "checks": checks, "notes": data["notes"], "resumed": data["resumed"],
             "measured": len(state["todo"]), "report_markdown": paths["markdown"], "report_json": paths["json"], "plots": paths["plots"],
             "progress_file": progress.path}
-
-
-def analyse(measurements, sweep, params, current_k):
-    """Points, break-even per load kind, the target decision, the k prediction and its confirmation."""
-    by_key = {}
-    for item in measurements:
-        by_key[(item["kind"], round(float(item["load"]), 9), item["side"])] = item
-    points = {kind: [] for kind in LOAD_KINDS}
-    for kind in LOAD_KINDS:
-        for load in sweep[LOAD_FIELDS[kind]] or ():
-            base = by_key.get((kind, round(float(load), 9), "baseline"))
-            cand = by_key.get((kind, round(float(load), 9), "candidate"))
-            if base and cand:
-                points[kind].append({"kind": kind, "load": load, "baseline": base, "candidate": cand})
-    keep_rule = params.get("tolerances") or None
-    tables, views, notes = {}, [], []
-    for kind in LOAD_KINDS:
-        if points[kind]:
-            tables[kind] = break_even(points[kind], keep_rule)
-            views += [_point_view(p, row) for p, row in zip(points[kind], tables[kind]["points"])]
-    main_kind = "request_rate" if tables.get("request_rate") else "concurrency"
-    target = decision_for_target(points["request_rate"], sweep["target_qps"], keep_rule) if sweep["target_qps"] and points["request_rate"] else None
-    all_points = points["request_rate"] + points["concurrency"]
-    ks = sweep["num_speculative_tokens"] or ([current_k] if current_k else None)
-    prediction = k_model.predict_k(points[main_kind], current_k, ks, params.get("verify_cost_ratio")) if ks and points[main_kind] else None
-    confirm = None
-    if prediction:
-        ck = [m for m in measurements if m["side"] in ("confirm_current", "confirm")]
-        units = None
-        if ck:
-            cur = next((m for m in ck if m["side"] == "confirm_current"), None)
-            rec = next((m for m in ck if m["side"] == "confirm"), None)
-            if cur and rec:
-                units = {"current": cur, "recommended": rec}
-                if rec.get("k") != prediction["predicted_k"]:
-                    notes.append("confirm_k=%s is not the predicted k=%d: the A/B measured k=%s against k=%s" % (
-                        rec.get("k"), prediction["predicted_k"], rec.get("k"), current_k))
-        load = (ck[0]["load"] if ck else (target or {}).get("load")) or (points[main_kind][0]["load"])
-        kind = ck[0]["kind"] if ck else main_kind
-        sweep_point = next((p for p in all_points if p["kind"] == kind and abs(p["load"] - load) <= _LOAD_EPS * max(load, 1)), None)
-        confirm = confirmation(dict(prediction, predicted_k=(units["recommended"]["k"] if units else prediction["predicted_k"])), units,
-                               sweep_point, keep_rule)
-    k_block = {"prediction": prediction, "confirmation": confirm,
-               "recommended_k": (confirm or {}).get("recommended_k"), "current_k": current_k,
-               "reason": (confirm or {}).get("reason") or (
-                   "no acceptance counts on the candidate: no k prediction" if ks else
-                   "the candidate's k is unknown (no per-position series on /metrics); set current_k")}
-    if not all_points:
-        raise ValidationError("no load has both sides measured", field="request_rates", hint="rerun the sweep")
-    return {"points": views, "break_even": tables.get(main_kind), "break_even_by_kind": tables, "target": target, "k": k_block,
-            "notes": notes}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import json
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import decision as bench_decision
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import http_target
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as spec_config
@@ -119,7 +119,7 @@ def observe_canary(connect, params):
         raise ValidationError("must be more than 0 seconds", field="window", hint="canary.observe at least a few minutes of live traffic")
     if params["min_requests"] < 1:
         raise ValidationError("must be at least 1", field="min_requests", hint="ask for enough requests per side to decide on, e.g. 50")
-    bench_report.check_tolerances(params.get("tolerances"))
+    bench_decision.check_tolerances(params.get("tolerances"))
     canary_window.check_p99_tolerance(params.get("p99_tolerance"))
     http_target.check_port(params.get("port"))
     selectors = params.get("selectors")

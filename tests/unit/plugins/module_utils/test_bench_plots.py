@@ -20,7 +20,7 @@ from PIL import Image
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import num_speculative_tokens as k_model
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import plots as bench_plots
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import sweep as spec_sweep
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import sweep_analysis
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
 from tests.paths import REPO
 
@@ -274,7 +274,7 @@ def test_the_docs_plot_data_is_the_published_run_and_draws_both_plots(tmp_path):
             assert row in doc, row
     # the break-even and the k table, recomputed from the data with the run's tolerances, are the doc's
     points = [{"kind": v["kind"], "load": v["load"], "baseline": v["baseline"], "candidate": v["candidate"]} for v in result["points"]]
-    be = spec_sweep.break_even(points, data["tolerances"])
+    be = sweep_analysis.break_even(points, data["tolerances"])
     assert (be["last_keep_load"], be["first_roll_back_load"], be["crossed_first"]) == (8, 16, "tpot")
     assert "%.3g" % be["crossover_load"] == "10.9" and "TPOT crossed first, at about 10.9 req/s" in doc
     assert be["crossover_load"] == pytest.approx(result["break_even"]["crossover_load"])

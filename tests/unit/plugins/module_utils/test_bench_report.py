@@ -5,6 +5,7 @@ import os
 import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import decision as bench_decision
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
@@ -131,33 +132,33 @@ def _summary(ttft, tpot, tput, failed=0):
 
 def test_decision_keep_only_when_all_three_improve():
     base = _summary(50.0, 20.0, 100.0)
-    assert bench_report.decide(base, _summary(45.0, 10.0, 180.0))["decision"] == "keep"
-    worse_ttft = bench_report.decide(base, _summary(55.0, 10.0, 180.0))
+    assert bench_decision.decide(base, _summary(45.0, 10.0, 180.0))["decision"] == "keep"
+    worse_ttft = bench_decision.decide(base, _summary(55.0, 10.0, 180.0))
     assert worse_ttft["decision"] == "roll_back"
     assert len(worse_ttft["reasons"]) == 1 and "median TTFT got worse" in worse_ttft["reasons"][0] and "+10.0%" in worse_ttft["reasons"][0]
-    assert bench_report.decide(base, _summary(45.0, 21.0, 180.0))["reasons"][0].startswith("median TPOT")
-    dropped = bench_report.decide(base, _summary(45.0, 10.0, 90.0))
+    assert bench_decision.decide(base, _summary(45.0, 21.0, 180.0))["reasons"][0].startswith("median TPOT")
+    dropped = bench_decision.decide(base, _summary(45.0, 10.0, 90.0))
     assert dropped["decision"] == "roll_back" and "output throughput dropped" in dropped["reasons"][0]
-    all_bad = bench_report.decide(base, _summary(60.0, 30.0, 50.0))
+    all_bad = bench_decision.decide(base, _summary(60.0, 30.0, 50.0))
     assert len(all_bad["reasons"]) == 3
 
 
 def test_decision_tolerances():
     base = _summary(50.0, 20.0, 100.0)
     cand = _summary(52.0, 19.0, 120.0)  # TTFT 4% worse
-    assert bench_report.decide(base, cand)["decision"] == "roll_back"
-    assert bench_report.decide(base, cand, {"ttft": 0.05})["decision"] == "keep"
-    assert bench_report.decide(base, _summary(45.0, 19.0, 97.0), {"throughput": 0.05})["decision"] == "keep"
+    assert bench_decision.decide(base, cand)["decision"] == "roll_back"
+    assert bench_decision.decide(base, cand, {"ttft": 0.05})["decision"] == "keep"
+    assert bench_decision.decide(base, _summary(45.0, 19.0, 97.0), {"throughput": 0.05})["decision"] == "keep"
     with pytest.raises(ValidationError, match="unknown tolerance"):
-        bench_report.decide(base, cand, {"latency": 0.1})
+        bench_decision.decide(base, cand, {"latency": 0.1})
     with pytest.raises(ValidationError, match="fraction"):
-        bench_report.decide(base, cand, {"ttft": 5})
+        bench_decision.decide(base, cand, {"ttft": 5})
 
 
 def test_decision_unmeasured_and_failures_roll_back():
     base = _summary(50.0, 20.0, 100.0)
-    assert "not measured" in bench_report.decide(base, _summary(45.0, None, 120.0))["reasons"][0]
-    failing = bench_report.decide(base, _summary(45.0, 10.0, 180.0, failed=2))
+    assert "not measured" in bench_decision.decide(base, _summary(45.0, None, 120.0))["reasons"][0]
+    failing = bench_decision.decide(base, _summary(45.0, 10.0, 180.0, failed=2))
     assert failing["decision"] == "roll_back" and "failed 2 of 12" in failing["reasons"][0]
 
 
@@ -369,6 +370,6 @@ def test_summaries_without_the_burst_count_are_treated_as_zero():
     assert report["decision"]["decision"] == "roll_back" and "on the candidate: 5 of 20" in report["decision"]["reasons"][0]
     for key in ("burst_delivered", "burst_delivered_median_gap_ms"):
         del cand["summary"][key]
-    assert bench_report.decide(base["summary"], cand["summary"])["decision"] == "keep"
+    assert bench_decision.decide(base["summary"], cand["summary"])["decision"] == "keep"
     assert _burst_notes(bench_report.build_report(base, cand, ctx, acceptance=ACCEPTANCE)) == []
-    assert bench_report.decide(_summary(50.0, 20.0, 100.0), _summary(45.0, 10.0, 180.0))["decision"] == "keep"
+    assert bench_decision.decide(_summary(50.0, 20.0, 100.0), _summary(45.0, 10.0, 180.0))["decision"] == "keep"

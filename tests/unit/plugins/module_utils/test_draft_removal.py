@@ -13,7 +13,11 @@ import yaml
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import artifact_sync as S
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal as D
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_location
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal_modelcar
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_image as L
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import oci_blobs
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import oci_layout
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -42,7 +46,7 @@ def _single(uri, script_model="/mnt/models/target", env=None):
 # --------------------------------------------------------------------------------------------------
 def test_guide_storage_uris_entry_is_dropped_with_a_guarded_patch():
     isvc = _guide()
-    loc = D.locate(isvc, "/mnt/models/draft")
+    loc = draft_location.locate(isvc, "/mnt/models/draft")
     assert loc.mode == "storage_uris"
     entry = isvc["spec"]["predictor"]["storageUris"][1]
     assert loc.details["removed"] == entry
@@ -51,16 +55,16 @@ def test_guide_storage_uris_entry_is_dropped_with_a_guarded_patch():
 
 
 def test_pvc_subdirectory_with_prefix_and_kept_target():
-    loc = D.locate(_single("pvc://models-pvc/llama31"), "/mnt/models/draft/")
+    loc = draft_location.locate(_single("pvc://models-pvc/llama31"), "/mnt/models/draft/")
     assert loc.mode == "pvc"
     assert loc.details["pvc"] == "models-pvc" and loc.details["subdir"] == "llama31/draft"
     assert loc.details["keep"] == ["llama31/target"]
-    loc = D.locate(_single("pvc://models-pvc/"), "/mnt/models/eagle/head")
+    loc = draft_location.locate(_single("pvc://models-pvc/"), "/mnt/models/eagle/head")
     assert loc.details["subdir"] == "eagle/head" and loc.details["keep"] == ["target"]
 
 
 def test_modelcar_image_path():
-    loc = D.locate(_single("oci://reg.local:5000/models/llama@sha256:" + "a" * 64), "/mnt/models/draft")
+    loc = draft_location.locate(_single("oci://reg.local:5000/models/llama@sha256:" + "a" * 64), "/mnt/models/draft")
     assert loc.mode == "modelcar"
     assert loc.details["image_path"] == "models/draft" and loc.details["pointer"] == "/spec/predictor/model/storageUri"
     assert loc.details["image"] == "reg.local:5000/models/llama@sha256:" + "a" * 64
@@ -81,34 +85,34 @@ def test_modelcar_image_path():
 ])
 def test_refusals(isvc, draft, words):
     with pytest.raises(ValidationError) as exc:
-        D.locate(isvc, draft)
+        draft_location.locate(isvc, draft)
     assert words in str(exc.value)
 
 
 def test_refuses_while_the_predictor_still_has_a_speculative_config():
     isvc = _guide("guide_example2_eagle3.yaml")
     with pytest.raises(ValidationError) as exc:
-        D.locate(isvc, "/mnt/models/draft")
+        draft_location.locate(isvc, "/mnt/models/draft")
     assert "still runs speculative decoding" in str(exc.value)
 
 
 def test_nothing_to_remove_cases():
-    assert D.locate(_single("pvc://m/"), None).mode == "none"
-    assert D.locate(_single("pvc://m/"), "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B").mode == "none"
-    assert D.locate(_single("pvc://m/"), "/opt/elsewhere").mode == "none"
-    assert D.locate(_single("hf://meta-llama/Llama-3.1-8B"), "/mnt/models/draft").mode == "none"
+    assert draft_location.locate(_single("pvc://m/"), None).mode == "none"
+    assert draft_location.locate(_single("pvc://m/"), "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B").mode == "none"
+    assert draft_location.locate(_single("pvc://m/"), "/opt/elsewhere").mode == "none"
+    assert draft_location.locate(_single("hf://meta-llama/Llama-3.1-8B"), "/mnt/models/draft").mode == "none"
     gone = _guide()
     gone["spec"]["predictor"]["storageUris"].pop(1)
-    assert D.locate(gone, "/mnt/models/draft").mode == "none"
+    assert draft_location.locate(gone, "/mnt/models/draft").mode == "none"
 
 
 def test_draft_path_from_backup_annotation():
     isvc = _guide()
     isvc["metadata"]["annotations"]["spec-decoding.alauda.io/previous-speculative-config"] = json.dumps(
         {"format": 1, "config": {"method": "eagle3", "model": "/mnt/models/draft"}, "containers": {}})
-    assert D.draft_path_from(isvc)[0] == "/mnt/models/draft"
-    assert D.draft_path_from(isvc, {"model": "/x"})[0] == "/x"
-    assert D.draft_path_from(isvc, None, "/y")[0] == "/y"
+    assert draft_location.draft_path_from(isvc)[0] == "/mnt/models/draft"
+    assert draft_location.draft_path_from(isvc, {"model": "/x"})[0] == "/x"
+    assert draft_location.draft_path_from(isvc, None, "/y")[0] == "/y"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -200,7 +204,7 @@ def test_job_command_runs_the_script_standalone(pvc, tmp_path):
 
 
 def test_pvc_job_plan_is_stable_and_staged_record_is_dropped():
-    loc = D.locate(_single("pvc://models-pvc/"), "/mnt/models/draft")
+    loc = draft_location.locate(_single("pvc://models-pvc/"), "/mnt/models/draft")
     pvc = {"metadata": {"annotations": {D.STAGED_ANNOTATION: json.dumps({"target": {"name": "t"}, "draft": {"name": "d"}})}}}
     job = D.pvc_job(loc, pvc, "abc")
     assert job == D.pvc_job(loc, copy.deepcopy(pvc), "abc") and job["job"] != D.pvc_job(loc, pvc, "abd")["job"]
@@ -244,9 +248,9 @@ def _image(tmp_path, max_layers=100):
     busybox.write_bytes(b"\x7fELF fake")
     busybox.chmod(0o755)
     plan = L.build_plan(str(tmp_path / "t"), str(tmp_path / "d"), busybox_path=str(busybox), max_layers=max_layers,
-                        labels={D.DRAFT_NAME_KEY: "yuhuili/EAGLE3"}, annotations={D.DRAFT_NAME_KEY: "yuhuili/EAGLE3"})
+                        labels={draft_removal_modelcar.DRAFT_NAME_KEY: "yuhuili/EAGLE3"}, annotations={draft_removal_modelcar.DRAFT_NAME_KEY: "yuhuili/EAGLE3"})
     layout = tmp_path / "layout"
-    L.write_layout_dir(plan, str(layout), "v1", L.DigestCache(enabled=False))
+    oci_layout.write_layout_dir(plan, str(layout), "v1", oci_blobs.DigestCache(enabled=False))
     return plan, LayoutBlobs(str(layout))
 
 
@@ -258,62 +262,62 @@ def _files_of(blob):
 def test_manifest_without_the_draft_reuses_every_other_blob(tmp_path):
     plan, blobs = _image(tmp_path)
     old = plan.manifest_bytes()
-    actions, repl, new_manifest, new_config, uploads = D.plan_image(blobs, old, "models/draft", plan.manifest_digest())
+    actions, repl, new_manifest, new_config, uploads = draft_removal_modelcar.plan_image(blobs, old, "models/draft", plan.manifest_digest())
     assert actions == ["keep", "drop", "drop", "keep", "keep", "keep"]  # base, draft x2, target x3
-    assert repl == {} and [u.media_type for u in uploads] == [L.MT_CONFIG]  # only the new config is new
+    assert repl == {} and [u.media_type for u in uploads] == [oci_blobs.MT_CONFIG]  # only the new config is new
     old_m, new_m = json.loads(old), json.loads(new_manifest)
-    kept = [d for d in old_m["layers"] if not d["annotations"][L.ANN_TITLE].startswith("models/draft/")]
+    kept = [d for d in old_m["layers"] if not d["annotations"][oci_blobs.ANN_TITLE].startswith("models/draft/")]
     assert new_m["layers"] == kept
-    assert new_m["annotations"] == {D.REMOVED_FROM_ANNOTATION: plan.manifest_digest()}
+    assert new_m["annotations"] == {draft_removal_modelcar.REMOVED_FROM_ANNOTATION: plan.manifest_digest()}
     config = json.loads(new_config)
     assert config["rootfs"]["diff_ids"] == [d["digest"] for d in kept]
     assert len([h for h in config["history"] if not h.get("empty_layer")]) == len(kept)
     assert all("models/draft" not in h.get("created_by", "") for h in config["history"])
-    assert D.DRAFT_NAME_KEY not in config["config"].get("Labels", {})
-    assert new_m["config"] == {"mediaType": L.MT_CONFIG, "digest": L.sha256_digest(new_config), "size": len(new_config)}
+    assert draft_removal_modelcar.DRAFT_NAME_KEY not in config["config"].get("Labels", {})
+    assert new_m["config"] == {"mediaType": oci_blobs.MT_CONFIG, "digest": oci_blobs.sha256_digest(new_config), "size": len(new_config)}
     files = [f for d in new_m["layers"] for f in _files_of(blobs.get_blob(d["digest"]))]
     assert "models/target/model.safetensors" in files and not [f for f in files if f.startswith("models/draft")]
 
 
 def test_a_layer_mixing_draft_and_target_files_is_rewritten(tmp_path):
     plan, blobs = _image(tmp_path, max_layers=3)  # base + the biggest file + one layer of the 4 smallest files
-    mixed = [i for i, layer in enumerate(plan.layers) if L.ANN_FILES in (layer.annotations or {})]
+    mixed = [i for i, layer in enumerate(plan.layers) if oci_blobs.ANN_FILES in (layer.annotations or {})]
     assert len(mixed) == 1
-    actions, repl, new_manifest, new_config, uploads = D.plan_image(blobs, plan.manifest_bytes(), "models/draft", plan.manifest_digest())
+    actions, repl, new_manifest, new_config, uploads = draft_removal_modelcar.plan_image(blobs, plan.manifest_bytes(), "models/draft", plan.manifest_digest())
     assert actions[mixed[0]] == "rewrite"
     desc, diff_id = repl[mixed[0]]
     blob = b"".join(bytes(c) for c in uploads[0].chunks())
-    assert desc["digest"] == diff_id == L.sha256_digest(blob)
+    assert desc["digest"] == diff_id == oci_blobs.sha256_digest(blob)
     assert _files_of(blob) == ["models/target/config.json", "models/target/tokenizer.json"]
     with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
         names = [m.name for m in tar.getmembers()]
         assert "models/draft" not in names and all((m.mtime, m.uid) == (0, 0) for m in tar.getmembers())
-    assert desc["annotations"][L.ANN_FILES] == "models/target/config.json,models/target/tokenizer.json"
+    assert desc["annotations"][oci_blobs.ANN_FILES] == "models/target/config.json,models/target/tokenizer.json"
     assert json.loads(new_manifest)["layers"][mixed[0]] == desc
     assert json.loads(new_config)["rootfs"]["diff_ids"][mixed[0]] == diff_id
     # reproducible: the same input gives the same bytes
-    assert D.plan_image(blobs, plan.manifest_bytes(), "models/draft", plan.manifest_digest())[2] == new_manifest
+    assert draft_removal_modelcar.plan_image(blobs, plan.manifest_bytes(), "models/draft", plan.manifest_digest())[2] == new_manifest
 
 
 def test_an_image_without_the_draft_needs_nothing(tmp_path):
     plan, blobs = _image(tmp_path)
-    _a, _r, new_manifest, _c, uploads = D.plan_image(blobs, plan.manifest_bytes(), "models/draft", plan.manifest_digest())
+    _a, _r, new_manifest, _c, uploads = draft_removal_modelcar.plan_image(blobs, plan.manifest_bytes(), "models/draft", plan.manifest_digest())
     nodraft = json.loads(new_manifest)
     for source in uploads:  # "push" the new config next to the old blobs
         with open(os.path.join(blobs.directory, "blobs", "sha256", source.digest.split(":")[1]), "wb") as fh:
             fh.write(source.data)
-    actions, _r, again, _c, uploads = D.plan_image(blobs, new_manifest, "models/draft", L.sha256_digest(new_manifest))
+    actions, _r, again, _c, uploads = draft_removal_modelcar.plan_image(blobs, new_manifest, "models/draft", oci_blobs.sha256_digest(new_manifest))
     assert set(actions) == {"keep"} and again is None and uploads == [] and len(nodraft["layers"]) == 4
 
 
 def test_unannotated_layers_are_read_and_the_tag_names():
-    manifest = {"layers": [{"digest": "sha256:1"}, {"annotations": {L.ANN_TITLE: "models/draft/a"}}]}
-    assert D.classify_layers(manifest, "models/draft", {0: ["bin/sh"]}) == [("keep", ["bin/sh"]), ("drop", ["models/draft/a"])]
-    assert D.classify_layers(manifest, "models/draft")[0] == ("unknown", None)
+    manifest = {"layers": [{"digest": "sha256:1"}, {"annotations": {oci_blobs.ANN_TITLE: "models/draft/a"}}]}
+    assert draft_removal_modelcar.classify_layers(manifest, "models/draft", {0: ["bin/sh"]}) == [("keep", ["bin/sh"]), ("drop", ["models/draft/a"])]
+    assert draft_removal_modelcar.classify_layers(manifest, "models/draft")[0] == ("unknown", None)
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.registry import ImageRef
-    assert D.nodraft_tag(ImageRef.parse("r.local/m/x:v1")) == "v1-nodraft"
-    assert D.nodraft_tag(ImageRef.parse("r.local/m/x@sha256:" + "b" * 64)) == "nodraft-" + "b" * 12
-    assert D.nodraft_tag(ImageRef.parse("r.local/m/x:v1"), "custom") == "custom"
+    assert draft_removal_modelcar.nodraft_tag(ImageRef.parse("r.local/m/x:v1")) == "v1-nodraft"
+    assert draft_removal_modelcar.nodraft_tag(ImageRef.parse("r.local/m/x@sha256:" + "b" * 64)) == "nodraft-" + "b" * 12
+    assert draft_removal_modelcar.nodraft_tag(ImageRef.parse("r.local/m/x:v1"), "custom") == "custom"
 
 
 class _NotReadyCluster:

@@ -15,9 +15,9 @@ import zlib
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal as D
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal_modelcar
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import layers as S
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_image as L
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import oci_blobs
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 LONG = "models/target/" + "very-long-directory-name-" * 5 + "/shard-00001-of-00002.safetensors"
@@ -73,8 +73,8 @@ def foreign_tar(end_padding=10240):
     return data + bytes(-len(data) % end_padding)
 
 
-def _desc(blob, media_type=L.MT_LAYER_TAR):
-    return {"mediaType": media_type, "digest": L.sha256_digest(blob), "size": len(blob)}
+def _desc(blob, media_type=oci_blobs.MT_LAYER_TAR):
+    return {"mediaType": media_type, "digest": oci_blobs.sha256_digest(blob), "size": len(blob)}
 
 
 def _opener(blob):
@@ -100,14 +100,14 @@ def _contents(tar_bytes):
 
 def test_index_and_layer_without_the_draft():
     blob = foreign_tar()
-    scan = S.scan(_opener(blob), _desc(blob), "models/draft", diff_id=L.sha256_digest(blob))
+    scan = S.scan(_opener(blob), _desc(blob), "models/draft", diff_id=oci_blobs.sha256_digest(blob))
     assert scan.paths == ["models/target/config.json", LONG, PAX, "models/target/run.sh", "models/target/model.safetensors",
                           "models/target/config-copy.json", "models/draft/config.json", "models/draft/sub/model.safetensors",
                           "models/draft/same.json"]
     assert scan.kept == scan.paths[:6] and scan.removed == 3
-    assert scan.diff_id == L.sha256_digest(blob) and scan.compression is None and scan.read_bytes == len(blob)
+    assert scan.diff_id == oci_blobs.sha256_digest(blob) and scan.compression is None and scan.read_bytes == len(blob)
     out = b"".join(bytes(c) for c in S.FilteredLayer(_opener(blob), _desc(blob), "models/draft", scan).chunks())
-    assert (len(out), L.sha256_digest(out)) == (scan.size, scan.digest)
+    assert (len(out), oci_blobs.sha256_digest(out)) == (scan.size, scan.digest)
     got = _contents(out)
     assert got == {
         "models": ("dir",), "models/target": ("dir",),
@@ -132,8 +132,8 @@ def test_gzip_and_concatenated_gzip_members_give_the_same_layer():
     half = len(plain) // 3
     two = gzip.compress(plain[:half], mtime=0) + gzip.compress(plain[half:], mtime=0) + bytes(100)  # members + zero padding
     for blob in (one, two):
-        scan = S.scan(_opener(blob), _desc(blob, "application/vnd.oci.image.layer.v1.tar+gzip"), "models/draft", diff_id=L.sha256_digest(plain))
-        assert scan.compression == "gzip" and scan.diff_id == L.sha256_digest(plain)
+        scan = S.scan(_opener(blob), _desc(blob, "application/vnd.oci.image.layer.v1.tar+gzip"), "models/draft", diff_id=oci_blobs.sha256_digest(plain))
+        assert scan.compression == "gzip" and scan.diff_id == oci_blobs.sha256_digest(plain)
         assert (scan.digest, scan.size, scan.kept) == (plain_scan.digest, plain_scan.size, plain_scan.kept)
 
 
@@ -237,13 +237,13 @@ def test_a_big_layer_is_streamed_in_bounded_memory(compressed):
     parts, tar_digest, tar_len = _big_layer(size, block)
     if compressed:
         blob_parts = list(_gzip_parts(parts))  # small: zeros compress ~1000x
-        desc = {"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": L.sha256_digest(b"".join(blob_parts)),
+        desc = {"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": oci_blobs.sha256_digest(b"".join(blob_parts)),
                 "size": sum(len(p) for p in blob_parts)}
 
         def opener():
             return _Generated(iter(blob_parts))
     else:
-        desc = {"mediaType": L.MT_LAYER_TAR, "digest": tar_digest, "size": tar_len}
+        desc = {"mediaType": oci_blobs.MT_LAYER_TAR, "digest": tar_digest, "size": tar_len}
 
         def opener():
             return _Generated(parts())
@@ -265,8 +265,8 @@ class _Blobs:
         self.blobs = {}
 
     def put(self, data):
-        self.blobs[L.sha256_digest(data)] = data
-        return L.sha256_digest(data)
+        self.blobs[oci_blobs.sha256_digest(data)] = data
+        return oci_blobs.sha256_digest(data)
 
     def get_blob(self, digest):
         return self.blobs[digest]
@@ -279,25 +279,25 @@ def test_plan_image_rewrites_a_foreign_gzip_layer_that_holds_target_and_draft():
     plain = foreign_tar()
     blobs = _Blobs()
     layer = gzip.compress(plain, mtime=0)
-    config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": [L.sha256_digest(plain)]},
+    config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": [oci_blobs.sha256_digest(plain)]},
                          "history": [{"created_by": "skopeo"}]}).encode()
-    manifest = {"schemaVersion": 2, "mediaType": L.MT_MANIFEST,
-                "config": {"mediaType": L.MT_CONFIG, "digest": blobs.put(config), "size": len(config)},
+    manifest = {"schemaVersion": 2, "mediaType": oci_blobs.MT_MANIFEST,
+                "config": {"mediaType": oci_blobs.MT_CONFIG, "digest": blobs.put(config), "size": len(config)},
                 "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": blobs.put(layer), "size": len(layer)}]}
     raw = json.dumps(manifest).encode()
-    actions, repl, new_manifest, new_config, uploads = D.plan_image(blobs, raw, "models/draft", L.sha256_digest(raw))
+    actions, repl, new_manifest, new_config, uploads = draft_removal_modelcar.plan_image(blobs, raw, "models/draft", oci_blobs.sha256_digest(raw))
     assert actions == ["rewrite"]
     desc, diff_id = repl[0]
     out = b"".join(bytes(c) for c in uploads[0].chunks())
-    assert desc["digest"] == diff_id == L.sha256_digest(out) and desc["size"] == len(out) and desc["mediaType"] == L.MT_LAYER_TAR
-    assert desc["annotations"][L.ANN_TITLE] == "models/target (6 files)"
-    assert D.layer_paths(desc) == [n for n in _contents(out) if _contents(out)[n][0] != "dir"]
+    assert desc["digest"] == diff_id == oci_blobs.sha256_digest(out) and desc["size"] == len(out) and desc["mediaType"] == oci_blobs.MT_LAYER_TAR
+    assert desc["annotations"][oci_blobs.ANN_TITLE] == "models/target (6 files)"
+    assert draft_removal_modelcar.layer_paths(desc) == [n for n in _contents(out) if _contents(out)[n][0] != "dir"]
     assert json.loads(new_config)["rootfs"]["diff_ids"] == [diff_id]
     assert json.loads(new_manifest)["layers"] == [desc]
     # a second removal reads the annotations, not the layer: nothing left to remove
     blobs.put(out)
     blobs.put(new_config)
-    again = D.plan_image(blobs, new_manifest, "models/draft", L.sha256_digest(new_manifest))
+    again = draft_removal_modelcar.plan_image(blobs, new_manifest, "models/draft", oci_blobs.sha256_digest(new_manifest))
     assert again[0] == ["keep"] and again[2] is None
 
 
@@ -308,7 +308,7 @@ def test_registry_blob_stream_answers_the_challenge_follows_the_redirect_without
     from tests.loopback_http import serving  # pylint: disable=import-outside-toplevel
 
     blob = gzip.compress(foreign_tar(), mtime=0)
-    digest = L.sha256_digest(blob)
+    digest = oci_blobs.sha256_digest(blob)
     seen = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -340,7 +340,7 @@ def test_registry_blob_stream_answers_the_challenge_follows_the_redirect_without
     with serving(Handler) as url:
         client = R.RegistryClient(R.ImageRef.parse(url[len("http://"):] + "/repo:v1"), "alice", "pw", tls_verify=False, backoff=0.01)
         client.scheme = "http"
-        reader = D.RemoteImage(client)
+        reader = draft_removal_modelcar.RemoteImage(client)
         found = S.scan(lambda: reader.open_blob(digest), {"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": digest,
                                                           "size": len(blob)}, "models/draft")
     assert found.compression == "gzip" and len(found.kept) == 6

@@ -545,23 +545,23 @@ def _rolled_back(uri, draft_subdir="tiny-eagle3", name="llama-eagle3"):
 
 
 def test_the_draft_of_an_llminferenceservice_is_its_pvc_subdirectory_or_its_modelcar_layers():
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_location  # pylint: disable=import-outside-toplevel
     before, after = _rolled_back("pvc://model-store/")
     with pytest.raises(ValidationError) as err:  # still speculative: the draft stays
-        draft_removal.locate(before, "/mnt/models/tiny-eagle3")
+        draft_location.locate(before, "/mnt/models/tiny-eagle3")
     assert "still runs speculative decoding" in str(err.value)
-    loc = draft_removal.locate(after, "/mnt/models/tiny-eagle3")
+    loc = draft_location.locate(after, "/mnt/models/tiny-eagle3")
     assert (loc.mode, loc.details["pvc"], loc.details["subdir"], loc.details["keep"]) == ("pvc", "model-store", "tiny-eagle3", ["target"])
     with pytest.raises(ValidationError):  # the target the rolled-back command names is never removed
-        draft_removal.locate(after, "/mnt/models/target")
+        draft_location.locate(after, "/mnt/models/target")
     _before, car = _rolled_back("oci://registry.local/models/llama-eagle3:v1")
-    loc = draft_removal.locate(car, "/mnt/models/draft")
+    loc = draft_location.locate(car, "/mnt/models/draft")
     assert loc.mode == "modelcar" and loc.details["image_path"] == "models/draft"
     assert (loc.details["pointer"], loc.details["storage_uri"]) == ("/spec/model/uri", "oci://registry.local/models/llama-eagle3:v1")
 
 
 def test_a_pvc_draft_another_resource_still_uses_is_kept():
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_location  # pylint: disable=import-outside-toplevel
     _before, me = _rolled_back("pvc://model-store/")
     me["kind"] = "LLMInferenceService"
     as_model = {"kind": "LLMInferenceService", "metadata": {"name": "draft-alone", "namespace": "models"},
@@ -572,8 +572,8 @@ def test_a_pvc_draft_another_resource_still_uses_is_kept():
                                                   "args": ["--speculative-config", '{"model": "/mnt/models/tiny-eagle3"}']}}}}
     other_claim = {"kind": "InferenceService", "metadata": {"name": "x", "namespace": "models"},
                    "spec": {"predictor": {"model": {"storageUri": "pvc://elsewhere/tiny-eagle3"}}}}
-    assert draft_removal.other_users([me, other_claim, _after], me, "model-store", "tiny-eagle3") == []  # the twin rolled back
-    users = draft_removal.other_users([me, as_model, still_speculative, isvc_user, other_claim], me, "model-store", "tiny-eagle3")
+    assert draft_location.other_users([me, other_claim, _after], me, "model-store", "tiny-eagle3") == []  # the twin rolled back
+    users = draft_location.other_users([me, as_model, still_speculative, isvc_user, other_claim], me, "model-store", "tiny-eagle3")
     assert users == ["LLMInferenceService models/draft-alone (mounts pvc://model-store/tiny-eagle3)",
                      "LLMInferenceService models/twin (names /tiny-eagle3 on pvc://model-store)",
                      "InferenceService models/old (names /tiny-eagle3 on pvc://model-store)"]

@@ -10,6 +10,8 @@ import tarfile
 import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_image as L
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import oci_blobs
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import oci_layout
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_push
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as R
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
@@ -45,7 +47,7 @@ def _layer_bytes(layer):
 
 def test_one_layer_per_file_with_reproducible_tar_entries(model):
     plan = _plan(model)
-    titles = [layer.annotations[L.ANN_TITLE] for layer in plan.model_layers]
+    titles = [layer.annotations[oci_blobs.ANN_TITLE] for layer in plan.model_layers]
     assert titles == ["models/draft/config.json", "models/target/config.json", "models/target/model.safetensors",
                       "models/target/tok/tokenizer.json"]
     layer = plan.model_layers[3]
@@ -67,7 +69,7 @@ def test_one_layer_per_file_with_reproducible_tar_entries(model):
 
 def test_digests_do_not_depend_on_mtime_owner_or_inode(model, tmp_path):
     a = _plan(model)
-    L.resolve_digests(a, L.DigestCache(enabled=False))
+    oci_blobs.resolve_digests(a, oci_blobs.DigestCache(enabled=False))
     copy = tmp_path / "copy"
     shutil.copytree(model["target"], str(copy / "target"))
     shutil.copytree(model["draft"], str(copy / "draft"))
@@ -75,7 +77,7 @@ def test_digests_do_not_depend_on_mtime_owner_or_inode(model, tmp_path):
         for f in files:
             os.utime(os.path.join(root, f), (123456, 123456))
     b = L.build_plan(str(copy / "target"), str(copy / "draft"), busybox_path=model["busybox"])
-    L.resolve_digests(b, L.DigestCache(enabled=False))
+    oci_blobs.resolve_digests(b, oci_blobs.DigestCache(enabled=False))
     assert [x.digest for x in a.layers] == [x.digest for x in b.layers]
     assert a.manifest_digest() == b.manifest_digest()
     # The digest is the sha256 of the exact tar stream.
@@ -85,13 +87,13 @@ def test_digests_do_not_depend_on_mtime_owner_or_inode(model, tmp_path):
 def test_stat_cache_skips_reading_and_notices_changes(model, tmp_path):
     cache_dir = str(tmp_path / "cache")
     first = _plan(model)
-    cache = L.DigestCache(cache_dir)
-    hashed = L.resolve_digests(first, cache)
+    cache = oci_blobs.DigestCache(cache_dir)
+    hashed = oci_blobs.resolve_digests(first, cache)
     cache.save()
     assert len(hashed) == len(first.layers)
     assert os.path.isfile(os.path.join(cache_dir, "layer-digests.json"))
     again = _plan(model)
-    assert L.resolve_digests(again, L.DigestCache(cache_dir)) == []
+    assert oci_blobs.resolve_digests(again, oci_blobs.DigestCache(cache_dir)) == []
     assert again.manifest_digest() == first.manifest_digest()
     # Same size, new content and mtime: the changed file alone is hashed again.
     path = os.path.join(model["target"], "config.json")
@@ -100,22 +102,22 @@ def test_stat_cache_skips_reading_and_notices_changes(model, tmp_path):
     _write(path, old.replace(b"Llama", b"LLaMa"))
     os.utime(path, ns=(os.stat(path).st_mtime_ns + 10 ** 9,) * 2)
     changed = _plan(model)
-    rehashed = L.resolve_digests(changed, L.DigestCache(cache_dir))
-    assert [x.annotations[L.ANN_TITLE] for x in rehashed] == ["models/target/config.json"]
+    rehashed = oci_blobs.resolve_digests(changed, oci_blobs.DigestCache(cache_dir))
+    assert [x.annotations[oci_blobs.ANN_TITLE] for x in rehashed] == ["models/target/config.json"]
     assert changed.manifest_digest() != first.manifest_digest()
 
 
 def test_image_config_meets_modelcar_contract(model):
     plan = _plan(model, labels={"a": "b"}, annotations={"io.x": "y"})
-    L.resolve_digests(plan, L.DigestCache(enabled=False))
+    oci_blobs.resolve_digests(plan, oci_blobs.DigestCache(enabled=False))
     config = json.loads(plan.config_source().data)
     assert "Entrypoint" not in config["config"] and "Cmd" not in config["config"]
     assert config["config"]["Env"][0].startswith("PATH=") and "/bin" in config["config"]["Env"][0]
     assert config["config"]["Labels"] == {"a": "b"}
     assert config["rootfs"]["diff_ids"] == [x.digest for x in plan.layers]
     manifest = json.loads(plan.manifest_bytes())
-    assert manifest["mediaType"] == L.MT_MANIFEST and manifest["annotations"] == {"io.x": "y"}
-    assert all(d["mediaType"] == L.MT_LAYER_TAR for d in manifest["layers"])
+    assert manifest["mediaType"] == oci_blobs.MT_MANIFEST and manifest["annotations"] == {"io.x": "y"}
+    assert all(d["mediaType"] == oci_blobs.MT_LAYER_TAR for d in manifest["layers"])
     base = tarfile.open(fileobj=io.BytesIO(_layer_bytes(plan.layers[0])))
     names = {m.name: m for m in base.getmembers()}
     for cmd in ("sh", "ln", "sleep", "mkdir", "ls", "[", "echo", "cat"):
@@ -147,11 +149,11 @@ def test_bad_model_dirs_are_refused(model, tmp_path, case):
 def test_symlinks_inside_are_followed_and_outside_only_on_request(model, tmp_path):
     os.symlink("config.json", os.path.join(model["target"], "alias.json"))
     plan = L.build_plan(model["target"], busybox_path=model["busybox"])
-    assert "models/target/alias.json" in [x.annotations[L.ANN_TITLE] for x in plan.model_layers]
+    assert "models/target/alias.json" in [x.annotations[oci_blobs.ANN_TITLE] for x in plan.model_layers]
     _write(str(tmp_path / "blobs" / "abc"), b"weights")
     os.symlink(str(tmp_path / "blobs" / "abc"), os.path.join(model["target"], "ext.bin"))
     plan = L.build_plan(model["target"], busybox_path=model["busybox"], follow_external_symlinks=True)
-    layer = [x for x in plan.model_layers if x.annotations[L.ANN_TITLE] == "models/target/ext.bin"][0]
+    layer = [x for x in plan.model_layers if x.annotations[oci_blobs.ANN_TITLE] == "models/target/ext.bin"][0]
     with tarfile.open(fileobj=io.BytesIO(_layer_bytes(layer))) as tf:
         assert tf.extractfile("models/target/ext.bin").read() == b"weights"
 
@@ -161,27 +163,27 @@ def test_max_layers_groups_the_smallest_files(model):
         _write(os.path.join(model["target"], "extra%02d.txt" % i), b"x" * i)
     plan = _plan(model, max_layers=6)
     assert len(plan.layers) == 6
-    grouped = [x for x in plan.model_layers if L.ANN_FILES in x.annotations]
+    grouped = [x for x in plan.model_layers if oci_blobs.ANN_FILES in x.annotations]
     assert len(grouped) == 1
-    assert "models/target/model.safetensors" in [x.annotations[L.ANN_TITLE] for x in plan.model_layers]
+    assert "models/target/model.safetensors" in [x.annotations[oci_blobs.ANN_TITLE] for x in plan.model_layers]
     with tarfile.open(fileobj=io.BytesIO(_layer_bytes(grouped[0]))) as tf:
         files = [m.name for m in tf.getmembers() if m.isfile()]
-    assert files == grouped[0].annotations[L.ANN_FILES].split(",")
+    assert files == grouped[0].annotations[oci_blobs.ANN_FILES].split(",")
 
 
 def test_layout_dir_and_oci_archive_round_trip(model, tmp_path):
     plan = _plan(model)
-    cache = L.DigestCache(str(tmp_path / "cache"))
+    cache = oci_blobs.DigestCache(str(tmp_path / "cache"))
     out = str(tmp_path / "layout")
-    assert L.write_archive(plan, out, "v1", cache) > 0
-    assert L.write_archive(_plan(model), out, "v1", cache) == 0
+    assert oci_layout.write_archive(plan, out, "v1", cache) > 0
+    assert oci_layout.write_archive(_plan(model), out, "v1", cache) == 0
     back = L.plan_from_layout(out + ":v1")
     assert back.manifest_digest() == plan.manifest_digest()
     for layer in back.layers:
         assert "sha256:" + hashlib.sha256(_layer_bytes(layer)).hexdigest() == layer.digest
     tar_path = str(tmp_path / "image.tar")
-    assert L.write_archive(_plan(model), tar_path, "v1", cache) > 0
-    assert L.write_archive(_plan(model), tar_path, "v1", cache) == 0
+    assert oci_layout.write_archive(_plan(model), tar_path, "v1", cache) > 0
+    assert oci_layout.write_archive(_plan(model), tar_path, "v1", cache) == 0
     from_tar = L.plan_from_layout(tar_path)
     assert from_tar.manifest_digest() == plan.manifest_digest()
     with tarfile.open(tar_path) as tf:
@@ -192,14 +194,14 @@ def test_layout_dir_and_oci_archive_round_trip(model, tmp_path):
 
 def test_base_from_layout_drops_entrypoint(model, tmp_path):
     base_plan = _plan(model)
-    L.resolve_digests(base_plan, L.DigestCache(enabled=False))
+    oci_blobs.resolve_digests(base_plan, oci_blobs.DigestCache(enabled=False))
     cfg = json.loads(base_plan.config_source().data)
     cfg["config"]["Entrypoint"] = ["/bin/sh"]
-    base_plan._config = L.BytesSource(L.canonical_json(cfg), L.MT_CONFIG)  # pylint: disable=protected-access
+    base_plan._config = oci_blobs.BytesSource(oci_blobs.canonical_json(cfg), oci_blobs.MT_CONFIG)  # pylint: disable=protected-access
     base_dir = str(tmp_path / "base")
-    L.write_archive(base_plan, base_dir, "b1")
+    oci_layout.write_archive(base_plan, base_dir, "b1")
     plan = L.build_plan(model["draft"], base=base_dir + ":b1")
-    L.resolve_digests(plan, L.DigestCache(enabled=False))
+    oci_blobs.resolve_digests(plan, oci_blobs.DigestCache(enabled=False))
     config = json.loads(plan.config_source().data)
     assert "Entrypoint" not in config["config"] and plan.warnings
     assert len(config["rootfs"]["diff_ids"]) == len(base_plan.layers) + 1
@@ -239,5 +241,5 @@ def test_unreachable_registry_is_a_clear_error(model):
     ref = R.ImageRef.parse("127.0.0.1:9/models/x:v1")  # discard port: nothing listens there
     client = R.RegistryClient(ref, tls_verify=False, retries=1, backoff=0.01)
     with pytest.raises(R.RegistryError) as err:
-        modelcar_push.push_plan(plan, client, L.DigestCache(enabled=False))
+        modelcar_push.push_plan(plan, client, oci_blobs.DigestCache(enabled=False))
     assert "127.0.0.1:9" in str(err.value) and "reachable" in str(err.value)

@@ -5,6 +5,7 @@ import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import num_speculative_tokens as k_model
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import sweep as spec_sweep
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import sweep_analysis
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 
@@ -33,7 +34,7 @@ CROSSING = [
 
 # -- break_even ------------------------------------------------------------------------------------------------
 def test_crossover_interpolated_between_bracketing_points():
-    result = spec_sweep.break_even(CROSSING)
+    result = sweep_analysis.break_even(CROSSING)
     assert result["status"] == "crossed"
     assert result["last_keep_load"] == 4
     assert result["first_roll_back_load"] == 8
@@ -52,11 +53,11 @@ def test_crossover_interpolated_between_bracketing_points():
 
 def test_crossover_uses_the_keep_rule_tolerances_and_sorts_points():
     # TPOT tolerance 5%: limit 10.5, margins (10.5 - 9) / 10 = 0.15 and (10.5 - 12) / 10 = -0.15 -> 6.0
-    result = spec_sweep.break_even(list(reversed(CROSSING)), {"tpot": 0.05})
+    result = sweep_analysis.break_even(list(reversed(CROSSING)), {"tpot": 0.05})
     assert result["crossover_by_metric"]["tpot"] == pytest.approx(6.0)
     assert result["crossed_first"] == "tpot"
     # with 30% TPOT tolerance only TTFT fails at 8: it crosses at 4 + 4 * 2/3
-    result = spec_sweep.break_even(CROSSING, {"tpot": 0.3})
+    result = sweep_analysis.break_even(CROSSING, {"tpot": 0.3})
     assert result["crossed_first"] == "ttft"
     assert result["crossover_load"] == pytest.approx(4 + 8.0 / 3.0)
 
@@ -66,7 +67,7 @@ def test_margins_are_relative_to_each_points_baseline():
     pts = [point(4, side(90.0, 9.0, 130.0), base=side(100.0, 10.0, 100.0)),
            point(8, side(90.0, 24.0, 130.0), base=side(100.0, 20.0, 100.0))]
     # relative margins (10 - 9) / 10 = 0.1 and (20 - 24) / 20 = -0.2 -> 4 + 4 * 0.1 / 0.3 (absolute ms would give 4.8)
-    assert spec_sweep.break_even(pts)["crossover_load"] == pytest.approx(16.0 / 3.0)
+    assert sweep_analysis.break_even(pts)["crossover_load"] == pytest.approx(16.0 / 3.0)
 
 
 def test_callable_keep_rule():
@@ -79,7 +80,7 @@ def test_callable_keep_rule():
                 "checks": [{"metric": "throughput", "baseline": 100.0, "candidate": candidate["output_throughput"],
                             "limit": 115.0, "better": "higher"}]}
 
-    result = spec_sweep.break_even(CROSSING, rule)
+    result = sweep_analysis.break_even(CROSSING, rule)
     assert calls == [{"request_rate": 1}, {"request_rate": 2}, {"request_rate": 4}, {"request_rate": 8}]
     # margins (120 - 115) / 100 = 0.05 at 2, (110 - 115) / 100 = -0.05 at 4 -> 3.0
     assert (result["last_keep_load"], result["first_roll_back_load"]) == (2, 4)
@@ -87,7 +88,7 @@ def test_callable_keep_rule():
 
 
 def test_pays_everywhere():
-    result = spec_sweep.break_even(CROSSING[:3])
+    result = sweep_analysis.break_even(CROSSING[:3])
     assert result["status"] == "pays_everywhere"
     assert result["crossover_load"] is None
     assert result["last_keep_load"] == 4 and result["first_roll_back_load"] is None
@@ -95,7 +96,7 @@ def test_pays_everywhere():
 
 
 def test_pays_nowhere():
-    result = spec_sweep.break_even([point(1, side(120.0, 9.0, 110.0)), point(2, side(130.0, 11.0, 90.0))])
+    result = sweep_analysis.break_even([point(1, side(120.0, 9.0, 110.0)), point(2, side(130.0, 11.0, 90.0))])
     assert result["status"] == "pays_nowhere"
     assert result["crossover_load"] is None and result["last_keep_load"] is None
     assert result["first_roll_back_load"] == 1
@@ -104,7 +105,7 @@ def test_pays_nowhere():
 
 def test_non_monotonic_sweep_names_the_loads_that_pay_again():
     pts = [point(1, side(90.0, 7.0, 130.0)), point(2, side(90.0, 11.0, 130.0)), point(3, side(90.0, 8.0, 130.0))]
-    result = spec_sweep.break_even(pts)
+    result = sweep_analysis.break_even(pts)
     assert (result["last_keep_load"], result["first_roll_back_load"]) == (1, 2)
     # TPOT margins 0.3 and -0.1 -> 1 + 0.3 / 0.4
     assert result["crossover_load"] == pytest.approx(1.75)
@@ -114,7 +115,7 @@ def test_non_monotonic_sweep_names_the_loads_that_pay_again():
 def test_failure_without_margin_gives_no_crossover():
     # every metric passes at 8, but the candidate's streams arrived in bursts (more than 10% of its requests)
     pts = CROSSING[:3] + [point(8, side(90.0, 7.0, 130.0, bursts=10))]
-    result = spec_sweep.break_even(pts)
+    result = sweep_analysis.break_even(pts)
     assert result["status"] == "crossed"
     assert result["first_roll_back_load"] == 8
     assert result["crossover_load"] is None and result["crossed_first"] is None
@@ -124,7 +125,7 @@ def test_failure_without_margin_gives_no_crossover():
 def test_side_dicts_with_summary_are_accepted():
     pts = [{"kind": "concurrency", "load": 1, "baseline": {"summary": BASE}, "candidate": {"summary": side(90.0, 7.0, 130.0)}},
            {"kind": "concurrency", "load": 4, "baseline": {"summary": BASE}, "candidate": {"summary": side(90.0, 13.0, 130.0)}}]
-    result = spec_sweep.break_even(pts)
+    result = sweep_analysis.break_even(pts)
     assert result["kind"] == "concurrency"
     # TPOT margins 0.3 and -0.3 -> 1 + 3 * 0.5
     assert result["crossover_load"] == pytest.approx(2.5)
@@ -139,32 +140,32 @@ def test_side_dicts_with_summary_are_accepted():
 ])
 def test_bad_points(points, text):
     with pytest.raises(ValidationError) as err:
-        spec_sweep.break_even(points)
+        sweep_analysis.break_even(points)
     assert err.value.field == "points" and text in str(err.value)
 
 
 # -- decision_for_target ---------------------------------------------------------------------------------------
 def test_decision_uses_the_point_at_or_above_target():
-    result = spec_sweep.decision_for_target(CROSSING, 5.0)
+    result = sweep_analysis.decision_for_target(CROSSING, 5.0)
     assert result["load"] == 8 and result["exact"] is False
     assert result["decision"]["decision"] == "roll_back"
     assert result["speedup"] == pytest.approx(1.05)
-    result = spec_sweep.decision_for_target(CROSSING, 3.0)
+    result = sweep_analysis.decision_for_target(CROSSING, 3.0)
     assert result["load"] == 4 and result["decision"]["decision"] == "keep"
-    result = spec_sweep.decision_for_target(CROSSING, 4.0)
+    result = sweep_analysis.decision_for_target(CROSSING, 4.0)
     assert result["load"] == 4 and result["exact"] is True
     assert result["decision"]["load"] == {"request_rate": 4}
 
 
 def test_decision_for_target_errors():
     with pytest.raises(ValidationError) as err:
-        spec_sweep.decision_for_target(CROSSING, 9.0)
+        sweep_analysis.decision_for_target(CROSSING, 9.0)
     assert err.value.field == "target_qps" and "above every measured request rate (largest 8)" in str(err.value)
     with pytest.raises(ValidationError) as err:
-        spec_sweep.decision_for_target(CROSSING, 0)
+        sweep_analysis.decision_for_target(CROSSING, 0)
     assert err.value.field == "target_qps"
     with pytest.raises(ValidationError) as err:
-        spec_sweep.decision_for_target([point(1, BASE, kind="concurrency")], 1.0)
+        sweep_analysis.decision_for_target([point(1, BASE, kind="concurrency")], 1.0)
     assert err.value.field == "target_qps" and "request-rate points" in str(err.value)
 
 

@@ -4,6 +4,8 @@ import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import num_speculative_tokens as k_model
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import sweep as spec_sweep
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import sweep_analysis
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import sweep_sides
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from tests.paced_server import paced_handler
 from tests.paths import read_capture
@@ -23,11 +25,11 @@ def acceptance(drafts, per_pos):
 
 def test_spec_state_from_a_real_ngram_capture_and_a_baseline_page():
     text = read_capture("ngram", "metrics.txt")
-    state = spec_sweep.spec_state_from_metrics(text, "t-ngram")
+    state = sweep_sides.spec_state_from_metrics(text, "t-ngram")
     assert state == {"speculative": True, "k": 5}
-    assert spec_sweep.spec_state_from_metrics(paced_handler("b", 0, 0).metrics_text()) == {"speculative": False, "k": None}
-    assert spec_sweep.spec_state_from_metrics(None) == {"speculative": None, "k": None}
-    assert spec_sweep.spec_state_from_metrics(paced_handler("c", 0, 0, spec_rates=[0.5, 0.2]).metrics_text())["k"] == 2
+    assert sweep_sides.spec_state_from_metrics(paced_handler("b", 0, 0).metrics_text()) == {"speculative": False, "k": None}
+    assert sweep_sides.spec_state_from_metrics(None) == {"speculative": None, "k": None}
+    assert sweep_sides.spec_state_from_metrics(paced_handler("c", 0, 0, spec_rates=[0.5, 0.2]).metrics_text())["k"] == 2
 
 
 @pytest.mark.parametrize("command, expected", [
@@ -44,7 +46,7 @@ def test_spec_state_from_a_real_ngram_capture_and_a_baseline_page():
     (["vllm", "serve", "/m", "--speculative-config"], False),
 ])
 def test_spec_state_from_command(command, expected):
-    assert spec_sweep.spec_state_from_command(command) is expected
+    assert sweep_sides.spec_state_from_command(command) is expected
 
 
 @pytest.mark.parametrize("states, commands, field, needle", [
@@ -58,13 +60,13 @@ def test_spec_state_from_command(command, expected):
 ])
 def test_spec_state_refusals_name_the_field(states, commands, field, needle):
     with pytest.raises(ValidationError) as err:
-        spec_sweep.check_spec_states(states, commands)
+        sweep_sides.check_spec_states(states, commands)
     assert err.value.field == field and needle in str(err.value)
 
 
 def test_spec_state_without_metrics_is_a_note_not_a_pass_or_fail():
-    notes = spec_sweep.check_spec_states({"baseline": {"speculative": None}, "candidate": {"speculative": True, "k": 2}},
-                                         {"baseline": None, "candidate": True})
+    notes = sweep_sides.check_spec_states({"baseline": {"speculative": None}, "candidate": {"speculative": True, "k": 2}},
+                                          {"baseline": None, "candidate": True})
     assert len(notes) == 1 and "baseline has no /metrics" in notes[0]
 
 
@@ -74,12 +76,12 @@ def engine_line(capture):
 
 def test_spec_state_from_the_engine_lines_vllm_logged():
     """The real captured lines (vLLM 0.32 CPU) and the engine_config_info module's result shape."""
-    assert spec_sweep.spec_state_from_engine({"line": engine_line("baseline")}, "f") == {"found": True, "config": None}
-    ngram = spec_sweep.spec_state_from_engine({"line": engine_line("ngram")}, "f")
+    assert sweep_sides.spec_state_from_engine({"line": engine_line("baseline")}, "f") == {"found": True, "config": None}
+    ngram = sweep_sides.spec_state_from_engine({"line": engine_line("ngram")}, "f")
     assert ngram == {"found": True, "config": {"method": "ngram", "model": None, "num_spec_tokens": 5}}
     registered = {"found": False, "speculative_config": None, "changed": False, "item": "x"}
-    assert spec_sweep.spec_state_from_engine(registered, "f") == {"found": False, "config": None}
-    assert spec_sweep.spec_state_from_engine(None, "f") is None and spec_sweep.spec_state_from_engine({}, "f") is None
+    assert sweep_sides.spec_state_from_engine(registered, "f") == {"found": False, "config": None}
+    assert sweep_sides.spec_state_from_engine(None, "f") is None and sweep_sides.spec_state_from_engine({}, "f") is None
 
 
 @pytest.mark.parametrize("engine, field, needle", [
@@ -90,12 +92,12 @@ def test_spec_state_from_the_engine_lines_vllm_logged():
 ])
 def test_malformed_engine_input_names_the_field(engine, field, needle):
     with pytest.raises(ValidationError) as err:
-        spec_sweep.spec_state_from_engine(engine, "candidate_engine_config")
+        sweep_sides.spec_state_from_engine(engine, "candidate_engine_config")
     assert err.value.field == field and needle in str(err.value)
 
 
 def _engines(**sides):
-    return {side: spec_sweep.spec_state_from_engine({"line": engine_line(capture)}, spec_sweep.ENGINE_FIELDS[side])
+    return {side: sweep_sides.spec_state_from_engine({"line": engine_line(capture)}, sweep_sides.ENGINE_FIELDS[side])
             for side, capture in sides.items()}
 
 
@@ -111,23 +113,23 @@ def test_engine_line_refusals_name_the_field(engines, kwargs, field, needle):
     kwargs = dict(kwargs)
     metrics = {"candidate": {"speculative": True, "k": kwargs.pop("metrics_k", None)}}
     with pytest.raises(ValidationError) as err:
-        spec_sweep.check_engine_states(_engines(**engines), metrics, **kwargs)
+        sweep_sides.check_engine_states(_engines(**engines), metrics, **kwargs)
     assert err.value.field == field and needle in str(err.value), str(err.value)
 
 
 def test_engine_lines_that_agree_give_the_k_and_a_missing_line_a_note():
-    notes, k = spec_sweep.check_engine_states(_engines(baseline="baseline", candidate="ngram"),
-                                              {"candidate": {"speculative": True, "k": 5}}, method="ngram", current_k=5)
+    notes, k = sweep_sides.check_engine_states(_engines(baseline="baseline", candidate="ngram"),
+                                               {"candidate": {"speculative": True, "k": 5}}, method="ngram", current_k=5)
     assert (notes, k) == ([], 5)
     engines = {"baseline": {"found": False, "config": None}, "candidate": None}
-    notes, k = spec_sweep.check_engine_states(engines, {}, method="ngram")
+    notes, k = sweep_sides.check_engine_states(engines, {}, method="ngram")
     assert k is None and len(notes) == 1 and "baseline's engine-config line was not found" in notes[0]
     eagle = _engines(candidate="eagle3")
-    assert spec_sweep.check_engine_states(eagle, {}, method="eagle3")[1] == 3
+    assert sweep_sides.check_engine_states(eagle, {}, method="eagle3")[1] == 3
     mtp = {"candidate": {"found": True, "config": {"method": "mtp", "model": None, "num_spec_tokens": 1}}}
-    assert spec_sweep.check_engine_states(mtp, {}, method="deepseek_mtp")[1] == 1  # vLLM prints every *_mtp alias as mtp
-    checks = spec_sweep.describe_checks({"baseline": {"speculative": False}, "candidate": {"speculative": True, "k": 3}},
-                                        dict(eagle, baseline=None))
+    assert sweep_sides.check_engine_states(mtp, {}, method="deepseek_mtp")[1] == 1  # vLLM prints every *_mtp alias as mtp
+    checks = sweep_sides.describe_checks({"baseline": {"speculative": False}, "candidate": {"speculative": True, "k": 3}},
+                                         dict(eagle, baseline=None))
     assert checks == {"baseline": {"engine_line": "not given", "metrics": "no vllm:spec_decode_* counters"},
                       "candidate": {"engine_line": "SpeculativeConfig(method='eagle3', model='/mnt/models/tiny-eagle3', num_spec_tokens=3)",
                                     "metrics": "vllm:spec_decode_* counters, 3 per-position series"}}
@@ -166,26 +168,26 @@ def test_predict_k_measures_the_verify_cost_at_the_lowest_load():
 def test_confirmation_needs_a_measured_ab_when_the_prediction_differs():
     pts = sweep_points([90, 5, 2, 1, 0])
     pred = k_model.predict_k(pts, 5, [1, 2, 3, 4, 5], verify_cost_ratio=0.1)
-    out = spec_sweep.confirmation(pred, None, pts[0])
+    out = sweep_analysis.confirmation(pred, None, pts[0])
     assert out["status"] == "not_measured" and out["recommended_k"] is None and "never adopt" in out["reason"]
-    better = spec_sweep.confirmation(pred, {"current": side(45, 6.0, 150), "recommended": side(44, 5.0, 170)}, pts[0])
+    better = sweep_analysis.confirmation(pred, {"current": side(45, 6.0, 150), "recommended": side(44, 5.0, 170)}, pts[0])
     assert better["status"] == "confirmed" and better["recommended_k"] == 1
     assert better["measured_speedup_vs_current"] == pytest.approx(170 / 150.0)
     assert better["measured_speedup_vs_baseline"] == pytest.approx(1.7)
-    worse = spec_sweep.confirmation(pred, {"current": side(45, 6.0, 150), "recommended": side(44, 7.0, 140)}, pts[0])
+    worse = sweep_analysis.confirmation(pred, {"current": side(45, 6.0, 150), "recommended": side(44, 7.0, 140)}, pts[0])
     assert worse["status"] == "rejected" and worse["recommended_k"] == 5 and "keep the current k=5" in worse["reason"]
 
 
 def test_confirmation_of_the_deployed_k_is_the_sweeps_own_ab():
     pts = sweep_points([95, 95, 95])
     pred = k_model.predict_k(pts, 3, [1, 2, 3], verify_cost_ratio=0.05)
-    out = spec_sweep.confirmation(pred, None, pts[0])
+    out = sweep_analysis.confirmation(pred, None, pts[0])
     assert out["status"] == "confirmed" and out["recommended_k"] == 3 and out["measured_speedup_vs_baseline"] == pytest.approx(1.5)
     losing = [{"kind": "request_rate", "load": 1.0, "baseline": side(50, 10.0, 100),
                "candidate": side(45, 12.0, 90, acceptance(100, [95, 95, 95]))}]
     pred = k_model.predict_k(losing, 3, [1, 2, 3], verify_cost_ratio=0.05)
-    assert spec_sweep.confirmation(pred, None, losing[0])["status"] == "rejected"
-    assert spec_sweep.confirmation(None, None, None)["status"] == "not_measured"
+    assert sweep_analysis.confirmation(pred, None, losing[0])["status"] == "rejected"
+    assert sweep_analysis.confirmation(None, None, None)["status"] == "not_measured"
 
 
 def test_analyse_builds_points_break_even_target_and_k_from_measurements():
@@ -194,7 +196,7 @@ def test_analyse_builds_points_break_even_target_and_k_from_measurements():
     for load, tpot in ((1.0, 6.0), (2.0, 8.0), (4.0, 12.0)):
         measurements.append(dict(side(50, 10.0, 100), kind="request_rate", load=load, side="baseline", k=None))
         measurements.append(dict(side(45, tpot, 100, acceptance(100, [80, 40, 10])), kind="request_rate", load=load, side="candidate", k=None))
-    out = spec_sweep.analyse(measurements, sweep, {"tolerances": {}, "verify_cost_ratio": 0.1}, 3)
+    out = sweep_analysis.analyse(measurements, sweep, {"tolerances": {}, "verify_cost_ratio": 0.1}, 3)
     assert out["break_even"]["status"] == "crossed" and out["break_even"]["last_keep_load"] == 2.0
     assert out["break_even"]["crossover_load"] == pytest.approx(2.0 + 2.0 * 0.2 / (0.2 + 0.2))
     assert out["target"]["load"] == 2.0 and out["target"]["decision"]["decision"] == "keep"

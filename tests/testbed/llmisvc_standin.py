@@ -18,8 +18,8 @@ llm_inference_service_lifecycle.go) so product code sees the objects and status 
   ``oci+native://``, an ImageVolume: an emptyDir with subPath ``models`` here), ``hf://``/``s3://`` a storage-initializer
   init container; a URI attachModelArtifacts refuses (tests/testbed/kserve_storage.py) writes no workload and sets
   ``MainWorkloadReady`` (``WorkerWorkloadReady`` with ``spec.worker``) False, reason ``ReconcileSingleNodeWorkloadError``
-  (``ReconcileMultiNodeWorkloadError``), with KServe's message; ``spec.worker`` / ``spec.prefill.worker`` run the pool as a LeaderWorkerSet instead (see LLMISvcStandIn._lws
-  and _lws_controller; the LWS CRD, trimmed, is installed by install_crd);
+  (``ReconcileMultiNodeWorkloadError``), with KServe's message; ``spec.worker`` / ``spec.prefill.worker`` run the pool
+  as a LeaderWorkerSet instead (see LLMISvcStandIn._lws and _lws_controller; the LWS CRD, trimmed, is installed by install_crd);
 - status as ``propagateDeploymentStatus`` + the living condition set: ``MainWorkloadReady`` /
   ``PrefillWorkloadReady`` True when the Deployment's ``Available`` is True, else False with its reason (or
   ``Progressing`` when there is no Available condition yet); ``WorkloadsReady`` = first False sub-condition, else

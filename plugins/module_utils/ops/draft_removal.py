@@ -37,6 +37,7 @@ import posixpath
 import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import artifact_sync
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import storage
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import patch_plan as isvc_patch
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import layers as layer_stream
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import flags as llmisvc
@@ -49,7 +50,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.mod
     ANN_FILES, ANN_ROLE, ANN_TITLE, MT_CONFIG, MT_DOCKER_LAYER_TAR, MT_DOCKER_MANIFEST, MT_LAYER_TAR, BytesSource, canonical_json, sha256_digest,
 )
 
-DEFAULT_MOUNT = "/mnt/models"
+DEFAULT_MOUNT = storage.DEFAULT_MOUNT
 MODELCAR_ROOT = "models"
 PVC_JOB_ROOT = "/mnt/pvc"
 SCRIPT_DIR = "/opt/spec-decoding"
@@ -253,11 +254,14 @@ def locate(isvc, draft_path, source="draft_path"):
                        for p in others_in_mount} - {""})
         return Location("pvc", draft, "the draft is the subdirectory %s of PVC %s; a Job removes it" % (subdir, claim),
                         pvc=claim, subdir=subdir, keep=keep, storage_uri=uri, mount_path=mount)
-    if uri.startswith("oci://"):
+    _mode, normalised, is_oci = storage.parse_oci_scheme(uri)
+    if is_oci:
+        # oci+native:// (an ImageVolume, subPath models) reads the same /models layout as a Modelcar; the scheme is kept
         pointer, current = _storage_uri_pointer(isvc) if index is None else ("/spec/predictor/storageUris/%d/uri" % index, uri)
+        image = normalised[len("oci://"):]
         return Location("modelcar", draft, "the draft is /%s/%s inside the Modelcar image %s; rebuilding the image without it"
-                        % (MODELCAR_ROOT, rel, uri[len("oci://"):]), image=uri[len("oci://"):], image_path="%s/%s" % (MODELCAR_ROOT, rel),
-                        pointer=pointer, storage_uri=current)
+                        % (MODELCAR_ROOT, rel, image), image=image, image_path="%s/%s" % (MODELCAR_ROOT, rel),
+                        pointer=pointer, storage_uri=current, scheme=uri.split("://", 1)[0] + "://")
     return Location("none", draft, "the draft is part of %s, which this collection does not edit; remove it at the source" % uri)
 
 
@@ -656,7 +660,7 @@ def modelcar_remove(params, cluster, isvc, loc, open_registry, check_mode):
         return out
     new_ref = ImageRef(ref.registry, params.get("repository") or ref.repository, nodraft_tag(ref, params.get("tag")))
     new_digest = sha256_digest(new_manifest)
-    new_uri = "oci://" + new_ref.with_digest(new_digest)
+    new_uri = loc.details.get("scheme", "oci://") + new_ref.with_digest(new_digest)
     out["image"].update(to="%s/%s:%s" % (new_ref.registry, new_ref.repository, new_ref.tag), digest=new_digest, storage_uri=new_uri)
     ops = [{"op": "test", "path": loc.details["pointer"], "value": loc.details["storage_uri"]},
            {"op": "replace", "path": loc.details["pointer"], "value": new_uri},

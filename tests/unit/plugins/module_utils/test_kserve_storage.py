@@ -8,9 +8,9 @@ import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import storage
-from tests.paths import kserve_vectors
+from tests import kserve_vectors
 
-VECTORS = kserve_vectors("storage.json")
+VECTORS = kserve_vectors.load("storage.json")
 CASES = VECTORS["cases"]
 # Cases KServe accepts and the render refuses, each because KServe would then mount nothing (or not all of it).
 RENDER_REFUSES = {
@@ -36,33 +36,33 @@ def test_the_vectors_name_their_source():
     assert set(RENDER_REFUSES) <= {c["id"] for c in CASES}
 
 
-def kserve_verdict(case):
-    """KServe's answer to one case, from storage.py: None (accepted), an error message, or the value asked for."""
-    data = case["input"]
-    if case["check"] == "isvc_storage_uri":
-        return storage.isvc_storage_uri_problem(data["uri"])
-    if case["check"] == "isvc_storage_uris":
-        found = storage.isvc_storage_uris_problems(data["storageUris"], data.get("storageInitializer"), storage_uri=data.get("storageUri"))
-        return found and found[0]
-    if case["check"] == "oci_model_mode":
-        mode = _mode(case)
-        return {"mode": "" if mode == storage.OCI_DISABLED else mode}
-    if case["check"] == "oci_scheme":
-        mode, uri, is_oci = storage.parse_oci_scheme(data["uri"])
-        return {"mode": mode, "uri": uri, "is_oci": is_oci}
-    return storage.llmisvc_model_uri_problem(data["uri"], data.get("storageInitializer"))
+def _uris(data):
+    found = storage.isvc_storage_uris_problems(data["storageUris"], data.get("storageInitializer"), storage_uri=data.get("storageUri"))
+    return found and found[0]
+
+
+def _mode_value(data):
+    mode = storage.resolve_oci_mode(data["storageInitializer"])[0]
+    return {"mode": "" if mode == storage.OCI_DISABLED else mode}
+
+
+def _scheme(data):
+    return dict(zip(("mode", "uri", "is_oci"), storage.parse_oci_scheme(data["uri"])))
+
+
+# KServe's answer to each kind of case, from storage.py: None (accepted), an error message, or the value asked for.
+READERS = {
+    "isvc_storage_uri": lambda data: storage.isvc_storage_uri_problem(data["uri"]),
+    "isvc_storage_uris": _uris,
+    "oci_model_mode": _mode_value,
+    "oci_scheme": _scheme,
+    "llmisvc_model_uri": lambda data: storage.llmisvc_model_uri_problem(data["uri"], data.get("storageInitializer")),
+}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
 def test_kserve_verdict(case):
-    got = kserve_verdict(case)
-    want = case["expected"]
-    if "accept" in want:
-        assert got is None, got
-    elif "error" in want:
-        assert got and want["error"] in got, got
-    else:
-        assert got == want
+    kserve_vectors.check(case, READERS)
 
 
 RENDERED = [c for c in CASES if c["check"] in ("isvc_storage_uri", "isvc_storage_uris", "llmisvc_model_uri") and "storageUri" not in c["input"]]

@@ -54,12 +54,25 @@ options:
   kserve_version:
     description:
       - KServe release of the cluster. When omitted it is detected from O(kserve_crd), else 0.20 is assumed (with a warning).
+      - A release newer than the collection knows (after 0.20) is rendered with 0.20's rules, with a warning naming it.
     type: str
   kserve_crd:
     description: The C(inferenceservices.serving.kserve.io) CustomResourceDefinition, to detect what the cluster's KServe supports.
     type: dict
+  oci_model_mode:
+    description:
+      - The cluster's OCI mode (C(storageInitializer) of KServe's C(inferenceservice-config) ConfigMap, as
+        M(alauda.spec_decoding.kserve_info) returns it), which KServe's storage rules depend on. V(modelcar) (what KServe
+        installs) and V(fetch) need a different parent directory for each C(oci://) C(storageUris) entry; V(native)
+        (Kubernetes ImageVolumes) only a different path; V(disabled) mounts no C(oci://) image, so one is refused.
+        An C(oci+native://) URI is mounted as an ImageVolume in every mode.
+      - When omitted, V(disabled) if O(modelcar_enabled=false), else V(modelcar). For GitOps renders (no cluster to read)
+        set it to the target cluster's mode.
+    type: str
+    choices: [modelcar, native, fetch, disabled]
   modelcar_enabled:
-    description: Whether the storage initializer has Modelcar enabled (used by O(artifact_mode=auto)).
+    description:
+      - Whether the storage initializer mounts C(oci://) images; O(oci_model_mode) says more and wins when given.
     type: bool
     default: true
   vllm_version:
@@ -338,6 +351,7 @@ ARGUMENT_SPEC = dict(
     artifacts=dict(type="dict", default={}),
     kserve_version=dict(type="str"),
     kserve_crd=dict(type="dict"),
+    oci_model_mode=dict(type="str", choices=["modelcar", "native", "fetch", "disabled"]),
     modelcar_enabled=dict(type="bool", default=True),
     vllm_version=dict(type="str"),
     runtime=dict(type="str", required=True),

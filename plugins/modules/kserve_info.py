@@ -13,9 +13,14 @@ version_added: 0.2.0
 description:
   - Reads the InferenceService CustomResourceDefinition and returns the KServe release its schema shows (C(spec.canary)
     means 0.20+, C(spec.predictor.storageUris) 0.16+), not the CRD itself.
-  - Reads whether the storage initializer has Modelcar enabled (C(storageInitializer.enableModelcar) in the
-    C(inferenceservice-config) ConfigMap; KServe's default, on, when the ConfigMap is not readable).
-  - Reads the current InferenceService, if there is one.
+  - A KServe newer than the releases the collection knows (its CRD has fields KServe 0.20's has not, or the storage
+    initializer image is tagged with a newer release) is named in a warning and RV(kserve_warning), and RV(kserve_version)
+    is the newest release the collection knows, whose rules the render then applies. It is never refused for its number.
+  - Reads the cluster's OCI mode from the C(storageInitializer) key of the C(inferenceservice-config) ConfigMap, as KServe
+    resolves it (C(ociModelMode) when set, else V(modelcar) when C(enableModelcar) or C(enableOciModelSupport) is true,
+    else V(disabled)); what KServe installs (V(modelcar)) when the ConfigMap is not readable. The storage rules depend on
+    it (in V(native) mode several C(oci://) entries may share a parent directory; in V(disabled) mode C(oci://) is not mounted).
+  - Reads the current InferenceService, if there is one (not for O(resource_kind=LLMInferenceService)).
   - Reads the runtime the InferenceService will use (O(runtime) as a ServingRuntime of O(namespace), else a
     ClusterServingRuntime; without O(runtime) every runtime KServe could auto-select) and returns them as C(runtimes),
     which M(alauda.spec_decoding.isvc_manifest) takes to merge the runtime's command and refuse a second
@@ -36,6 +41,13 @@ options:
     description: C(spec.predictor.model.modelFormat.name), for KServe's auto-selection when O(runtime) is not given.
     type: str
     default: transformers
+  resource_kind:
+    description:
+      - The kind about to be deployed. For V(LLMInferenceService) only the release and the OCI mode are read (no
+        ServingRuntime, no current InferenceService), and a cluster without the InferenceService CRD is not an error.
+    type: str
+    choices: [InferenceService, LLMInferenceService]
+    default: InferenceService
 extends_documentation_fragment:
   - alauda.spec_decoding.inference_service
   - kubernetes.core.k8s_auth_options
@@ -63,7 +75,7 @@ EXAMPLES = r"""
     namespace: models
     method: eagle3
     kserve_version: "{{ kserve.kserve_version | default(omit, true) }}"
-    modelcar_enabled: "{{ kserve.modelcar_enabled }}"
+    oci_model_mode: "{{ kserve.oci_model_mode }}"
     existing: "{{ kserve.existing | default(omit, true) }}"
     artifacts:
       pvc_name: model-store
@@ -86,16 +98,29 @@ evidence:
   description: Why that release (or why none).
   returned: success
   type: str
+kserve_warning:
+  description: Names a KServe newer than the releases the collection knows (null otherwise); its rules are the newest known.
+  returned: success
+  type: str
+oci_model_mode:
+  description: The cluster's OCI mode as KServe resolves it from C(storageInitializer).
+  returned: success
+  type: str
+  sample: modelcar
+oci_model_mode_evidence:
+  description: Where RV(oci_model_mode) comes from.
+  returned: success
+  type: str
 modelcar_enabled:
-  description: Whether the storage initializer has Modelcar on.
+  description: Whether C(oci://) images are mounted at all (RV(oci_model_mode) is not V(disabled)); kept for older playbooks.
   returned: success
   type: bool
 modelcar_evidence:
-  description: Where RV(modelcar_enabled) comes from.
+  description: Where RV(modelcar_enabled) comes from (the same as RV(oci_model_mode_evidence)).
   returned: success
   type: str
 existing:
-  description: The current InferenceService, or null.
+  description: The current InferenceService, or null (always null for O(resource_kind=LLMInferenceService)).
   returned: success
   type: dict
 runtimes:
@@ -117,13 +142,16 @@ def argument_spec():
         kserve_namespace=dict(type="str", default="kserve"),
         runtime=dict(type="str"),
         model_format=dict(type="str", default="transformers"),
+        resource_kind=dict(type="str", default="InferenceService", choices=["InferenceService", "LLMInferenceService"]),
     )
 
 
 def execute(module):
     params = module.params
     facts = kserve_facts.gather(module.api_client, params["namespace"], params["name"], params["kserve_namespace"],
-                                runtime=params["runtime"], model_format=params["model_format"])
+                                runtime=params["runtime"], model_format=params["model_format"], resource_kind=params["resource_kind"])
+    if facts["kserve_warning"]:
+        module.warn(facts["kserve_warning"])
     return dict(changed=False, **facts)
 
 

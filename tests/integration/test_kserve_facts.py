@@ -27,6 +27,7 @@ def test_release_modelcar_and_existing_from_the_cluster(k8s_client, controlplane
     assert facts["installed"] is True and facts["crd_readable"] is True
     assert facts["kserve_version"] == "0.20.0" and "spec.canary" in facts["evidence"]
     assert facts["modelcar_enabled"] is True and "not readable" in facts["modelcar_evidence"]
+    assert facts["oci_model_mode"] == "modelcar" and facts["kserve_warning"] is None
     assert facts["existing"] is None
 
     _config_map(controlplane, namespace, '{"enableModelcar": false, "uidModelcar": 1010}')
@@ -34,7 +35,26 @@ def test_release_modelcar_and_existing_from_the_cluster(k8s_client, controlplane
                                                                _manifest("guide_example2_eagle3.yaml", namespace))
     facts = kserve_facts.gather(k8s_client, namespace, "llama31-8b-eagle3", namespace)
     assert facts["modelcar_enabled"] is False and "enableModelcar" in facts["modelcar_evidence"]
+    assert facts["oci_model_mode"] == "disabled"
     assert facts["existing"]["metadata"]["uid"] == created["metadata"]["uid"]
+
+
+def test_native_oci_mode_and_a_newer_storage_initializer_from_the_config_map(k8s_client, controlplane, namespace):
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import facts as kserve_facts  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import render as isvc  # pylint: disable=import-outside-toplevel
+    # what a KServe 0.21 install with ImageVolumes on writes: ociModelMode wins over enableModelcar (ResolveOciModelMode)
+    _config_map(controlplane, namespace, '{"image": "kserve/storage-initializer:v0.21.0", "enableModelcar": true, '
+                                         '"ociModelMode": "native", "uidModelcar": 1010}')
+    facts = kserve_facts.gather(k8s_client, namespace, "llama", namespace)
+    assert facts["oci_model_mode"] == "native" and "ociModelMode: native" in facts["oci_model_mode_evidence"]
+    assert facts["kserve_version"] == "0.20.0" and "KServe 0.21.0" in facts["kserve_warning"]
+    # the render takes the mode: two oci:// entries under one parent, which the modelcar mode refuses
+    art = {"target_uri": "oci://registry.local/llama:v1", "draft_uri": "oci://registry.local/eagle3:v1",
+           "target_mount_path": "/mnt/models/target", "draft_mount_path": "/mnt/models/draft"}
+    p = {"name": "llama", "namespace": namespace, "method": "eagle3", "runtime": "vllm", "artifact_mode": "storage_uris",
+         "artifacts": art, "kserve_version": facts["kserve_version"], "oci_model_mode": facts["oci_model_mode"], "dtype": "auto",
+         "gpu_memory_utilization": 0.9, "max_model_len": 4096, "max_num_seqs": 8, "seed": 0}
+    assert [e["mountPath"] for e in isvc.render(p)["manifest"]["spec"]["predictor"]["storageUris"]] == ["/mnt/models/target", "/mnt/models/draft"]
 
 
 def test_storage_initializer_that_is_not_json_names_the_config_map(k8s_client, controlplane, namespace):

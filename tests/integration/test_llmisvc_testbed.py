@@ -146,6 +146,29 @@ def test_schema_rejection_and_bad_input_write_nothing(kubeconfig, k8s_client, ll
     assert items == []
 
 
+def test_a_model_uri_kserve_cannot_attach_fails_the_pool_and_the_render_refuses_it(kubeconfig, k8s_client, llmisvc, namespace):
+    """gs:// is an InferenceService scheme only: the render refuses it with KServe's words, and the stand-in (KServe's
+    attachModelArtifacts, tests/testbed/kserve_storage.py) writes no workload and fails the main pool with them."""
+    refused = run_module("isvc_manifest", {"resource_kind": "LLMInferenceService", "name": NAME, "namespace": namespace,
+                                           "method": "none", "artifact_mode": "single", "artifacts": {"storage_uri": "gs://bucket/llama"},
+                                           "runtime": "unused", "gpu_count": 0, "llmisvc": {"image": "registry.local/vllm:v0.32.0"}})
+    assert refused.failed and refused["field"] == "artifacts.storage_uri" and "unsupported schema in model URI" in refused.msg
+    manifest = _render(namespace)["manifest"]
+    manifest["spec"]["model"]["uri"] = "gs://bucket/llama"
+    assert not _apply(kubeconfig, manifest).failed
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        conds = {c["type"]: c for c in (_get(k8s_client, namespace).get("status") or {}).get("conditions") or []}
+        if "MainWorkloadReady" in conds:
+            break
+        time.sleep(0.2)
+    main = conds["MainWorkloadReady"]
+    assert main["status"] == "False" and main["reason"] == "ReconcileSingleNodeWorkloadError"
+    assert "unsupported schema in model URI: gs://bucket/llama" in main["message"] and conds["Ready"]["status"] == "False"
+    from kubernetes import client  # pylint: disable=import-outside-toplevel
+    assert client.AppsV1Api(k8s_client).list_namespaced_deployment(namespace).items == []
+
+
 def test_flag_from_a_preset_is_refused_and_a_missing_preset_fails_the_wait_fast(kubeconfig, k8s_client, behaviours, namespace):
     from kubernetes import client  # pylint: disable=import-outside-toplevel
     api = client.CustomObjectsApi(k8s_client)

@@ -142,7 +142,8 @@ def test_deploy_verify_rollback_with_only_the_documented_roles(tmp_path, grants,
     assert "WARNING" not in str(deploy.result("KServe features are not detected")), "the CRD reader ClusterRole did not work"
     facts = deploy.result("Read what the cluster's KServe supports")
     assert facts["crd_readable"] is True and facts["kserve_version"] == "0.20.0", "the CRD reader ClusterRole did not work"
-    assert facts["modelcar_evidence"].startswith("storageInitializer.enableModelcar in ConfigMap"), "the kserve-config reader Role did not work"
+    assert facts["oci_model_mode_evidence"].startswith("ConfigMap %s/inferenceservice-config key storageInitializer" % kserve_namespace), \
+        "the kserve-config reader Role did not work"
     assert deploy.result("engine-config line")["speculative_config"] == EAGLE3
     # rerun: the object exists, server-side apply patches (nothing changes)
     again = run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", kubeconfig=deployer, extra_vars=_deploy_vars(namespace, kserve_namespace))

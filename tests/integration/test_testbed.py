@@ -315,3 +315,20 @@ def test_warm_start_to_ready_and_clean_teardown(k8s_binaries, kserve_crd_dir, co
           f"controller manager ready {t_ready:.1f} s; teardown {t_stop:.1f} s; ports checked {ports}; "
           f"load per core {load:.1f}, budget {budget:.0f} s")
     assert t_ready < budget, f"warm start-to-ready took {t_ready:.1f} s (budget {budget:.0f} s)"
+
+
+def test_storage_kserve_refuses_gets_no_deployment_and_an_event(controlplane, kserve, namespace):
+    """The stand-in applies KServe's storage rules (tests/testbed/kserve_storage.py, pinned to KServe's own cases by
+    tests/unit/test_testbed_storage.py): a mountPath with '..' gets KServe's message in an InternalError Event, no pods."""
+    manifest = _load_manifest(namespace)
+    name = manifest["metadata"]["name"]
+    predictor = manifest["spec"]["predictor"]
+    predictor["model"].pop("storageUri", None)
+    predictor["storageUris"] = [{"uri": "s3://bucket/llama", "mountPath": "/mnt/models/../etc"}]
+    _custom(controlplane).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+    core = _core(controlplane)
+    event = _wait(lambda: [e for e in core.list_namespaced_event(namespace).items
+                           if e.involved_object.name == name and e.reason == "InternalError"], 20, what="InternalError event")[0]
+    assert event.type == "Warning" and "storage path cannot contain '..' for security reasons: /mnt/models/../etc" in event.message
+    from kubernetes import client  # pylint: disable=import-outside-toplevel
+    assert client.AppsV1Api(controlplane.api_client()).list_namespaced_deployment(namespace).items == []

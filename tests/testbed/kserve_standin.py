@@ -14,7 +14,13 @@ so product code sees the same objects and status it would see on a real cluster:
   by name, `{{.Name}}` placeholders filled in; see `_container`), or from
   `predictor.containers[0]`. Storage: `pvc://claim/path` (storageUri or storageUris) becomes a PVC volume
   mount with subPath; other URIs get a `storage-initializer` init container and an emptyDir; `oci://` gets
-  the Modelcar sidecar `modelcar` and init container `modelcar-init`;
+  the Modelcar sidecar `modelcar` and init container `modelcar-init` (in the cluster's `native` OCI mode, and for
+  `oci+native://`, an ImageVolume instead: played by an emptyDir mounted with subPath `models`, as the test bed's
+  kube-apiserver predates image volumes). The OCI mode is KServe's ResolveOciModelMode of the `storageInitializer` in
+  ConfigMap `kserve/inferenceservice-config` (read only for an OCI URI; none: what KServe installs, modelcar). Storage
+  KServe refuses (tests/testbed/kserve_storage.py: the webhook's storageUris rules, the pod mutator's OCI checks,
+  ValidateStorageURI) gets no Deployment and a Warning Event `InternalError` naming KServe's message, once per
+  generation (on a real cluster the webhook refuses the write, or the controller logs that Event);
 - the controller manager then makes ReplicaSets and Pods (a new spec => new ReplicaSet => new pods, a real
   rolling update), and the kubelet stand-in binds and runs them;
 - status: `PredictorReady` from the Deployment's Available/Progressing/ReplicaFailure conditions with
@@ -81,6 +87,7 @@ import threading
 import time
 import urllib.parse
 
+from . import kserve_storage
 from .kubelet import PodBehaviour
 from .wake import EVERYTHING, RESYNC_SECONDS, WatchWaker, WorkQueue, owner_key
 
@@ -312,6 +319,8 @@ class KServeStandIn(ControllerLoop):
         self.kubelet = kubelet
         self.strict_runtimes = strict_runtimes
         self.progress_deadline_seconds = progress_deadline_seconds
+        self._oci_mode = "modelcar"  # of the pass running now (one loop thread)
+        self._refused = {}  # uid -> generation whose storage refusal was reported
 
     def watched_paths(self) -> list:
         # The runtime a predictor resolves to is read on every pass: a new or edited runtime wakes the loop too.
@@ -361,6 +370,14 @@ class KServeStandIn(ControllerLoop):
             return  # the patch's watch event brings the object back
         self.reconciles += 1
         predictor = (isvc.get("spec") or {}).get("predictor") or {}
+        predictors = [predictor] + [(c or {}).get("predictor") or {} for c in (isvc.get("spec") or {}).get("canary") or []]
+        oci = any(kserve_storage.parse_oci_scheme(e["uri"])[2] for p in predictors for e in storage_entries(p))
+        config = self.storage_initializer(api) if oci else {}
+        problem = self._storage_problem(isvc, config)
+        if problem:
+            self._refuse_storage(api, isvc, problem)
+            return
+        self._oci_mode = kserve_storage.oci_model_mode(config)
         runtime, runtime_kind = self._resolve_runtime(api, predictor, ns)
         status = copy.deepcopy(isvc.get("status") or {})
         status["deploymentMode"] = _normalise_mode((meta.get("annotations") or {}).get(
@@ -649,13 +666,7 @@ class KServeStandIn(ControllerLoop):
             pod_spec["initContainers"] = copy.deepcopy(predictor["initContainers"])
         if predictor.get("volumes"):
             pod_spec["volumes"] = copy.deepcopy(predictor["volumes"])
-        model = predictor.get("model") or {}
-        uris = []
-        if model.get("storageUri") or predictor.get("storageUri"):
-            uris.append({"uri": model.get("storageUri") or predictor.get("storageUri"), "mountPath": "/mnt/models"})
-        for entry in predictor.get("storageUris") or []:
-            uris.append({"uri": entry["uri"], "mountPath": entry.get("mountPath") or "/mnt/models"})
-        self._add_storage(pod_spec, container, uris)
+        self._add_storage(pod_spec, container, storage_entries(predictor), self._oci_mode)
         template_annotations = dict(annotations)
         if dep_name == f"{name}-predictor":
             # Named (canary / promoted) Deployments keep their pod template across generations, as KServe's do.
@@ -676,13 +687,67 @@ class KServeStandIn(ControllerLoop):
                              "annotations": dep_annotations, "ownerReferences": self._owner(isvc)},
                 "spec": spec}
 
+    # -- storage ------------------------------------------------------------------------------------
+
     @staticmethod
-    def _add_storage(pod_spec: dict, container: dict, uris: list) -> None:
+    def storage_initializer(api) -> dict:
+        """The storageInitializer settings of ConfigMap kserve/inferenceservice-config; what KServe installs when absent."""
+        from .rest import ApiError  # pylint: disable=import-outside-toplevel
+        try:
+            config_map = api.get("/api/v1/namespaces/kserve/configmaps/inferenceservice-config")
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            return dict(kserve_storage.INSTALLED_STORAGE_INITIALIZER)
+        return json.loads((config_map.get("data") or {}).get("storageInitializer") or "{}")
+
+    @staticmethod
+    def _storage_problem(isvc: dict, storage_initializer: dict) -> str | None:
+        """KServe's refusal of the predictor's storage: the webhook (storageUri with storageUris, the storageUris rules), the
+        pod mutator's OCI checks, then the predictor reconcile's ValidateStorageURI."""
+        predictor = (isvc.get("spec") or {}).get("predictor") or {}
+        single = (predictor.get("model") or {}).get("storageUri") or predictor.get("storageUri")
+        listed = predictor.get("storageUris")
+        problem = kserve_storage.storage_uris_error(listed, storage_initializer, single if listed is not None else None)
+        if problem:
+            return problem
+        if single is not None:
+            problem = kserve_storage.storage_uri_error(single)
+            return "StorageURI not supported: " + problem if problem else None
+        return None
+
+    def _refuse_storage(self, api, isvc: dict, problem: str) -> None:
+        meta = isvc["metadata"]
+        if self._refused.get(meta["uid"]) == meta.get("generation"):
+            return
+        self._refused[meta["uid"]] = meta.get("generation")
+        now = _now()
+        api.post(f"/api/v1/namespaces/{meta['namespace']}/events", {
+            "metadata": {"generateName": meta["name"] + "."},
+            "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService", "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta["uid"]},
+            "reason": "InternalError", "message": problem, "type": "Warning", "count": 1,
+            "firstTimestamp": now, "lastTimestamp": now, "source": {"component": "kserve-stand-in"}})
+
+    @staticmethod
+    def _add_storage(pod_spec: dict, container: dict, uris: list, oci_mode: str = "modelcar") -> None:
         volumes = pod_spec.setdefault("volumes", [])
         mounts = container.setdefault("volumeMounts", [])
         init = pod_spec.setdefault("initContainers", [])
         for i, entry in enumerate(uris):
             uri, mount = entry["uri"], entry["mountPath"]
+            explicit, normalised, is_oci = kserve_storage.parse_oci_scheme(uri)
+            mode = (explicit or oci_mode) if is_oci else None
+            if mode == "native":
+                # ConfigureOciNativeToContainer: an ImageVolume named after the path, mounted read-only with subPath models
+                name = mount.strip("/").replace("/", "-") or "oci-model"
+                volumes.append({"name": name, "emptyDir": {}})
+                mounts.append({"name": name, "mountPath": mount, "subPath": "models", "readOnly": True})
+                continue
+            if is_oci and not mode and not entry.get("single"):
+                continue  # a storageUris entry while OCI is off: KServe's injector skips it
+            if mode:
+                uri = normalised
             if uri.startswith("pvc://"):
                 claim, _sep, sub = uri[len("pvc://"):].partition("/")
                 vol = f"kserve-pvc-source-{i}" if i else "kserve-pvc-source"
@@ -691,7 +756,7 @@ class KServeStandIn(ControllerLoop):
                 if sub:
                     m["subPath"] = sub
                 mounts.append(m)
-            elif uri.startswith("oci://"):
+            elif mode:
                 image = uri[len("oci://"):]
                 pod_spec["shareProcessNamespace"] = True
                 pod_spec["containers"].append({
@@ -958,3 +1023,14 @@ def _merge_conditions(old, new) -> list:
             and prev.get("lastTransitionTime") else _now()
         merged.append(cond)
     return sorted(merged, key=lambda c: c["type"])
+
+
+def storage_entries(predictor: dict) -> list:
+    """[{uri, mountPath[, single]}] of a predictor: its storageUri at /mnt/models (single), then its storageUris."""
+    model = predictor.get("model") or {}
+    uris = []
+    if model.get("storageUri") or predictor.get("storageUri"):
+        uris.append({"uri": model.get("storageUri") or predictor.get("storageUri"), "mountPath": "/mnt/models", "single": True})
+    for entry in predictor.get("storageUris") or []:
+        uris.append({"uri": entry["uri"], "mountPath": entry.get("mountPath") or "/mnt/models"})
+    return uris

@@ -14,9 +14,12 @@ llm_inference_service_lifecycle.go) so product code sees the objects and status 
   ``kserve.io/component=workload``, ``llm-d.ai/role`` = ``decode`` with a prefill pool else ``both``), and
   ``<name>-kserve-prefill`` from ``spec.prefill.template`` (component ``llminferenceservice-workload-prefill``, role
   ``prefill``); a removed prefill pool's Deployment is deleted. Model: ``pvc://claim/path`` becomes a read-only PVC
-  mount at /mnt/models (subPath), ``oci://`` the Modelcar sidecar, ``hf://``/``s3://`` a storage-initializer init
-  container; ``spec.worker`` / ``spec.prefill.worker`` run the pool as a LeaderWorkerSet instead (see LLMISvcStandIn._lws
-  and _lws_controller; the LWS CRD, trimmed, is installed by install_crd);
+  mount at /mnt/models (subPath), ``oci://`` the Modelcar sidecar (in the cluster's native OCI mode, and for
+  ``oci+native://``, an ImageVolume: an emptyDir with subPath ``models`` here), ``hf://``/``s3://`` a storage-initializer
+  init container; a URI attachModelArtifacts refuses (tests/testbed/kserve_storage.py) writes no workload and sets
+  ``MainWorkloadReady`` (``WorkerWorkloadReady`` with ``spec.worker``) False, reason ``ReconcileSingleNodeWorkloadError``
+  (``ReconcileMultiNodeWorkloadError``), with KServe's message; ``spec.worker`` / ``spec.prefill.worker`` run the pool
+  as a LeaderWorkerSet instead (see LLMISvcStandIn._lws and _lws_controller; the LWS CRD, trimmed, is installed by install_crd);
 - status as ``propagateDeploymentStatus`` + the living condition set: ``MainWorkloadReady`` /
   ``PrefillWorkloadReady`` True when the Deployment's ``Available`` is True, else False with its reason (or
   ``Progressing`` when there is no Available condition yet); ``WorkloadsReady`` = first False sub-condition, else
@@ -38,6 +41,7 @@ import json
 import time
 import urllib.parse
 
+from . import kserve_storage
 from .kserve_standin import GEN_ANNOTATION, HASH_ANNOTATION, ControllerLoop, KServeStandIn, _now, same_spec_hash, apply_or_create
 from .kubelet import PodBehaviour
 from .wake import EVERYTHING, RESYNC_SECONDS, owner_key
@@ -362,6 +366,25 @@ class LLMISvcStandIn(ControllerLoop):
     def __init__(self, controlplane, kubelet=None, idle_interval: float = RESYNC_SECONDS):
         self._init_loop(controlplane, idle_interval)
         self.kubelet = kubelet
+        self._oci_mode = "modelcar"  # of the pass running now (one loop thread)
+
+    @staticmethod
+    def model_problem(uri: str, storage_initializer: dict) -> str | None:
+        """attachModelArtifacts' refusal of spec.model.uri, as the pool condition's message shows it."""
+        problem = kserve_storage.model_uri_error(uri, storage_initializer)
+        return "failed to attach model artifacts to main deployment: " + problem if problem else None
+
+    def _model_refusal(self, api, spec: dict) -> dict | None:
+        """The pool condition a refused spec.model.uri gives (None: go on, with self._oci_mode set for the mounts)."""
+        uri = ((spec.get("model") or {}).get("uri")) or ""
+        config = KServeStandIn.storage_initializer(api) if kserve_storage.parse_oci_scheme(uri)[2] else {}
+        self._oci_mode = kserve_storage.oci_model_mode(config)
+        problem = self.model_problem(uri, config)
+        if problem is None:
+            return None
+        multi = spec.get("worker") is not None
+        return {"type": "WorkerWorkloadReady" if multi else "MainWorkloadReady", "status": "False",
+                "reason": "ReconcileMultiNodeWorkloadError" if multi else "ReconcileSingleNodeWorkloadError", "message": problem}
 
     def watched_paths(self) -> list:
         # Presets (baseRefs) and the multi-node pools' pods are read on every pass.
@@ -426,8 +449,11 @@ class LLMISvcStandIn(ControllerLoop):
             spec = merge_spec(presets, obj.get("spec") or {})
             prefill_spec = spec.get("prefill")
             prefill = (prefill_spec or {}).get("template")
-            for pool, podspec, worker in (("decode", spec.get("template"), spec.get("worker")),
-                                          ("prefill", prefill, (prefill_spec or {}).get("worker"))):
+            refused = self._model_refusal(api, spec)
+            if refused:
+                conds[refused["type"]] = refused  # the controller returns before it writes a workload
+            for pool, podspec, worker in () if refused else (("decode", spec.get("template"), spec.get("worker")),
+                                                             ("prefill", prefill, (prefill_spec or {}).get("worker"))):
                 cond_type = "MainWorkloadReady" if pool == "decode" else "PrefillWorkloadReady"
                 dep_name = name + ("-kserve" if pool == "decode" else "-kserve-prefill")
                 lws_name = name + MN_SUFFIX[pool]
@@ -512,7 +538,7 @@ class LLMISvcStandIn(ControllerLoop):
         uri = ((spec.get("model") or {}).get("uri")) or ""
         gen = {GEN_ANNOTATION: str(meta.get("generation"))}
         wspec = copy.deepcopy(worker)
-        self._attach_model(uri, wspec)
+        self._attach_model(uri, wspec, self._oci_mode)
         lwt = {"workerTemplate": {"metadata": {"labels": worker_labels, "annotations": dict(gen)}, "spec": wspec},
                "restartPolicy": "RecreateGroupOnPodRestart"}
         size = lws_size(section.get("parallelism"))
@@ -520,7 +546,7 @@ class LLMISvcStandIn(ControllerLoop):
             lwt["size"] = size
         if podspec is not None:
             lspec = copy.deepcopy(podspec)
-            self._attach_model(uri, lspec)
+            self._attach_model(uri, lspec, self._oci_mode)
             lwt["leaderTemplate"] = {"metadata": {"labels": leader_labels, "annotations": dict(gen)}, "spec": lspec}
         if pool == "prefill" and (section.get("parallelism") or {}).get("data") and size is not None:
             lwt["subGroupPolicy"] = {"subGroupSize": size}
@@ -678,12 +704,19 @@ class LLMISvcStandIn(ControllerLoop):
                 "spec": podspec}
 
     @staticmethod
-    def _attach_model(uri: str, podspec: dict) -> None:
+    def _attach_model(uri: str, podspec: dict, oci_mode: str = "modelcar") -> None:
         main = next((c for c in podspec.get("containers") or [] if c.get("name") == "main"), None)
         if main is None:
             return
         mounts = main.setdefault("volumeMounts", [])
         volumes = podspec.setdefault("volumes", [])
+        explicit, normalised, is_oci = kserve_storage.parse_oci_scheme(uri)
+        if is_oci and (explicit or oci_mode) == "native":
+            # ConfigureOciNativeToContainer at /mnt/models: an ImageVolume (an emptyDir here), subPath models, read-only
+            volumes.append({"name": "mnt-models", "emptyDir": {}})
+            mounts.append({"name": "mnt-models", "mountPath": "/mnt/models", "subPath": "models", "readOnly": True})
+            return
+        uri = normalised
         if uri.startswith("pvc://"):
             claim, sub = (uri[len("pvc://"):].split("/", 1) + [""])[:2]
             volumes.append({"name": "kserve-pvc-source", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
@@ -711,7 +744,7 @@ class LLMISvcStandIn(ControllerLoop):
                   "app.kubernetes.io/part-of": PART_OF, "kserve.io/component": "workload",
                   "llm-d.ai/role": ("decode" if has_prefill else "both") if pool == "decode" else "prefill"}
         podspec = copy.deepcopy(podspec)
-        self._attach_model(((spec.get("model") or {}).get("uri")) or "", podspec)
+        self._attach_model(((spec.get("model") or {}).get("uri")) or "", podspec, self._oci_mode)
         replicas = spec.get("replicas") if pool == "decode" else (spec.get("prefill") or {}).get("replicas")
         template = {"metadata": {"labels": dict(labels), "annotations": {GEN_ANNOTATION: str(meta.get("generation"))}},
                     "spec": podspec}

@@ -3,6 +3,8 @@ golden-tested and byte-identical on rerun, with no cluster."""
 import os
 import shutil
 
+import yaml
+
 from tests.ansible_run import REPO, run_playbook
 
 GOLDEN = os.path.join(REPO, "tests", "unit", "golden", "gitops")
@@ -50,3 +52,29 @@ def test_check_mode_writes_no_files(tmp_path):
                        extra_vars={"spec_decoding_gitops_dir": str(out)}, check=True)
     assert run.rc == 0, run.output
     assert not out.exists() or os.listdir(out) == []
+
+
+def test_the_oci_mode_variable_reaches_the_storage_rules_of_a_gitops_render(tmp_path):
+    """spec_decoding_oci_model_mode (no cluster to read it from): two oci:// storageUris under one parent render for a
+    native-mode cluster, and are refused with KServe's words for a modelcar-mode one, or an oci:// one with OCI off."""
+    from tests.ansible_run import DID_NOT_FAIL, run_cases  # pylint: disable=import-outside-toplevel
+    out = tmp_path / "gitops"
+    art = {"target_uri": "oci://registry.local/llama:v1", "draft_uri": "oci://registry.local/eagle3:v1",
+           "target_mount_path": "/mnt/models/target", "draft_mount_path": "/mnt/models/draft"}
+
+    def case(name, mode):
+        return (name, {"ansible.builtin.include_role": {"name": "alauda.spec_decoding.inference_service"},
+                       "vars": {"spec_decoding_target": "gitops", "spec_decoding_gitops_dir": str(out), "spec_decoding_namespace": "models",
+                                "spec_decoding_isvc_name": name, "spec_decoding_method": "eagle3", "spec_decoding_kserve_version": "0.20.0",
+                                "spec_decoding_vllm_version": "0.32.0", "spec_decoding_artifact_mode": "storage_uris",
+                                "spec_decoding_artifacts": art, "spec_decoding_oci_model_mode": mode}})
+
+    run, results = run_cases(tmp_path, [case("native", "native"), case("modelcar", "modelcar"), case("off", "disabled")])
+    assert results["native"]["msg"] == DID_NOT_FAIL, run.output
+    rendered = yaml.safe_load((out / "models-native.yaml").read_text())
+    assert rendered["spec"]["predictor"]["storageUris"] == [{"uri": art["target_uri"], "mountPath": "/mnt/models/target"},
+                                                            {"uri": art["draft_uri"], "mountPath": "/mnt/models/draft"}]
+    modelcar = results["modelcar"]["msg"]
+    assert modelcar.startswith("artifacts.storage_uris[1].mountPath:") and 'share parent directory "/mnt/models"' in modelcar, modelcar
+    assert results["off"]["msg"].startswith("artifacts.target_uri:") and "OCI off" in results["off"]["msg"], results["off"]
+    assert sorted(os.listdir(out)) == ["kustomization.yaml", "models-native.yaml"]

@@ -4,8 +4,11 @@
 """What a deploy needs to know about the cluster before it renders, read in one go.
 
 - the KServe release, from the InferenceService CRD's schema (``isvc.kserve_version_from_crd``): only the verdict
-  leaves this module, never the 2 MB CRD (handing it to the render through Ansible facts cost seconds per deploy);
-- whether the storage initializer has Modelcar on (``inferenceservice-config``, key ``storageInitializer``);
+  leaves this module, never the 2 MB CRD (handing it to the render through Ansible facts cost seconds per deploy). A
+  release newer than the collection knows (fields v0.20's CRD has not, or a newer storage-initializer image tag) is
+  named in ``kserve_warning`` and reported as the newest known (``kserve/releases.py``): its rules are used;
+- the cluster's OCI mode (``storageInitializer`` of ``inferenceservice-config``, read as KServe's ResolveOciModelMode:
+  ``modelcar``, ``native``, ``fetch`` or ``disabled``; ``kserve/storage.py``), which the storage rules take;
 - the current InferenceService (for the deployment-mode check and the diff), or None;
 - the ServingRuntime / ClusterServingRuntime the InferenceService will run on (as a ``serving_runtime`` snapshot), so the
   render can merge the runtime's command and refuse a second ``--speculative-config`` without reading the cluster again.
@@ -18,13 +21,14 @@ from __future__ import annotations
 
 import json
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import releases, storage
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import render as isvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime_readers
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 CRD_NAME = "inferenceservices.serving.kserve.io"
-CONFIG_MAP = "inferenceservice-config"
+CONFIG_MAP = storage.CONFIG_MAP
 
 
 def _status(exc):
@@ -38,41 +42,44 @@ def _read_crd(api_client):
 
 
 def kserve_release(api_client):
-    """``{installed, crd_readable, kserve_version, evidence}``; kserve_version is None when the CRD cannot be read."""
+    """``{installed, crd_readable, kserve_version, evidence, kserve_warning}``; kserve_version is None when the CRD cannot
+    be read; kserve_warning names a release newer than the collection knows (None otherwise)."""
     try:
         crd = _read_crd(api_client)
     except k8s_pods.ApiException as exc:
         if _status(exc) == 403:
-            return {"installed": None, "crd_readable": False, "kserve_version": None,
+            return {"installed": None, "crd_readable": False, "kserve_version": None, "kserve_warning": None,
                     "evidence": "CustomResourceDefinition %s is not readable: %s" % (CRD_NAME, k8s_pods.api_error_message(exc))}
         if _status(exc) == 404:
-            return {"installed": False, "crd_readable": True, "kserve_version": None,
+            return {"installed": False, "crd_readable": True, "kserve_version": None, "kserve_warning": None,
                     "evidence": "the cluster has no CustomResourceDefinition %s" % CRD_NAME}
         raise k8s_pods.PodAccessError("reading CustomResourceDefinition %s failed: %s" % (CRD_NAME, k8s_pods.api_error_message(exc)),
                                       field="kubeconfig") from exc
     version, evidence = isvc.kserve_version_from_crd(crd)
-    return {"installed": True, "crd_readable": True, "kserve_version": ".".join(str(part) for part in version), "evidence": evidence}
+    newer = releases.newer_crd_fields(crd)
+    return {"installed": True, "crd_readable": True, "kserve_version": releases.format_release(version), "evidence": evidence,
+            "kserve_warning": "the InferenceService CRD has %s: %s" % (", ".join(newer), releases.newer_warning("this KServe"))
+            if newer else None}
 
 
-def modelcar_enabled(api_client, kserve_namespace):
-    """``(enabled, how)`` from the storage initializer settings; KServe's default (on since v0.15.2) when unreadable."""
+def oci_model_mode(api_client, kserve_namespace):
+    """``(mode, how, settings)`` from the storage initializer settings (``settings``: the parsed JSON, or None); what
+    KServe installs (``modelcar``) when the ConfigMap is not readable."""
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import request  # pylint: disable=import-outside-toplevel
+    where = "ConfigMap %s/%s key %s" % (kserve_namespace, CONFIG_MAP, storage.CONFIG_KEY)
     try:
         config_map = request(api_client, "GET", "/api/v1/namespaces/%s/configmaps/%s" % (kserve_namespace, CONFIG_MAP))
     except k8s_pods.ApiException as exc:
-        return True, "ConfigMap %s/%s not readable (%s): KServe's default, Modelcar on" % (
-            kserve_namespace, CONFIG_MAP, k8s_pods.api_error_message(exc))
-    raw = (config_map.get("data") or {}).get("storageInitializer") or "{}"
+        return storage.DEFAULT_OCI_MODE, "ConfigMap %s/%s not readable (%s): what KServe installs, enableModelcar: true" % (
+            kserve_namespace, CONFIG_MAP, k8s_pods.api_error_message(exc)), None
+    raw = (config_map.get("data") or {}).get(storage.CONFIG_KEY) or "{}"
     try:
         settings = json.loads(raw)
     except ValueError as exc:
-        raise ValidationError("ConfigMap %s/%s key storageInitializer is not JSON: %s" % (kserve_namespace, CONFIG_MAP, exc),
-                              field="kserve_namespace", hint="fix the KServe configuration, or point kserve_namespace at the "
-                              "namespace KServe is installed in") from exc
-    enabled = settings.get("enableModelcar", True) if isinstance(settings, dict) else True
-    if isinstance(enabled, str):
-        enabled = enabled.strip().lower() in ("true", "1", "yes")
-    return bool(enabled), "storageInitializer.enableModelcar in ConfigMap %s/%s" % (kserve_namespace, CONFIG_MAP)
+        raise ValidationError("%s is not JSON: %s" % (where, exc), field="kserve_namespace",
+                              hint="fix the KServe configuration, or point kserve_namespace at the namespace KServe is installed in") from exc
+    mode, how = storage.resolve_oci_mode(settings)
+    return mode, "%s: %s" % (where, how), settings if isinstance(settings, dict) else None
 
 
 def current_inference_service(api_client, namespace, name):
@@ -83,13 +90,25 @@ def current_inference_service(api_client, namespace, name):
         return None
 
 
-def gather(api_client, namespace, name, kserve_namespace, runtime=None, model_format=None):
-    """Everything above as one dict (the module's result)."""
+def gather(api_client, namespace, name, kserve_namespace, runtime=None, model_format=None, resource_kind="InferenceService"):
+    """Everything above as one dict (the module's result). For an LLMInferenceService only the release and the OCI mode
+    are read (it has no ServingRuntime, and the current object is read by the apply)."""
     facts = kserve_release(api_client)
-    if facts["installed"] is False:
+    if facts["installed"] is False and resource_kind == "InferenceService":
         raise SpecDecodingError("The cluster has no InferenceService CRD (%s)" % CRD_NAME, field="kubeconfig",
                                 hint="install KServe, or set spec_decoding_target: gitops to only render manifests")
-    facts["modelcar_enabled"], facts["modelcar_evidence"] = modelcar_enabled(api_client, kserve_namespace)
-    facts["existing"] = current_inference_service(api_client, namespace, name)
-    facts["runtimes"] = runtime_readers.record_runtime_reads(runtime_readers.ClientReader(api_client), namespace, runtime, model_format)
+    mode, how, settings = oci_model_mode(api_client, kserve_namespace)
+    facts.update(oci_model_mode=mode, oci_model_mode_evidence=how,
+                 # kept for playbooks that read them: oci:// images are mounted at all (modelcar, native or fetch)
+                 modelcar_enabled=mode != storage.OCI_DISABLED, modelcar_evidence=how)
+    image_release = releases.release_from_image((settings or {}).get("image"))
+    if facts["kserve_warning"] is None and image_release is not None and image_release > releases.NEWEST_KNOWN:
+        facts["kserve_warning"] = releases.newer_warning("KServe %s (storageInitializer image %s)" % (
+            releases.format_release(image_release), settings["image"]))
+        facts["kserve_version"] = releases.format_release(releases.NEWEST_KNOWN)
+    if resource_kind == "InferenceService":
+        facts["existing"] = current_inference_service(api_client, namespace, name)
+        facts["runtimes"] = runtime_readers.record_runtime_reads(runtime_readers.ClientReader(api_client), namespace, runtime, model_format)
+    else:
+        facts.update(existing=None, runtimes=None)
     return facts

@@ -24,12 +24,13 @@ from __future__ import annotations
 import posixpath
 import re
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import storage
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import patch_plan as isvc_patch
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import flags as llmisvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
-DEFAULT_MOUNT = "/mnt/models"
+DEFAULT_MOUNT = storage.DEFAULT_MOUNT
 MODELCAR_ROOT = "models"
 FIELD = "remove_draft_artifacts"
 _PATH_RE = re.compile(r"(?:^|(?<=[\s'\"=:,(\[{]))(/[^\s'\"=,;:|&<>()\[\]{}`$\\]*)")
@@ -225,9 +226,12 @@ def locate(isvc, draft_path, source="draft_path"):
                        for p in others_in_mount} - {""})
         return Location("pvc", draft, "the draft is the subdirectory %s of PVC %s; a Job removes it" % (subdir, claim),
                         pvc=claim, subdir=subdir, keep=keep, storage_uri=uri, mount_path=mount)
-    if uri.startswith("oci://"):
+    _mode, normalised, is_oci = storage.parse_oci_scheme(uri)
+    if is_oci:
+        # oci+native:// (an ImageVolume, subPath models) reads the same /models layout as a Modelcar; the scheme is kept
         pointer, current = _storage_uri_pointer(isvc) if index is None else ("/spec/predictor/storageUris/%d/uri" % index, uri)
+        image = normalised[len("oci://"):]
         return Location("modelcar", draft, "the draft is /%s/%s inside the Modelcar image %s; rebuilding the image without it"
-                        % (MODELCAR_ROOT, rel, uri[len("oci://"):]), image=uri[len("oci://"):], image_path="%s/%s" % (MODELCAR_ROOT, rel),
-                        pointer=pointer, storage_uri=current)
+                        % (MODELCAR_ROOT, rel, image), image=image, image_path="%s/%s" % (MODELCAR_ROOT, rel),
+                        pointer=pointer, storage_uri=current, scheme=uri.split("://", 1)[0] + "://")
     return Location("none", draft, "the draft is part of %s, which this collection does not edit; remove it at the source" % uri)

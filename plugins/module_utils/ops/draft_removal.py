@@ -216,7 +216,7 @@ def modelcar_remove(params, cluster, isvc, loc, open_registry, check_mode):
         return out
     new_ref = ImageRef(ref.registry, params.get("repository") or ref.repository, nodraft_tag(ref, params.get("tag")))
     new_digest = sha256_digest(new_manifest)
-    new_uri = "oci://" + new_ref.with_digest(new_digest)
+    new_uri = loc.details.get("scheme", "oci://") + new_ref.with_digest(new_digest)
     out["image"].update(to="%s/%s:%s" % (new_ref.registry, new_ref.repository, new_ref.tag), digest=new_digest, storage_uri=new_uri)
     ops = [{"op": "test", "path": loc.details["pointer"], "value": loc.details["storage_uri"]},
            {"op": "replace", "path": loc.details["pointer"], "value": new_uri},

@@ -16,6 +16,7 @@ import json
 import os
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import patch_plan as isvc_patch
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.releases import refuse_unknown_speculative_fields
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ConflictError, SpecDecodingError, ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.ssa_conflicts import ROLLBACK_FIELD_MANAGER
 
@@ -159,6 +160,8 @@ def _read_backup(params, isvc):
 
 def plan_once(params, isvc, warnings):
     """(plan, annotation value or None, backup doc or None, truncated, json or None) for the current object."""
+    # a rollback that cannot see the flag must not report it gone (kserve/releases.py); nothing is written
+    refuse_unknown_speculative_fields(isvc)
     canonical = None
     if params["state"] == "absent":
         plan = isvc_patch.plan_strip(isvc, container_name=params["container"])

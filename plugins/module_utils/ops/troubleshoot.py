@@ -17,6 +17,7 @@ import tarfile
 import time
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import credentials
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import storage
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import engine_log
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as metrics_mod
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
@@ -103,7 +104,8 @@ def service_summary(snap, findings):
         lines.append("- Engine-config line: speculative_config=%s" % json.dumps(eng, sort_keys=True))
     cfg = snap.get("storage_initializer")
     if isinstance(cfg, dict):
-        modelcar = ("on" if str(cfg.get("enableModelcar", True)).lower() != "false" else "off") + " (inferenceservice-config storageInitializer)"
+        mode, how = storage.resolve_oci_mode(cfg)
+        modelcar = "%s (inferenceservice-config storageInitializer: %s)" % ("off" if mode == storage.OCI_DISABLED else "on, %s mode" % mode, how)
     else:
         modelcar = "unknown (inferenceservice-config not readable)"
     lines.append("- Modelcar: %s" % modelcar)
@@ -428,7 +430,7 @@ def bundle(api_client, params, check_mode=False, diff=False):
         likely = next((f for f in findings if f["severity"] == "error"), None)
         services.append({"namespace": snap["namespace"], "name": snap["name"], "likely_cause": likely["cause"] if likely else
                          (findings[0]["cause"] if findings else "none"), "vllm_version": snap["vllm_version"],
-                         "modelcar": (str((snap["storage_initializer"] or {}).get("enableModelcar", True)).lower() != "false")
+                         "modelcar": storage.resolve_oci_mode(snap["storage_initializer"])[0] != storage.OCI_DISABLED
                          if snap["storage_initializer"] is not None else None,
                          "findings": findings})
         files.update(_files_for(snap, findings, secrets))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import storage
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import engine_log
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as metrics_mod
 
@@ -430,14 +431,16 @@ def _rule_deadline(snap, isvc, pods, texts, logs, draft, spec_cfg, is_ready, fin
 
 def _rule_modelcar(snap, isvc, findings):
     cfg = snap.get("storage_initializer")
-    oci = [u for u in storage_uris(isvc) if u.startswith("oci://")]
+    # a bare oci:// follows the cluster's OCI mode; oci+native:// is mounted whatever the mode
+    oci = [u for u in storage_uris(isvc) if storage.parse_oci_scheme(u) == ("", u, True)]
     if not oci or not isinstance(cfg, dict):
         return
-    if cfg.get("enableModelcar") is False or str(cfg.get("enableModelcar")).lower() == "false":
-        findings.append(_finding("modelcar_disabled", "error", "the InferenceService uses oci:// but Modelcar is off",
-                                 ["inferenceservice-config storageInitializer.enableModelcar=false", "storage URIs: " + ", ".join(oci)],
-                                 "set enableModelcar: true in the storageInitializer entry of the inferenceservice-config ConfigMap "
-                                 "(and restart the KServe controller), or use storageUris/PVC artifacts"))
+    mode, how = storage.resolve_oci_mode(cfg)
+    if mode == storage.OCI_DISABLED:
+        findings.append(_finding("modelcar_disabled", "error", "the InferenceService uses oci:// but the storage initializer has OCI images off",
+                                 ["inferenceservice-config storageInitializer: " + how, "storage URIs: " + ", ".join(oci)],
+                                 "set enableModelcar: true (or ociModelMode: modelcar or native) in the storageInitializer entry of the "
+                                 "inferenceservice-config ConfigMap (and restart the KServe controller), or use storageUris/PVC artifacts"))
 
 
 def _metrics_from_logs(logs, spec_cfg):

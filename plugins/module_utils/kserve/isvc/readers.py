@@ -12,6 +12,7 @@ from __future__ import annotations
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.defaults import DEFAULT_CONTAINER
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.releases import refuse_unknown_speculative_fields
 
 
 def predictor_containers(isvc):
@@ -59,8 +60,10 @@ def isvc_speculative_flags(isvc):
     """Per predictor container: does its command+args carry a speculative flag (any form)?
 
     Returns ``[{container, present, forms, config, error}]``; config is the merged dict vLLM would see
-    (None when absent or unreadable, error then says why).
+    (None when absent or unreadable, error then says why). Refuses an InferenceService with speculative settings in a
+    field KServe 0.20 does not have (kserve/releases.py): the command line would say "no flag" while KServe may run one.
     """
+    refuse_unknown_speculative_fields(isvc)
     out = []
     for name, command, args in predictor_containers(isvc):
         occurrences = vllm_command.find_occurrences(command) + vllm_command.find_occurrences(args)

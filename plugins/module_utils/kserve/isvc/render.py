@@ -4,10 +4,9 @@
 """InferenceService rendering for vLLM with (or without) speculative decoding, and KServe's rules.
 
 Plain Python: the role's `isvc_manifest` module and the tests call `render()`; nothing here talks to a
-cluster. KServe facts (v0.16-v0.20): `spec.predictor.storageUris` (since 0.16) never together with
-`spec.predictor.model.storageUri`; absolute mount paths without `..`; non-PVC paths share a parent other
-than `/`; several `oci://` entries (v0.20) need different parent directories; Modelcar images are
-mounted at /mnt/models; PVCs at /mnt/models when given as `storageUri: pvc://<claim>/`.
+cluster. KServe's storage rules (which URIs, which mount paths, the OCI mode) are in `kserve/storage.py`; here the
+artifact modes are turned into storage fields: `spec.predictor.storageUris` (since 0.16), a Modelcar image or a PVC
+mounted at /mnt/models as `storageUri`.
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ except ImportError:  # pragma: no cover - reported by the calling module
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as spec_core
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as oci_registry
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import releases, storage
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime as serving_runtime
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime_readers
 
@@ -35,14 +35,13 @@ DEPLOYMENT_MODE_ANNOTATION = "serving.kserve.io/deploymentMode"
 PROGRESS_DEADLINE_ANNOTATION = "serving.knative.dev/progress-deadline"
 MODEL_REPO_ANNOTATION = "aml-model-repo"
 RUNTIME_TYPE_LABEL = "aml.cpaas.io/runtime-type"
-DEFAULT_MOUNT = "/mnt/models"
+DEFAULT_MOUNT = storage.DEFAULT_MOUNT
 # KServe rewrites the legacy names since v0.17; comparing through this map keeps reapplies quiet.
 LEGACY_DEPLOYMENT_MODES = {"RawDeployment": "Standard", "Serverless": "Knative"}
 DEPLOYMENT_MODES = ("Standard", "Knative")
 METHODS = ("none", "ngram", "eagle3", "eagle", "draft_model", "mtp", "suffix")
 ARTIFACT_MODES = ("auto", "storage_uris", "modelcar", "pvc", "single")
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_URI_SCHEMES = ("pvc://", "oci://", "hf://", "s3://", "gs://", "https://", "http://", "azure://")
 
 
 def kserve_version_from_crd(crd):
@@ -58,6 +57,10 @@ def kserve_version_from_crd(crd):
     except (KeyError, TypeError, StopIteration):
         return (0, 15, 0), "the InferenceService CRD has no readable v1beta1 schema: assuming KServe 0.15 (no storageUris)"
     predictor = (spec.get("predictor") or {}).get("properties") or {}
+    newer = releases.newer_crd_fields(crd)
+    if newer:
+        return releases.NEWEST_KNOWN, "the CRD has %s, which KServe %s's has not: %s" % (
+            ", ".join(newer), releases.format_release(releases.NEWEST_KNOWN), releases.newer_warning("this KServe"))
     if "canary" in spec and "storageUris" in predictor:
         return (0, 20, 0), "the CRD has spec.canary and spec.predictor.storageUris (KServe 0.20+)"
     if "storageUris" in predictor:
@@ -77,65 +80,6 @@ def check_dns1123(name, field, max_len=63):
         raise ValidationError("'%s' is not a valid DNS-1123 label (lowercase letters, digits and '-', starting and ending "
                               "with a letter or digit, at most %d characters)" % (name, max_len), field=field,
                               hint="use e.g. '%s'" % (re.sub(r"[^a-z0-9-]+", "-", str(name).lower()).strip("-")[:max_len] or "my-model"))
-
-
-def _check_mount_path(path, field):
-    if not isinstance(path, str) or not path.startswith("/"):
-        raise ValidationError("'%s' is not absolute (KServe: 'storage path must be absolute')" % (path,), field=field,
-                              hint="start it with /, e.g. /mnt/models/draft")
-    if ".." in path.split("/"):
-        raise ValidationError("'%s' contains '..', which KServe refuses" % path, field=field,
-                              hint="write the path without '..'")
-    return posixpath.normpath(path)
-
-
-def _check_uri(uri, field):
-    if not isinstance(uri, str) or not uri.strip():
-        raise ValidationError("is required", field=field, hint="give a storage URI such as pvc://models/ or oci://registry/repo:tag")
-    if not uri.startswith(_URI_SCHEMES):
-        raise ValidationError("'%s' has no scheme KServe's storage initializer knows" % uri, field=field,
-                              hint="use one of %s" % ", ".join(_URI_SCHEMES))
-    return uri
-
-
-def check_storage_uris(entries, kserve_version=(0, 20, 0), field="storage_uris"):
-    """KServe's webhook rules for spec.predictor.storageUris, checked before anything is written."""
-    if kserve_version < (0, 16, 0):
-        raise ValidationError("needs KServe 0.16 or newer (this cluster's InferenceService CRD has no storageUris)",
-                              field=field, hint="use artifact_mode modelcar or pvc, or upgrade KServe")
-    oci_parents = {}
-    non_pvc_paths = []
-    pvc_paths = set()
-    for index, entry in enumerate(entries):
-        where = "%s[%d]" % (field, index)
-        uri = _check_uri(entry.get("uri"), where + ".uri")
-        path = _check_mount_path(entry.get("mountPath", DEFAULT_MOUNT), where + ".mountPath")
-        if uri.startswith("oci://"):
-            if kserve_version < (0, 19, 0):
-                raise ValidationError("oci:// inside storageUris needs KServe 0.19 or newer", field=where + ".uri",
-                                      hint="use artifact_mode modelcar (one image with target and draft) or upgrade KServe")
-            parent = posixpath.dirname(path)
-            if parent in oci_parents:
-                raise ValidationError("mountPath '%s' has the same parent directory as '%s'; KServe needs a different parent "
-                                      "for each oci:// entry" % (path, oci_parents[parent]), field=where + ".mountPath",
-                                      hint="use e.g. /mnt/target/model and /mnt/draft/model")
-            oci_parents[parent] = path
-        if uri.startswith("pvc://"):
-            if path in pvc_paths:
-                raise ValidationError("mountPath '%s' is used twice" % path, field=where + ".mountPath",
-                                      hint="give each PVC entry its own mountPath")
-            pvc_paths.add(path)
-        else:
-            non_pvc_paths.append((where, path))
-    if len([u for u in entries if u.get("uri", "").startswith("oci://")]) > 1 and kserve_version < (0, 20, 0):
-        raise ValidationError("several oci:// entries need KServe 0.20 or newer", field=field,
-                              hint="put target and draft in one Modelcar image (artifact_mode modelcar)")
-    if len(non_pvc_paths) > 1:
-        common = posixpath.commonpath([p for _w, p in non_pvc_paths])
-        if common == "/":
-            raise ValidationError("the mountPaths %s share no parent directory other than '/'; KServe refuses that"
-                                  % ", ".join(p for _w, p in non_pvc_paths), field=non_pvc_paths[-1][0] + ".mountPath",
-                                  hint="mount under one parent, e.g. /mnt/models/target and /mnt/models/draft")
 
 
 def _path_under(path, mounts):
@@ -169,10 +113,12 @@ def _default_storage_uri_mounts(target_uri, draft_uri):
     return "/mnt/models/target", "/mnt/models/draft"
 
 
-def choose_artifact_mode(art, needs_draft, kserve_version, modelcar_enabled=True):
+def choose_artifact_mode(art, needs_draft, kserve_version, oci_mode=storage.DEFAULT_OCI_MODE):
     """`artifact_mode: auto`: pick A/B/C from what the cluster supports and what the inventory provides; say why."""
     has_uris = bool(art.get("target_uri")) and bool(art.get("draft_uri"))
     has_modelcar = bool(art.get("modelcar_image"))
+    # oci+native:// mounts an ImageVolume whatever the cluster's mode.
+    oci_works = oci_mode != storage.OCI_DISABLED or storage.parse_oci_scheme(art.get("modelcar_image"))[0] == "native"
     has_pvc = bool(art.get("pvc_name"))
     if not needs_draft:
         return "single", "the method needs no draft artifact"
@@ -183,9 +129,10 @@ def choose_artifact_mode(art, needs_draft, kserve_version, modelcar_enabled=True
                                     % spec_core.format_version(kserve_version))
         reasons.append("storageUris needs KServe 0.16+ (found %s)" % spec_core.format_version(kserve_version))
     if has_modelcar:
-        if modelcar_enabled:
-            return "modelcar", "a Modelcar image is set and the storage initializer has Modelcar enabled"
-        reasons.append("Modelcar is disabled in the inferenceservice-config storageInitializer")
+        if oci_works:
+            return "modelcar", "a Modelcar image is set and the storage initializer mounts OCI images (%s mode)" % (
+                "native" if oci_mode == storage.OCI_DISABLED else oci_mode)
+        reasons.append("OCI images are off in the inferenceservice-config storageInitializer (oci_model_mode disabled)")
     if has_pvc:
         return "pvc", "a PVC is set (works on every KServe version)"
     raise ValidationError("cannot choose an artifact mode for a draft%s" % (": " + "; ".join(reasons) if reasons else ""),
@@ -193,12 +140,14 @@ def choose_artifact_mode(art, needs_draft, kserve_version, modelcar_enabled=True
                                                   "pvc_name (pvc)")
 
 
-def resolve_artifacts(mode, art, needs_draft, kserve_version=(0, 20, 0), modelcar_enabled=True):
-    """Derive storage fields and the --model / draft paths from the artifact mode, so no path is typed twice."""
+def resolve_artifacts(mode, art, needs_draft, kserve_version=(0, 20, 0), oci_mode=storage.DEFAULT_OCI_MODE, kind=KIND):
+    """Derive storage fields and the --model / draft paths from the artifact mode, so no path is typed twice. ``kind``
+    says whose storage rules the URIs follow (InferenceService or LLMInferenceService), ``oci_mode`` the cluster's."""
     art = dict(art or {})
     reason = ""
+    storage.check_oci_mode(oci_mode)
     if mode == "auto":
-        mode, reason = choose_artifact_mode(art, needs_draft, kserve_version, modelcar_enabled)
+        mode, reason = choose_artifact_mode(art, needs_draft, kserve_version, oci_mode)
     if mode not in ARTIFACT_MODES:
         raise ValidationError("'%s' is not an artifact mode" % mode, field="artifact_mode", hint="use one of %s" % ", ".join(ARTIFACT_MODES))
     layout_target = art.get("target_subdir") or "target"
@@ -212,16 +161,16 @@ def resolve_artifacts(mode, art, needs_draft, kserve_version=(0, 20, 0), modelca
             raise ValidationError("storage_uri and storage_uris are both set (KServe: 'Setting both StorageURI and StorageURIs "
                                   "is not supported.')", field="artifacts.storage_uri",
                                   hint="remove storage_uri and list every artifact in target_uri/draft_uri")
-        target_uri = _check_uri(art.get("target_uri"), "artifacts.target_uri")
+        target_uri = storage.check_storage_uri(art.get("target_uri"), "artifacts.target_uri", "storageUris", oci_mode)
         entries = [{"uri": target_uri}]
         if needs_draft:
-            draft_uri = _check_uri(art.get("draft_uri"), "artifacts.draft_uri")
+            draft_uri = storage.check_storage_uri(art.get("draft_uri"), "artifacts.draft_uri", "storageUris", oci_mode)
             default_t, default_d = _default_storage_uri_mounts(target_uri, draft_uri)
             entries = [{"uri": target_uri, "mountPath": art.get("target_mount_path") or default_t},
                        {"uri": draft_uri, "mountPath": art.get("draft_mount_path") or default_d}]
         else:
             entries[0]["mountPath"] = art.get("target_mount_path") or DEFAULT_MOUNT
-        check_storage_uris(entries, kserve_version, field="artifacts.storage_uris")
+        storage.check_storage_uris(entries, kserve_version, field="artifacts.storage_uris", oci_mode=oci_mode)
         result = Artifacts(mode, entries[0]["mountPath"], entries[1]["mountPath"] if needs_draft else None,
                            storage_uris=entries, reason=reason)
     elif mode == "modelcar":
@@ -229,8 +178,9 @@ def resolve_artifacts(mode, art, needs_draft, kserve_version=(0, 20, 0), modelca
         if not image:
             raise ValidationError("is required for artifact_mode modelcar", field="artifacts.modelcar_image",
                                   hint="set the image reference, e.g. registry.local/models/llama-eagle3:v1")
-        oci_registry.ImageRef.parse(image, field="artifacts.modelcar_image")
-        uri = image if image.startswith("oci://") else "oci://" + image
+        _explicit, normalised, is_oci = storage.parse_oci_scheme(image)
+        oci_registry.ImageRef.parse(normalised if is_oci else image, field="artifacts.modelcar_image")
+        uri = storage.check_storage_uri(image if is_oci else "oci://" + image, "artifacts.modelcar_image", kind, oci_mode)
         result = Artifacts(mode, posixpath.join(DEFAULT_MOUNT, layout_target),
                            posixpath.join(DEFAULT_MOUNT, layout_draft) if needs_draft else None, storage_uri=uri, reason=reason)
     elif mode == "pvc":
@@ -245,19 +195,19 @@ def resolve_artifacts(mode, art, needs_draft, kserve_version=(0, 20, 0), modelca
                                   hint="use storage_uris, modelcar or pvc (or auto)")
         if art.get("target_uri") and art.get("storage_uri"):
             raise ValidationError("target_uri and storage_uri are both set", field="artifacts.storage_uri", hint="keep one")
-        uri = _check_uri(art.get("storage_uri") or art.get("target_uri"), "artifacts.storage_uri")
+        uri = storage.check_storage_uri(art.get("storage_uri") or art.get("target_uri"), "artifacts.storage_uri", kind, oci_mode)
         sub = art.get("target_subdir")
         target_path = posixpath.join(DEFAULT_MOUNT, sub) if sub else DEFAULT_MOUNT
         result = Artifacts("single", target_path, None, storage_uri=uri, reason=reason)
     # An explicit draft path (e.g. a subdirectory inside the draft artifact) must stay inside what is mounted.
     if needs_draft and art.get("draft_path"):
-        draft_path = _check_mount_path(art["draft_path"], "artifacts.draft_path")
+        draft_path = storage.check_mount_path(art["draft_path"], "artifacts.draft_path")
         if not _path_under(draft_path, result.mounts):
             raise ValidationError("'%s' is outside what is mounted (%s)" % (draft_path, ", ".join(result.mounts)),
                                   field="artifacts.draft_path", hint="point it under one of the mounted paths or drop it to use the default")
         result.draft_path = draft_path
     if art.get("target_path"):
-        target_path = _check_mount_path(art["target_path"], "artifacts.target_path")
+        target_path = storage.check_mount_path(art["target_path"], "artifacts.target_path")
         if not _path_under(target_path, result.mounts):
             raise ValidationError("'%s' is outside what is mounted (%s)" % (target_path, ", ".join(result.mounts)),
                                   field="artifacts.target_path", hint="point it under one of the mounted paths or drop it")
@@ -381,7 +331,9 @@ def render(p, existing=None):
         raise ValidationError("'%s' is not a supported method" % method, field="method", hint="use one of %s" % ", ".join(METHODS))
     needs_draft = method in ("eagle3", "eagle", "draft_model")
     if p.get("kserve_version"):
-        kserve_version = spec_core.parse_version(p["kserve_version"])
+        kserve_version, newer = releases.rules_release(spec_core.parse_version(p["kserve_version"]))
+        if newer:
+            warnings.append(newer)
     elif p.get("kserve_crd"):
         kserve_version, evidence = kserve_version_from_crd(p["kserve_crd"])
         warnings.append("KServe version detected: %s" % evidence)
@@ -389,7 +341,7 @@ def render(p, existing=None):
         kserve_version = (0, 20, 0)
         warnings.append("kserve_version not given and no cluster to read it from: rendering for KServe 0.20")
     artifacts = resolve_artifacts(p.get("artifact_mode") or "auto", p.get("artifacts") or {}, needs_draft,
-                                  kserve_version, p.get("modelcar_enabled", True))
+                                  kserve_version, storage.oci_mode_of(p))
     if artifacts.reason:
         warnings.append("artifact_mode auto chose %s: %s" % (artifacts.mode, artifacts.reason))
     spec = speculative_for(method, p.get("speculative"), artifacts.draft_path, p.get("vllm_version"))

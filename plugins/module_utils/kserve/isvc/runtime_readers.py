@@ -11,6 +11,7 @@ Apart from runtime.py so that the merge and selection stay offline logic on what
 from __future__ import annotations
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.releases import refuse_unknown_speculative_fields
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc.runtime import (
     CLUSTER_SERVING_RUNTIME, GROUP, RUNTIME_VERSION, SERVING_RUNTIME, flag_locations, resolve, select_runtime, users_of_runtime,
 )
@@ -176,6 +177,8 @@ def runtime_info(api_client, params):
     else:
         from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
         isvc = k8s_pods.get_inference_service(api_client, params["namespace"], params["name"])
+    # verify reads "where is the flag" here: a field this collection does not know may carry it
+    refuse_unknown_speculative_fields(isvc)
     reader = ClientReader(api_client)
     result, warnings, problem, effective = resolve(isvc, reader, params["runtime_flag"], params["missing_runtime"])
     result["flag_locations"], result["flag_source"] = flag_locations(isvc, effective)

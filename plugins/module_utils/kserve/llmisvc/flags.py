@@ -13,6 +13,7 @@ import copy
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.releases import refuse_unknown_speculative_fields
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc.model import ADDITIONAL_ARGS_ENV, CONFIG_KIND, POOLS, _dig
 
 # Flag spellings a leftover search looks for after a strip (a flag inside a quoted string, e.g. eval "..."):
@@ -227,7 +228,9 @@ def flags(obj, presets=None, env_sources=None, config_prefix=WELL_KNOWN_PREFIX):
     preset's (well-known or baseRefs) that the resource does not override. ``presets``: read_presets' result;
     ``env_sources``: read_env_sources' (valueFrom of VLLM_ADDITIONAL_ARGS inspected only with it).
     Returns ``[{pool, container, source, preset, field, forms, config, error, unstrippable[, value_from, opaque]}]``;
-    ``preset`` is None, ``well-known`` or ``baseRefs``."""
+    ``preset`` is None, ``well-known`` or ``baseRefs``. Verify and rollback both read the flags here: a resource with
+    speculative settings in a field KServe 0.20 does not have is refused (kserve/releases.py)."""
+    refuse_unknown_speculative_fields(obj)
     layers = preset_layers(obj, presets, config_prefix)
     out = []
     for pool, info in POOLS.items():

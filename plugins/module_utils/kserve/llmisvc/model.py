@@ -14,10 +14,11 @@ record in ../shared/kserve-crds, commit in its SOURCE.md):
   ``spec.baseRefs`` (names of ``LLMInferenceServiceConfig`` presets), ``spec.router``. Only in v1alpha1:
   ``spec.model.criticality``. Only in v1alpha2: ``spec.kvCacheOffloading``, ``spec.prefill.kvCacheOffloading``,
   ``spec.model.confidential``.
-* Storage (``pkg/controller/v1alpha1/llmisvc/workload_storage.go`` ``attachModelArtifacts``): one ``spec.model.uri``
-  with scheme ``pvc://`` (mounted read-only at /mnt/models, the URI's path as subPath), ``oci://`` (Modelcar, needs
-  ``enableOciImageSource``), ``hf://`` or ``s3://`` (storage initializer into /mnt/models); any other scheme is
-  "unsupported schema in model URI". There is no list of URIs, so a draft reaches the pod inside the same artifact:
+* Storage (``pkg/controller/v1alpha2/llmisvc/workload_storage.go`` ``attachModelArtifacts``, rules in
+  ``kserve/storage.py``): one ``spec.model.uri`` with scheme ``pvc://`` (mounted read-only at /mnt/models, the URI's
+  path as subPath), ``oci://`` (the cluster's OCI mode: Modelcar or, native, an ImageVolume; off: refused),
+  ``oci+native://`` (an ImageVolume), ``hf://`` or ``s3://`` (storage initializer into /mnt/models); any other scheme
+  is "unsupported schema in model URI". There is no list of URIs, so a draft reaches the pod inside the same artifact:
   a Modelcar image holding both, or a PVC holding both. The container the controller edits is named ``main``.
 * vLLM arguments (``config/llmisvc/config-llm-*.yaml`` presets): ``command: [vllm, serve, <model>]`` with ``args``
   (argv), or ``command: [/bin/bash, -c]`` with one script in ``args`` that runs ``eval "vllm serve ...
@@ -61,7 +62,6 @@ DEFAULT_API_VERSION = "v1alpha2"  # the storage version of the CRD
 RESOURCE_KINDS = ("InferenceService", "LLMInferenceService")
 MAIN_CONTAINER = "main"
 ADDITIONAL_ARGS_ENV = "VLLM_ADDITIONAL_ARGS"
-URI_SCHEMES = ("pvc://", "oci://", "hf://", "s3://")
 PARALLELISM_KEYS = ("tensor", "pipeline", "data", "dataLocal", "dataRPCPort", "expert")
 # Spec fields that exist in one API version only (CRD schema diff): using them with the other version is refused.
 ONLY_IN = {

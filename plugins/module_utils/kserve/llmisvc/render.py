@@ -12,10 +12,11 @@ from __future__ import annotations
 import copy
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import storage
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import render as isvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as spec_core
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc.model import (
-    GROUP, KIND, MAIN_CONTAINER, ONLY_IN, PARALLELISM_KEYS, URI_SCHEMES, check_api_version,
+    GROUP, KIND, MAIN_CONTAINER, ONLY_IN, PARALLELISM_KEYS, check_api_version,
 )
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -64,12 +65,8 @@ def _artifacts(p, needs_draft):
         art.setdefault("storage_uri", art.pop("target_uri", None))
     if mode == "auto" and not needs_draft and art.get("target_uri") and not art.get("storage_uri"):
         art["storage_uri"] = art.pop("target_uri")
-    result = isvc.resolve_artifacts(mode, art, needs_draft, (0, 20, 0), p.get("modelcar_enabled", True))
-    if not str(result.storage_uri or "").startswith(URI_SCHEMES):
-        raise ValidationError("'%s' has a scheme KServe's LLMInferenceService controller cannot mount (it takes %s)"
-                              % (result.storage_uri, ", ".join(URI_SCHEMES)), field="artifacts.storage_uri",
-                              hint="stage the model onto a PVC (pvc://) or into a Modelcar image (oci://)")
-    return result
+    # KServe's LLMInferenceService controller takes fewer schemes than the InferenceService's (kserve/storage.py).
+    return isvc.resolve_artifacts(mode, art, needs_draft, (0, 20, 0), storage.oci_mode_of(p), kind=KIND)
 
 
 def _check_version_fields(p, version):

@@ -68,6 +68,11 @@ def test_modelcar_image_path():
     assert loc.mode == "modelcar"
     assert loc.details["image_path"] == "models/draft" and loc.details["pointer"] == "/spec/predictor/model/storageUri"
     assert loc.details["image"] == "reg.local:5000/models/llama@sha256:" + "a" * 64
+    assert loc.details["scheme"] == "oci://"
+    # an ImageVolume (oci+native://) holds the same /models layout: the same rebuild, and the new URI keeps its scheme
+    native = D.locate(_single("oci+native://reg.local:5000/models/llama:v1"), "/mnt/models/draft")
+    assert native.mode == "modelcar" and native.details["image"] == "reg.local:5000/models/llama:v1"
+    assert native.details["scheme"] == "oci+native://" and native.details["storage_uri"] == "oci+native://reg.local:5000/models/llama:v1"
 
 
 @pytest.mark.parametrize("isvc, draft, words", [

@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import render as isvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import storage
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from tests.testbed import crds
 
@@ -81,8 +82,11 @@ def test_auto_mode_explains_its_choice():
     assert isvc.choose_artifact_mode(art, True, (0, 20, 0))[0] == "storage_uris"
     mode, why = isvc.choose_artifact_mode(art, True, (0, 15, 0))
     assert mode == "modelcar"
-    mode, why = isvc.choose_artifact_mode(art, True, (0, 15, 0), modelcar_enabled=False)
+    mode, why = isvc.choose_artifact_mode(art, True, (0, 15, 0), oci_mode="disabled")
     assert mode == "pvc" and "every KServe" in why
+    # an oci+native:// image is mounted as an ImageVolume whatever the cluster's mode
+    native = dict(art, modelcar_image="oci+native://registry.local/m/x:1")
+    assert isvc.choose_artifact_mode(native, True, (0, 15, 0), oci_mode="disabled")[0] == "modelcar"
     assert isvc.choose_artifact_mode({}, False, (0, 15, 0))[0] == "single"
 
 
@@ -95,12 +99,12 @@ def test_auto_mode_explains_its_choice():
 ])
 def test_storage_uris_rules(entries, version, field):
     with pytest.raises(ValidationError) as info:
-        isvc.check_storage_uris(entries, version)
+        storage.check_storage_uris(entries, version)
     assert str(info.value).startswith(field + ":"), str(info.value)
 
 
 def test_pvc_paths_need_no_common_parent():
-    isvc.check_storage_uris([{"uri": "pvc://a/x", "mountPath": "/a"}, {"uri": "pvc://b/y", "mountPath": "/b"}], (0, 20, 0))
+    storage.check_storage_uris([{"uri": "pvc://a/x", "mountPath": "/a"}, {"uri": "pvc://b/y", "mountPath": "/b"}], (0, 20, 0))
 
 
 @pytest.mark.parametrize("over,field", [

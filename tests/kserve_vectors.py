@@ -1,0 +1,27 @@
+"""KServe's own test cases ported as data (tests/fixtures/kserve/<name>.json: each case names the Go test and the KServe
+tag it comes from), and the one way a case is checked, for the collection's functions and the test bed's stand-ins
+alike: both sides are then pinned to KServe, not to each other."""
+from __future__ import annotations
+
+import json
+import os
+
+from tests.paths import REPO
+
+
+def load(name):
+    with open(os.path.join(REPO, "tests", "fixtures", "kserve", name), encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def check(case, readers):
+    """Run ``case`` through ``readers[case["check"]](input)`` (None: accepted; a string: KServe's error; else the value
+    asked for) and compare with what KServe's test expects."""
+    got = readers[case["check"]](case["input"])
+    want = case["expected"]
+    if "accept" in want:
+        assert got is None, got
+    elif "error" in want:
+        assert got and want["error"] in got, got
+    else:
+        assert got == want, got

@@ -32,7 +32,7 @@ import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc.runtime_selection import (  # noqa: F401 (callers' names)
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc.runtime_selection import (
     CLUSTER_SERVING_RUNTIME, GROUP, RUNTIME_VERSION, SERVING_RUNTIME, select_runtime,
 )
 

@@ -112,73 +112,58 @@ def test_vectors_name_their_source_and_count():
 
 # -- merge ------------------------------------------------------------------------------------------------------------------
 
-def _merge_product(case):
-    fn = case["function"]
-    if fn == "MergeContainerWithPatch":
-        return product.merge_container_with_patch(case["base"], case["overlay"])
-    if fn == "MergeRuntimeContainers":
-        return product.merge_runtime_container(case["base"], case["overlay"])
-    if fn == "MergeRuntimeContainers+ReplacePlaceholders":
-        return product.replace_placeholders(product.merge_runtime_container(case["base"], case["overlay"]), case["meta"])
-    if fn == "ReplacePlaceholders":
-        return product.replace_placeholders(case["container"], case["meta"], case.get("runtime"))
-    if fn == "MergeServingRuntimeAndInferenceServiceSpecs":
-        runtime = {"metadata": {"name": "runtime"}, "spec": {"containers": case["containers"]}}
-        index, base = product.runtime_container(runtime, SR, name=case["target"])
-        return {"index": index, "container": product.merge_runtime_container(base, case["overlay"])}
-    if fn == "PredictorContainer":
-        return product.effective_command(_isvc(case), ListReader(*_runtimes(MERGE, case))).container
-    if fn == "GetContainer":
-        return product.container_of_model(case["model"])
-    raise AssertionError("no product function for %s" % fn)
+def _sr_isvc_merge_product(case):
+    runtime = {"metadata": {"name": "runtime"}, "spec": {"containers": case["containers"]}}
+    index, base = product.runtime_container(runtime, SR, name=case["target"])
+    return {"index": index, "container": product.merge_runtime_container(base, case["overlay"])}
 
 
-def _merge_standin(case):
-    fn = case["function"]
-    if fn == "MergeContainerWithPatch":
-        return standin_runtimes.merge_container_with_patch(case["base"], case["overlay"])
-    if fn == "MergeRuntimeContainers":
-        return standin_runtimes.merge_runtime_containers(case["base"], case["overlay"])
-    if fn == "MergeRuntimeContainers+ReplacePlaceholders":
-        return standin_runtimes.replace_placeholders(standin_runtimes.merge_runtime_containers(case["base"], case["overlay"]), case["meta"])
-    if fn == "ReplacePlaceholders":
-        return standin_runtimes.replace_placeholders(case["container"], case["meta"], case.get("runtime"))
-    if fn == "MergeServingRuntimeAndInferenceServiceSpecs":
-        runtime = {"metadata": {"name": "runtime"}, "spec": {"containers": case["containers"]}}
-        container = standin_runtimes.runtime_container({"model": case["overlay"]}, runtime, {}, target=case["target"])
-        index = next(i for i, c in enumerate(case["containers"]) if c["name"] == case["target"])
-        return {"index": index, "container": container}
-    if fn == "PredictorContainer":
-        isvc = _isvc(case)
-        runtime, _kind = _standin()._resolve_runtime(ListApi(*_runtimes(MERGE, case)), case["predictor"], case["namespace"])
-        return KServeStandIn._container(case["predictor"], runtime, isvc["metadata"])  # pylint: disable=protected-access
-    if fn == "GetContainer":
-        return standin_runtimes.go_marshal(case["model"])
-    raise AssertionError("no stand-in function for %s" % fn)
+def _sr_isvc_merge_standin(case):
+    runtime = {"metadata": {"name": "runtime"}, "spec": {"containers": case["containers"]}}
+    container = standin_runtimes.runtime_container({"model": case["overlay"]}, runtime, {}, target=case["target"])
+    return {"index": next(i for i, c in enumerate(case["containers"]) if c["name"] == case["target"]), "container": container}
 
 
+def _predictor_container_standin(case):
+    runtime, _kind = _standin()._resolve_runtime(ListApi(*_runtimes(MERGE, case)), case["predictor"], case["namespace"])  # pylint: disable=protected-access
+    return KServeStandIn._container(case["predictor"], runtime, _isvc(case)["metadata"])  # pylint: disable=protected-access
+
+
+def _merge_functions(patch, merge, placeholders, sr_isvc_merge, predictor_container, model_container):
+    """A case's `function` -> how one side runs it, from that side's functions."""
+    return {
+        "MergeContainerWithPatch": lambda c: patch(c["base"], c["overlay"]),
+        "MergeRuntimeContainers": lambda c: merge(c["base"], c["overlay"]),
+        "MergeRuntimeContainers+ReplacePlaceholders": lambda c: placeholders(merge(c["base"], c["overlay"]), c["meta"]),
+        "ReplacePlaceholders": lambda c: placeholders(c["container"], c["meta"], c.get("runtime")),
+        "MergeServingRuntimeAndInferenceServiceSpecs": sr_isvc_merge,
+        "PredictorContainer": predictor_container,
+        "GetContainer": lambda c: model_container(c["model"]),
+    }
+
+
+# each side: the error it raises for a refusal, and how it runs each function
+MERGE_SIDES = {
+    "product": (ValidationError, _merge_functions(
+        product.merge_container_with_patch, product.merge_runtime_container, product.replace_placeholders, _sr_isvc_merge_product,
+        lambda c: product.effective_command(_isvc(c), ListReader(*_runtimes(MERGE, c))).container, product.container_of_model)),
+    "standin": (standin_runtimes.Refusal, _merge_functions(
+        standin_runtimes.merge_container_with_patch, standin_runtimes.merge_runtime_containers, standin_runtimes.replace_placeholders,
+        _sr_isvc_merge_standin, _predictor_container_standin, standin_runtimes.go_marshal)),
+}
+
+
+@pytest.mark.parametrize("side", sorted(MERGE_SIDES))
 @_by_id(MERGE)
-def test_merge_product(case):
+def test_merge(side, case):
+    refusal, functions = MERGE_SIDES[side]
+    run = functions[case["function"]]
     if "error" in case["expected"]:
-        with pytest.raises(ValidationError) as err:
-            _merge_product(case)
+        with pytest.raises(refusal) as err:
+            run(case)
         assert case["expected"]["error"] in str(err.value)
         return
-    got = _merge_product(case)
-    if case["function"] == "MergeServingRuntimeAndInferenceServiceSpecs":
-        assert got["index"] == case["expected"]["index"]
-        got, case = got["container"], dict(case, expected=case["expected"]["container"])
-    _check_container(case, got)
-
-
-@_by_id(MERGE)
-def test_merge_standin(case):
-    if "error" in case["expected"]:
-        with pytest.raises(standin_runtimes.Refusal) as err:
-            _merge_standin(case)
-        assert case["expected"]["error"] in str(err.value)
-        return
-    got = _merge_standin(case)
+    got = run(case)
     if case["function"] == "MergeServingRuntimeAndInferenceServiceSpecs":
         assert got["index"] == case["expected"]["index"]
         got, case = got["container"], dict(case, expected=case["expected"]["container"])
@@ -187,18 +172,39 @@ def test_merge_standin(case):
 
 # -- selection --------------------------------------------------------------------------------------------------------------
 
-@_by_id(SELECTION)
-def test_selection_product(case):
+def _selection(kind):
+    """The selection cases whose expected answer is of `kind` (protocol, supporting, or selected/refused)."""
+    cases = [c for c in SELECTION["cases"] if set(c["expected"]) & set(kind.split("/"))]
+    return pytest.mark.parametrize("case", cases, ids=[c["id"] for c in cases])
+
+
+PROTOCOL = {"product": selection.model_protocol, "standin": standin_runtimes.protocol_of}
+SUPPORTING = {
+    "product": lambda case, reader: selection.supporting_runtimes(
+        case["predictor"]["model"], reader, case["namespace"], multinode=selection.is_multinode(case["predictor"])),
+    "standin": lambda case, reader: standin_runtimes.supporting_runtimes(
+        case["predictor"]["model"], reader.list(SR, case["namespace"]), reader.list(CSR, None),
+        multinode=case["predictor"].get("workerSpec") is not None),
+}
+
+
+@pytest.mark.parametrize("side", sorted(PROTOCOL))
+@_selection("protocol")
+def test_protocol(side, case):
+    assert PROTOCOL[side](case["predictor"]["model"]) == case["expected"]["protocol"]
+
+
+@pytest.mark.parametrize("side", sorted(SUPPORTING))
+@_selection("supporting")
+def test_supporting_runtimes(side, case):
+    found = SUPPORTING[side](case, ListReader(*_runtimes(SELECTION, case)))
+    assert [[kind, rt["metadata"]["name"]] for rt, kind in found] == case["expected"]["supporting"]
+
+
+@_selection("selected/refused")
+def test_runtime_choice_product(case):
     expected = case["expected"]
-    model = case["predictor"]["model"]
-    if "protocol" in expected:
-        assert selection.model_protocol(model) == expected["protocol"]
-        return
     reader = ListReader(*_runtimes(SELECTION, case))
-    if "supporting" in expected:
-        found = selection.supporting_runtimes(model, reader, case["namespace"], multinode=selection.is_multinode(case["predictor"]))
-        assert [[kind, rt["metadata"]["name"]] for rt, kind in found] == expected["supporting"]
-        return
     if "refused" in expected:
         with pytest.raises(ValidationError) as err:
             selection.select_runtime(_isvc(case), reader)
@@ -209,21 +215,10 @@ def test_selection_product(case):
     assert [kind, runtime["metadata"]["name"]] == expected["selected"]
 
 
-@_by_id(SELECTION)
-def test_selection_standin(case):
+@_selection("selected/refused")
+def test_runtime_choice_standin(case):
     expected = case["expected"]
-    model = case["predictor"]["model"]
-    if "protocol" in expected:
-        assert standin_runtimes.protocol_of(model) == expected["protocol"]
-        return
     namespaced, cluster = _runtimes(SELECTION, case)
-    if "supporting" in expected:
-        api = ListApi(namespaced, cluster)
-        found = standin_runtimes.supporting_runtimes(model, api.get("/apis/serving.kserve.io/v1alpha1/namespaces/%s/servingruntimes"
-                                                                    % case["namespace"])["items"], cluster,
-                                                     multinode=case["predictor"].get("workerSpec") is not None)
-        assert [[kind, rt["metadata"]["name"]] for rt, kind in found] == expected["supporting"]
-        return
     standin = _standin()
     if "refused" in expected:
         want = expected["refused"]

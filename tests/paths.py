@@ -9,6 +9,7 @@ import os
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.environ.get("ALAUDA_SHARED", os.path.join(os.path.dirname(REPO), "shared"))
 CAPTURES = os.environ.get("VLLM_CAPTURES", os.path.join(REPO, "tests", "fixtures", "vllm"))
+KSERVE_VECTORS = os.path.join(REPO, "tests", "fixtures", "kserve")
 
 
 def capture_path(folder, name):
@@ -26,3 +27,10 @@ def read_capture(folder, name):
     """The text of one recorded vLLM file; fails the test when it is missing (see ``capture_path``)."""
     with open(capture_path(folder, name), encoding="utf-8") as handle:
         return handle.read()
+
+
+def kserve_vectors(name):
+    """A YAML file of tests/fixtures/kserve (KServe's own test vectors and manifests, ported as data), parsed."""
+    import yaml  # pylint: disable=import-outside-toplevel
+    with open(os.path.join(KSERVE_VECTORS, name), encoding="utf-8") as handle:
+        return yaml.safe_load(handle)

@@ -1,5 +1,6 @@
 """--speculative-config in a ServingRuntime / ClusterServingRuntime (issue #22), on the real kube-apiserver with the real
-KServe CRDs: the flag in the runtime only, in the service only, in both.
+KServe CRDs: the flag in the runtime only, in the service only, in both; and which runtime a predictor gets with
+KServe's own huggingface runtimes installed (issue #31).
 
 The KServe stand-in builds each predictor Deployment with its own reading of KServe's MergeRuntimeContainers (see
 tests/testbed/kserve_standin.py `_container`); the pods' "engine" logs the ngram engine line exactly when the merged
@@ -12,12 +13,13 @@ from __future__ import annotations
 import json
 import os
 import tarfile
+import time
 
 import pytest
 
 from tests.ansible_run import run_playbook
 from tests.module_run import run_module
-from tests.paths import read_capture
+from tests.paths import kserve_vectors, read_capture
 
 GROUP, RT_VERSION = "serving.kserve.io", "v1alpha1"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
@@ -45,7 +47,10 @@ def _runtime(kind, name, namespace=None, args=None, command=None):
     if namespace:
         meta["namespace"] = namespace
     return {"apiVersion": "%s/%s" % (GROUP, RT_VERSION), "kind": kind, "metadata": meta,
-            "spec": {"supportedModelFormats": [{"name": "vLLM", "autoSelect": True}], "protocolVersions": ["v2", "v1"],
+            # vLLM for the predictors below, transformers for the deploy's render (its model_format default): KServe
+            # refuses a named runtime that does not list the predictor's modelFormat
+            "spec": {"supportedModelFormats": [{"name": "vLLM", "autoSelect": True}, {"name": "transformers", "autoSelect": True}],
+                     "protocolVersions": ["v2", "v1"],
                      "containers": [container, {"name": "sidecar", "image": "busybox"}]}}
 
 
@@ -236,7 +241,7 @@ def test_rollback_refuses_a_shared_runtime_then_each_fix(tmp_path, kubeconfig, k
     copy_name = strip["runtime"]["copy"]
     copy = _get_runtime(k8s_client, "ServingRuntime", copy_name, namespace)
     assert copy["spec"]["containers"][0]["args"] == RT_ARGS
-    assert [f["autoSelect"] for f in copy["spec"]["supportedModelFormats"]] == [False]
+    assert [f["autoSelect"] for f in copy["spec"]["supportedModelFormats"]] == [False, False]
     a = _get_isvc(k8s_client, namespace, "a")
     assert a["spec"]["predictor"]["model"]["runtime"] == copy_name
     assert a["spec"]["predictor"]["model"]["args"] == ["--max-model-len=2048"]
@@ -270,3 +275,60 @@ def test_rollback_refuses_a_shared_runtime_then_each_fix(tmp_path, kubeconfig, k
         assert copy_name in tar.extractfile(runtime_file).read().decode()
         effective = json.loads(tar.extractfile(next(n for n in names if n.endswith("/effective_command.json"))).read())
     assert effective["runtime"] == {"kind": "ServingRuntime", "name": copy_name} and effective["source"] is None
+
+
+@pytest.mark.usefixtures("engine")
+def test_single_node_predictor_gets_kserve_huggingfaceserver(kubeconfig, k8s_client, namespace):
+    """KServe's built-in huggingface runtimes (config/runtimes, as KServe installs them): the multinode one has the
+    higher priority but a workerSpec, so a predictor without one gets kserve-huggingfaceserver, on the stand-in and in
+    the collection's reading (serving_runtime_info, the read verify makes); a runtime named for a format it does not
+    list is refused by both, KServe's way."""
+    runtimes = [kserve_vectors("config_runtimes/%s.yaml" % name) for name in ("kserve-huggingfaceserver", "kserve-huggingfaceserver-multinode")]
+    for body in runtimes:
+        _create_runtime(k8s_client, body)
+    try:
+        api = _api(k8s_client)
+        isvc = {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
+                "metadata": {"name": "hf", "namespace": namespace, "annotations": {"serving.kserve.io/deploymentMode": "Standard"}},
+                "spec": {"predictor": {"model": {"modelFormat": {"name": "huggingface"}, "storageUri": "pvc://model-store/llama"}}}}
+        api.create_namespaced_custom_object(GROUP, "v1beta1", namespace, "inferenceservices", isvc)
+        # the runtime's format names no runtime it does not list: KServe refuses, and writes why
+        wrong = json.loads(json.dumps(isvc))
+        wrong["metadata"]["name"] = "hf-wrong-format"
+        wrong["spec"]["predictor"]["model"].update(modelFormat={"name": "vLLM"}, runtime="kserve-huggingfaceserver")
+        api.create_namespaced_custom_object(GROUP, "v1beta1", namespace, "inferenceservices", wrong)
+
+        ready = _wait_ready(k8s_client, namespace, "hf")
+        assert ready["status"]["clusterServingRuntimeName"] == "kserve-huggingfaceserver"
+        single = runtimes[0]["spec"]["containers"][0]
+        command, args = _deployment_container(k8s_client, namespace, "hf")
+        assert command == [] and args == ["--model_name=hf"]  # the single-node runtime's: no bash/ray script
+        from kubernetes import client  # pylint: disable=import-outside-toplevel
+        dep = client.AppsV1Api(k8s_client).read_namespaced_deployment("hf-predictor", namespace)
+        main = next(c for c in dep.spec.template.spec.containers if c.name == "kserve-container")
+        assert main.image == single["image"] == "kserve/huggingfaceserver:latest"
+        assert ("LMCACHE_USE_EXPERIMENTAL", "True") in [(e.name, e.value) for e in main.env or []]
+        assert "devshm" in [v.name for v in dep.spec.template.spec.volumes]  # the runtime's volume, for its /dev/shm mount
+
+        info = run_module("serving_runtime_info", {"name": "hf", "namespace": namespace, "kubeconfig": kubeconfig})
+        assert not info.failed, info.msg
+        assert info["runtime"] == {"kind": "ClusterServingRuntime", "name": "kserve-huggingfaceserver"}
+        assert (info["command"], info["args"]) == (command, args)
+
+        refused = _get_isvc(k8s_client, namespace, "hf-wrong-format")
+        for _ in range(100):
+            if (refused.get("status") or {}).get("modelStatus", {}).get("lastFailureInfo"):
+                break
+            time.sleep(0.1)
+            refused = _get_isvc(k8s_client, namespace, "hf-wrong-format")
+        assert refused["status"]["modelStatus"]["transitionStatus"] == "InvalidSpec"
+        assert refused["status"]["modelStatus"]["lastFailureInfo"] == {
+            "reason": "NoSupportingRuntime", "message": "Specified runtime does not support specified framework/version"}
+        info = run_module("serving_runtime_info", {"name": "hf-wrong-format", "namespace": namespace, "kubeconfig": kubeconfig})
+        assert info.failed and "specified runtime kserve-huggingfaceserver does not support specified framework/version" in info.msg
+        assert "supports the model formats huggingface:1" in info.msg
+        assert not client.AppsV1Api(k8s_client).list_namespaced_deployment(
+            namespace, label_selector="serving.kserve.io/inferenceservice=hf-wrong-format").items
+    finally:
+        for body in runtimes:
+            _delete_csr(k8s_client, body["metadata"]["name"])

@@ -8,11 +8,14 @@ so product code sees the same objects and status it would see on a real cluster:
 - creates/updates Deployment `<isvc>-predictor` and Service `<isvc>-predictor` (owner reference to the
   InferenceService). Labels as KServe sets them: `app: isvc.<isvc>-predictor` (selector),
   `component: predictor`, `serving.kserve.io/inferenceservice: <isvc>`, plus the InferenceService's own
-  labels; the main container is `kserve-container`, built from the ServingRuntime/ClusterServingRuntime
-  `kserve-container` merged with the predictor.model fields as KServe's MergeRuntimeContainers does (the
-  InferenceService's command replaces the runtime's, args are runtime args then the InferenceService's, env merges
-  by name, `{{.Name}}` placeholders filled in; see `_container`), or from
-  `predictor.containers[0]`. Storage: `pvc://claim/path` (storageUri or storageUris) becomes a PVC volume
+  labels; the main container is `kserve-container`, built from the runtime KServe picks (a named one, or
+  auto-selection: format, protocol, priority, a `workerSpec` only for a predictor with one) merged with the
+  predictor.model fields as KServe's MergeRuntimeContainers does (the InferenceService's command replaces the
+  runtime's, args are runtime args then the InferenceService's, env merges by name, `{{.Name}}` placeholders filled
+  in): tests/testbed/kserve_runtimes.py, pinned to KServe's test vectors; or from `predictor.containers[0]`. A runtime
+  KServe refuses (disabled, format or protocol it does not list, a predictor workerSpec without one in the runtime, no
+  `kserve-container`) gets KServe's status (modelStatus InvalidSpec with lastFailureInfo, or PredictorReady False)
+  and no Deployment. Storage: `pvc://claim/path` (storageUri or storageUris) becomes a PVC volume
   mount with subPath; other URIs get a `storage-initializer` init container and an emptyDir; `oci://` gets
   the Modelcar sidecar `modelcar` and init container `modelcar-init` (in the cluster's `native` OCI mode, and for
   `oci+native://`, an ImageVolume instead: played by an emptyDir mounted with subPath `models`, as the test bed's
@@ -73,8 +76,9 @@ Test controls (never visible to product code):
 `revision="<isvc>-predictor-00002"` does that for one revision.
 `generation=N` limits a behaviour to pods of that InferenceService generation (pods carry the annotation
 `testbed.alauda.io/isvc-generation`). `strict_runtimes=True` reports a missing runtime the way KServe does
-(modelStatus InvalidSpec / RuntimeNotRecognized, no Deployment); by default a missing runtime is treated as a
-generic vLLM runtime so manifests that name a runtime of the real cluster work unchanged.
+(modelStatus InvalidSpec / RuntimeNotRecognized "Waiting for runtime to become available", or NoSupportingRuntime
+when none auto-selects; no Deployment); by default a missing runtime is treated as a generic vLLM runtime so
+manifests that name a runtime of the real cluster work unchanged.
 """
 from __future__ import annotations
 
@@ -82,12 +86,11 @@ import copy
 import datetime
 import hashlib
 import json
-import re
 import threading
 import time
 import urllib.parse
 
-from . import kserve_storage
+from . import kserve_runtimes, kserve_storage
 from .kubelet import PodBehaviour
 from .wake import EVERYTHING, RESYNC_SECONDS, WatchWaker, WorkQueue, owner_key
 
@@ -103,9 +106,6 @@ HASH_ANNOTATION = "testbed.alauda.io/spec-hash"
 DEFAULT_RUNTIME_IMAGE = "registry.invalid/kserve/vllm-standin:latest"
 STORAGE_INITIALIZER_IMAGE = "kserve/storage-initializer:v0.20.0"
 INGRESS_DOMAIN = "example.com"
-MODEL_FIELDS = ("image", "command", "args", "env", "envFrom", "resources", "ports", "securityContext",
-                "volumeMounts", "livenessProbe", "readinessProbe", "startupProbe", "workingDir", "imagePullPolicy",
-                "lifecycle")
 COMPONENT_FIELDS = {"model", "containers", "minReplicas", "maxReplicas", "scaleTarget", "scaleMetric",
                     "scaleMetricType", "containerConcurrency", "timeout", "canaryTrafficPercent", "logger",
                     "batcher", "labels", "annotations", "deploymentStrategy", "autoScaling", "storageUri",
@@ -378,15 +378,14 @@ class KServeStandIn(ControllerLoop):
             self._refuse_storage(api, isvc, problem)
             return
         self._oci_mode = kserve_storage.oci_model_mode(config)
-        runtime, runtime_kind = self._resolve_runtime(api, predictor, ns)
         status = copy.deepcopy(isvc.get("status") or {})
         status["deploymentMode"] = _normalise_mode((meta.get("annotations") or {}).get(
             "serving.kserve.io/deploymentMode"))
-        if runtime is None:
-            want = (predictor.get("model") or {}).get("runtime")
-            status.update(self._invalid_runtime_status(status, want))
-            status["observedGeneration"] = meta.get("generation")
-            self._write_status(api, isvc, status)
+        try:
+            runtime, runtime_kind = self._resolve_runtime(api, predictor, ns)
+            self._container(predictor, runtime, meta)  # a runtime KServe cannot build the container from stops here too
+        except kserve_runtimes.Refusal as refusal:
+            self._write_status(api, isvc, self._refused_status(status, refusal, meta.get("generation")))
             return
         if runtime_kind:
             status.pop("servingRuntimeName", None)
@@ -401,8 +400,9 @@ class KServeStandIn(ControllerLoop):
         canaries = []
         for entry in (isvc.get("spec") or {}).get("canary") or []:
             cpred = entry.get("predictor") or {}
-            crt, _kind = self._resolve_runtime(api, cpred, ns)
-            if crt is None:
+            try:
+                crt, _kind = self._resolve_runtime(api, cpred, ns)
+            except kserve_runtimes.Refusal:
                 crt = runtime
             cname = _deployment_name(name, cpred.get("name") or "canary")
             canaries.append((entry, self._desired_deployment(isvc, cpred, crt, cname)))
@@ -543,50 +543,49 @@ class KServeStandIn(ControllerLoop):
         return status
 
     def _resolve_runtime(self, api, predictor: dict, ns: str):
-        """Return (runtime object or a generic one, kind or None); (None, None) if strict and missing."""
-        from .rest import ApiError  # pylint: disable=import-outside-toplevel
+        """(runtime, kind) of the predictor (kserve_runtimes.choose_runtime on the runtimes listed now); a custom
+        predictor gets (an empty runtime, None). Without strict_runtimes a runtime that is missing (named, or none to
+        auto-select) is a generic vLLM one (kind None), so manifests naming a runtime of a real cluster run here;
+        every other refusal (disabled, format, protocol, workerSpec) is KServe's, a kserve_runtimes.Refusal."""
         model = predictor.get("model")
         if model is None:
             return {"spec": {"containers": []}, "metadata": {"name": ""}}, None
-        wanted = model.get("runtime")
-        sources = (("ServingRuntime", f"/apis/{GROUP}/v1alpha1/namespaces/{ns}/servingruntimes"),
-                   ("ClusterServingRuntime", f"/apis/{GROUP}/v1alpha1/clusterservingruntimes"))
-        if wanted:
-            for kind, base in sources:
-                try:
-                    return api.get(f"{base}/{wanted}"), kind
-                except ApiError as exc:
-                    if exc.status != 404:
-                        raise
-        else:
-            fmt = (model.get("modelFormat") or {}).get("name")
-            for kind, base in sources:
-                for rt in api.get(base)["items"]:
-                    formats = [f.get("name") for f in (rt.get("spec") or {}).get("supportedModelFormats") or []
-                               if f.get("autoSelect")]
-                    if fmt in formats and not (rt.get("spec") or {}).get("disabled"):
-                        return rt, kind
-        if self.strict_runtimes:
-            return None, None
-        generic = {"metadata": {"name": wanted or "kserve-vllm-standin"},
+        namespaced = api.get(f"/apis/{GROUP}/v1alpha1/namespaces/{ns}/servingruntimes")["items"]
+        cluster = api.get(f"/apis/{GROUP}/v1alpha1/clusterservingruntimes")["items"]
+        try:
+            return kserve_runtimes.choose_runtime(predictor, namespaced, cluster)
+        except kserve_runtimes.Refusal as refusal:
+            missing = refusal.reason == "RuntimeNotRecognized" or refusal.message.startswith("No runtime found")
+            if self.strict_runtimes or not missing:
+                raise
+        generic = {"metadata": {"name": model.get("runtime") or "kserve-vllm-standin"},
                    "spec": {"containers": [{"name": "kserve-container", "image": DEFAULT_RUNTIME_IMAGE,
                                             "ports": [{"containerPort": 8080, "protocol": "TCP"}]}]}}
         return generic, None
 
     @staticmethod
-    def _invalid_runtime_status(status: dict, wanted: str | None) -> dict:
+    def _refused_status(status: dict, refusal, generation) -> dict:
+        """The status KServe writes when reconcileModel / buildPodSpec refuses the predictor: modelStatus InvalidSpec,
+        target FailedToLoad, lastFailureInfo {reason, message} (UpdateModelTransitionStatus) with the conditions still
+        Unknown; for a workerSpec without one in the runtime, PredictorReady False with the reason instead."""
         now = _now()
-        msg = f"Specified runtime {wanted} does not exist" if wanted else "No runtime found to support the model"
-        reason = "RuntimeNotRecognized" if wanted else "NoSupportingRuntime"
-        conditions = [
-            {"type": "IngressReady", "status": "Unknown", "lastTransitionTime": now},
-            {"type": "PredictorReady", "status": "Unknown", "lastTransitionTime": now},
-            {"type": "Ready", "status": "Unknown", "lastTransitionTime": now},
-        ]
-        return {"conditions": _merge_conditions(status.get("conditions"), conditions),
-                "modelStatus": {"transitionStatus": "InvalidSpec",
-                                "states": {"activeModelState": "", "targetModelState": "FailedToLoad"},
-                                "lastFailureInfo": {"reason": reason, "message": msg}}}
+        if refusal.condition:
+            failed = {"status": "False", "reason": refusal.reason, "message": refusal.message, "lastTransitionTime": now}
+            conditions = [{"type": "IngressReady", "status": "Unknown", "lastTransitionTime": now},
+                          dict(failed, type="PredictorReady"), dict(failed, type="Ready")]
+        else:
+            conditions = [{"type": kind, "status": "Unknown", "lastTransitionTime": now}
+                          for kind in ("IngressReady", "PredictorReady", "Ready")]
+            # KServe leaves activeModelState "" on a new object; the 1.20 API server refuses "" there (as null), so it
+            # is left out and the CRD's default (Pending) fills it in.
+            states = dict((status.get("modelStatus") or {}).get("states") or {}, targetModelState="FailedToLoad")
+            if not states.get("activeModelState"):
+                states.pop("activeModelState", None)
+            status["modelStatus"] = dict(status.get("modelStatus") or {}, transitionStatus="InvalidSpec", states=states,
+                                         lastFailureInfo={"reason": refusal.reason, "message": refusal.message})
+        status["conditions"] = _merge_conditions(status.get("conditions"), conditions)
+        status["observedGeneration"] = generation
+        return status
 
     # -- objects ----------------------------------------------------------------------------------
 
@@ -601,55 +600,18 @@ class KServeStandIn(ControllerLoop):
         return [{"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService", "name": isvc["metadata"]["name"],
                  "uid": isvc["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
 
-    def _container(self, predictor: dict, runtime: dict, meta: dict | None = None) -> dict:
-        """The predictor's `kserve-container`, merged the way KServe v0.20 does it.
-
-        Followed: kserve/kserve pkg/controller/v1beta1/inferenceservice/components/predictor.go `buildPodSpec` ->
-        pkg/controller/v1beta1/inferenceservice/utils/utils.go `MergeServingRuntimeAndInferenceServiceSpecs` (the
-        runtime container named `kserve-container`) -> `MergeRuntimeContainers` (pkg/utils `MergeContainerWithPatch`:
-        strategic merge patch of the predictor's container over the runtime's - a non-empty field of the
-        InferenceService replaces the runtime's, so its `command` replaces the runtime's command; `env`, `ports`,
-        `volumeMounts` merge by name/containerPort/mountPath, runtime order first; objects merge key by key; then
-        `args` = runtime args + InferenceService args) -> `ReplacePlaceholders` (`{{.Name}}`, `{{.Namespace}}`,
-        `{{.Labels.x}}`, `{{.Annotations.x}}` from the InferenceService's metadata).
-        Written independently of the collection's plugins/module_utils/kserve/isvc/runtime.py so the tests compare two
-        readings of KServe's code, not one with itself.
-        """
+    @staticmethod
+    def _container(predictor: dict, runtime: dict, meta: dict | None = None) -> dict:
+        """The predictor's `kserve-container`: `predictor.containers[0]` for a custom predictor, else the runtime's
+        merged with `predictor.model` as KServe v0.20 does it (kserve_runtimes.runtime_container, written apart from
+        the collection's plugins/module_utils/kserve/isvc/runtime.py)."""
         if predictor.get("model") is None and predictor.get("containers"):
             container = copy.deepcopy(predictor["containers"][0])
             container["name"] = "kserve-container"
             return container
-        containers = (runtime.get("spec") or {}).get("containers") or []
-        rt = next((c for c in containers if c.get("name") == "kserve-container"), None)
-        if rt is None and containers:
-            rt = containers[0]  # KServe refuses this runtime; the generic stand-in runtime never gets here
-        rt = copy.deepcopy(rt or {})
-        model = predictor.get("model") or {}
-        merged = copy.deepcopy(rt)
-        for field in MODEL_FIELDS:
-            value = model.get(field)
-            if value in (None, "", [], {}):
-                continue
-            key = {"env": "name", "ports": "containerPort", "volumeMounts": "mountPath"}.get(field)
-            if key:
-                out = [copy.deepcopy(x) for x in merged.get(field) or []]
-                for item in value:
-                    at = next((i for i, o in enumerate(out) if o.get(key) == item.get(key)), None)
-                    if at is None:
-                        out.append(copy.deepcopy(item))
-                    else:
-                        out[at] = _deep_merge(out[at], item)
-                merged[field] = out
-            elif isinstance(value, dict):
-                merged[field] = _deep_merge(merged.get(field) or {}, value)
-            else:
-                merged[field] = copy.deepcopy(value)
-        args = list(rt.get("args") or []) + list(model.get("args") or [])
-        if args:
-            merged["args"] = args
-        merged["name"] = "kserve-container"
-        merged.setdefault("image", DEFAULT_RUNTIME_IMAGE)
-        return _placeholders(merged, meta or {})
+        container = kserve_runtimes.runtime_container(predictor, runtime, meta)
+        container.setdefault("image", DEFAULT_RUNTIME_IMAGE)
+        return container
 
     def _desired_deployment(self, isvc: dict, predictor: dict, runtime: dict, dep_name: str | None = None) -> dict:
         meta = isvc["metadata"]
@@ -666,6 +628,11 @@ class KServeStandIn(ControllerLoop):
             pod_spec["initContainers"] = copy.deepcopy(predictor["initContainers"])
         if predictor.get("volumes"):
             pod_spec["volumes"] = copy.deepcopy(predictor["volumes"])
+        if predictor.get("model") is not None:
+            # buildPodSpec: the runtime's pod fields (its volumes for its mounts ...) under the predictor's, then the
+            # runtime's other containers and the predictor's own after the merged kserve-container
+            pod_spec = kserve_runtimes.merge_pod_spec(runtime, pod_spec)
+            pod_spec["containers"] = [container] + kserve_runtimes.sidecars(runtime, predictor)
         self._add_storage(pod_spec, container, storage_entries(predictor), self._oci_mode)
         template_annotations = dict(annotations)
         if dep_name == f"{name}-predictor":
@@ -974,35 +941,6 @@ def _rehash(deployment: dict) -> None:
     spec, meta = deployment["spec"], deployment["metadata"]
     digest = hashlib.sha256(json.dumps({"spec": spec, "labels": meta["labels"]}, sort_keys=True).encode()).hexdigest()
     meta["annotations"][HASH_ANNOTATION] = digest[:16]
-
-
-def _deep_merge(base: dict, patch: dict) -> dict:
-    out = copy.deepcopy(base)
-    for k, v in patch.items():
-        if v in (None, "", [], {}):
-            continue
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
-    return out
-
-
-_TEMPLATE = re.compile(r"\{\{\s*\.(Name|Namespace|Labels\.[A-Za-z0-9_]+|Annotations\.[A-Za-z0-9_]+)\s*\}\}")
-
-
-def _placeholders(value, meta: dict):
-    """KServe's ReplacePlaceholders (a Go template over the container's JSON with the InferenceService's metadata)."""
-    if isinstance(value, str):
-        def repl(m):
-            ref = m.group(1)
-            if ref in ("Name", "Namespace"):
-                return str(meta.get(ref.lower()) or "")
-            field, key = ref.split(".", 1)
-            return str((meta.get(field.lower()) or {}).get(key) or "")
-        return _TEMPLATE.sub(repl, value)
-    if isinstance(value, list):
-        return [_placeholders(v, meta) for v in value]
-    if isinstance(value, dict):
-        return {k: _placeholders(v, meta) for k, v in value.items()}
-    return value
 
 
 def _strip_times(status: dict) -> str:

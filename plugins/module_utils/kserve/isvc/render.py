@@ -35,6 +35,9 @@ DEPLOYMENT_MODE_ANNOTATION = "serving.kserve.io/deploymentMode"
 PROGRESS_DEADLINE_ANNOTATION = "serving.knative.dev/progress-deadline"
 MODEL_REPO_ANNOTATION = "aml-model-repo"
 RUNTIME_TYPE_LABEL = "aml.cpaas.io/runtime-type"
+# The predictor fields KServe checks a named runtime against, and the option (role variable) the render sets them from.
+RENDER_OPTIONS = {"spec.predictor.model.modelFormat": "model_format, role variable spec_decoding_model_format",
+                  "spec.predictor.model.protocolVersion": "protocol_version, role variable spec_decoding_protocol_version"}
 DEFAULT_MOUNT = storage.DEFAULT_MOUNT
 # KServe rewrites the legacy names since v0.17; comparing through this map keeps reapplies quiet.
 LEGACY_DEPLOYMENT_MODES = {"RawDeployment": "Standard", "Serverless": "Knative"}
@@ -407,8 +410,16 @@ def render(p, existing=None):
         # KServe merges the runtime's kserve-container with this predictor (its args first): a --speculative-config in the
         # runtime reaches vLLM too. The runtimes were read from the cluster by kserve_facts; refuse a double here, before
         # anything (an image push, a PVC copy, the apply) is written.
-        runtime_check, more, problem, _effective = serving_runtime.resolve(
-            manifest, runtime_readers.SnapshotReader(p["runtimes"]), p.get("runtime_flag") or "refuse", missing_runtime="warn")
+        try:
+            runtime_check, more, problem, _effective = serving_runtime.resolve(
+                manifest, runtime_readers.SnapshotReader(p["runtimes"]), p.get("runtime_flag") or "refuse", missing_runtime="warn")
+        except ValidationError as exc:
+            # KServe refuses this runtime for this predictor (format, protocol): name the option that set the field.
+            option = RENDER_OPTIONS.get(exc.field)
+            if option is None:
+                raise
+            raise ValidationError(exc.message.replace(exc.field, "%s (%s)" % (exc.field, option)) + ". Nothing was written",
+                                  field=option.split(",")[0]) from exc
         warnings.extend(more)
         if problem:
             raise ValidationError(problem, field="runtime_flag")

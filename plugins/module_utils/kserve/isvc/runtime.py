@@ -4,23 +4,20 @@
 """Where the vLLM command of an InferenceService really comes from: its ServingRuntime and KServe's merge.
 
 KServe (v0.20) builds the predictor's ``kserve-container`` from the runtime's container and the predictor's own
-fields. This file repeats that merge so the collection reads and edits the command the pod really runs:
+fields. This file repeats that merge so the collection reads and edits the command the pod really runs. Pinned to
+KServe's own test vectors (tests/fixtures/kserve/runtime_merge.yaml; the runtime choice: runtime_selection.py):
 
-* runtime: ``spec.predictor.model.runtime`` names a ServingRuntime in the InferenceService's namespace, else a
-  ClusterServingRuntime of that name (``GetServingRuntime``, pkg/controller/v1beta1/inferenceservice/utils/utils.go).
-  Without ``runtime`` KServe auto-selects (``ModelSpec.GetSupportingRuntimes``, pkg/apis/serving/v1beta1/
-  predictor_model.go): enabled single-model runtimes whose ``supportedModelFormats`` entry with ``autoSelect: true``
-  matches ``modelFormat`` (name, or name:version) and whose ``protocolVersions`` hold the model's protocol (v1 when
-  unset); namespaced ones first, each group sorted by protocol priority, newest first, name, then by the format's
-  ``priority`` (highest first, unset last).
 * container: the runtime container named ``kserve-container`` (``MergeServingRuntimeAndInferenceServiceSpecs``,
-  same utils.go); the runtime's other containers are sidecars.
-* merge: ``MergeRuntimeContainers`` (same utils.go) = a strategic merge patch of the predictor's container over
-  the runtime's (``MergeContainerWithPatch``, pkg/utils): a non-empty ``command`` of the InferenceService
-  **replaces** the runtime's; ``args`` are **concatenated, runtime first, then the InferenceService's**; ``env``,
-  ``ports``, ``volumeMounts`` merge by key; maps and objects merge field by field; other lists are replaced.
-* placeholders: ``ReplacePlaceholders`` (same utils.go) runs the merged container through a Go template with the
-  InferenceService's metadata (``{{.Name}}``, ``{{.Namespace}}``, ``{{.Labels.x}}``, ``{{.Annotations.x}}``).
+  pkg/controller/v1beta1/inferenceservice/utils/utils.go); the runtime's other containers are sidecars.
+* merge: ``MergeRuntimeContainers`` (same utils.go) = ``MergeContainerWithPatch`` (pkg/utils/container_merge.go): both
+  containers as Go marshals them (empty fields left out, so they never override), a strategic merge patch of the
+  predictor's over the runtime's (a non-empty ``command`` **replaces** the runtime's; ``env``, ``ports``,
+  ``volumeMounts``, ``volumeDevices`` merge by key in apimachinery's order; objects field by field; other lists are
+  replaced), an env entry left with both ``value`` and ``valueFrom`` keeps the one the predictor set, an empty name
+  falls back to the runtime's; then ``args`` = **runtime args, then the InferenceService's**.
+* placeholders: ``ReplacePlaceholders`` (same utils.go) runs the merged container, as JSON text, through a Go template
+  with the InferenceService's metadata (``{{.Name}}``, ``{{.Namespace}}``, ``{{.Labels.x}}``, ``{{.Annotations.x}}``:
+  a missing key prints ``<no value>``; ``{{index .Labels `x`}}``: a missing key prints nothing).
 
 vLLM's argparse keeps the last ``--speculative-config``; a ``<shell> -c '<script>'`` command passes the args to the
 script as ``$0 $1 ...``, so args reach vLLM only when the script uses ``"$@"``/``$*``.
@@ -35,11 +32,10 @@ import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc.runtime_selection import (
+    CLUSTER_SERVING_RUNTIME, GROUP, RUNTIME_VERSION, SERVING_RUNTIME, select_runtime,
+)
 
-GROUP = "serving.kserve.io"
-RUNTIME_VERSION = "v1alpha1"
-SERVING_RUNTIME = "ServingRuntime"
-CLUSTER_SERVING_RUNTIME = "ClusterServingRuntime"
 CONTAINER_NAME = "kserve-container"
 SOURCE_ISVC = "inference_service"
 SOURCE_SR = "serving_runtime"
@@ -55,25 +51,34 @@ CONTAINER_FIELDS = ("name", "image", "command", "args", "workingDir", "ports", "
                     "securityContext", "stdin", "stdinOnce", "tty")
 # Strategic-merge keys of corev1.Container lists (k8s.io/api/core/v1/types.go patchMergeKey tags).
 MERGE_KEYS = {"env": "name", "ports": "containerPort", "volumeMounts": "mountPath", "volumeDevices": "devicePath"}
-# ProtocolVersion order of pkg/constants (GetProtocolVersionInt): v1 < v2 < grpc-v1 < grpc-v2 < unknown.
-_PROTOCOL_RANK = {"v1": 0, "v2": 1, "grpc-v1": 2, "grpc-v2": 3}
-_PLACEHOLDER = re.compile(r"\{\{-?\s*(?:\.(Name|Namespace|GenerateName|UID)|\.(Labels|Annotations)\.([A-Za-z0-9_]+)|"
-                          r"index\s+\.(Labels|Annotations)\s+\"([^\"]*)\")\s*-?\}\}")
+# Plain (not pointer) bool and int fields of a container that json.Marshal leaves out at false / 0 (``omitempty``);
+# pointer fields (securityContext.*, probe terminationGracePeriodSeconds) keep them, so a patch can set them.
+_OMITTED_ZERO = {"stdin", "stdinOnce", "tty", "readOnly", "hostPort", "initialDelaySeconds", "timeoutSeconds",
+                 "periodSeconds", "successThreshold", "failureThreshold"}
 _SCRIPT_ARGS = re.compile(r"\$\{?[@*]|\$\{?[1-9]")
 
 
-def _empty(value):
-    """Go's ``omitempty``: what json.Marshal leaves out of a corev1.Container (so it never overrides)."""
-    return value is None or value == "" or value == [] or value == {} or value is False
+def _marshalled(value):
+    """A container (or part of one) as Go's json.Marshal writes it: empty strings, lists and maps, null, and the plain
+    fields at false / 0 left out, recursively."""
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            item = _marshalled(item)
+            if item is None or item == "" or item == [] or item == {} or (key in _OMITTED_ZERO and item in (False, 0)):
+                continue
+            out[key] = item
+        return out
+    if isinstance(value, list):
+        return [_marshalled(item) for item in value]
+    return value
 
 
 def _merge_value(base, patch, key=None):
     if isinstance(base, dict) and isinstance(patch, dict):
         out = copy.deepcopy(base)
         for k, v in patch.items():
-            if _empty(v):
-                continue
-            out[k] = _merge_value(out.get(k), v, k) if k in out else copy.deepcopy(v)
+            out[k] = _merge_value(out[k], v, k) if k in out else copy.deepcopy(v)
         return out
     if isinstance(base, list) and isinstance(patch, list) and key in MERGE_KEYS:
         return _merge_keyed(base, patch, MERGE_KEYS[key])
@@ -81,14 +86,28 @@ def _merge_value(base, patch, key=None):
 
 
 def _merge_keyed(base, patch, merge_key):
-    out = [copy.deepcopy(item) for item in base]
+    """apimachinery's strategic merge of a keyed list (``mergeSlice`` + ``normalizeElementOrder``): entries merge by key;
+    the patch's entries come in the patch's order, the runtime's other entries are slotted in by their original order
+    in front of the first patch entry that came after them in the original (and after any entry new to it)."""
+    merged = [copy.deepcopy(item) for item in base]
     for item in patch:
-        match = next((i for i, old in enumerate(out) if isinstance(old, dict) and isinstance(item, dict)
-                      and old.get(merge_key) == item.get(merge_key)), None)
-        if match is None:
-            out.append(copy.deepcopy(item))
+        at = next((i for i, old in enumerate(merged) if old.get(merge_key) == item.get(merge_key)), None)
+        if at is None:
+            merged.append(copy.deepcopy(item))
         else:
-            out[match] = _merge_value(out[match], item)
+            merged[at] = _merge_value(merged[at], item)
+    base_keys = [item.get(merge_key) for item in base]
+    patch_keys = [item.get(merge_key) for item in patch]
+    from_patch = sorted((m for m in merged if m.get(merge_key) in patch_keys), key=lambda m: patch_keys.index(m.get(merge_key)))
+    server_only = [m for m in merged if m.get(merge_key) not in patch_keys]
+    out = []
+    while server_only or from_patch:
+        if server_only and from_patch:
+            right = from_patch[0].get(merge_key)
+            take_left = right in base_keys and base_keys.index(server_only[0].get(merge_key)) < base_keys.index(right)
+        else:
+            take_left = bool(server_only)
+        out.append(server_only.pop(0) if take_left else from_patch.pop(0))
     return out
 
 
@@ -97,20 +116,13 @@ def container_of_model(model):
     return {k: copy.deepcopy(v) for k, v in (model or {}).items() if k in CONTAINER_FIELDS}
 
 
-def merge_runtime_container(runtime_side, isvc_container):
-    """KServe's ``MergeRuntimeContainers``: the predictor's container over the runtime's.
-
-    Strategic merge patch (empty fields never override; ``env``/``ports``/``volumeMounts`` by key, original order
-    first then new entries; objects field by field; other lists replaced, so a non-empty ``command`` replaces the
-    runtime's), then ``args`` = runtime args + InferenceService args, then ``env`` entries whose ``value`` and
-    ``valueFrom`` both survived keep the one the InferenceService set; ``name`` falls back to the runtime's.
-    """
-    base = copy.deepcopy(runtime_side or {})
-    patch = isvc_container or {}
-    merged = _merge_value(base, {k: v for k, v in patch.items() if k in CONTAINER_FIELDS})
-    for key in [k for k, v in merged.items() if _empty(v) and k != "name"]:
-        del merged[key]
-    overlay_env = {e.get("name"): e for e in patch.get("env") or [] if isinstance(e, dict)}
+def merge_container_with_patch(base, overlay):
+    """KServe's ``MergeContainerWithPatch``: the strategic merge patch of ``overlay`` over ``base`` (lists without a
+    merge key, ``args`` and ``command`` among them, are replaced), env ``value``/``valueFrom`` conflicts settled for
+    the overlay, the base's name when the result has none."""
+    patch = _marshalled(container_of_model(overlay))
+    merged = _merge_value(_marshalled(container_of_model(base)), patch)
+    overlay_env = {e.get("name"): e for e in patch.get("env") or []}
     for entry in merged.get("env") or []:
         over = overlay_env.get(entry.get("name"))
         if over is None or not entry.get("value") or not entry.get("valueFrom"):
@@ -119,142 +131,95 @@ def merge_runtime_container(runtime_side, isvc_container):
             entry.pop("value", None)
         elif over.get("value"):
             entry.pop("valueFrom", None)
-    args = list((runtime_side or {}).get("args") or []) + list(patch.get("args") or [])
+    if not merged.get("name"):
+        merged["name"] = (base or {}).get("name", "")
+    return merged
+
+
+def merge_runtime_container(runtime_side, isvc_container):
+    """KServe's ``MergeRuntimeContainers``: ``merge_container_with_patch``, then ``args`` = runtime args + the
+    InferenceService's (the InferenceService extends the runtime's flags)."""
+    merged = merge_container_with_patch(runtime_side, isvc_container)
+    args = list((runtime_side or {}).get("args") or []) + list((isvc_container or {}).get("args") or [])
     if args:
         merged["args"] = args
     else:
         merged.pop("args", None)
-    if not merged.get("name"):
-        merged["name"] = (runtime_side or {}).get("name", "")
     return merged
 
 
-def replace_placeholders(value, meta):
-    """KServe's ``ReplacePlaceholders`` for the forms runtimes use: ``{{.Name}}``, ``{{.Namespace}}``,
-    ``{{.Labels.key}}``, ``{{.Annotations.key}}`` and ``{{index .Labels "key"}}`` (missing keys give "")."""
-    meta = meta or {}
-
-    def repl(match):
-        if match.group(1):
-            return str(meta.get({"Name": "name", "Namespace": "namespace", "GenerateName": "generateName",
-                                 "UID": "uid"}[match.group(1)]) or "")
-        field = (match.group(2) or match.group(4)).lower()
-        key = match.group(3) if match.group(2) else match.group(5)
-        return str((meta.get(field) or {}).get(key) or "")
-
-    if isinstance(value, str):
-        return _PLACEHOLDER.sub(repl, value)
-    if isinstance(value, list):
-        return [replace_placeholders(v, meta) for v in value]
-    if isinstance(value, dict):
-        return {k: replace_placeholders(v, meta) for k, v in value.items()}
-    return value
+# ObjectMeta fields a runtime template can print as they are (strings, and the generation number).
+_META_FIELDS = {"Name": "name", "Namespace": "namespace", "GenerateName": "generateName", "UID": "uid",
+                "ResourceVersion": "resourceVersion", "SelfLink": "selfLink", "Generation": "generation"}
+_ACTION = re.compile(r"(\s*)\{\{(- )?\s*(.*?)\s*( -)?\}\}(\s*)", re.S)
+_FIELD = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)$")
+_MAP_KEY = re.compile(r"\.(Labels|Annotations)\.([A-Za-z_][A-Za-z0-9_]*)$")
+_INDEX = re.compile(r"index\s+\.(Labels|Annotations)\s+`([^`]*)`$")
+PLACEHOLDER_ERROR = "failed to replace placeholders in serving runtime %s Container %s"
 
 
-# --------------------------------------------------------------------------------------------------
-# Runtime selection
-# --------------------------------------------------------------------------------------------------
-
-def _protocol_priority(spec):
-    versions = spec.get("protocolVersions") or []
-    if not versions:
-        return len(_PROTOCOL_RANK)
-    return min(_PROTOCOL_RANK.get(v, len(_PROTOCOL_RANK)) for v in versions)
-
-
-def _supports_protocol(spec, protocol):
-    versions = spec.get("protocolVersions") or []
-    if not versions:
-        return protocol in ("v1", "v2")
-    return protocol in versions
-
-
-def _format_labels(spec, auto_only):
-    labels = set()
-    for fmt in spec.get("supportedModelFormats") or []:
-        if auto_only and not fmt.get("autoSelect"):
-            continue
-        labels.add("mt:" + str(fmt.get("name")))
-        if fmt.get("version") is not None:
-            labels.add("mt:%s:%s" % (fmt.get("name"), fmt.get("version")))
-    return labels
-
-
-def _model_label(model):
-    fmt = model.get("modelFormat") or {}
-    if fmt.get("version") is not None:
-        return "mt:%s:%s" % (fmt.get("name"), fmt.get("version"))
-    return "mt:%s" % fmt.get("name")
-
-
-def _format_priority(spec, format_name):
-    for fmt in spec.get("supportedModelFormats") or []:
-        if fmt.get("name") == format_name and fmt.get("priority") is not None:
-            return fmt["priority"]
+def _template_action(body, meta, fail):
+    """The text one ``{{ }}`` action prints, or None when it is not one of the forms runtimes use (left as it is)."""
+    if '"' in body or "\\" in body:
+        fail("KServe templates the container's JSON, where a double quote turns into \\\" and the template does not parse",
+             "quote map keys with backticks: {{index .Labels `key`}}")
+    match = _MAP_KEY.match(body)
+    if match:
+        got = (meta.get(match.group(1).lower()) or {}).get(match.group(2))
+        return "<no value>" if got is None else str(got)
+    match = _INDEX.match(body)
+    if match:
+        return str((meta.get(match.group(1).lower()) or {}).get(match.group(2)) or "")
+    match = _FIELD.match(body)
+    if match and match.group(1) in _META_FIELDS:
+        got = meta.get(_META_FIELDS[match.group(1)])
+        return "0" if got is None and match.group(1) == "Generation" else str(got or "")
+    if match and match.group(1) not in ("Labels", "Annotations", "OwnerReferences", "Finalizers", "ManagedFields",
+                                        "CreationTimestamp", "DeletionTimestamp", "DeletionGracePeriodSeconds"):
+        fail("can't evaluate field %s in type v1.ObjectMeta" % match.group(1),
+             "use {{.Name}}, {{.Namespace}}, {{.Labels.<key>}} or {{.Annotations.<key>}}")
     return None
 
 
-def _sorted_group(runtimes, model):
-    protocol = model.get("protocolVersion") or "v1"
-    fits = [rt for rt in runtimes
-            if not (rt.get("spec") or {}).get("disabled")
-            and not (rt.get("spec") or {}).get("multiModel")
-            and _model_label(model) in _format_labels(rt.get("spec") or {}, auto_only=True)
-            and _supports_protocol(rt.get("spec") or {}, protocol)]
-    # protocol priority asc, creationTimestamp desc, name asc (RFC 3339 timestamps sort as text)
-    fits.sort(key=lambda rt: rt["metadata"].get("name") or "")
-    fits.sort(key=lambda rt: rt["metadata"].get("creationTimestamp") or "", reverse=True)
-    fits.sort(key=lambda rt: _protocol_priority(rt.get("spec") or {}))
-    fmt_name = (model.get("modelFormat") or {}).get("name")
-    # priority desc, unset last; ties keep the order above
-    fits.sort(key=lambda rt: (0, -_format_priority(rt.get("spec") or {}, fmt_name))
-              if _format_priority(rt.get("spec") or {}, fmt_name) is not None else (1, 0))
-    return fits
+def replace_placeholders(value, meta, runtime_name=None):
+    """KServe's ``ReplacePlaceholders`` on a container (or any part of one) for the template forms runtimes use.
+
+    A form KServe cannot run (a double quote inside ``{{ }}``, an ObjectMeta field that does not exist) raises
+    ValidationError with KServe's message: its controller stops there too (InvalidPredictorSpec)."""
+    meta = meta or {}
+    container = value.get("name") if isinstance(value, dict) else None
+
+    def walk(item, path):
+        if isinstance(item, str):
+            def repl(match):
+                def fail(why, hint):
+                    raise ValidationError("%s: %s" % (PLACEHOLDER_ERROR % (runtime_name, container or CONTAINER_NAME), why),
+                                          field="%s%s" % (container or CONTAINER_NAME, path), hint=hint)
+                printed = _template_action(match.group(3), meta, fail)
+                if printed is None:
+                    return match.group(0)
+                return ("" if match.group(2) else match.group(1)) + printed + ("" if match.group(4) else match.group(5))
+            return _ACTION.sub(repl, item)
+        if isinstance(item, list):
+            return [walk(v, "%s[%d]" % (path, i)) for i, v in enumerate(item)]
+        if isinstance(item, dict):
+            return {k: walk(v, "%s.%s" % (path, k)) for k, v in item.items()}
+        return item
+
+    return walk(value, "")
 
 
-def select_runtime(isvc, reader):
-    """(runtime object, kind) KServe uses for the InferenceService, or (None, None) for a custom predictor.
-
-    ``reader.get(kind, namespace, name)`` returns the object or None; ``reader.list(kind, namespace)`` the items.
-    """
-    predictor = (isvc.get("spec") or {}).get("predictor") or {}
-    model = predictor.get("model")
-    if not isinstance(model, dict):
-        return None, None
-    namespace = isvc["metadata"].get("namespace")
-    wanted = model.get("runtime")
-    where = "InferenceService %s/%s" % (namespace, isvc["metadata"].get("name"))
-    if wanted:
-        runtime = reader.get(SERVING_RUNTIME, namespace, wanted)
-        kind = SERVING_RUNTIME
-        if runtime is None:
-            runtime = reader.get(CLUSTER_SERVING_RUNTIME, None, wanted)
-            kind = CLUSTER_SERVING_RUNTIME
-        if runtime is None:
-            raise ValidationError("%s: No ServingRuntimes or ClusterServingRuntimes with the name: %s" % (where, wanted),
-                                  field="spec.predictor.model.runtime",
-                                  hint="create the runtime or name an existing ServingRuntime/ClusterServingRuntime")
-        if (runtime.get("spec") or {}).get("disabled"):
-            raise ValidationError("%s: specified runtime %s is disabled" % (where, wanted), field="spec.predictor.model.runtime",
-                                  hint="enable the %s or name another runtime" % kind)
-        return runtime, kind
-    for kind, items in ((SERVING_RUNTIME, reader.list(SERVING_RUNTIME, namespace)),
-                        (CLUSTER_SERVING_RUNTIME, reader.list(CLUSTER_SERVING_RUNTIME, None))):
-        fits = _sorted_group(items or [], model)
-        if fits:
-            return fits[0], kind
-    raise ValidationError("%s: no runtime found to support predictor with model type %s" % (where, model.get("modelFormat")),
-                          field="spec.predictor.model.runtime",
-                          hint="set spec.predictor.model.runtime, or give a runtime an autoSelect entry for this modelFormat")
-
-
-def runtime_container(runtime, kind):
-    """(index, container) of ``kserve-container`` in the runtime's containers."""
-    for i, container in enumerate((runtime.get("spec") or {}).get("containers") or []):
-        if container.get("name") == CONTAINER_NAME:
+def runtime_container(runtime, kind, name=CONTAINER_NAME):
+    """(index, container) of ``name`` (``kserve-container``) in the runtime's containers."""
+    containers = (runtime.get("spec") or {}).get("containers") or []
+    if not containers:
+        raise ValidationError("%s %s: no container configuration found in selected serving runtime" % (kind, (runtime.get("metadata") or {}).get("name")),
+                              field="spec.containers", hint="give the runtime a container named %s" % name)
+    for i, container in enumerate(containers):
+        if container.get("name") == name:
             return i, container
-    raise ValidationError("failed to find %s in %s %s containers" % (CONTAINER_NAME, kind, runtime["metadata"].get("name")),
-                          field="spec.containers", hint="name the runtime's vLLM container %s" % CONTAINER_NAME)
+    raise ValidationError("%s %s: failed to find %s in ServingRuntime containers" % (kind, (runtime.get("metadata") or {}).get("name"), name),
+                          field="spec.containers", hint="name the runtime's vLLM container %s" % name)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -360,7 +325,7 @@ def effective_command(isvc, reader):
     index, base = runtime_container(runtime, kind)
     own = container_of_model(model)
     merged = merge_runtime_container(base, own)
-    merged = replace_placeholders(merged, meta)
+    merged = replace_placeholders(merged, meta, (runtime.get("metadata") or {}).get("name"))
     command_from = SOURCE_ISVC if own.get("command") else SOURCE_OF_KIND[kind]
     return Effective(isvc, runtime, kind, merged, command_from, len(base.get("args") or []), runtime_index=index)
 

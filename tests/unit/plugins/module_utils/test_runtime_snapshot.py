@@ -66,3 +66,23 @@ def test_missing_runtime_warns_and_a_snapshot_of_another_runtime_is_an_error():
 
 def test_without_runtimes_there_is_no_check():
     assert isvc.render(dict(P))["runtime_check"] is None
+
+
+def test_a_runtime_kserve_refuses_for_the_model_format_or_protocol_is_refused_by_the_render():
+    """KServe's reconcileModel refuses a named runtime that does not list the predictor's modelFormat (or its
+    protocolVersion): the render says so with KServe's words and names the option that set the field."""
+    rt = runtime("aml-vllm-0.32.0", args=["--port=8080"], command=VLLM, namespace="models", formats=[{"name": "vLLM", "autoSelect": True}])
+    with pytest.raises(ValidationError) as err:
+        isvc.render(dict(P, runtimes=snapshot(namespaced=[rt]), command_style="args"))
+    msg = str(err.value)
+    assert err.value.field == "model_format"
+    assert "specified runtime aml-vllm-0.32.0 does not support specified framework/version" in msg
+    assert "the ServingRuntime aml-vllm-0.32.0 supports the model formats vLLM" in msg
+    assert "spec.predictor.model.modelFormat (model_format, role variable spec_decoding_model_format)" in msg
+    assert msg.endswith("Nothing was written")
+    # the same runtime with the predictor's format listed renders; a protocol it does not list does not
+    assert isvc.render(dict(P, runtimes=snapshot(namespaced=[rt]), command_style="args", model_format="vLLM"))["runtime_check"]
+    v1 = runtime("aml-vllm-0.32.0", args=["--port=8080"], command=VLLM, namespace="models", protocolVersions=["v1"])
+    with pytest.raises(ValidationError) as err:
+        isvc.render(dict(P, runtimes=snapshot(namespaced=[v1]), command_style="args"))
+    assert err.value.field == "protocol_version" and "does not support specified protocol version" in str(err.value)

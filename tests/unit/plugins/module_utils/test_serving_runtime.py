@@ -22,6 +22,9 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import
 NGRAM = {"method": "ngram", "num_speculative_tokens": 5}
 EAGLE = {"method": "eagle3", "model": "/mnt/models/draft", "num_speculative_tokens": 3}
 VLLM = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+# The predictors here say vLLM; the render says transformers (its model_format default): KServe refuses a named runtime
+# that lists neither.
+FORMATS = [{"name": "vLLM", "autoSelect": True}, {"name": "transformers", "autoSelect": True}]
 
 
 class Reader:
@@ -48,7 +51,7 @@ def runtime(name, args=None, command=None, namespace="ns", formats=None, created
     if namespace:
         meta["namespace"] = namespace
     body = {"metadata": meta, "spec": dict({"containers": [container],
-                                            "supportedModelFormats": formats or [{"name": "vLLM", "autoSelect": True}]}, **spec)}
+                                            "supportedModelFormats": formats or FORMATS}, **spec)}
     return body
 
 
@@ -233,7 +236,7 @@ def test_runtime_strip_patch_and_copy():
     body = sr.render_runtime_copy(eff)
     assert body["kind"] == "ServingRuntime" and body["metadata"]["name"] == "llama-vllm-runtime-nospec"
     assert body["spec"]["containers"][0]["args"] == RT_ARGS and body["spec"]["containers"][0]["command"] == VLLM
-    assert body["spec"]["supportedModelFormats"] == [{"name": "vLLM", "autoSelect": False}]
+    assert body["spec"]["supportedModelFormats"] == [dict(f, autoSelect=False) for f in FORMATS]
     assert rt["spec"]["containers"][0]["args"][-2] == "--speculative-config"  # the original is untouched
     copy_isvc = isvc(body["metadata"]["name"])
     assert sr.effective_command(copy_isvc, Reader([rt, body])).config() is None

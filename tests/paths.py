@@ -26,3 +26,10 @@ def read_capture(folder, name):
     """The text of one recorded vLLM file; fails the test when it is missing (see ``capture_path``)."""
     with open(capture_path(folder, name), encoding="utf-8") as handle:
         return handle.read()
+
+
+def kserve_vectors(name):
+    """KServe's own test vectors ported as data (``tests/fixtures/kserve/<name>``, YAML or JSON)."""
+    import yaml  # pylint: disable=import-outside-toplevel
+    with open(os.path.join(REPO, "tests", "fixtures", "kserve", name), encoding="utf-8") as handle:
+        return yaml.safe_load(handle)

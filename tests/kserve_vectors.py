@@ -1,17 +1,7 @@
-"""KServe's own test cases ported as data (tests/fixtures/kserve/<name>.json: each case names the Go test and the KServe
-tag it comes from), and the one way a case is checked, for the collection's functions and the test bed's stand-ins
-alike: both sides are then pinned to KServe, not to each other."""
+"""The one way a KServe test case ported as data (tests/fixtures/kserve/<name>, read by tests.paths.kserve_vectors;
+each case names the Go test and the KServe tag it comes from) is checked, for the collection's functions and the test
+bed's stand-ins alike: both sides are then pinned to KServe, not to each other."""
 from __future__ import annotations
-
-import json
-import os
-
-from tests.paths import REPO
-
-
-def load(name):
-    with open(os.path.join(REPO, "tests", "fixtures", "kserve", name), encoding="utf-8") as handle:
-        return json.load(handle)
 
 
 def check(case, readers):

@@ -30,7 +30,7 @@ def read_capture(folder, name):
 
 
 def kserve_vectors(name):
-    """A YAML file of tests/fixtures/kserve (KServe's own test vectors and manifests, ported as data), parsed."""
+    """KServe's own test vectors ported as data (``tests/fixtures/kserve/<name>``, YAML or JSON)."""
     import yaml  # pylint: disable=import-outside-toplevel
     with open(os.path.join(KSERVE_VECTORS, name), encoding="utf-8") as handle:
         return yaml.safe_load(handle)

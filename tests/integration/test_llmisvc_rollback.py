@@ -1,6 +1,8 @@
 """LLMInferenceService rollback gaps on the test bed (real kube-apiserver, the real LLMInferenceService CRD, the llmisvc
-controller stand-in): a flag from one of KServe's well-known presets, VLLM_ADDITIONAL_ARGS through valueFrom, and the
-draft's removal after the rollback (rollback.yml, role wiring), keeping a draft another resource still uses.
+controller stand-in): a flag from one of KServe's well-known presets, a baseRefs preset's flag hidden under the
+resource's own (KServe's merge ignores an empty value, so emptying the resource's would bring it back), VLLM_ADDITIONAL_ARGS
+through valueFrom, and the draft's removal after the rollback (rollback.yml, role wiring), keeping a draft another
+resource still uses.
 
 Presets and ConfigMaps are created through the API in the test's namespace (KServe's controller looks a well-known
 preset up in the resource's namespace before its system namespace), never in `kserve`: other files share the control
@@ -9,13 +11,16 @@ that the rollback sees it and refuses before writing.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
+import time
 
 from tests.ansible_run import run_playbook
 from tests.integration.test_stage_pvc import StagerPod, _batch, _core, _write_model
 from tests.module_run import run_module
 from tests.paths import read_capture
+from tests.unit.plugins.module_utils.test_llmisvc_presets import _fix
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import artifact_sync
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
@@ -80,6 +85,75 @@ def test_a_flag_from_a_well_known_preset_is_refused_naming_it_and_nothing_is_wri
             prefill={"replicas": 1, "template": {"containers": [{"name": "main", "image": "i"}]}})
     pd = _strip(kubeconfig, namespace, "pd")
     assert not pd.failed and pd["flags"] == [] and not pd["changed"], pd.msg
+
+
+def _main_of_deployment(k8s_client, namespace, name, generation, timeout=60):
+    """The main container of the pods the stand-in's Deployment runs (presets merged as KServe merges them), once the
+    stand-in reconciled the given generation of the LLMInferenceService (it writes the Deployment first, then the status)."""
+    from kubernetes import client  # pylint: disable=import-outside-toplevel
+    deadline = time.monotonic() + timeout
+    while (_get(k8s_client, namespace, name).get("status") or {}).get("observedGeneration") != generation:
+        assert time.monotonic() < deadline, "%s/%s generation %s not reconciled" % (namespace, name, generation)
+        time.sleep(0.2)
+    template = client.AppsV1Api(k8s_client).read_namespaced_deployment(name + "-kserve", namespace).to_dict()["spec"]["template"]
+    return next(c for c in template["spec"]["containers"] if c["name"] == "main")
+
+
+def _additional_args(container):
+    return [e["value"] for e in container.get("env") or [] if e["name"] == "VLLM_ADDITIONAL_ARGS"]
+
+
+def test_a_preset_flag_under_the_resources_own_is_refused_with_a_fix_that_works(kubeconfig, k8s_client, llmisvc, namespace):
+    """Both the resource and its baseRefs preset carry the flag in VLLM_ADDITIONAL_ARGS. Emptying the resource's value
+    would report success while KServe's merge (an empty value never overrides) runs the preset's flag again: the rollback
+    refuses and writes nothing, and the fix it gives, applied, leaves no flag in what the stand-in runs."""
+    flag = "--speculative-config '%s'" % SPEC
+    preset = {"apiVersion": "%s/%s" % (GROUP, VERSION), "kind": "LLMInferenceServiceConfig", "metadata": {"name": "spec-args"},
+              "spec": {"template": {"containers": [{"name": "main", "env": [{"name": "VLLM_ADDITIONAL_ARGS", "value": flag}]}]}}}
+    _api(k8s_client).create_namespaced_custom_object(GROUP, VERSION, namespace, CONFIGS, preset)
+    llmisvc.set_behaviour(namespace, "both", ready_after=0.1)
+    script = 'eval "vllm serve /mnt/models --port 8000 ${VLLM_ADDITIONAL_ARGS}"'
+    _create(k8s_client, namespace, "both", {"command": ["/bin/bash", "-c", script],
+                                            "env": [{"name": "VLLM_ADDITIONAL_ARGS", "value": flag}]}, baseRefs=[{"name": "spec-args"}])
+    ready = run_module("isvc_wait", {"kubeconfig": kubeconfig, "kind": "LLMInferenceService", "name": "both",
+                                     "namespace": namespace, "timeout": 60, "interval": 1})
+    assert not ready.failed, ready.msg
+    assert _additional_args(_main_of_deployment(k8s_client, namespace, "both", 1)) == [flag]
+    before = _get(k8s_client, namespace, "both")
+
+    refused = _strip(kubeconfig, namespace, "both")
+    assert refused.failed and refused["field"] == "spec.template.containers[main].env[VLLM_ADDITIONAL_ARGS]", refused.msg
+    assert "does not let an empty value" in refused.msg and "%s/spec-args" % namespace in refused.msg, refused.msg
+    after = _get(k8s_client, namespace, "both")
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    _untouched(k8s_client, namespace, before)
+
+    # what the old advice amounted to (the resource's value emptied): the stand-in, merging as KServe, runs the preset's
+    # flag, and the rollback names the preset
+    def set_value(value):
+        container = copy.deepcopy(_get(k8s_client, namespace, "both")["spec"]["template"]["containers"][0])
+        container["env"] = [dict({"name": "VLLM_ADDITIONAL_ARGS"}, **({} if value is None else {"value": value}))]
+        _api(k8s_client).patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "both",
+                                                        {"spec": {"template": {"containers": [container]}}},
+                                                        _content_type="application/merge-patch+json")
+    # the variable without a value: to KServe's Go types the same as value "" (which the test bed's kube-apiserver 1.20
+    # refuses for this CRD, as null)
+    set_value(None)
+    assert _additional_args(_main_of_deployment(k8s_client, namespace, "both", 2)) == [flag]
+    emptied = _strip(kubeconfig, namespace, "both")
+    assert emptied.failed and emptied["field"] == "spec.baseRefs" and "spec-args" in emptied.msg, emptied.msg
+
+    # the fix the refusal gave: the value it names, set on the resource
+    fixed = _fix(refused["fix"])["spec"]["template"]["containers"][0]
+    assert fixed["env"] == [{"name": "VLLM_ADDITIONAL_ARGS", "value": " "}]
+    set_value(fixed["env"][0]["value"])
+    runs = _main_of_deployment(k8s_client, namespace, "both", 3)
+    assert _additional_args(runs) == [" "] and not vllm_command.script_occurrences(" ".join(_additional_args(runs)))
+    assert vllm_command.find_speculative_config(runs["command"]) is None
+    found = run_module("llmisvc_speculative", {"kubeconfig": kubeconfig, "name": "both", "namespace": namespace})
+    assert not found.failed and found["flags"] == [], found.msg
+    clean = _strip(kubeconfig, namespace, "both")
+    assert not clean.failed and not clean["changed"] and clean["flags"] == [], clean.msg
 
 
 def test_additional_args_from_a_configmap_or_a_secret_is_refused_naming_the_source(kubeconfig, k8s_client, llmisvc, namespace):

@@ -7,8 +7,9 @@ llm_inference_service_lifecycle.go) so product code sees the objects and status 
   controller manager's garbage collector);
 - ``spec.baseRefs``: each ``LLMInferenceServiceConfig`` is looked up in the object's namespace, then in the system
   namespace (``kserve``); a missing one gives ``PresetsCombined=False`` (reason ``CombineBaseError``) and nothing else
-  is reconciled (the controller returns before the workloads). Presets merge under the resource: containers by name
-  with a strategic merge (``command``/``args`` lists replaced, ``env`` merged by name), other pod fields replaced;
+  is reconciled (the controller returns before the workloads). Presets merge under the resource as KServe's MergeSpecs
+  merges them (llmisvc_merge.py: a strategic merge patch from the zero spec, so an empty value - ``value: ""``,
+  ``args: []`` - never overrides a preset's; containers and env merge by name, ``command``/``args`` are replaced);
 - Deployment ``<name>-kserve`` from ``spec.template`` (pod labels ``app.kubernetes.io/component=
   llminferenceservice-workload``, ``app.kubernetes.io/name``, ``app.kubernetes.io/part-of=llminferenceservice``,
   ``kserve.io/component=workload``, ``llm-d.ai/role`` = ``decode`` with a prefill pool else ``both``), and
@@ -44,6 +45,7 @@ import urllib.parse
 from . import kserve_storage
 from .kserve_standin import GEN_ANNOTATION, HASH_ANNOTATION, ControllerLoop, KServeStandIn, _now, same_spec_hash, apply_or_create
 from .kubelet import PodBehaviour
+from .llmisvc_merge import merge_spec
 from .wake import EVERYTHING, RESYNC_SECONDS, owner_key
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1alpha2", "llminferenceservices"
@@ -275,39 +277,6 @@ def refresh_discovery_cache(kubeconfig: str) -> None:
         api_client.close()
 
 
-def _merge_container(base: dict, over: dict) -> dict:
-    out = copy.deepcopy(base)
-    for key, value in over.items():
-        if key == "env":
-            env = {e["name"]: e for e in out.get("env") or []}
-            order = [e["name"] for e in out.get("env") or []]
-            for item in value or []:
-                if item["name"] not in env:
-                    order.append(item["name"])
-                env[item["name"]] = item
-            out["env"] = [env[n] for n in order]
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
-def _merge_podspec(base: dict | None, over: dict | None) -> dict | None:
-    if base is None:
-        return copy.deepcopy(over)
-    if over is None:
-        return copy.deepcopy(base)
-    out = copy.deepcopy(base)
-    for key, value in over.items():
-        if key == "containers":
-            mine = {c["name"]: c for c in out.get("containers") or []}
-            merged = [(_merge_container(mine[c["name"]], c) if c["name"] in mine else copy.deepcopy(c)) for c in value]
-            names = {c["name"] for c in value}
-            out["containers"] = merged + [c for c in out.get("containers") or [] if c["name"] not in names]
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
 def lws_size(parallelism: dict | None) -> int | None:
     """ParallelismSpec.GetSize: data-parallel: max(data / dataLocal, 1) pods per group; else pipeline; else unset (1)."""
     if not parallelism:
@@ -318,23 +287,6 @@ def lws_size(parallelism: dict | None) -> int | None:
     if (parallelism.get("pipeline") or 0) > 0:
         return parallelism["pipeline"]
     return None
-
-
-def merge_spec(presets: list, spec: dict) -> dict:
-    """Presets in baseRefs order, then the resource itself (config_merge.go order)."""
-    out: dict = {}
-    for layer in [p.get("spec") or {} for p in presets] + [spec]:
-        for key, value in layer.items():
-            if key in ("template", "worker"):
-                out[key] = _merge_podspec(out.get(key), value)
-            elif key == "prefill" and isinstance(value, dict):
-                pre = dict(out.get("prefill") or {})
-                for pkey, pval in value.items():
-                    pre[pkey] = _merge_podspec(pre.get(pkey), pval) if pkey in ("template", "worker") else copy.deepcopy(pval)
-                out["prefill"] = pre
-            else:
-                out[key] = copy.deepcopy(value)
-    return out
 
 
 def llmisvc_event_keys(event: dict) -> list:

@@ -8,13 +8,13 @@ import os
 
 import pytest
 
-from tests import kserve_vectors
-from tests.paths import REPO
+from tests.kserve_vectors import check as check_vector
+from tests.paths import REPO, kserve_vectors
 from tests.testbed import kserve_storage
 from tests.testbed.kserve_standin import KServeStandIn
 from tests.testbed.llmisvc_standin import LLMISvcStandIn
 
-CASES = kserve_vectors.load("storage.json")["cases"]
+CASES = kserve_vectors("storage.json")["cases"]
 READERS = {
     "isvc_storage_uri": lambda data: kserve_storage.storage_uri_error(data["uri"]),
     "isvc_storage_uris": lambda data: kserve_storage.storage_uris_error(data["storageUris"], data.get("storageInitializer"),
@@ -27,7 +27,7 @@ READERS = {
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
 def test_standin_storage_rules_follow_kserve(case):
-    kserve_vectors.check(case, READERS)
+    check_vector(case, READERS)
 
 
 def test_the_standin_rules_are_their_own_reading_of_kserve():

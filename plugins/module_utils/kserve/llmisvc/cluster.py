@@ -98,15 +98,16 @@ def read_presets(api_client, obj, system_namespace="kserve", version=DEFAULT_API
 
 def env_configmap_refs(obj, presets=None, config_prefix=WELL_KNOWN_PREFIX):
     """The ``(ConfigMap name, key, optional)`` pairs the merged pods read VLLM_ADDITIONAL_ARGS from (valueFrom
-    configMapKeyRef), in every pool and layer that owns the variable after the merge."""
+    configMapKeyRef), in every pool, from the layer whose valueFrom survives KServe's merge (a value set over it in a later
+    layer does not remove it: merge.py)."""
     layers = preset_layers(obj, presets, config_prefix)
     out = []
     for info in POOLS.values():
         for entry in _effective_containers(layers, info["path"]).values():
-            owner = entry["env"].get(ADDITIONAL_ARGS_ENV)
+            owner = entry["env"].get(ADDITIONAL_ARGS_ENV, {}).get("valueFrom")
             if owner is None:
                 continue
-            ref = env_ref((entry["layers"][owner[0]].get("env") or [])[owner[1]])
+            ref = env_ref({"valueFrom": (entry["layers"][owner[0]].get("env") or [])[owner[1]]["valueFrom"]})
             if ref and ref["kind"] == "ConfigMap" and (ref["name"], ref["key"], ref["optional"]) not in out:
                 out.append((ref["name"], ref["key"], ref["optional"]))
     return out

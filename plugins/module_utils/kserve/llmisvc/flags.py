@@ -10,9 +10,11 @@ Plain Python, no Ansible imports. What KServe does with the object is in ``model
 from __future__ import annotations
 
 import copy
+import json
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import merge
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.releases import refuse_unknown_speculative_fields
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc.model import ADDITIONAL_ARGS_ENV, CONFIG_KIND, POOLS, _dig
 
@@ -49,17 +51,6 @@ WK_ROUTE = "config-llm-router-route"
 WK_TRACING = "config-llm-tracing"
 
 
-def _merge_maps(base, over):
-    """Maps merged key by key (recursively), anything else replaced; enough to tell the spec's shape after the baseRefs."""
-    if not isinstance(base, dict) or not isinstance(over, dict):
-        return copy.deepcopy(over) if over is not None else copy.deepcopy(base)
-    out = copy.deepcopy(base)
-    for key, value in over.items():
-        if value is not None:
-            out[key] = _merge_maps(out.get(key), value)
-    return out
-
-
 def _data_parallel(par):
     par = par if isinstance(par, dict) else {}
     return int(par.get("data") or 0) > 0 or int(par.get("dataLocal") or 0) > 0
@@ -72,9 +63,8 @@ def _pipeline_parallel(par):
 def well_known_presets(obj, base_specs=(), config_prefix=WELL_KNOWN_PREFIX):
     """The well-known LLMInferenceServiceConfig names KServe's controller merges into ``obj``, in merge order (first =
     lowest priority). ``base_specs``: the specs of its baseRefs presets (they decide the shape too)."""
-    spec = copy.deepcopy((obj or {}).get("spec") or {})
-    for base in base_specs or ():
-        spec = _merge_maps(spec, base or {})
+    # combineBaseRefsConfig: the resource's spec, each baseRefs preset merged over it (merge.py), decides the shape
+    spec = merge.merge_specs((obj or {}).get("spec") or {}, *(base_specs or ()))
     pins = (((obj or {}).get("status") or {}).get("annotations")) or {}
 
     def name(suffix, pinned=True):
@@ -131,9 +121,11 @@ def preset_layers(obj, presets=None, config_prefix=WELL_KNOWN_PREFIX):
 
 
 def _effective_containers(layers, path):
-    """Per container name, what survives KServe's strategic merge of the layers and which layer each part comes from:
-    ``command`` / ``args`` / ``envFrom`` lists are replaced by the last layer that sets them; ``env`` merges by name
-    (the last layer setting a variable owns it). Returns ``{name: {"layers": {index: container}, "owner": {...}}}``."""
+    """Per container name, which layer each part comes from after KServe's merge of the layers (merge.py): ``command`` /
+    ``args`` / ``envFrom`` belong to the last layer that sets them non-empty (``args: []`` does not override); an env
+    variable's ``value`` and its ``valueFrom`` each belong to the last layer that sets them (``value: ""`` does not
+    override, and a ``valueFrom`` over a ``value`` keeps both). Returns ``{name: {"layers": {index: container},
+    "fields": {key: index}, "env": {variable: {"value": (index, item index), "valueFrom": (index, item index)}}}}``."""
     out = {}
     for li, layer in enumerate(layers):
         podspec = _dig(layer["spec"], path)
@@ -143,21 +135,27 @@ def _effective_containers(layers, path):
             entry = out.setdefault(container["name"], {"layers": {}, "fields": {}, "env": {}})
             entry["layers"][li] = container
             for key in ("command", "args", "envFrom"):
-                if key in container:
+                if not merge.omitted(key, container.get(key)):
                     entry["fields"][key] = li
             for ei, item in enumerate(container.get("env") or []):
                 if isinstance(item, dict) and item.get("name"):
-                    entry["env"][item["name"]] = (li, ei)
+                    owners = entry["env"].setdefault(item["name"], {})
+                    for part in ("value", "valueFrom"):
+                        if not merge.omitted(part, item.get(part)):
+                            owners[part] = (li, ei)
     return out
 
 
 def _owned_view(entry, li):
-    """The container of layer ``li`` reduced to what it owns after the merge (env items it does not own become None, so
-    indices stay those of the layer's own list)."""
+    """The container of layer ``li`` reduced to what it owns after the merge (an env item keeps the parts it owns, None
+    when it owns none, so indices stay those of the layer's own list)."""
     container = entry["layers"][li]
     view = {key: container[key] for key in ("command", "args") if entry["fields"].get(key) == li}
-    view["env"] = [item if (isinstance(item, dict) and entry["env"].get(item.get("name")) == (li, ei)) else None
-                   for ei, item in enumerate(container.get("env") or [])]
+    view["env"] = []
+    for ei, item in enumerate(container.get("env") or []):
+        owners = entry["env"].get(item.get("name")) if isinstance(item, dict) else None
+        parts = {part: item[part] for part in ("value", "valueFrom") if owners and owners.get(part) == (li, ei)}
+        view["env"].append(dict(parts, name=item["name"]) if parts else None)
     return view
 
 
@@ -273,6 +271,100 @@ def _pool_field(pool, container, field):
     return "spec.%s.containers[%s].%s" % (".".join(POOLS[pool]["path"]), container, field)
 
 
+def _override(layers, f):
+    """What the LLMInferenceService can set so that KServe's merge replaces the preset's flag-carrying value: ``(key,
+    value)`` - the preset's own value without the flag, never empty (an empty value does not override: an env value
+    becomes one space, which the presets' scripts expand to nothing) - or None when no such value exists (a preset's
+    valueFrom: a value next to it is kept together with it; args that are only the flag)."""
+    if f.get("value_from"):
+        return None
+    layer = next((lay for lay in layers if lay["source"] == f["source"]), None)
+    podspec = _dig(layer["spec"], POOLS[f["pool"]]["path"]) if layer else None
+    container = next((c for c in (podspec or {}).get("containers") or [] if isinstance(c, dict) and c.get("name") == f["container"]), {})
+    if f["field"] != "command/args":
+        value = next((e.get("value") for e in container.get("env") or []
+                      if isinstance(e, dict) and e.get("name") == ADDITIONAL_ARGS_ENV and e.get("value")), None)
+        return None if value is None else ("env", vllm_command.strip_script(value) or " ")
+    for key in ("args", "command"):
+        if vllm_command.find_occurrences(list(container.get(key) or [])):
+            stripped = vllm_command.strip_speculative_config(list(container[key]))
+            return (key, stripped) if stripped else None
+    return None
+
+
+def _override_yaml(pool, container, key, value):
+    lines, indent = ["spec:"], "  "
+    for part in POOLS[pool]["path"]:
+        lines.append("%s%s:" % (indent, part))
+        indent += "  "
+    lines += ["%scontainers:" % indent, "%s- name: %s" % (indent, container)]
+    if key == "env":
+        lines += ["%s  env:" % indent, "%s  - name: %s" % (indent, ADDITIONAL_ARGS_ENV), "%s    value: %s" % (indent, json.dumps(value))]
+    else:
+        lines.append("%s  %s: %s" % (indent, key, json.dumps(value)))
+    return "\n".join(lines)
+
+
+def _preset_error(f, layers, uncovered=False):
+    """The refusal for a flag a preset puts in effect. ``uncovered``: the preset's flag is hidden today by the resource's own
+    value, which the strip would empty (KServe's merge ignores an empty value, so the preset's would be back)."""
+    name, namespace = f["source"].split("/", 1)[1], f.get("preset_namespace")
+    preset = "%s %s/%s" % (CONFIG_KIND, namespace, name)
+    if uncovered:
+        where = "env[%s]" % ADDITIONAL_ARGS_ENV if f["field"] != "command/args" else "args"
+        message = ("removing the speculative flag from pool %s container %s would leave the LLMInferenceService's %s empty, and "
+                   "KServe's merge does not let an empty value (\"\" or []) override a preset's: the value of %s (%s, %s), which "
+                   "carries the flag too, would be in effect again; nothing was written" % (
+                       f["pool"], f["container"], where, preset, f["preset"], f["field"]))
+        field = _pool_field(f["pool"], f["container"], where)
+    elif f["preset"] == "well-known":
+        message = ("the speculative flag of pool %s container %s comes from %s (%s), a well-known preset KServe's controller "
+                   "merges into every LLMInferenceService of this shape; the LLMInferenceService does not own it, and stripping the "
+                   "resource alone would leave it on" % (f["pool"], f["container"], preset, f["field"]))
+        field = "spec.%s" % ".".join(POOLS[f["pool"]]["path"])
+    else:
+        message = ("the speculative flag of pool %s container %s comes from the preset %s (%s, spec.baseRefs), which this "
+                   "LLMInferenceService does not own; stripping the resource alone would leave it on" % (
+                       f["pool"], f["container"], preset, f["field"]))
+        field = "spec.baseRefs"
+    override = _override(layers, f)
+    first = ""
+    if override:
+        first = ("override %s in the LLMInferenceService with a non-empty value without the flag, which KServe's merge puts "
+                 "over the preset's (it ignores an empty value):\n%s\nOr " % (
+                     ADDITIONAL_ARGS_ENV if override[0] == "env" else override[0],
+                     _override_yaml(f["pool"], f["container"], *override)))
+    elif f.get("value_from"):
+        first = ("a value set in the LLMInferenceService does not replace the preset's valueFrom (KServe's merge keeps both "
+                 "and the Deployment is refused): remove the flag from %s %s key %s, or " % (
+                     f["value_from"]["kind"], f["value_from"]["name"], f["value_from"]["key"]))
+    rest = ["remove the flag from %s (it applies to every LLMInferenceService that merges it)" % preset]
+    if f["preset"] == "baseRefs":
+        rest.insert(0, "point spec.baseRefs at a copy of %s without the flag" % name)
+    return ValidationError(message, field=field, hint=first + ", or ".join(rest) + ", then rerun")
+
+
+def _after(obj, patch):
+    """The resource as the strip's JSON patch leaves it (its ops replace values at plain paths)."""
+    out = copy.deepcopy(obj)
+    for op in patch:
+        if op["op"] != "replace":
+            continue
+        *parents, last = op["path"].lstrip("/").split("/")
+        node = out
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        node[int(last) if isinstance(node, list) else last] = copy.deepcopy(op["value"])
+    return out
+
+
+def _in_effect(obj, presets, env_sources, secret_env_has_no_flag, config_prefix):
+    found = flags(obj, presets, env_sources, config_prefix)
+    if secret_env_has_no_flag:
+        found = [f for f in found if (f.get("value_from") or {}).get("kind") != "Secret"]
+    return found
+
+
 def strip(obj, presets=None, env_sources=None, secret_env_has_no_flag=False, config_prefix=WELL_KNOWN_PREFIX):
     """Remove every speculative flag the resource itself carries, token-exact, in every pool and form.
 
@@ -280,28 +372,13 @@ def strip(obj, presets=None, env_sources=None, secret_env_has_no_flag=False, con
     or [] when there is nothing to strip; ``changes`` describes each edit. Refuses (ValidationError), before anything is
     written, when a preset supplies the flag (a well-known one KServe merges, or a baseRefs one: the resource does not own
     it), when VLLM_ADDITIONAL_ARGS comes from a ConfigMap that holds the flag or that could not be read, from a Secret
-    (never read; unless ``secret_env_has_no_flag``), or when a flag sits where it cannot be removed token-exact."""
-    found = flags(obj, presets, env_sources, config_prefix)
-    if secret_env_has_no_flag:
-        found = [f for f in found if (f.get("value_from") or {}).get("kind") != "Secret"]
+    (never read; unless ``secret_env_has_no_flag``), when a flag sits where it cannot be removed token-exact, and when the
+    resource after the patch would still run a flag: KServe's merge ignores an empty value, so a value the strip empties
+    gives a preset's value back. The hint of a preset refusal gives the override that works (merge.py)."""
+    found = _in_effect(obj, presets, env_sources, secret_env_has_no_flag, config_prefix)
     foreign = [f for f in found if f["source"] != "resource"]
     if foreign:
-        f = foreign[0]
-        name = f["source"].split("/", 1)[1]
-        if f["preset"] == "well-known":
-            raise ValidationError(
-                "the speculative flag of pool %s container %s comes from %s %s/%s (%s), a well-known preset KServe's controller "
-                "merges into every LLMInferenceService of this shape; the LLMInferenceService does not own it, and stripping the "
-                "resource alone would leave it on" % (f["pool"], f["container"], CONFIG_KIND, f.get("preset_namespace"), name, f["field"]),
-                field="spec.%s" % ".".join(POOLS[f["pool"]]["path"]),
-                hint="set the container's args (or %s with value) in the LLMInferenceService so they override the preset's, or remove "
-                     "the flag from %s %s/%s (it applies to every LLMInferenceService that merges it), then rerun"
-                     % (ADDITIONAL_ARGS_ENV, CONFIG_KIND, f.get("preset_namespace"), name))
-        raise ValidationError("the speculative flag of pool %s container %s comes from the preset %s (%s), which this "
-                              "LLMInferenceService does not own; stripping the resource alone would leave it on" % (
-                                  f["pool"], f["container"], f["source"], f["field"]), field="spec.baseRefs",
-                              hint="remove the flag from that LLMInferenceServiceConfig (it is shared), or set the container's "
-                                   "args / %s in the LLMInferenceService so they override the preset's" % ADDITIONAL_ARGS_ENV)
+        raise _preset_error(foreign[0], preset_layers(obj, presets, config_prefix))
     sourced = [f for f in found if f.get("value_from")]
     if sourced:
         f = sourced[0]
@@ -356,4 +433,13 @@ def strip(obj, presets=None, env_sources=None, secret_env_has_no_flag=False, con
                         patch += [{"op": "test", "path": path, "value": item["value"]}, {"op": "replace", "path": path, "value": new}]
                         changes.append({"pool": pool, "container": container.get("name"), "field": "env " + ADDITIONAL_ARGS_ENV,
                                         "before": item["value"], "after": new})
+    after = _after(obj, patch)
+    left = _in_effect(after, presets, env_sources, secret_env_has_no_flag, config_prefix) if patch else []
+    if left:
+        f = left[0]
+        if f["source"] != "resource":
+            raise _preset_error(f, preset_layers(after, presets, config_prefix), uncovered=True)
+        raise ValidationError("pool %s container %s would still run a speculative flag after the strip (%s); nothing was written"
+                              % (f["pool"], f["container"], f["field"]), field="spec.%s" % ".".join(POOLS[f["pool"]]["path"]),
+                              hint="remove the flag from the LLMInferenceService by hand, then rerun")
     return patch, changes

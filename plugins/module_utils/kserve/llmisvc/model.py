@@ -24,9 +24,9 @@ record in ../shared/kserve-crds, commit in its SOURCE.md):
   (argv), or ``command: [/bin/bash, -c]`` with one script in ``args`` that runs ``eval "vllm serve ...
   ${VLLM_ADDITIONAL_ARGS} ..."`` (the data-parallel presets): extra vLLM flags then come from the env variable
   ``VLLM_ADDITIONAL_ARGS``, whose value the shell parses again (``eval``). Presets merge into the resource
-  container by container (by name) with a strategic merge patch (``config_merge.go``): a ``command``/``args`` the
-  resource sets replaces the preset's, an env variable of the same name replaces the preset's, anything else of the
-  preset stays.
+  container by container (by name) with a strategic merge patch (``config_merge.go``, see ``merge.py``): a non-empty
+  ``command``/``args`` the resource sets replaces the preset's, an env variable's non-empty ``value`` replaces the
+  preset's; an empty one (``value: ""``, ``args: []``) does not override, and anything else of the preset stays.
 * Workloads (``workload_single_node.go``): the main Deployment ``<name>-kserve`` with pod labels
   ``app.kubernetes.io/component=llminferenceservice-workload``, ``app.kubernetes.io/name=<name>``,
   ``app.kubernetes.io/part-of=llminferenceservice``, ``kserve.io/component=workload``, ``llm-d.ai/role`` =

@@ -8,9 +8,10 @@ import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import storage
-from tests import kserve_vectors
+from tests.kserve_vectors import check as check_vector
+from tests.paths import kserve_vectors
 
-VECTORS = kserve_vectors.load("storage.json")
+VECTORS = kserve_vectors("storage.json")
 CASES = VECTORS["cases"]
 # Cases KServe accepts and the render refuses, each because KServe would then mount nothing (or not all of it).
 RENDER_REFUSES = {
@@ -62,7 +63,7 @@ READERS = {
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
 def test_kserve_verdict(case):
-    kserve_vectors.check(case, READERS)
+    check_vector(case, READERS)
 
 
 RENDERED = [c for c in CASES if c["check"] in ("isvc_storage_uri", "isvc_storage_uris", "llmisvc_model_uri") and "storageUri" not in c["input"]]

@@ -526,8 +526,15 @@ def test_configmap_refs_come_from_whichever_layer_owns_the_variable():
     with pytest.raises(ValidationError) as err:
         llmisvc.strip(obj, presets, sources)
     assert "kserve-config-llm-template" in str(err.value)
-    main_container(obj)["env"] = [{"name": "VLLM_ADDITIONAL_ARGS", "value": "--seed 1"}]  # the resource's own value wins
-    assert llmisvc_cluster.env_configmap_refs(obj, presets) == [] and llmisvc.flags(obj, presets, sources) == []
+    assert "does not replace the preset's valueFrom" in err.value.hint and "ConfigMap vllm-args key extra" in err.value.hint
+    # a value the resource sets does not remove the preset's valueFrom: KServe's merge keeps both in one env item (the
+    # Deployment is then refused), so the ConfigMap is still read and its flag still refused
+    main_container(obj)["env"] = [{"name": "VLLM_ADDITIONAL_ARGS", "value": "--seed 1"}]
+    assert llmisvc_cluster.env_configmap_refs(obj, presets) == [("vllm-args", "extra", False)]
+    assert [f["source"] for f in llmisvc.flags(obj, presets, sources)] == ["LLMInferenceServiceConfig/kserve-config-llm-template"]
+    # a valueFrom the resource sets is the one in effect (the preset's ConfigMap is no longer read)
+    main_container(obj)["env"] = [{"name": "VLLM_ADDITIONAL_ARGS", "valueFrom": {"configMapKeyRef": {"name": "own", "key": "k"}}}]
+    assert llmisvc_cluster.env_configmap_refs(obj, presets) == [("own", "k", False)]
 
 
 # ----------------------------------------------------------------------------------------------------------------

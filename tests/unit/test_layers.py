@@ -40,6 +40,9 @@ BIG_FILES = {
     # Generated data, not code: one table of --speculative-config facts per vLLM release (hack/vllm_speculative_tables.py
     # writes it from each release's source); a release per file would only spread one dict literal over 25 files.
     "vllm/speculative_releases.py": "generated data: one table per vLLM release",
+    # Generated data, not code: the x-kubernetes-validations rules of KServe's CRDs per release (hack/kserve_crd_rules.py
+    # writes them from the release's config/crd/full/), JSON text in 140-column pieces.
+    "kserve/crd_rules_releases.py": "generated data: the CRD rules per KServe release",
     # The load sweep: input checks, the break-even search, the target decision, the k confirmation, each side's speculative
     # state before the first request, resuming from JSON and the run, all on one sweep dict (the k model went to
     # bench/num_speculative_tokens.py, 999 -> 809 lines). Candidate split: the side checks (spec_state_*, check_*_states).

@@ -317,9 +317,9 @@ runtime_check:
   sample: models-llama-eagle3.yaml
 cel_rules:
   description:
-    - The CRD's C(x-kubernetes-validations) rules checked on the manifest (a manifest that breaks one fails the task):
-      C(source) (the shipped KServe release or O(kserve_crds)), C(evaluated) (how many rules ran) and C(not_evaluated)
-      (C(field), C(rule), C(reason) of each rule that could not be evaluated, for example a transition rule on a create).
+    - The CRD's C(x-kubernetes-validations) rules checked on the manifest (a manifest that breaks one fails the task).
+    - C(source) is the shipped KServe release or O(kserve_crds), C(evaluated) how many rules ran, C(not_evaluated) the
+      C(field), C(rule) and C(reason) of each rule that could not be evaluated (for example a transition rule on a create).
   returned: success
   type: dict
   sample: {"source": "KServe 0.20's CRDs (shipped with the collection)", "evaluated": 3, "not_evaluated": []}

@@ -108,7 +108,7 @@ def _url_part(name):
             return "" if parts.port is None else str(parts.port)
         if name == "path":
             return parts.path
-        return {key: values for key, values in parse_qs(parts.query, keep_blank_values=True).items()}
+        return dict(parse_qs(parts.query, keep_blank_values=True))
     return get
 
 

@@ -209,7 +209,7 @@ def compile_problems(schema):
             if rule.get(key):
                 _program, error = _programs.get(rule[key])
                 if error:
-                    out.append(NotEvaluated(path, rule["rule"], "%s does not compile with %s: %s" % (key, LIBRARY, error)))
+                    out.append(NotEvaluated(path or "<root>", rule["rule"], "%s does not compile with %s: %s" % (key, LIBRARY, error)))
     return out
 
 

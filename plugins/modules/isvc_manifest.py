@@ -15,7 +15,8 @@ description:
     C(bash -c) command running C(python3 -m vllm.entrypoints.openai.api_server), env, resources, seccomp profile).
   - Derives the storage fields and the C(--model) and draft paths from the artifact mode
     (V(storage_uris), V(modelcar), V(pvc), V(single), or V(auto)), so no path is typed twice.
-  - Enforces KServe's rules before anything is written, validates the speculative config for the vLLM release,
+  - Enforces KServe's rules before anything is written, including the C(x-kubernetes-validations) (CEL) rules of the
+    kind's CRD (see O(kserve_crds)), validates the speculative config for the vLLM release,
     and refuses a C(deploymentMode) change when O(existing) is the object on the cluster.
   - Pure computation; the role M(alauda.spec_decoding.inference_service) applies or writes the result.
 author:
@@ -59,6 +60,14 @@ options:
   kserve_crd:
     description: The C(inferenceservices.serving.kserve.io) CustomResourceDefinition, to detect what the cluster's KServe supports.
     type: dict
+  kserve_crds:
+    description:
+      - A CustomResourceDefinition file, or a directory of them (such as the cluster's own, C(kubectl get crd NAME -o yaml)),
+        whose C(x-kubernetes-validations) (CEL) rules the manifest must pass. Without it the rules of the KServe release the
+        collection ships are used (the newest one not newer than O(kserve_version); KServe 0.20 today).
+      - Either way a manifest that breaks a rule is refused with the rule's message and field before anything is written; a
+        rule that cannot be evaluated here is named in a warning and in RV(cel_rules), never passed in silence.
+    type: path
   oci_model_mode:
     description:
       - The cluster's OCI mode (C(storageInitializer) of KServe's C(inferenceservice-config) ConfigMap, as
@@ -245,6 +254,7 @@ extends_documentation_fragment:
   - alauda.spec_decoding.attributes.ACTION_GROUP
 requirements:
   - PyYAML
+  - cel-expr-python (the CRDs' CEL rules)
 """
 
 EXAMPLES = r"""
@@ -318,6 +328,14 @@ runtime_check:
   returned: success
   type: dict
   sample: models-llama-eagle3.yaml
+cel_rules:
+  description:
+    - The CRD's C(x-kubernetes-validations) rules checked on the manifest (a manifest that breaks one fails the task).
+    - C(source) is the shipped KServe release or O(kserve_crds), C(evaluated) how many rules ran, C(not_evaluated) the
+      C(field), C(rule) and C(reason) of each rule that could not be evaluated (for example a transition rule on a create).
+  returned: success
+  type: dict
+  sample: {"source": "KServe 0.20's CRDs (shipped with the collection)", "evaluated": 3, "not_evaluated": []}
 resource_kind:
   description: The kind rendered (O(resource_kind)).
   returned: success
@@ -337,6 +355,7 @@ warnings:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import crd_rules
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import render as isvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import render as llmisvc_render
@@ -352,6 +371,7 @@ ARGUMENT_SPEC = dict(
     kserve_version=dict(type="str"),
     kserve_crd=dict(type="dict"),
     oci_model_mode=dict(type="str", choices=["modelcar", "native", "fetch", "disabled"]),
+    kserve_crds=dict(type="path"),
     modelcar_enabled=dict(type="bool", default=True),
     vllm_version=dict(type="str"),
     runtime=dict(type="str", required=True),
@@ -399,6 +419,8 @@ ARGUMENT_SPEC = dict(
 def execute(module):
     if not isvc.HAS_YAML:
         module.fail_json(msg=missing_required_lib("PyYAML"))
+    if not crd_rules.HAS_CEL:
+        module.fail_json(msg=missing_required_lib(crd_rules.LIBRARY))
     params = dict(module.params)
     existing = params.pop("existing")
     kind = params.pop("resource_kind")
@@ -415,7 +437,8 @@ def execute(module):
                 speculative_json=spec.json if spec else None, artifact_mode=art.mode,
                 target_path=art.target_path, draft_path=art.draft_path,
                 filename=(llmisvc_render.manifest_filename(manifest) if kind == llmisvc_model.KIND else isvc.manifest_filename(manifest)),
-                runtime_check=rendered["runtime_check"], resource_kind=kind, api_version=manifest["apiVersion"])
+                runtime_check=rendered["runtime_check"], resource_kind=kind, api_version=manifest["apiVersion"],
+                cel_rules={k: v for k, v in rendered["cel_rules"].items() if k != "warnings"})
 
 
 def main():

@@ -620,21 +620,21 @@ class ControlPlane:
         self.stop()
 
 
-def _load_crd(path: str) -> dict:
-    """Parse a CRD YAML with the `default: ""` lines dropped. The parsed form is cached as JSON under
-    ~/.cache/alauda-spec-decoding/crd-json/ keyed by the file's sha256 (YAML parsing of the 2 MB
-    InferenceService CRD costs seconds; JSON is milliseconds)."""
+def _load_crd(path: str, as_is: bool = False) -> dict:
+    """Parse a CRD YAML with the `default: ""` lines dropped (`as_is`: unchanged, as a 1.25+ API server takes it, whose
+    defaults the CEL rules see). The parsed form is cached as JSON under ~/.cache/alauda-spec-decoding/crd-json/ keyed
+    by the file's sha256 (YAML parsing of the 2 MB InferenceService CRD costs seconds; JSON is milliseconds)."""
     import hashlib  # pylint: disable=import-outside-toplevel
     with open(path, "rb") as fh:
         raw = fh.read()
-    cache = os.path.join(_build.CACHE_ROOT, "crd-json", hashlib.sha256(raw).hexdigest() + ".json")
+    cache = os.path.join(_build.CACHE_ROOT, "crd-json", hashlib.sha256(raw).hexdigest() + (".as-is" if as_is else "") + ".json")
     try:
         with open(cache, encoding="utf-8") as fh:
             return json.load(fh)
     except (OSError, ValueError):
         pass
     import yaml  # pylint: disable=import-outside-toplevel
-    text = "".join(line for line in raw.decode("utf-8").splitlines(keepends=True) if line.strip() != 'default: ""')
+    text = "".join(line for line in raw.decode("utf-8").splitlines(keepends=True) if as_is or line.strip() != 'default: ""')
     body = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     try:
         os.makedirs(os.path.dirname(cache), exist_ok=True)

@@ -188,9 +188,24 @@ def _pruned(obj, schema, path="") -> list:
     return out
 
 
+def _cel_rules(crd_dir: str) -> dict:
+    """The real CRD's x-kubernetes-validations per version, read from the file as it is (with its defaults) on first use."""
+    import os  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import cel_rules  # pylint: disable=import-outside-toplevel
+    from .controlplane import _load_crd  # pylint: disable=import-outside-toplevel
+    if crd_dir not in _CEL_RULES:
+        _CEL_RULES[crd_dir] = cel_rules.rules_of(_load_crd(os.path.join(crd_dir, CRD_FILE), as_is=True))["versions"]
+    return _CEL_RULES[crd_dir]
+
+
+_CEL_RULES: dict = {}
+
+
 def schema_errors(manifest: dict, crd_dir: str) -> list:
-    """What the real LLMInferenceService CRD says about a manifest: schema violations (types, required, enums, ranges) and
-    fields it would prune. Empty: it validates. (CEL x-kubernetes-validations are not evaluated.)"""
+    """What the real LLMInferenceService CRD says about a manifest: schema violations (types, required, enums, ranges),
+    fields it would prune and its CEL rules (x-kubernetes-validations) that fail or cannot be evaluated, read from the CRD
+    file itself (not from the rules the collection ships). Empty: a 1.32 API server takes it."""
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import cel_rules  # pylint: disable=import-outside-toplevel
     import jsonschema  # pylint: disable=import-outside-toplevel
     import os  # pylint: disable=import-outside-toplevel
     from .controlplane import _load_crd  # pylint: disable=import-outside-toplevel
@@ -201,7 +216,10 @@ def schema_errors(manifest: dict, crd_dir: str) -> list:
     meta_free.pop("metadata", None)
     errors = [f"{'.'.join(str(p) for p in e.absolute_path)}: {e.message}"
               for e in jsonschema.Draft7Validator(schema).iter_errors(meta_free)]  # no check_schema: 2 MB meta-check is slow
-    return errors + [f"{p}: not in the schema (the API server would drop it)" for p in _pruned(meta_free, schema)]
+    errors += [f"{p}: not in the schema (the API server would drop it)" for p in _pruned(meta_free, schema)]
+    cel = cel_rules.evaluate(_cel_rules(crd_dir)[version], manifest)
+    errors += [f"{v.field}: {v.message} (CEL rule {v.rule})" for v in cel.violations]
+    return errors + [f"{n.field}: CEL rule not evaluated ({n.reason}): {n.rule}" for n in cel.not_evaluated]
 
 
 def config_crd_body(crd_dir: str) -> dict:

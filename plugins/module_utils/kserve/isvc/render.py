@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - reported by the calling module
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as spec_core
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as oci_registry
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import releases, storage
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import crd_rules, releases, storage
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime as serving_runtime
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime_readers
 
@@ -313,8 +313,9 @@ def engine_sizing(p, spec, warnings):
 def render(p, existing=None):
     """Render the InferenceService for parameters `p` (the role's variables without prefix).
 
-    Returns dict(manifest=..., speculative=SpeculativeConfig|None, artifacts=Artifacts, warnings=[...]).
-    `existing` is the object on the cluster (or None): a deploymentMode change is refused before any write.
+    Returns dict(manifest=..., speculative=SpeculativeConfig|None, artifacts=Artifacts, warnings=[...], runtime_check=...,
+    cel_rules=crd_rules.check(...)). `existing` is the object on the cluster (or None): a deploymentMode change is refused
+    before any write. A manifest that breaks a CEL rule of its CRD (`p["kserve_crds"]` or the shipped release) is refused.
     """
     warnings = []
     check_dns1123(p.get("name"), "name")
@@ -405,6 +406,8 @@ def render(p, existing=None):
     manifest = {"apiVersion": API_VERSION, "kind": KIND,
                 "metadata": {"name": p["name"], "namespace": p["namespace"], "annotations": annotations, "labels": labels},
                 "spec": {"predictor": predictor}}
+    cel_rules = crd_rules.check(manifest, p.get("kserve_crds"), existing=existing, kserve_version=kserve_version)
+    warnings.extend(cel_rules["warnings"])
     runtime_check = None
     if p.get("runtimes") is not None:
         # KServe merges the runtime's kserve-container with this predictor (its args first): a --speculative-config in the
@@ -424,7 +427,8 @@ def render(p, existing=None):
         if problem:
             raise ValidationError(problem, field="runtime_flag")
         runtime_check.pop("runtime_object", None)
-    return {"manifest": manifest, "speculative": spec, "artifacts": artifacts, "warnings": warnings, "runtime_check": runtime_check}
+    return {"manifest": manifest, "speculative": spec, "artifacts": artifacts, "warnings": warnings, "runtime_check": runtime_check,
+            "cel_rules": cel_rules}
 
 
 def to_yaml(obj):

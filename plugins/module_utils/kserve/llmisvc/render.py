@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import storage
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import crd_rules, storage
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import render as isvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as spec_core
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc.model import (
@@ -110,9 +110,9 @@ def render(p, existing=None):
     ``p["llmisvc"]`` holds what only this kind has: ``api_version``, ``image``, ``base_refs``, ``parallelism``,
     ``prefill`` (``{replicas, parallelism}``: a prefill pool), ``speculative_pools`` (``[decode]`` default,
     ``[decode, prefill]``), ``criticality`` (v1alpha1), ``kv_cache_offloading`` / ``confidential`` (v1alpha2).
-    Returns the same keys as ``isvc.render``. Every refusal is raised before anything is written.
+    Returns the same keys as ``isvc.render``. Every refusal is raised before anything is written, the CEL rules of the
+    LLMInferenceService CRD (``crd_rules.check``) last.
     """
-    del existing  # an LLMInferenceService has no deploymentMode to keep
     ext = dict(p.get("llmisvc") or {})
     warnings = []
     isvc.check_dns1123(p.get("name"), "name")
@@ -208,7 +208,12 @@ def render(p, existing=None):
     if annotations:
         metadata["annotations"] = annotations
     manifest = {"apiVersion": "%s/%s" % (GROUP, version), "kind": KIND, "metadata": metadata, "spec": spec_body}
-    return {"manifest": manifest, "speculative": spec, "artifacts": artifacts, "warnings": warnings, "runtime_check": None}
+    # existing (the object on the cluster) only feeds the CRD's transition rules: an LLMInferenceService has no deploymentMode to keep.
+    cel_rules = crd_rules.check(manifest, p.get("kserve_crds"), existing=existing,
+                                kserve_version=spec_core.parse_version(p["kserve_version"]) if p.get("kserve_version") else None)
+    warnings.extend(cel_rules["warnings"])
+    return {"manifest": manifest, "speculative": spec, "artifacts": artifacts, "warnings": warnings, "runtime_check": None,
+            "cel_rules": cel_rules}
 
 
 def manifest_filename(manifest):

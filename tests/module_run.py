@@ -37,6 +37,7 @@ def run_module(name, args, check_mode=False, diff=False):
     """Run `alauda.spec_decoding.<name>` (or a fully qualified `namespace.collection.name`) with `args`; returns a
     ModuleResult. `check_mode`/`diff` set what `--check`/`--diff` set for a task."""
     from ansible.module_utils.testing import patch_module_args  # pylint: disable=import-outside-toplevel
+    from ansible.module_utils import _internal  # pylint: disable=import-outside-toplevel
     from ansible.module_utils.common import warnings  # pylint: disable=import-outside-toplevel
     fqcn = name if name.count(".") == 2 else "alauda.spec_decoding." + name
     namespace, collection, short = fqcn.split(".")
@@ -50,11 +51,17 @@ def run_module(name, args, check_mode=False, diff=False):
     # A module process starts with no warnings; in this process they would pile up from run to run.
     warnings._global_warnings.clear()  # pylint: disable=protected-access
     warnings._global_deprecations.clear()  # pylint: disable=protected-access
-    with patch_module_args(args), contextlib.redirect_stdout(out):
-        try:
-            module.main()
-        except SystemExit:
-            pass
+    # Nor is it the controller: once any test has imported controller code (ansible._internal sets is_controller), a
+    # module's warn() would go to the controller's display instead of into its result.
+    was_controller, _internal.is_controller = _internal.is_controller, False
+    try:
+        with patch_module_args(args), contextlib.redirect_stdout(out):
+            try:
+                module.main()
+            except SystemExit:
+                pass
+    finally:
+        _internal.is_controller = was_controller
     text = out.getvalue()
     start = text.find("{")
     if start < 0:

@@ -27,11 +27,18 @@ class ModuleResult(dict):
     def msg(self):
         return self.get("msg", "")
 
+    @property
+    def warning_messages(self):
+        """The texts of the module's warnings (ansible-core 2.19 returns each as a dict holding an event)."""
+        return [w if isinstance(w, str) else (w.get("event") or {}).get("msg", "") for w in self.get("warnings") or []]
+
 
 def run_module(name, args, check_mode=False, diff=False):
     """Run `alauda.spec_decoding.<name>` (or a fully qualified `namespace.collection.name`) with `args`; returns a
     ModuleResult. `check_mode`/`diff` set what `--check`/`--diff` set for a task."""
     from ansible.module_utils.testing import patch_module_args  # pylint: disable=import-outside-toplevel
+    from ansible.module_utils import _internal  # pylint: disable=import-outside-toplevel
+    from ansible.module_utils.common import warnings  # pylint: disable=import-outside-toplevel
     fqcn = name if name.count(".") == 2 else "alauda.spec_decoding." + name
     namespace, collection, short = fqcn.split(".")
     module = importlib.import_module("ansible_collections.%s.%s.plugins.modules.%s" % (namespace, collection, short))
@@ -41,11 +48,20 @@ def run_module(name, args, check_mode=False, diff=False):
     if diff:
         args["_ansible_diff"] = True
     out = io.StringIO()
-    with patch_module_args(args), contextlib.redirect_stdout(out):
-        try:
-            module.main()
-        except SystemExit:
-            pass
+    # A module process starts with no warnings; in this process they would pile up from run to run.
+    warnings._global_warnings.clear()  # pylint: disable=protected-access
+    warnings._global_deprecations.clear()  # pylint: disable=protected-access
+    # Nor is it the controller: once any test has imported controller code (ansible._internal sets is_controller), a
+    # module's warn() would go to the controller's display instead of into its result.
+    was_controller, _internal.is_controller = _internal.is_controller, False
+    try:
+        with patch_module_args(args), contextlib.redirect_stdout(out):
+            try:
+                module.main()
+            except SystemExit:
+                pass
+    finally:
+        _internal.is_controller = was_controller
     text = out.getvalue()
     start = text.find("{")
     if start < 0:

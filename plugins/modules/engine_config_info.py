@@ -22,6 +22,9 @@ description:
   - Also returns the speculative-decoding warnings the log carries (async scheduling disabled, min_p and
     logit_bias, deprecated method names) as RV(log_warnings).
   - Logs are streamed line by line (also from the API server), so memory stays bounded on huge logs.
+  - A vLLM newer than the collection's tables may print fields or a method they do not know; the line is read as far as
+    it can be (an unknown method still means speculative decoding is on), the rest is listed in RV(not_understood) and
+    named in one warning.
 author:
   - Alauda Platform Team (@alauda)
 options:
@@ -137,10 +140,24 @@ engine:
   type: str
   sample: V1
 speculative_config:
-  description: The printed speculative config, or null when the engine runs without one.
+  description:
+    - The printed speculative config, or null when the engine runs without one.
+    - C(method), C(model), C(num_spec_tokens); any other field the line prints that the vLLM release's table knows, as
+      printed. A method no table knows is kept as printed (speculative decoding is on) and listed in RV(not_understood).
   returned: always
   type: dict
   sample: {"method": "eagle3", "model": "/mnt/models/draft", "num_spec_tokens": 3}
+not_understood:
+  description:
+    - What the engine line holds that the collection's tables do not know (a vLLM newer than them), such as an unknown
+      SpeculativeConfig field, an unknown method, a speculative_config printed in another form or not at all.
+    - Items have C(source) (V(engine_line)), C(name), C(reason), C(count), C(value) as printed where there is one, and
+      C(pod) with O(name). Empty when everything was understood.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"source": "engine_line", "name": "my_proposer", "count": 1, "pod": "llama-predictor-7d9f-abcde",
+            "reason": "method 'my_proposer' is unknown to the tables (vLLM 0.10 to 0.34): speculative decoding is on with it"}]
 model:
   description: The model the engine serves (C(model=) at the start of the line); with a speculators-format checkpoint this
     is its verifier, not the path the command serves.
@@ -218,6 +235,7 @@ inference_service:
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import engine_config_info
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import not_understood
 
 
 def argument_spec():
@@ -244,6 +262,8 @@ def argument_spec():
 
 def execute(module):
     result, problem = engine_config_info.engine_config(module.params, connect=lambda: module.api_client, warn=module.warn)
+    if result["not_understood"]:
+        module.warn(not_understood.warning(result["not_understood"]))
     if problem:
         module.fail_json(msg=problem, **result)
     return result

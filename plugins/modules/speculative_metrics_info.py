@@ -15,13 +15,15 @@ description:
     or the predictor pods of an InferenceService / one pod through the API server's pod proxy), sums them over
     C(engine) series (and pods), and derives the acceptance numbers.
   - Without a /metrics source, or when it has no spec_decode counters, reads the periodic
-    C(SpecDecoding metrics:) lines (vLLM 0.8.5 to 0.33, and the V0 C(Speculative metrics:) form) from
+    C(SpecDecoding metrics:) lines (vLLM 0.8.5 to 0.34, and the V0 C(Speculative metrics:) form) from
     O(log_text) or O(log_path); every window is parsed and the totals are weighted by drafted tokens.
   - With O(interval) it scrapes twice and reports the window's deltas.
   - Returns RV(diagnosis) with C(status) V(healthy), V(unsuitable_workload) (per-position acceptance collapses
     by slot 2, or a model-free method is almost never accepted), V(likely_draft_mismatch) (a draft-based method
     with acceptance near zero) or V(no_data), and the numbers behind it.
   - No data is not a failure unless thresholds were given.
+  - A spec_decode metric or label, or a C(SpecDecoding metrics:) field, that the collection does not know (a vLLM newer
+    than vLLM 0.34) is passed over, listed in RV(not_understood) and named in one warning; what is known is read as before.
 author:
   - Alauda Platform Team (@alauda)
 options:
@@ -242,6 +244,17 @@ notes:
   returned: always
   type: list
   elements: str
+not_understood:
+  description:
+    - What the sources read hold that the collection does not know (a vLLM newer than it), each passed over.
+    - Items have C(source) (V(metrics) or V(spec_decoding_line)), C(name) (metric, label or field), C(reason), C(count)
+      (series or lines that carried it), C(value) as printed where there is one, and C(pod) when pods were read. Empty
+      when everything was understood.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"source": "metrics", "name": "vllm:spec_decode_num_draft_tokens_per_pos_total", "count": 5,
+            "reason": "metric vllm:spec_decode_num_draft_tokens_per_pos_total unknown (not exposed by vLLM 0.10 to 0.34): not read"}]
 failures:
   description: Thresholds that were not met.
   returned: always
@@ -258,6 +271,7 @@ from ansible.module_utils.common.text.converters import to_text
 from ansible.module_utils.urls import open_url
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import not_understood
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import speculative_metrics_info
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.prometheus_text import require_prometheus_client
@@ -304,6 +318,8 @@ def execute(module):
     if has_prom_source:
         require_prometheus_client(module)
     summary = speculative_metrics_info.read_acceptance(params, connect=lambda: module.api_client, http_get=http_get)
+    if summary["not_understood"]:
+        module.warn(not_understood.warning(summary["not_understood"]))
     if summary["failures"]:
         detail = " (%s)" % summary["msg"] if summary["has_data"] else ""
         module.fail_json(**dict(summary, msg="acceptance below the thresholds: %s%s" % ("; ".join(summary["failures"]), detail)))

@@ -266,6 +266,9 @@ to %s. Nothing else was edited.
 |---|---|---|---|
 %s
 
+`newer/` is not a recording: lines and a /metrics page of these captures with fields, a method and a metric added (a
+vLLM newer than the collection's tables), made by `python -m tests.vllm_newer` (run it again after re-recording); its README lists every edit.
+
 Re-recording changes the counters, windows and line numbers the unit tests assert: update them from the files
 (grep), never from the parser's output.
 """ % (version_lines[0], version_lines[1].replace("\n", " ").replace("Name: ", "").replace(" Version: ", " "), PARTIAL_AFTER,

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from tests import vllm_newer
 from tests.ansible_run import run_playbook
 from tests.module_run import run_module
 
@@ -18,6 +19,7 @@ from tests.paths import read_capture  # noqa: E402  pylint: disable=wrong-import
 
 EAGLE3_JSON = '{"method":"eagle3","model":"/mnt/models/tiny-eagle3","num_speculative_tokens":3}'
 NGRAM_JSON = '{"method":"ngram","num_speculative_tokens":5,"prompt_lookup_max":4,"prompt_lookup_min":2}'
+DRAFT_JSON = '{"method":"draft_model","model":"/mnt/models/tiny-draft","num_speculative_tokens":3}'
 
 
 def capture(folder, name="startup.log"):
@@ -214,6 +216,29 @@ def test_verify_playbook_end_to_end(tmp_path, k8s_client, kubeconfig, kserve, na
     assert facts["engine"]["pods"][0]["speculative_config"]["num_spec_tokens"] == 3
     # eagle3/startup.log windows: 0 accepted of 537 + 774 + 714 + 741 + 312 drafted
     assert facts["metrics"]["num_draft_tokens"] == 3078 and facts["metrics"]["num_accepted_tokens"] == 0
+
+
+def test_verify_playbook_names_what_a_newer_vllm_printed(tmp_path, k8s_client, kubeconfig, kserve, namespace):
+    """A pod log of a vLLM newer than the tables (tests/fixtures/vllm/newer/startup.log: the draft_model capture's engine
+    line and windows with fields added): verify passes on what it understood and its summary names the rest."""
+    with open(os.path.join(vllm_newer.NEWER, "startup.log"), encoding="utf-8") as handle:
+        log = handle.read()
+    deploy(k8s_client, kserve, namespace, "newer", ["--speculative-config", DRAFT_JSON], log)
+    run = run_playbook(tmp_path, playbook="playbooks/verify.yml", kubeconfig=kubeconfig,
+                       extra_vars={"verify_name": "newer", "verify_namespace": namespace, "verify_wait_timeout": 60,
+                                   "verify_wait_interval": 1})
+    assert run.rc == 0, run.output
+    summary = run.result("Summary")["msg"]
+    assert "(vLLM 0.35.0 V1)" in summary[1] and "method=draft_model model=/mnt/models/tiny-draft num_spec_tokens=3" in summary[1]
+    assert ("not understood: SpeculativeConfig field 'adaptive_draft_length' is not in vLLM 0.34's table (the engine is 0.35.0, "
+            "newer than the newest table) | SpecDecoding metrics field 'Per-position draft tokens' unknown") in "\n".join(summary)
+    engine = run.result("Check the engine-config line on every predictor pod")
+    assert [(n["name"], n["pod"]) for n in engine["not_understood"]] == [("adaptive_draft_length", engine["pods"][0]["name"])]
+    assert any("engine line adaptive_draft_length" in w for w in engine["warnings"])
+    # draft_model/startup.log's first two windows: 432 + 342 drafted, all accepted
+    metrics = run.result("Read the acceptance metrics")
+    assert (metrics["source"], metrics["num_draft_tokens"], metrics["num_accepted_tokens"]) == ("log", 774, 774)
+    assert [n["name"] for n in metrics["not_understood"]] == ["Per-position draft tokens"]
 
 
 def test_verify_playbook_fails_without_the_flag_and_checks_a_rollback(tmp_path, k8s_client, kubeconfig, kserve, namespace):

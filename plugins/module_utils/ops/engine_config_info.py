@@ -13,6 +13,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import s
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.defaults import ISVC_LABEL
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import engine_log
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import not_understood as unknown
 
 
 def _clean_expected(expected):
@@ -35,6 +36,10 @@ def check_one(result, expected):
     """Differences and notes of one scan result against expected (None: nothing to compare)."""
     if not result["found"] or expected is None:
         return [], []
+    if not result["speculative_config_printed"]:
+        # A vLLM that stops printing the field must not pass for one that runs without speculative decoding.
+        return ["the engine line (vLLM %s) prints no speculative_config field, so what the engine runs cannot be compared "
+                "(see not_understood)" % result["vllm_version"]], []
     return engine_log.compare_expected(result["speculative_config"], expected)
 
 
@@ -78,11 +83,11 @@ def run_cluster(connect, params, warn):
     out = {"inference_service": isvc_info, "skipped_pods": [_brief(p) for p in skipped], "expected": expected}
     if not pods:
         out.update(found=False, pods=[], vllm_version=None, engine=None, speculative_config=None, line=None,
-                   log_warnings=[], differences=[], notes=[])
+                   log_warnings=[], differences=[], notes=[], not_understood=[])
         return out, ("no predictor pods of InferenceService %s/%s (label %s=%s%s): not deployed yet, scaled to zero, "
                      "or wrong name/namespace" % (ns, name, ISVC_LABEL, name,
                                                   ", " + params["label_selector"] if params["label_selector"] else ""))
-    pod_results, warnings, diffs_all, notes_all, problems = [], [], [], [], []
+    pod_results, warnings, diffs_all, notes_all, problems, not_understood = [], [], [], [], [], []
     for pod in pods:
         entry = {"name": pod["name"], "found": False, "vllm_version": None, "engine": None, "speculative_config": None,
                  "differences": [], "error": None}
@@ -106,6 +111,7 @@ def run_cluster(connect, params, warn):
                      engine_lines_seen=result["engine_lines_seen"])
         for warning in result["log_warnings"]:
             warnings.append(dict(warning, pod=pod["name"]))
+        unknown.add(not_understood, result["not_understood"], pod=pod["name"])
         diffs, notes = check_one(result, expected)
         entry["differences"] = diffs
         if result["speculative_config"] and (not isvc_info["speculative_flag_present"] or (expected or {}).get("enabled") is False):
@@ -135,6 +141,7 @@ def run_cluster(connect, params, warn):
         log_warnings=warnings,
         differences=diffs_all,
         notes=notes_all,
+        not_understood=not_understood,
     )
     for entry in pod_results:
         entry.pop("line", None)
@@ -171,6 +178,7 @@ def engine_config(params, connect=None, warn=None):
             problem = "no engine-config line (\"Initializing a V1 LLM engine (v...) with config:\") in the log (%d bytes read). Hint: %s" % (
                 result["bytes_scanned"], engine_log.NOT_FOUND_HINT)
     result.pop("bytes_scanned", None)
+    result.pop("speculative_config_printed", None)
     result["changed"] = False
     # The first pod whose proposer no flag explains (a speculators checkpoint, or unexplained); None for a local log.
     result["speculative_source"] = next((p["speculative_source"] for p in result.get("pods") or [] if p.get("speculative_source")), None)

@@ -13,6 +13,8 @@ import time
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import http_target
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import not_understood as unknown
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import spec_decoding_log
 
 
 PROM_SOURCES = ("url", "metrics_text", "metrics_path", "name", "pod")
@@ -61,15 +63,18 @@ class Scraper:
             else:
                 self.pods = [params["pod"]]
 
-    def log_counters(self):
-        """Parse the SpecDecoding lines of every pod's log, streamed through the API server."""
+    def log_counters(self, not_understood):
+        """Parse the SpecDecoding lines of every pod's log, streamed through the API server; what a line holds that is not
+        understood goes to the list `not_understood`, with the pod."""
         params = self.params
         total = spec_metrics.SpecDecodeCounters(source="log")
         windows, count, pods = [], 0, []
         for pod in self.pods:
             chunks = self.k8s_pods.stream_pod_log(self.api_client, params["namespace"], pod, container=params["container"],
                                                   since_seconds=params["since_seconds"], timeout=params["timeout"])
-            counters, pod_windows, pod_count = spec_metrics.parse_log(chunks)
+            pod_unknown = []
+            counters, pod_windows, pod_count = spec_decoding_log.parse_log(chunks, not_understood=pod_unknown)
+            unknown.add(not_understood, pod_unknown, pod=pod)
             total = total + counters
             windows.extend(dict(w, pod=pod) for w in pod_windows)
             count += pod_count
@@ -121,12 +126,24 @@ class Scraper:
                                   hint="give a readable file holding a /metrics page") from exc
 
 
-def prometheus_result(scraper, params, method):
-    first = {k: spec_metrics.parse_prometheus(v, params["model_name"]) for k, v in scraper.scrape().items()}
+def _parse_pages(scraper, params, not_understood):
+    """``{source: SpecDecodeCounters}`` of one scrape; what a page holds that is not understood goes to `not_understood`
+    (with the pod when pods are scraped)."""
+    out = {}
+    for source, text in scraper.scrape().items():
+        page_unknown = []
+        out[source] = spec_metrics.parse_prometheus(text, params["model_name"], not_understood=page_unknown)
+        unknown.add(not_understood, page_unknown, **({"pod": source} if scraper.pods is not None else {}))
+    return out
+
+
+def prometheus_result(scraper, params, method, not_understood):
+    first = _parse_pages(scraper, params, not_understood)
     per_source = first
     if params["interval"] and params["interval"] > 0:
         time.sleep(params["interval"])
-        second = {k: spec_metrics.parse_prometheus(v, params["model_name"]) for k, v in scraper.scrape().items()}
+        # The second scrape reads the same families: what it does not understand was listed from the first.
+        second = _parse_pages(scraper, params, [])
         per_source = {k: second[k].delta(first.get(k)) for k in second}
     total = spec_metrics.SpecDecodeCounters(source="prometheus")
     for counters in per_source.values():
@@ -149,14 +166,14 @@ def prometheus_result(scraper, params, method):
     return summary, total.found
 
 
-def log_result(params, method, scraper=None):
+def log_result(params, method, not_understood, scraper=None):
     pods = None
     if scraper is not None:
-        counters, windows, total, pods = scraper.log_counters()
+        counters, windows, total, pods = scraper.log_counters(not_understood)
     elif params["log_text"] is not None:
-        counters, windows, total = spec_metrics.parse_log_text(params["log_text"])
+        counters, windows, total = spec_decoding_log.parse_log_text(params["log_text"], not_understood=not_understood)
     else:
-        counters, windows, total = spec_metrics.parse_log_file(params["log_path"])
+        counters, windows, total = spec_decoding_log.parse_log_file(params["log_path"], not_understood=not_understood)
     summary = spec_metrics.summarize(counters, method=method, mismatch_rate=params["mismatch_rate"], collapse_rate=params["collapse_rate"])
     summary["windows"] = windows
     summary["windows_total"] = total
@@ -172,11 +189,13 @@ def log_result(params, method, scraper=None):
 
 def read_acceptance(params, connect=None, http_get=None):
     """Module spec_metrics' result: the summary of the chosen source (the log where /metrics has nothing and a log is
-    allowed), with ``interval``, ``failures`` (thresholds not met) and ``notes`` (how the source was chosen).
+    allowed), with ``interval``, ``failures`` (thresholds not met), ``notes`` (how the source was chosen) and
+    ``not_understood`` (what the sources read held that this collection does not know, not_understood.py).
     `connect` and `http_get` as for Scraper."""
     has_prom_source = any(params[k] is not None for k in PROM_SOURCES)
     has_log = params["log_text"] is not None or params["log_path"] is not None
     notes = []
+    not_understood = []
     method = params["method"]
     summary = None
     scraper = None
@@ -191,7 +210,7 @@ def read_acceptance(params, connect=None, http_get=None):
             log_scraper = scraper
         fallback = has_log or log_scraper is not None
         try:
-            summary, found = prometheus_result(scraper, params, method)
+            summary, found = prometheus_result(scraper, params, method, not_understood)
             if not found and fallback:
                 notes.append("the /metrics page has no spec_decode counters; read the log instead")
                 summary = None
@@ -200,9 +219,9 @@ def read_acceptance(params, connect=None, http_get=None):
                 raise  # a wrong port name or pod is the user's to fix, not a reason to read the log
             notes.append("reading /metrics failed (%s); read the log instead" % exc)
     if summary is None:
-        summary = log_result(params, method, log_scraper)
+        summary = log_result(params, method, not_understood, log_scraper)
         if params["interval"]:
             notes.append("interval does not apply to log windows; they cover the whole log (limit with since_seconds)")
     failures = spec_metrics.check_thresholds(summary, params["min_mean_acceptance_length"], params["min_acceptance_rate"])
-    summary.update(interval=params["interval"] or 0, failures=failures, notes=notes, changed=False)
+    summary.update(interval=params["interval"] or 0, failures=failures, notes=notes, not_understood=not_understood, changed=False)
     return summary

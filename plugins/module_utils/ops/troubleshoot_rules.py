@@ -24,6 +24,7 @@ import re
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import storage
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import engine_log
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as metrics_mod
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import spec_decoding_log
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 # Higher first among errors: the root cause usually comes before its consequences (a pod that cannot pull
@@ -452,7 +453,7 @@ def _metrics_from_logs(logs, spec_cfg):
     if not texts:
         return None
     try:
-        counters = metrics_mod.parse_log_text("\n".join(texts))[0]
+        counters = spec_decoding_log.parse_log_text("\n".join(texts))[0]
         return metrics_mod.summarize(counters, method=(spec_cfg or {}).get("method"))
     except Exception:  # pylint: disable=broad-except
         return None

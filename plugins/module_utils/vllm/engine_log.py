@@ -11,7 +11,8 @@ vLLM prints, once per engine start (see ../shared/reference/facts.md section 1):
 
 (one physical line). The V0 engine says ``Initializing a V0 LLM engine``; builds before 0.8 said
 ``Initializing an LLM engine``. A process prefix, a timestamp from the log collector or colour codes may
-come first, so the scanner searches instead of anchoring.
+come first, so the scanner searches instead of anchoring. Its ``speculative_config=`` is read by speculative_repr,
+which also lists what a vLLM newer than the tables printed there (``not_understood``).
 
 The scanner works on byte chunks of any size (a file read, an HTTP stream from the API server, a string)
 and keeps only the unfinished last line between chunks, so a multi-gigabyte log costs a few MiB of memory.
@@ -23,15 +24,21 @@ Plain Python, no Ansible imports.
 
 from __future__ import annotations
 
-import ast
 import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import not_understood as unknown
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.speculative_repr import (
+    normalize_method,
+    normalize_model,
+    parse_speculative_repr,
+)
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 ENGINE_NEEDLE = b"LLM engine (v"
+KNOWN_ENGINES = ("V0", "V1")
 WARNING_NEEDLE = b"WARNING"
 ENGINE_RE = re.compile(
     r"Initializing an? (?:(?P<engine>V\d+) )?LLM engine \(v?(?P<version>[^)\s]*)\) with config:\s?(?P<config>.*)$"
@@ -52,7 +59,6 @@ LEVEL_RE = re.compile(r"(?<![\w-])(?P<level>WARNING|ERROR|CRITICAL)(?![\w-])")
 # After the level: "MM-DD HH:MM:SS[.fff] [file.py:123] message" (vLLM's format); else take the rest.
 MESSAGE_RE = re.compile(r"(?:WARNING|ERROR|CRITICAL)\s+(?:\d\d-\d\d\s+\d\d:\d\d:\d\d(?:[.,]\d+)?\s+)?(?:\[[^\]]*\]\s*)?(?P<msg>.*)$")
 
-MTP_ALIAS_RE = re.compile(r"^[a-z0-9_.-]+_mtp$")
 DEFAULT_MAX_LINE = 1 << 20          # longer lines are cut (the engine line is a few KiB)
 DEFAULT_MAX_WARNINGS = 50           # distinct warning messages kept
 DEFAULT_CHUNK = 1 << 20
@@ -71,136 +77,6 @@ def strip_ansi(text):
     return ANSI_RE.sub("", text)
 
 
-def normalize_method(method):
-    """Lower-case a method name and map every ``*_mtp`` alias to ``mtp`` as vLLM prints it."""
-    if method is None:
-        return None
-    text = str(method).strip().lower()
-    if not text or text in ("none", "null"):
-        return None
-    if MTP_ALIAS_RE.match(text):
-        return "mtp"
-    return text
-
-
-def _normalize_model(model):
-    if model is None:
-        return None
-    text = str(model).strip()
-    if text in ("", "None"):
-        return None
-    if len(text) > 1:
-        text = text.rstrip("/")
-    return text
-
-
-def _literal(raw):
-    raw = raw.strip()
-    if not raw:
-        return None
-    if raw[0] in "'\"":
-        try:
-            return ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            return raw.strip("'\"")
-    if raw == "None":
-        return None
-    if raw in ("True", "False"):
-        return raw == "True"
-    try:
-        return int(raw)
-    except ValueError:
-        pass
-    try:
-        return float(raw)
-    except ValueError:
-        return raw
-
-
-def _unquoted(text, start=0):
-    """Yield ``(index, char)`` for the characters outside '...' and "..." quotes (backslash escapes inside)."""
-    quote, i = None, start
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == "\\":
-                i += 2
-                continue
-            if ch == quote:
-                quote = None
-        elif ch in "'\"":
-            quote = ch
-        else:
-            yield i, ch
-        i += 1
-
-
-def _split_top_level(text):
-    """Split ``a='x, y', b=Foo(c=1, d=2), e=3`` at top-level commas, honouring quotes and brackets."""
-    parts, depth, start = [], 0, 0
-    for i, ch in _unquoted(text):
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return [p.strip() for p in parts if p.strip()]
-
-
-def _matching_paren(text, open_index):
-    """Index of the ``)`` closing the ``(`` at open_index, or -1 (the line was cut)."""
-    depth = 0
-    for i, ch in _unquoted(text, open_index):
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-            if depth == 0:
-                return i
-    return -1
-
-
-def parse_speculative_repr(config_text):
-    """Parse the ``speculative_config=...`` field out of the engine line's config text.
-
-    Returns ``(present, config)``: present is False when the field is missing (a build that does not
-    print it); config is None for ``speculative_config=None`` else a dict with ``method``, ``model`` and
-    ``num_spec_tokens`` (None where the repr omits them).
-    """
-    marker = "speculative_config="
-    idx = config_text.find(marker)
-    if idx < 0:
-        return False, None
-    rest = config_text[idx + len(marker):]
-    if rest.startswith("None"):
-        return True, None
-    paren = rest.find("(")
-    if paren < 0 or paren > 64:
-        return True, {"method": None, "model": None, "num_spec_tokens": None, "raw": rest[:200]}
-    end = _matching_paren(rest, paren)
-    inner = rest[paren + 1:end if end >= 0 else len(rest)]
-    fields = {}
-    for part in _split_top_level(inner):
-        if "=" not in part:
-            continue
-        key, _sep, value = part.partition("=")
-        fields[key.strip()] = _literal(value)
-    model = fields.get("model", fields.get("draft_model"))
-    method = fields.get("method")
-    # vLLM 0.6/0.7 printed ngram as draft_model='[ngram]'.
-    if method is None and isinstance(model, str) and model.strip("[]").lower() == "ngram":
-        method, model = "ngram", None
-    num = fields.get("num_spec_tokens", fields.get("num_speculative_tokens"))
-    return True, {
-        "method": normalize_method(method) if method is not None else None,
-        "model": _normalize_model(model),
-        "num_spec_tokens": num if isinstance(num, int) else (int(num) if isinstance(num, float) else num),
-    }
-
-
 # The engine config starts with the model the engine serves: ``model='/mnt/models/target', speculative_config=...``.
 _SERVED_MODEL_RE = re.compile(r"^\s*model='((?:[^'\\]|\\.)*)'")
 
@@ -211,14 +87,20 @@ def parse_engine_line(line):
     match = ENGINE_RE.search(text)
     if not match:
         return None
-    present, spec = parse_speculative_repr(match.group("config"))
+    version = match.group("version") or None
+    present, spec, notes = parse_speculative_repr(match.group("config"), version)
     served = _SERVED_MODEL_RE.match(match.group("config"))
+    engine = match.group("engine") or "V0"
+    if engine not in KNOWN_ENGINES:
+        notes.insert(0, unknown.item(unknown.ENGINE_LINE, engine, "engine %s is not one vLLM has printed (%s): its line was "
+                                     "read as a V1 line" % (engine, ", ".join(KNOWN_ENGINES))))
     return {
-        "engine": match.group("engine") or "V0",
-        "vllm_version": match.group("version") or None,
+        "engine": engine,
+        "vllm_version": version,
         "model": served.group(1) if served else None,
         "speculative_config": spec,
         "speculative_config_printed": present,
+        "not_understood": notes,
         "line": text,
     }
 
@@ -357,6 +239,8 @@ class EngineLogScanner:
             "engine": last["engine"] if last else None,
             "model": last["model"] if last else None,
             "speculative_config": last["speculative_config"] if last else None,
+            "speculative_config_printed": last["speculative_config_printed"] if last else None,
+            "not_understood": list(last["not_understood"]) if last else [],
             "line": last["line"] if last else None,
             "engine_lines_seen": len(self.engines),
             "configs_seen": distinct if len(distinct) > 1 else [],
@@ -500,7 +384,7 @@ def compare_expected(found, expected):
     diffs, notes = [], []
     expected = dict(expected or {})
     want_method = normalize_method(expected.get("method"))
-    want_model = _normalize_model(expected.get("model"))
+    want_model = normalize_model(expected.get("model"))
     want_num = expected.get("num_speculative_tokens")
     enabled = expected.get("enabled")
     if enabled is None:
@@ -524,7 +408,7 @@ def compare_expected(found, expected):
         notes.append("the request omitted \"method\" and vLLM chose %r: %s" % (got_method, METHOD_GUESS_HINT))
     if expected.get("method") is not None and want_method != str(expected.get("method")).strip().lower():
         notes.append("method %r is an alias that vLLM normalises to %r" % (expected.get("method"), want_method))
-    if want_model is not None and _normalize_model(found.get("model")) != want_model:
+    if want_model is not None and normalize_model(found.get("model")) != want_model:
         diffs.append("model: expected %r, engine runs %r" % (want_model, found.get("model")))
     if want_num is not None:
         try:

@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: Alauda
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Speculative-decoding acceptance numbers from vLLM's /metrics page or its ``SpecDecoding metrics:`` log lines.
+"""Speculative-decoding acceptance numbers from vLLM's /metrics page (its ``SpecDecoding metrics:`` log lines are read by
+spec_decoding_log into the same SpecDecodeCounters), the summary and the diagnosis.
 
 Reusable pure functions (the benchmark computes /metrics deltas over a run with them)::
 
@@ -21,18 +22,11 @@ guardedly: a module checks ``prometheus_text.HAS_PROMETHEUS_CLIENT``).
 
 from __future__ import annotations
 
-import math
 import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.engine_log import (
-    iter_needle_lines,
-    iter_text_chunks,
-    iter_file_chunks,
-    normalize_method,
-    strip_ansi,
-)
-
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import not_understood as unknown
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.speculative_repr import normalize_method
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import prometheus_text
 
 # Metric-name prefixes of the spec_decode families (after the ``vllm:`` namespace; see prometheus_text).
@@ -50,6 +44,10 @@ V0_NAMES = {
     "spec_decode_num_emitted_tokens": "v0_num_emitted_tokens",
 }
 NAME_RE = re.compile(r"^(?:[a-zA-Z_][a-zA-Z0-9_]*[:_])?(spec_decode_[a-z_]+?)(?:_total)?$")
+# Labels vLLM 0.10 to 0.34 put on the spec_decode series (``position`` only on the per-position counter).
+KNOWN_LABELS = frozenset(("model_name", "engine"))
+# Sample suffixes of a histogram or summary family: an unknown family is listed once, by its family name.
+_FAMILY_SUFFIX_RE = re.compile(r"_(?:bucket|count|sum|gcount|gsum)$")
 
 # Methods whose proposals come from a separate model or head: acceptance near zero points at the draft.
 DRAFT_BASED_METHODS = frozenset(("eagle", "eagle3", "draft_model", "mtp", "medusa", "mlp_speculator", "dflash", "dspark"))
@@ -171,12 +169,14 @@ def filter_spec_lines(text):
     return prometheus_text.filter_lines(text, SPEC_PREFIXES)
 
 
-def parse_prometheus(text, model_name=None):
+def parse_prometheus(text, model_name=None, not_understood=None):
     """Parse a /metrics page (Prometheus text format) into SpecDecodeCounters.
 
     Only the spec_decode families are handed to prometheus_client's parser (``prometheus_text.parse_samples``,
     which drops ``_created`` series); values are summed over ``engine`` and over model names unless
     ``model_name`` filters them (then samples without that ``model_name`` label are left out).
+    A spec_decode metric or label vLLM 0.10 to 0.34 do not expose is passed over and, when ``not_understood`` is a list,
+    added to it (not_understood.py).
     Raises ValidationError (field ``metrics``) when prometheus_client is missing or the page is not valid
     exposition text.
     """
@@ -186,16 +186,24 @@ def parse_prometheus(text, model_name=None):
     models, engines = set(), set()
     all_models = set()
     found = False
+    notes = []
     for sample in prometheus_text.parse_samples(text, SPEC_PREFIXES, field="metrics"):
         match = NAME_RE.match(sample.name)
-        if not match:
-            continue
-        base = match.group(1)
+        base = match.group(1) if match else None
         labels = sample.labels or {}
+        if base not in V1_COUNTERS and base != PER_POS and base not in V0_NAMES:
+            family = _FAMILY_SUFFIX_RE.sub("", sample.name)
+            notes.append(unknown.item(unknown.METRICS, family, "metric %s unknown (not exposed by vLLM 0.10 to 0.34): not read"
+                                      % family))
+            continue
         if "model_name" in labels:
             all_models.add(labels["model_name"])
         if model_name is not None and labels.get("model_name") != model_name:
             continue
+        known_labels = KNOWN_LABELS | ({"position"} if base == PER_POS else set())
+        for label in sorted(set(labels) - known_labels):
+            notes.append(unknown.item(unknown.METRICS, label, "label %s on %s unknown: the series were summed over it"
+                                      % (label, sample.name)))
         value = sample.value
         if base in V1_COUNTERS:
             key = V1_COUNTERS[base]
@@ -204,21 +212,23 @@ def parse_prometheus(text, model_name=None):
             try:
                 position = int(labels.get("position", "0"))
             except ValueError:
+                notes.append(unknown.item(unknown.METRICS, "position", "label position=%r on %s is not a number: that series "
+                                          "was not read" % (labels.get("position"), sample.name)))
                 continue
             per_pos[position] = per_pos.get(position, 0.0) + value
-        elif base in V0_NAMES:
+        else:
             key = V0_NAMES[base]
             if key == "v0_num_emitted_tokens":
                 v0[key] = v0.get(key, 0.0) + value
             else:
                 v0.setdefault(key, []).append(value)
-        else:
-            continue
         found = True
         if "model_name" in labels:
             models.add(labels["model_name"])
         if "engine" in labels:
             engines.add(labels["engine"])
+    if not_understood is not None:
+        unknown.add(not_understood, notes)
     positions = [per_pos.get(i, 0.0) for i in range(max(per_pos) + 1)] if per_pos else []
     for key in ("v0_draft_acceptance_rate", "v0_efficiency"):
         if key in v0:
@@ -236,165 +246,6 @@ def parse_prometheus(text, model_name=None):
         all_model_names=all_models,
     )
     return counters
-
-
-# ----------------------------------------------------------------------------------------------------
-# Log lines
-
-LOG_NEEDLES = (b"SpecDecoding metrics", b"Speculative metrics")
-_FLOAT = r"(?:[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|NaN|inf|-inf)"
-RE_MEAN = re.compile(r"Mean acceptance length:\s*(%s)" % _FLOAT)
-RE_ACC_TPUT = re.compile(r"Accepted throughput:\s*(%s)\s*tokens/s" % _FLOAT)
-RE_DRAFT_TPUT = re.compile(r"Drafted throughput:\s*(%s)\s*tokens/s" % _FLOAT)
-RE_ACCEPTED = re.compile(r"Accepted:\s*(\d+)\s*tokens")
-RE_DRAFTED = re.compile(r"Drafted:\s*(\d+)\s*tokens")
-RE_PER_POS = re.compile(r"Per-position acceptance rate:\s*\[?\s*(%s(?:\s*,\s*%s)*)" % (_FLOAT, _FLOAT))
-RE_RATE_PCT = re.compile(r"(Avg )?Draft acceptance rate:\s*(%s)\s*%%" % _FLOAT)
-RE_TIME = re.compile(r"(?:INFO|DEBUG)\s+(\d\d-\d\d \d\d:\d\d:\d\d)")
-# V0: "Speculative metrics: Draft acceptance rate: 0.712, System efficiency: 0.546, Number of speculative
-# tokens: 5, Number of accepted tokens: 123, Number of draft tokens: 456, Number of emitted tokens: 789."
-RE_V0 = re.compile(
-    r"Speculative metrics:\s*Draft acceptance rate:\s*(?P<rate>%s),\s*System efficiency:\s*(?P<eff>%s),\s*"
-    r"Number of speculative tokens:\s*(?P<k>\d+),\s*Number of accepted tokens:\s*(?P<acc>\d+),\s*"
-    r"Number of draft tokens:\s*(?P<draft>\d+),\s*Number of emitted tokens:\s*(?P<emit>\d+)" % (_FLOAT, _FLOAT)
-)
-
-
-def _float(text):
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(value) else value
-
-
-def parse_log_line(line):
-    """Parse one ``SpecDecoding metrics:`` (V1) or ``Speculative metrics:`` (V0) line into a window dict.
-
-    Returns None for other lines. Window keys: ``format`` (v1 = 0.10.2+, v1_legacy = 0.8.5-0.10.1, v0),
-    ``num_accepted_tokens``, ``num_draft_tokens``, ``num_drafts`` (derived, see ``num_drafts_estimated``),
-    ``accepted_tokens_per_position`` (derived), ``per_position_acceptance_rate`` (as printed),
-    ``mean_acceptance_length`` (1 + accepted/drafts, whatever the build printed), ``draft_acceptance_rate``
-    (fraction), ``printed_mean_acceptance_length``, throughputs, ``time``, ``cumulative`` (V0 counts are
-    since start, V1 windows are per logging interval).
-    """
-    text = strip_ansi(line)
-    v0 = RE_V0.search(text)
-    if v0:
-        k = int(v0.group("k"))
-        accepted, drafted = int(v0.group("acc")), int(v0.group("draft"))
-        drafts = int(round(drafted / k)) if k else None
-        return _window("v0", text, accepted, drafted, drafts, True, [], _float(v0.group("rate")), None, cumulative=True,
-                       extra={"system_efficiency": _float(v0.group("eff")), "num_emitted_tokens": int(v0.group("emit")),
-                              "num_speculative_tokens": k})
-    idx = text.find("SpecDecoding metrics:")
-    if idx < 0:
-        return None
-    body = text[idx:]
-    acc_m, dr_m = RE_ACCEPTED.search(body), RE_DRAFTED.search(body)
-    if not acc_m or not dr_m:
-        return None
-    accepted, drafted = int(acc_m.group(1)), int(dr_m.group(1))
-    mean_m, rate_m, pos_m = RE_MEAN.search(body), RE_RATE_PCT.search(body), RE_PER_POS.search(body)
-    printed_mean = _float(mean_m.group(1)) if mean_m else None
-    rates = [_float(v) for v in pos_m.group(1).split(",")] if pos_m else []
-    rates = [r if r is not None else 0.0 for r in rates]
-    legacy = bool(rate_m and not rate_m.group(1)) and "throughput" not in body
-    fmt = "v1_legacy" if legacy else "v1"
-    # accepted/drafts from the printed numbers: the per-position rates sum to it (3 decimals each, the most
-    # precise source); else the printed mean, minus the bonus token if the build counted it.
-    ratio = sum(rates) if rates and sum(rates) > 0 else None
-    if printed_mean is not None:
-        if rates:
-            bonus = abs(printed_mean - 1 - sum(rates)) < abs(printed_mean - sum(rates))
-        else:
-            bonus = not legacy
-        mean_excl = printed_mean - 1 if bonus else printed_mean
-        if ratio is None and mean_excl > 0:
-            ratio = mean_excl
-    drafts, estimated = None, True
-    if accepted > 0 and ratio:
-        drafts = int(round(accepted / ratio))
-    elif drafted > 0 and rates:
-        drafts = int(math.ceil(drafted / float(len(rates))))   # nothing accepted: a draft proposes up to k tokens
-    elif drafted == 0:
-        drafts, estimated = 0, False
-    rate = accepted / float(drafted) if drafted else (_float(rate_m.group(2)) / 100.0 if rate_m and _float(rate_m.group(2)) is not None else None)
-    window = _window(fmt, text, accepted, drafted, drafts, estimated, rates, rate, printed_mean)
-    window["accepted_throughput"] = _float(RE_ACC_TPUT.search(body).group(1)) if RE_ACC_TPUT.search(body) else None
-    window["drafted_throughput"] = _float(RE_DRAFT_TPUT.search(body).group(1)) if RE_DRAFT_TPUT.search(body) else None
-    return window
-
-
-def _window(fmt, text, accepted, drafted, drafts, estimated, rates, rate, printed_mean, cumulative=False, extra=None):
-    per_pos_accepted = [int(round(r * drafts)) for r in rates] if drafts else [0 for _r in rates]
-    time_m = RE_TIME.search(text)
-    window = {
-        "format": fmt,
-        "time": time_m.group(1) if time_m else None,
-        "num_accepted_tokens": accepted,
-        "num_draft_tokens": drafted,
-        "num_drafts": drafts,
-        "num_drafts_estimated": estimated,
-        "accepted_tokens_per_position": per_pos_accepted,
-        "per_position_acceptance_rate": rates,
-        "draft_acceptance_rate": rate,
-        "mean_acceptance_length": (1 + accepted / float(drafts)) if drafts else None,
-        "printed_mean_acceptance_length": printed_mean,
-        "cumulative": cumulative,
-    }
-    if extra:
-        window.update(extra)
-    return window
-
-
-def parse_log(chunks, max_windows=1000):
-    """Parse every SpecDecoding/Speculative metrics line of a log stream (chunks of bytes/str).
-
-    Returns ``(counters, windows, windows_total)``. V1 windows are summed (each covers one logging
-    interval); V0 lines are cumulative, so the last one is the total. ``windows`` keeps the last
-    ``max_windows`` windows (memory stays bounded); ``windows_total`` counts them all.
-    """
-    acc = dft = drafts = 0
-    per_pos = []
-    estimated = False
-    windows = []
-    total = 0
-    last_v0 = None
-    for line in iter_needle_lines(chunks, LOG_NEEDLES):
-        window = parse_log_line(line)
-        if window is None:
-            continue
-        total += 1
-        windows.append(window)
-        if len(windows) > max_windows:
-            del windows[0]
-        if window["cumulative"]:
-            last_v0 = window
-            continue
-        acc += window["num_accepted_tokens"]
-        dft += window["num_draft_tokens"]
-        drafts += window["num_drafts"] or 0
-        estimated = estimated or (window["num_drafts_estimated"] and window["num_draft_tokens"] > 0)
-        for i, value in enumerate(window["accepted_tokens_per_position"]):
-            if i >= len(per_pos):
-                per_pos.append(0)
-            per_pos[i] += value
-    if last_v0 is not None and acc == 0 and dft == 0:
-        acc, dft, drafts = last_v0["num_accepted_tokens"], last_v0["num_draft_tokens"], last_v0["num_drafts"]
-        estimated = True
-    counters = SpecDecodeCounters(num_drafts=drafts if total else None, num_draft_tokens=dft if total else None,
-                                  num_accepted_tokens=acc if total else None, accepted_per_pos=per_pos,
-                                  found=total > 0, source="log", num_drafts_estimated=estimated)
-    return counters, windows, total
-
-
-def parse_log_text(text, **kwargs):
-    return parse_log(iter_text_chunks(text), **kwargs)
-
-
-def parse_log_file(path, **kwargs):
-    return parse_log(iter_file_chunks(path), **kwargs)
 
 
 # ----------------------------------------------------------------------------------------------------

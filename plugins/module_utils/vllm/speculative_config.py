@@ -298,6 +298,32 @@ def _history(name, what):
     return [m for m in _MINORS if name in _TABLES[m]["methods" if what == "method" else "keys"]]
 
 
+def printed_table(vllm_version):
+    """``(table, "0.34", newer)`` for reading what a running vLLM printed: its minor's table (or the nearest older one);
+    the newest when the version is newer (``newer`` True), missing or unreadable; the oldest below the oldest. Never
+    refuses: a reader reads what it can."""
+    try:
+        version = parse_version(vllm_version) if vllm_version else None
+    except ValidationError:
+        version = None
+    if version is None:
+        return _TABLES[_MINORS[-1]], _vtxt(_MINORS[-1]), False
+    minor = (version[0], version[1])
+    chosen = [m for m in _MINORS if m <= minor] or _MINORS[:1]
+    return _TABLES[chosen[-1]], _vtxt(chosen[-1]), minor > _MINORS[-1]
+
+
+def releases_with(name, what):
+    """The minors (``"0.24"``) whose table has ``name``: a method (``what="method"``) or a key (engine-set fields count)."""
+    if what == "method":
+        return [_vtxt(m) for m in _history(name, what)]
+    return [_vtxt(m) for m in _MINORS if name in _TABLES[m]["keys"] or name in _TABLES[m]["engine_keys"]]
+
+
+NEWEST_TABLE = _vtxt(_MINORS[-1])
+OLDEST_TABLE = _vtxt(_MINORS[0])
+
+
 def _absence(name, what, version):
     """Why the release of `version` lacks `name`: ('added', minor) or ('removed', minor); None if no release has it."""
     history = _history(name, what)

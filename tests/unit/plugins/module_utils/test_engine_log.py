@@ -34,7 +34,8 @@ def capture(folder, name):
 
 
 def test_every_capture_folder_is_covered():
-    folders = sorted(d for d in os.listdir(CAPTURES) if os.path.isdir(os.path.join(CAPTURES, d)))
+    # newer/ is derived from these captures (a vLLM newer than the tables), tested in test_vllm_newer.py.
+    folders = sorted(d for d in os.listdir(CAPTURES) if os.path.isdir(os.path.join(CAPTURES, d)) and d != "newer")
     assert folders == sorted(EXPECTED)
 
 

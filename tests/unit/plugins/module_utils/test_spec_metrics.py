@@ -11,6 +11,7 @@ import re
 import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as sm
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import spec_decoding_log as sdl
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 from tests.paths import CAPTURES, read_capture  # noqa: E402  pylint: disable=wrong-import-position
@@ -211,7 +212,7 @@ def test_pre_filter_is_what_the_parser_sees():
 
 @pytest.mark.parametrize("folder", sorted(LOG_WINDOWS))
 def test_capture_log_windows(folder):
-    counters, windows, total = sm.parse_log_text(read(folder, "startup.log"))
+    counters, windows, total = sdl.parse_log_text(read(folder, "startup.log"))
     expected = LOG_WINDOWS[folder]
     assert total == len(expected) == len(windows)
     for window, (acc, dft, mean, rates, pct) in zip(windows, expected):
@@ -229,7 +230,7 @@ def test_capture_log_windows(folder):
 def test_log_totals_agree_with_the_metrics_page_of_the_same_run(folder):
     """The log windows of a run add up to the /metrics counters read after it (numbers from metrics.txt)."""
     _model, drafts, drafted, accepted, per_pos = METRICS[folder]
-    counters, _windows, _total = sm.parse_log_file(os.path.join(CAPTURES, folder, "startup.log"))
+    counters, _windows, _total = sdl.parse_log_file(os.path.join(CAPTURES, folder, "startup.log"))
     assert counters.source == "log" and counters.num_drafts_estimated is True
     assert (counters.num_draft_tokens, counters.num_accepted_tokens) == (drafted, accepted)
     assert counters.num_drafts == drafts
@@ -237,7 +238,7 @@ def test_log_totals_agree_with_the_metrics_page_of_the_same_run(folder):
 
 
 def test_log_ngram_weighted_totals():
-    summary = sm.summarize(sm.parse_log_text(read("ngram", "startup.log"))[0], method="ngram")
+    summary = sm.summarize(sdl.parse_log_text(read("ngram", "startup.log"))[0], method="ngram")
     # weighted by drafted tokens: (103 + 552) / (206 + 796), not the mean of 50.0% and 69.3%
     assert summary["draft_acceptance_rate"] == pytest.approx(655 / 1002)
     assert summary["mean_acceptance_length"] == pytest.approx(1 + 655 / 229)
@@ -252,7 +253,7 @@ def test_synthetic_085_line_mean_without_bonus():
     # 0.8.5: rate first, mean = accepted/drafts (no +1); 100 drafts of 2 tokens: 90 + 52 accepted
     line = ("INFO 04-29 10:00:10 [metrics.py:85] SpecDecoding metrics: Draft acceptance rate: 71.0%, Mean acceptance length: 1.42, "
             "Accepted: 142 tokens, Drafted: 200 tokens, Per-position acceptance rate: 0.900, 0.520")
-    window = sm.parse_log_line(line)
+    window = sdl.parse_log_line(line)
     assert window["format"] == "v1_legacy"
     assert window["num_drafts"] == 100 and window["accepted_tokens_per_position"] == [90, 52]
     assert window["mean_acceptance_length"] == pytest.approx(2.42)
@@ -261,7 +262,7 @@ def test_synthetic_085_line_mean_without_bonus():
 
 def test_synthetic_legacy_line_without_per_position():
     line = "SpecDecoding metrics: Draft acceptance rate: 50.0%, Mean acceptance length: 2.00, Accepted: 200 tokens, Drafted: 400 tokens"
-    window = sm.parse_log_line(line)
+    window = sdl.parse_log_line(line)
     assert window["num_drafts"] == 100 and window["mean_acceptance_length"] == pytest.approx(3.0)
 
 
@@ -273,7 +274,7 @@ def test_synthetic_legacy_line_without_per_position():
 ])
 def test_synthetic_prefixes(prefix):
     line = prefix + SPEC_LINE_032[len("(APIServer pid=1) "):]
-    window = sm.parse_log_line(line)
+    window = sdl.parse_log_line(line)
     assert (window["num_accepted_tokens"], window["num_draft_tokens"], window["num_drafts"]) == (257, 729, 181)
     assert window["accepted_tokens_per_position"] == [103, 58, 45, 27, 24]
 
@@ -282,9 +283,9 @@ def test_synthetic_024_033_nan_window():
     line = ("(APIServer pid=1) INFO 02-01 00:00:00 [loggers.py:1] SpecDecoding metrics: Mean acceptance length: nan, Accepted throughput: "
             "0.00 tokens/s, Drafted throughput: 0.00 tokens/s, Accepted: 0 tokens, Drafted: 0 tokens, Per-position acceptance rate: nan, nan, "
             "nan, Avg Draft acceptance rate: nan%")
-    window = sm.parse_log_line(line)
+    window = sdl.parse_log_line(line)
     assert window["num_draft_tokens"] == 0 and window["num_drafts"] == 0 and window["draft_acceptance_rate"] is None
-    counters, _w, total = sm.parse_log_text(line + "\n")
+    counters, _w, total = sdl.parse_log_text(line + "\n")
     assert total == 1 and sm.summarize(counters)["has_data"] is False
 
 
@@ -292,7 +293,7 @@ def test_synthetic_033_draft_model_full_acceptance():
     line = ("(APIServer pid=1) INFO 06-01 00:00:10 [loggers.py:1] SpecDecoding metrics: Mean acceptance length: 4.00, Accepted throughput: "
             "30.00 tokens/s, Drafted throughput: 30.00 tokens/s, Accepted: 300 tokens, Drafted: 300 tokens, Per-position acceptance rate: "
             "1.000, 1.000, 1.000, Avg Draft acceptance rate: 100.0%")
-    summary = sm.summarize(sm.parse_log_text(line)[0], method="draft_model")
+    summary = sm.summarize(sdl.parse_log_text(line)[0], method="draft_model")
     assert summary["num_drafts"] == 100 and summary["draft_acceptance_rate"] == 1.0
     assert summary["diagnosis"]["status"] == "healthy"
 
@@ -304,7 +305,7 @@ def test_synthetic_v0_lines_are_cumulative():
         "INFO 01-01 00:00:10 metrics.py:455] Speculative metrics: Draft acceptance rate: 0.712, System efficiency: 0.546, "
         "Number of speculative tokens: 5, Number of accepted tokens: 712, Number of draft tokens: 1000, Number of emitted tokens: 819.\n"
     )
-    counters, windows, total = sm.parse_log_text(lines)
+    counters, windows, total = sdl.parse_log_text(lines)
     assert total == 2 and all(w["format"] == "v0" and w["cumulative"] for w in windows)
     assert (counters.num_accepted_tokens, counters.num_draft_tokens, counters.num_drafts) == (712, 1000, 200)
     summary = sm.summarize(counters)
@@ -314,7 +315,7 @@ def test_synthetic_v0_lines_are_cumulative():
 
 def test_windows_are_bounded_but_all_counted():
     text = "\n".join([SPEC_LINE_032] * 50)
-    counters, windows, total = sm.parse_log_text(text, max_windows=10)
+    counters, windows, total = sdl.parse_log_text(text, max_windows=10)
     assert total == 50 and len(windows) == 10
     assert counters.num_draft_tokens == 50 * 729
 
@@ -395,5 +396,5 @@ def test_thresholds():
 def test_log_parse_any_chunking(size):
     with open(os.path.join(CAPTURES, "ngram", "startup.log"), "rb") as handle:
         data = handle.read()
-    counters, _windows, total = sm.parse_log([data[i:i + size] for i in range(0, len(data), size)])
+    counters, _windows, total = sdl.parse_log([data[i:i + size] for i in range(0, len(data), size)])
     assert total == 2 and (counters.num_draft_tokens, counters.num_accepted_tokens, counters.num_drafts) == (1002, 655, 229)

@@ -19,7 +19,7 @@ def _buckets(values):
 def window(requests=100, tpot=0.015, accepted=600, drafted=1000, drafts=400, per_pos=(250, 200, 150), spread=0):
     """Figures of a hand-made window: ``requests`` requests at ``tpot`` seconds (+ ``spread`` of them one bucket slower)."""
     values = [tpot] * (requests - spread) + [tpot * 2] * spread
-    acc = {"num_accepted_tokens": accepted, "num_draft_tokens": drafted, "num_drafts": drafts,
+    acc = {"num_accepted_tokens": accepted, "num_draft_tokens": drafted, "num_drafts": drafts, "has_data": bool(drafted),
            "accepted_tokens_per_position": list(per_pos), "draft_acceptance_rate": accepted / drafted if drafted else None,
            "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
            "per_position_acceptance_rate": [p / drafts for p in per_pos] if drafts else []}

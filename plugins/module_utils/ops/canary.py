@@ -424,14 +424,16 @@ def wait_step(api_client, namespace, name, state, mode, canary_name, percent, ti
 # -- observing a window of live traffic -----------------------------------------------------------------------------------
 
 def _targets(api_client, namespace, name, selector, container, port, scheme):
-    out = {}
-    for pod in canary_pods(api_client, namespace, name, selector):
-        spec = k8s_pods.read_pod(api_client, namespace, pod["name"])
-        out[pod["name"]] = http_target.pod_http_target(spec, container=container, port=port, scheme=scheme)
-    return out
+    return pod_targets(api_client, namespace, [p["name"] for p in canary_pods(api_client, namespace, name, selector)], container, port, scheme)
 
 
-def _scrape_all(api_client, namespace, targets, model_name, timeout):
+def pod_targets(api_client, namespace, pods, container, port, scheme):
+    """Per pod name: scheme and port of vLLM's /metrics (from the pod's spec unless given)."""
+    return {pod: http_target.pod_http_target(k8s_pods.read_pod(api_client, namespace, pod), container=container, port=port, scheme=scheme)
+            for pod in pods}
+
+
+def scrape_pods(api_client, namespace, targets, model_name, timeout):
     pages, missing = {}, []
     for pod, target in sorted(targets.items()):
         try:
@@ -455,7 +457,7 @@ def _observe_window(api_client, namespace, targets, selectors, window, max_windo
     missing = {side: [] if targets[side] else ["(no running pod matches %s)" % selectors[side]] for side in targets}
     first = {}
     for side in targets:
-        first[side], lost = _scrape_all(api_client, namespace, targets[side], model_name, timeout)
+        first[side], lost = scrape_pods(api_client, namespace, targets[side], model_name, timeout)
         missing[side] += lost
     start = clock()
     sleep(window)
@@ -463,7 +465,7 @@ def _observe_window(api_client, namespace, targets, selectors, window, max_windo
     while True:
         figures, later_missing, scraped = {}, {}, {}
         for side in targets:
-            pages, lost = _scrape_all(api_client, namespace, targets[side], model_name, timeout)
+            pages, lost = scrape_pods(api_client, namespace, targets[side], model_name, timeout)
             later_missing[side] = missing[side] + [p for p in lost if p not in missing[side]]
             scraped[side] = pages
         elapsed = clock() - start  # the window ends with the last scrape

@@ -107,3 +107,26 @@ def test_watchdog_records_a_baseline_ignores_an_unreadable_window_and_rolls_back
     report = json.loads((tmp_path / "report" / "watch.json").read_text())
     assert report["rolled_back"] == ["%s/%s" % (namespace, name)]
     assert report["services"][0]["state"] == "collapsed" and report["services"][0]["action"] == "roll_back"
+
+
+def test_schedule_renders_a_cronjob_with_least_privilege_and_only_the_watch_variables(tmp_path):
+    import yaml  # pylint: disable=import-outside-toplevel
+    out = tmp_path / "watch"
+    extra = {"watch_names": ["models/llm", "llm2"], "watch_namespaces": ["team-a"], "watch_target": "schedule",
+             "watch_schedule_output_dir": str(out), "watch_schedule_namespace": "ops", "watch_interval": 120}
+    run = run_playbook(tmp_path, "playbooks/watch.yml", extra_vars=extra)
+    assert run.rc == 0, run.output
+    docs = {p.name: yaml.safe_load(p.read_text()) for p in out.glob("*.yaml") if p.name != "kustomization.yaml"}
+    roles = {d["metadata"]["namespace"]: d for d in docs.values() if d["kind"] == "Role"}
+    assert sorted(roles) == ["models", "team-a"]
+    rules = roles["models"]["rules"]
+    assert {"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get"]} in rules
+    assert {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]} in rules
+    assert {"apiGroups": ["serving.kserve.io"], "resources": ["inferenceservices"], "verbs": ["get", "list", "watch", "patch"]} in rules
+    cron = next(d for d in docs.values() if d["kind"] == "CronJob")
+    assert cron["spec"]["schedule"] == "*/30 * * * *" and "alauda.spec_decoding.watch" in cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    job_vars = json.loads(next(d for d in docs.values() if d["kind"] == "ConfigMap")["data"]["vars.yml"])
+    # extra vars override role vars: a rollback_names here would roll back every watched service, not the collapsed ones
+    assert not [k for k in job_vars if k.startswith("rollback_")]
+    assert job_vars["watch_names"] == ["models/llm", "team-a/llm2"] and job_vars["watch_target"] == "cluster"
+    assert float(job_vars["watch_interval"]) == 120

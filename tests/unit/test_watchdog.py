@@ -82,7 +82,8 @@ def test_baseline_is_a_configmap_owned_by_the_inference_service():
 
 
 @pytest.mark.parametrize("change, field", [({"interval": 0}, "interval"), ({"min_requests": 0}, "min_requests"),
-                                           ({"checks": [{"figure": "nope", "min": 1}]}, "checks"), ({"count": 0}, "count")])
+                                           ({"checks": [{"figure": "nope", "min": 1}]}, "checks"), ({"count": 0}, "count"),
+                                           ({"confidence": 1.5}, "confidence")])
 def test_bad_options_are_refused_before_anything_is_read(change, field):
     with pytest.raises(ValidationError, match="^%s: " % field):
         watchdog.check_params(dict(PARAMS, **change))

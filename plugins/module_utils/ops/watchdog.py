@@ -30,6 +30,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import c
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import canary
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import canary_steps
 
 HEALTHY, DEGRADED, COLLAPSED, NO_TRAFFIC, UNKNOWN = "healthy", "degraded", "collapsed", "no_traffic", "unknown"
 STATES = (HEALTHY, DEGRADED, COLLAPSED, NO_TRAFFIC, UNKNOWN)
@@ -181,6 +182,7 @@ def check_params(params):
         raise ValidationError("must be at least 1", field="min_requests", hint="e.g. 20 finished requests per window")
     checks = [analysis.check_spec(c) for c in (params.get("checks") or DEFAULT_CHECKS)]
     budgets = analysis.Budgets.from_params(params)
+    canary_steps.check_confidence(params.get("confidence"))
     return checks, budgets
 
 

@@ -63,9 +63,11 @@ def state_of(run, had_baseline=True):
         return COLLAPSED
     if phase == analysis.ERROR:
         return UNKNOWN
-    if phase == analysis.SUCCESSFUL:
-        return DEGRADED if counts[analysis.FAIL] or counts[analysis.INCONCLUSIVE] else HEALTHY
     windows = run["windows"]
+    if phase == analysis.SUCCESSFUL:
+        # a window without traffic says nothing against the others
+        unsure = [w for w in windows if w["verdict"] == analysis.INCONCLUSIVE and not w.get("no_traffic")]
+        return DEGRADED if counts[analysis.FAIL] or unsure else HEALTHY
     if windows and all(w["verdict"] != analysis.INCONCLUSIVE or w.get("no_traffic") for w in windows if w["verdict"] != analysis.ERROR) \
             and not counts[analysis.PASS] and not counts[analysis.FAIL]:
         return NO_TRAFFIC

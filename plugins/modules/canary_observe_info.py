@@ -18,7 +18,8 @@ description:
     C(vllm:e2e_request_latency_seconds)) - medians and p99 as Prometheus' C(histogram_quantile) computes them - the
     finished requests, the output tokens per second of request time, and the canary's acceptance figures.
   - Decides with the benchmark's keep rule (median TTFT, median TPOT, output rate; see M(alauda.spec_decoding.spec_benchmark)) -
-    C(promote) or C(roll_back). No decision (C(none)) while a side has fewer than O(min_requests) finished requests (the
+    C(promote) or C(roll_back), over O(count) windows within the budgets (O(failure_limit), O(inconclusive_limit),
+    O(consecutive_error_limit)). No decision (C(none)) while a side has fewer than O(min_requests) finished requests (the
     window is extended up to O(max_window) first) or a pod's metrics are missing (named in C(missing)).
   - Only reads; C(changed) is always false.
 author:
@@ -76,6 +77,49 @@ options:
     description: Seconds for each C(/metrics) request.
     type: int
     default: 30
+  count:
+    description:
+      - Windows of O(window) seconds to measure (Argo Rollouts' C(count)); each gets a verdict - C(pass), C(fail),
+        C(inconclusive) (too few requests, a check not measurable, or a measured difference inside the noise) or C(error)
+        (a C(/metrics) read failed; never counted as a failure).
+    type: int
+    default: 1
+  failure_limit:
+    description: Failed windows tolerated; one more ends the analysis C(failed) - C(roll_back) (Argo's C(failureLimit)).
+    type: int
+    default: 0
+  inconclusive_limit:
+    description:
+      - Inconclusive windows tolerated; one more ends the analysis C(inconclusive) - decision C(none), the canary stays
+        where it is (Argo's C(inconclusiveLimit)).
+    type: int
+    default: 0
+  consecutive_error_limit:
+    description:
+      - Windows in a row whose C(/metrics) could not be read that are tolerated; one more ends the analysis C(error) -
+        decision C(none), nothing rolled back (Argo's C(consecutiveErrorLimit)).
+    type: int
+    default: 4
+  initial_delay:
+    description: Seconds to wait before the first window (warm-up; Argo's C(initialDelay)).
+    type: float
+    default: 0
+  checks:
+    description:
+      - More checks on the canary's window besides the keep rule and the p99 guard, the stable revision as the baseline.
+        Each C({name, figure, min | max | better + tolerance, dry_run}); C(figure) one of C(acceptance_rate),
+        C(mean_acceptance_length), C(position_<n>_rate), C(requests), C(output_rate), C(ttft|tpot|itl|e2el_median|p99|mean).
+      - A C(dry_run) check is evaluated and reported, never decides.
+    type: list
+    elements: dict
+    default: []
+  confidence:
+    description:
+      - How sure (0.5 to 1) a failed comparison must be, by a one-sided rank test on the two revisions' histogram buckets
+        (or a two-proportion test on the acceptance counters), to count as C(fail); a less certain difference is
+        C(inconclusive).
+    type: float
+    default: 0.95
 extends_documentation_fragment:
   - alauda.spec_decoding.inference_service
   - kubernetes.core.k8s_auth_options
@@ -140,6 +184,22 @@ report:
   description: The report (JSON-ready) - window, both revisions' figures, the decision and why.
   returned: always
   type: dict
+verdict:
+  description: The analysis' phase - C(successful), C(failed), C(inconclusive) or C(error).
+  returned: always
+  type: str
+confidence:
+  description: How sure (0..1) the deciding window's failed comparison is that the canary is worse (null when none failed).
+  returned: always
+  type: float
+analysis:
+  description: The windows' verdicts and reasons, their counts and the budgets.
+  returned: always
+  type: dict
+next_step:
+  description: What to do when the decision is C(none) (the canary stays at its step).
+  returned: always
+  type: str
 markdown:
   description: The report as Markdown.
   returned: always
@@ -168,6 +228,13 @@ def argument_spec():
         scheme=dict(type="str", choices=["http", "https"]),
         timeout=dict(type="int", default=30),
         percent=dict(type="int"),
+        count=dict(type="int", default=1),
+        failure_limit=dict(type="int", default=0),
+        inconclusive_limit=dict(type="int", default=0),
+        consecutive_error_limit=dict(type="int", default=4),
+        initial_delay=dict(type="float", default=0),
+        checks=dict(type="list", elements="dict", default=[]),
+        confidence=dict(type="float", default=0.95),
     )
 
 

@@ -259,3 +259,25 @@ def test_no_decision_on_too_few_requests_or_missing_metrics(k8s_client, kubeconf
     assert obs["missing"]["canary"] == ["(no running pod matches app=isvc.nothing-here)"]
     assert "no /metrics from the canary pods (no running pod matches app=isvc.nothing-here)" in obs["reasons"]
     assert _get(k8s_client, namespace, name)["spec"]["canary"][0]["trafficPercent"] == 10  # nothing decided, nothing changed
+
+
+def test_a_scrape_that_fails_mid_step_ends_the_window_in_error_not_rolled_back(k8s_client, kubeconfig, kserve, namespace):
+    name = "llm"
+    stable, canary = _pages(0.05, 0.030, 30), _pages(0.05, 0.012, 25)
+    # the stable pod's second /metrics read (the end of the first window) fails; the next window reads both pages again
+    port = _serve(kserve, namespace, name, [stable[0], (503, "upstream unavailable\n"), stable[0], stable[1]], canary + canary)
+    _create(k8s_client, namespace, name, port)
+    res = rollout(kubeconfig, namespace, name, speculative_config=NGRAM, percent=10, wait_timeout=60)
+    assert not res.failed, res.msg
+    args = dict(name=name, namespace=namespace, kubeconfig=kubeconfig, selectors=res["selectors"], window=0.2, min_requests=20)
+    obs = run_module("canary_observe_info", dict(args, consecutive_error_limit=0))
+    assert not obs.failed, obs.msg
+    assert obs["decision"] == "none" and obs["verdict"] == "error", (obs["verdict"], obs["reasons"])
+    assert obs["analysis"]["counts"]["error"] == 1 and obs["analysis"]["counts"]["fail"] == 0
+    assert any("no /metrics from the stable pods" in r for r in obs["reasons"]), obs["reasons"]
+    assert "neither promoted nor rolled back" in obs["next_step"] and "Analysis: error" in obs["markdown"]
+    isvc = _get(k8s_client, namespace, name)
+    assert isvc["spec"]["canary"][0]["trafficPercent"] == 10  # nothing rolled back, nothing promoted
+    # the next window reads both revisions again and decides on them
+    obs = run_module("canary_observe_info", args)
+    assert not obs.failed and obs["decision"] == "promote" and obs["verdict"] == "successful", obs["reasons"]

@@ -152,6 +152,9 @@ def revision_figures(pod_deltas, window_s, percentiles=(50, 99)):
         if hist and hist["count"]:
             row["mean"] = hist["sum"] / hist["count"] * 1000.0
         figures["%s_ms" % key] = row
+    # The window's bucket counts (cumulative, bounds in seconds, "+Inf" last): what the analysis' rank test compares.
+    figures["buckets"] = {key: [["+Inf" if math.isinf(upper) else upper, count] for upper, count in (hists[key] or {}).get("buckets") or []]
+                          for key in HISTOGRAMS}
     # Per-request output rate: tokens per second of request time. The two sides carry different shares of the traffic,
     # so a throughput per revision would compare the split, not the engines.
     figures["output_rate_per_request"] = gen_tokens / e2e["sum"] if e2e["sum"] else None

@@ -36,6 +36,7 @@ import json
 import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import analysis
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import canary_window
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
@@ -423,14 +424,16 @@ def wait_step(api_client, namespace, name, state, mode, canary_name, percent, ti
 # -- observing a window of live traffic -----------------------------------------------------------------------------------
 
 def _targets(api_client, namespace, name, selector, container, port, scheme):
-    out = {}
-    for pod in canary_pods(api_client, namespace, name, selector):
-        spec = k8s_pods.read_pod(api_client, namespace, pod["name"])
-        out[pod["name"]] = http_target.pod_http_target(spec, container=container, port=port, scheme=scheme)
-    return out
+    return pod_targets(api_client, namespace, [p["name"] for p in canary_pods(api_client, namespace, name, selector)], container, port, scheme)
 
 
-def _scrape_all(api_client, namespace, targets, model_name, timeout):
+def pod_targets(api_client, namespace, pods, container, port, scheme):
+    """Per pod name: scheme and port of vLLM's /metrics (from the pod's spec unless given)."""
+    return {pod: http_target.pod_http_target(k8s_pods.read_pod(api_client, namespace, pod), container=container, port=port, scheme=scheme)
+            for pod in pods}
+
+
+def scrape_pods(api_client, namespace, targets, model_name, timeout):
     pages, missing = {}, []
     for pod, target in sorted(targets.items()):
         try:
@@ -446,22 +449,15 @@ def _scrape_all(api_client, namespace, targets, model_name, timeout):
     return pages, missing
 
 
-def observe(api_client, namespace, name, selectors, window, max_window=None, min_requests=20, tolerances=None, model_name=None,
-            container=DEFAULT_CONTAINER, port=None, scheme=None, timeout=30, clock=None, sleep=None,
-            p99_tolerance=canary_window.DEFAULT_P99_TOLERANCE):
-    """Scrape every pod of both revisions, wait ``window`` seconds of live traffic, scrape again; while a side has fewer than
+def _observe_window(api_client, namespace, targets, selectors, window, max_window, min_requests, tolerances, model_name, timeout,
+                    clock, sleep, p99_tolerance, checks, confidence):
+    """One window: scrape every pod of both revisions, wait ``window`` seconds, scrape again; while a side has fewer than
     ``min_requests`` finished requests, extend the window (up to ``max_window`` seconds in all) instead of deciding on noise.
-
-    Returns ``{"stable": figures, "canary": figures, "window_s", "missing", "decision", "reasons", "checks", "extended"}``.
-    """
-    import time  # pylint: disable=import-outside-toplevel
-    clock, sleep = clock or time.monotonic, sleep or time.sleep
-    max_window = max(window, max_window or window)
-    targets = {side: _targets(api_client, namespace, name, selectors[side], container, port, scheme) for side in ("stable", "canary")}
+    The verdict is the analysis engine's (``analysis.canary_window_verdict``)."""
     missing = {side: [] if targets[side] else ["(no running pod matches %s)" % selectors[side]] for side in targets}
     first = {}
     for side in targets:
-        first[side], lost = _scrape_all(api_client, namespace, targets[side], model_name, timeout)
+        first[side], lost = scrape_pods(api_client, namespace, targets[side], model_name, timeout)
         missing[side] += lost
     start = clock()
     sleep(window)
@@ -469,24 +465,72 @@ def observe(api_client, namespace, name, selectors, window, max_window=None, min
     while True:
         figures, later_missing, scraped = {}, {}, {}
         for side in targets:
-            pages, lost = _scrape_all(api_client, namespace, targets[side], model_name, timeout)
+            pages, lost = scrape_pods(api_client, namespace, targets[side], model_name, timeout)
             later_missing[side] = missing[side] + [p for p in lost if p not in missing[side]]
             scraped[side] = pages
         elapsed = clock() - start  # the window ends with the last scrape
         for side, pages in scraped.items():
             deltas = [canary_window.window_delta(page, first[side].get(pod)) for pod, page in sorted(pages.items())]
-            figures[side] = canary_window.revision_figures(deltas, elapsed)
+            figures[side] = analysis.window_figures(deltas, elapsed)
             figures[side]["pod_names"] = sorted(pages)
-        verdict = canary_window.decide(figures["stable"], figures["canary"], min_requests=min_requests, tolerances=tolerances, missing=later_missing,
-                                       p99_tolerance=p99_tolerance)
-        short = verdict["decision"] == "none" and not any(later_missing.values())
+        decided = canary_window.decide(figures["stable"], figures["canary"], min_requests=min_requests, tolerances=tolerances,
+                                       missing=later_missing, p99_tolerance=p99_tolerance)
+        short = decided["decision"] == "none" and not any(later_missing.values())
         remaining = max_window - elapsed
         if not short or remaining <= 0.05:
             break
         extended += 1
         sleep(min(window, remaining))
-    return dict(verdict, stable=figures["stable"], canary=figures["canary"], window_s=elapsed, missing=later_missing,
-                extended=extended, min_requests=min_requests, selectors=dict(selectors))
+    verdict = analysis.canary_window_verdict(figures["stable"], figures["canary"], decided, later_missing, checks, confidence)
+    return dict(verdict, keep_rule_checks=decided["checks"], stable=figures["stable"], canary=figures["canary"], window_s=elapsed,
+                missing=later_missing, extended=extended)
+
+
+# analysis phase -> the canary's decision (none: the rollout stays where it is)
+PHASE_DECISIONS = {analysis.SUCCESSFUL: "promote", analysis.FAILED: "roll_back"}
+STOPPED_HINT = ("the canary stays at its step, neither promoted nor rolled back: look at the windows' reasons, then rerun the step "
+                "with a longer interval or more windows (count) when the traffic was too thin or the difference inside the noise, "
+                "or fix the /metrics access (errors), or remove the canary (canary_rollout state=absent)")
+
+
+def observe(api_client, namespace, name, selectors, window, max_window=None, min_requests=20, tolerances=None, model_name=None,
+            container=DEFAULT_CONTAINER, port=None, scheme=None, timeout=30, clock=None, sleep=None,
+            p99_tolerance=canary_window.DEFAULT_P99_TOLERANCE, budgets=None, checks=(), confidence=analysis.DEFAULT_CONFIDENCE):
+    """Observe both revisions over ``budgets.count`` windows of ``window`` seconds (``_observe_window``) and count the
+    verdicts against the budgets (``analysis.run``). ``decision``: ``promote`` (successful), ``roll_back`` (failed) or
+    ``none`` (inconclusive or error: nothing to act on).
+
+    Returns the last window's ``{"stable", "canary", "window_s", "missing", "extended", "checks"}`` with ``decision``,
+    ``reasons``, ``verdict``, ``confidence`` and ``analysis`` (phase, counts, budgets, every window's verdict).
+    """
+    import time  # pylint: disable=import-outside-toplevel
+    clock, sleep = clock or time.monotonic, sleep or time.sleep
+    budgets = budgets or analysis.Budgets(count=1, interval=window)
+    window = budgets.interval or window
+    max_window = max(window, max_window or window)
+    targets = {side: _targets(api_client, namespace, name, selectors[side], container, port, scheme) for side in ("stable", "canary")}
+    windows = []
+
+    def measure(_index):
+        try:
+            out = _observe_window(api_client, namespace, targets, selectors, window, max_window, min_requests, tolerances, model_name,
+                                  timeout, clock, sleep, p99_tolerance, checks, confidence)
+        except (k8s_pods.PodAccessError, ValidationError) as exc:
+            out = dict(analysis.window_verdict((), error=str(exc)), decision="none", stable={}, canary={}, window_s=0.0,
+                       missing={}, extended=0, keep_rule_checks=[])
+        windows.append(out)
+        return {k: out[k] for k in ("verdict", "reasons", "confidence")}
+    run = analysis.run(measure, budgets, sleep=sleep)
+    last = windows[-1]
+    decision = PHASE_DECISIONS.get(run["phase"], "none")
+    deciding = next((w for w in reversed(windows) if analysis.PHASE_VERDICTS.get(run["phase"]) == w["verdict"]), last)
+    reasons = list(deciding["reasons"])
+    if budgets.count > 1 or decision == "none" and run["phase"] != deciding["verdict"]:
+        reasons.append("analysis %s: %s" % (run["phase"], run["message"]))
+    return dict(stable=last["stable"], canary=last["canary"], window_s=last["window_s"], missing=last["missing"], extended=last["extended"],
+                checks=deciding.get("keep_rule_checks") or [], engine_checks=deciding["checks"], decision=decision, reasons=reasons,
+                verdict=run["phase"], confidence=deciding.get("confidence"), analysis=run, min_requests=min_requests,
+                selectors=dict(selectors), next_step=STOPPED_HINT if decision == "none" else None)
 
 
 # -- report -----------------------------------------------------------------------------------------------------------
@@ -505,7 +549,8 @@ def build_report(namespace, name, observed, percent=None, canary_name=DEFAULT_CA
             "window_s": observed["window_s"], "min_requests": observed["min_requests"], "decision": observed["decision"],
             "reasons": observed["reasons"], "checks": observed.get("checks") or [], "missing": observed.get("missing") or {},
             "extended": observed.get("extended", 0), "stable": observed["stable"], "canary": observed["canary"],
-            "selectors": observed["selectors"], "actions": list(actions or [])}
+            "selectors": observed["selectors"], "actions": list(actions or []), "verdict": observed.get("verdict"),
+            "confidence": observed.get("confidence"), "analysis": observed.get("analysis"), "next_step": observed.get("next_step")}
 
 
 def render_markdown(report):
@@ -514,7 +559,15 @@ def render_markdown(report):
     lines = ["# Canary report: %s/%s" % (report["namespace"], report["name"]), "",
              "- Mode: %s; canary `%s` on %s%% of the traffic" % (report["mode"], report["canary_name"], report["percent"]),
              "- Window: %s s (min_requests %s per side)" % (_cell(report["window_s"], 1), report["min_requests"]),
-             "- Decision: **%s**" % report["decision"], ""]
+             "- Decision: **%s**" % report["decision"]]
+    run = report.get("analysis") or {}
+    if run:
+        lines.append("- Analysis: %s (%s); windows: %s" % (run["phase"], run["message"], ", ".join(
+            "%d %s" % (run["counts"][v], v) for v in analysis.VERDICTS if run["counts"].get(v))))
+    if report.get("confidence") is not None:
+        lines.append("- Confidence that the canary is worse: %.1f%% (one-sided rank test on the histograms' buckets)" % (100 * report["confidence"]))
+    lines += ["- Next: %s" % report["next_step"]] if report.get("next_step") else []
+    lines.append("")
     lines += ["| | stable (%s) | canary (%s) |" % (report["selectors"]["stable"], report["selectors"]["canary"]), "|---|---|---|"]
     rows = [("pods", "pods", None), ("requests", "requests", None)]
     for key in canary_window.HISTOGRAMS:

@@ -17,7 +17,17 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import p
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import http_target
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as spec_config
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import canary
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import analysis
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import canary_window
+
+
+def check_confidence(value, field="confidence"):
+    """How sure (0.5 to 1) a measured difference must be to count; outside that, a ValidationError."""
+    value = analysis.DEFAULT_CONFIDENCE if value is None else value
+    if not 0.5 <= value < 1:
+        raise ValidationError("must be at least 0.5 and below 1, got %r" % (value,), field=field,
+                              hint="e.g. 0.95: a difference the rank test is less than 95% sure of is inconclusive")
+    return value
 
 
 def plan_step(params, isvc, kserve_version):
@@ -122,6 +132,9 @@ def observe_canary(connect, params):
     bench_decision.check_tolerances(params.get("tolerances"))
     canary_window.check_p99_tolerance(params.get("p99_tolerance"))
     http_target.check_port(params.get("port"))
+    budgets = analysis.Budgets.from_params(dict(params, interval=params["window"]))
+    checks = [analysis.check_spec(c) for c in params.get("checks") or []]
+    confidence = check_confidence(params.get("confidence"))
     selectors = params.get("selectors")
     api_client = connect()
     isvc = k8s_pods.get_inference_service(api_client, params["namespace"], params["name"])
@@ -136,7 +149,7 @@ def observe_canary(connect, params):
                             tolerances=params.get("tolerances"), p99_tolerance=params.get("p99_tolerance"),
                             model_name=params.get("model_name"),
                             container=params["container"], port=params.get("port"), scheme=params.get("scheme"),
-                            timeout=params["timeout"])
+                            timeout=params["timeout"], budgets=budgets, checks=checks, confidence=confidence)
     report = canary.build_report(params["namespace"], params["name"], result, percent=params.get("percent"),
                                  canary_name=params["canary_name"], mode=mode)
     return dict(changed=False, report=report, markdown=canary.render_markdown(report), **result)

@@ -1,0 +1,200 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: speculative_watchdog
+short_description: Watch the acceptance of speculative decoding on live traffic against a recorded baseline
+version_added: 0.2.0
+description:
+  - Measures O(count) windows of O(interval) seconds on every serving pod of an InferenceService or LLMInferenceService
+    (two reads of vLLM's C(/metrics) through the API server's pod proxy per window) and compares each window with the
+    baseline recorded when the rollout was verified or benchmarked, with the checks in O(checks) (the collection's
+    analysis engine, the one the canary uses).
+  - Each window gets a verdict - C(pass), C(fail), C(inconclusive) (too few requests, a difference inside the noise) or
+    C(error) (C(/metrics) unreadable, never counted as a failure); the budgets (O(failure_limit), O(inconclusive_limit),
+    O(consecutive_error_limit)) give the state - C(healthy), C(degraded) (reported), C(collapsed) (the failure budget is
+    spent - RV(action) is C(roll_back)), C(no_traffic) and C(unknown) (never act).
+  - The module itself rolls nothing back; C(playbooks/watch.yml) (role C(alauda.spec_decoding.watch)) rolls the flag back
+    on C(collapsed) with the rollback role, which proves it by the engine line C(speculative_config=None) on every pod.
+  - O(record_baseline=true) measures one window and keeps it as the baseline in the ConfigMap
+    C(<name>-spec-decoding-baseline) next to the resource (owned by it). A ConfigMap and not an annotation, because
+    KServe copies the InferenceService's annotations into the pod template - an annotation would roll the pods.
+author:
+  - Alauda Platform Team (@alauda)
+options:
+  resource_kind:
+    description: What O(name) is.
+    type: str
+    choices: [InferenceService, LLMInferenceService]
+    default: InferenceService
+  api_version:
+    description: API version of an LLMInferenceService.
+    type: str
+    default: v1alpha2
+  record_baseline:
+    description: Measure one window and record it as the baseline (writes the ConfigMap; a server-side dry run in check mode).
+    type: bool
+    default: false
+  baseline_source:
+    description: What the recorded baseline comes from, for the record (e.g. C(verify), C(benchmark)).
+    type: str
+    default: verify
+  baseline:
+    description: Baseline figures to compare with instead of the recorded ones (a window's figures, as RV(baseline) returns them).
+    type: dict
+  checks:
+    description:
+      - The checks per window (default - acceptance rate at most 50% below the baseline, mean acceptance length at most 30%
+        below, median TPOT at most 50% above as a dry run). Each C({name, figure, min | max | better + tolerance, dry_run});
+        see M(alauda.spec_decoding.canary_observe_info) O(checks) for the figures.
+    type: list
+    elements: dict
+  interval:
+    description: Seconds of live traffic per window.
+    type: float
+    default: 300
+  count:
+    description: Windows per run.
+    type: int
+    default: 3
+  failure_limit:
+    description: Failed windows tolerated; one more is C(collapsed).
+    type: int
+    default: 1
+  inconclusive_limit:
+    description: Inconclusive windows tolerated; one more ends the run (C(no_traffic) or C(degraded)).
+    type: int
+    default: 3
+  consecutive_error_limit:
+    description: Windows in a row with unreadable C(/metrics) tolerated; one more ends the run C(unknown).
+    type: int
+    default: 1
+  initial_delay:
+    description: Seconds before the first window.
+    type: float
+    default: 0
+  min_requests:
+    description: Finished requests a window needs to be judged (fewer - C(no_traffic)).
+    type: int
+    default: 20
+  confidence:
+    description: How sure (rank or two-proportion test) a worse figure must be to fail a window.
+    type: float
+    default: 0.95
+  model_name:
+    description: Count only series of this served model name.
+    type: str
+  container:
+    description: Container whose port serves C(/metrics) (V(main) for an LLMInferenceService).
+    type: str
+    default: kserve-container
+  port:
+    description: Port of C(/metrics) (default from the pod spec).
+    type: str
+  scheme:
+    description: C(http) or C(https) (default from the pod spec).
+    type: str
+    choices: [http, https]
+  timeout:
+    description: Seconds for each C(/metrics) request.
+    type: int
+    default: 30
+extends_documentation_fragment:
+  - alauda.spec_decoding.inference_service
+  - kubernetes.core.k8s_auth_options
+  - alauda.spec_decoding.attributes.WRITES
+  - alauda.spec_decoding.attributes.ACTION_GROUP
+requirements:
+  - kubernetes >= 24.2.0
+  - prometheus_client
+"""
+
+EXAMPLES = r"""
+- name: Record the baseline right after the rollout was verified
+  alauda.spec_decoding.speculative_watchdog:
+    name: llama
+    namespace: models
+    record_baseline: true
+    interval: 600
+
+- name: Three 5-minute windows against it
+  alauda.spec_decoding.speculative_watchdog:
+    name: llama
+    namespace: models
+  register: watched
+"""
+
+RETURN = r"""
+state:
+  description: C(healthy), C(degraded), C(collapsed), C(no_traffic), C(unknown) - or C(recorded) with O(record_baseline).
+  returned: always
+  type: str
+action:
+  description: C(roll_back) when C(collapsed), else C(none).
+  returned: always
+  type: str
+would_roll_back:
+  description: True in check mode when the state is C(collapsed).
+  returned: when windows were measured
+  type: bool
+reasons:
+  description: Why - the run's end and the last window's check results.
+  returned: always
+  type: list
+  elements: str
+analysis:
+  description: The run - C(phase), C(message), C(counts), C(budgets), every window's verdict, reasons, checks and figures.
+  returned: when windows were measured
+  type: dict
+baseline:
+  description: The baseline compared with (where it came from, when recorded) or, with O(record_baseline), the one recorded.
+  returned: always
+  type: dict
+"""
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import INFERENCE_SERVICE_ARG_SPEC, KubeModule, argspec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import watchdog
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.prometheus_text import require_prometheus_client
+
+
+def argument_spec():
+    return argspec(
+        INFERENCE_SERVICE_ARG_SPEC,
+        resource_kind=dict(type="str", default="InferenceService", choices=["InferenceService", "LLMInferenceService"]),
+        api_version=dict(type="str", default="v1alpha2"),
+        record_baseline=dict(type="bool", default=False),
+        baseline_source=dict(type="str", default="verify"),
+        baseline=dict(type="dict"),
+        checks=dict(type="list", elements="dict"),
+        interval=dict(type="float", default=300),
+        count=dict(type="int", default=3),
+        failure_limit=dict(type="int", default=1),
+        inconclusive_limit=dict(type="int", default=3),
+        consecutive_error_limit=dict(type="int", default=1),
+        initial_delay=dict(type="float", default=0),
+        min_requests=dict(type="int", default=20),
+        confidence=dict(type="float", default=0.95),
+        model_name=dict(type="str"),
+        container=dict(type="str", default="kserve-container"),
+        port=dict(type="str"),
+        scheme=dict(type="str", choices=["http", "https"]),
+        timeout=dict(type="int", default=30),
+    )
+
+
+def execute(module):
+    require_prometheus_client(module)
+    return watchdog.watch(module.api_client, module.params, check_mode=module.check_mode)
+
+
+def main():
+    KubeModule(argument_spec(), supports_check_mode=True).run(execute)
+
+
+if __name__ == "__main__":
+    main()

@@ -31,6 +31,7 @@ Plain Python, no Ansible imports.
 
 from __future__ import annotations
 
+import math
 import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
@@ -85,7 +86,7 @@ def _number(value, field, hint):
             value = float(value)
         except (TypeError, ValueError):
             raise ValidationError("%r is not a number" % (value,), field=field, hint=hint) from None
-    if value != value or value in (float("inf"), float("-inf")):
+    if not math.isfinite(value):
         raise ValidationError("%r is not a finite number" % (value,), field=field, hint=hint)
     return float(value)
 

@@ -32,6 +32,7 @@ import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import strategic_merge
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc.runtime_selection import (
     CLUSTER_SERVING_RUNTIME, GROUP, RUNTIME_VERSION, SERVING_RUNTIME, select_runtime,
 )
@@ -49,66 +50,7 @@ CONTAINER_FIELDS = ("name", "image", "command", "args", "workingDir", "ports", "
                     "resizePolicy", "restartPolicy", "volumeMounts", "volumeDevices", "livenessProbe", "readinessProbe",
                     "startupProbe", "lifecycle", "terminationMessagePath", "terminationMessagePolicy", "imagePullPolicy",
                     "securityContext", "stdin", "stdinOnce", "tty")
-# Strategic-merge keys of corev1.Container lists (k8s.io/api/core/v1/types.go patchMergeKey tags).
-MERGE_KEYS = {"env": "name", "ports": "containerPort", "volumeMounts": "mountPath", "volumeDevices": "devicePath"}
-# Plain (not pointer) bool and int fields of a container that json.Marshal leaves out at false / 0 (``omitempty``);
-# pointer fields (securityContext.*, probe terminationGracePeriodSeconds) keep them, so a patch can set them.
-_OMITTED_ZERO = {"stdin", "stdinOnce", "tty", "readOnly", "hostPort", "initialDelaySeconds", "timeoutSeconds",
-                 "periodSeconds", "successThreshold", "failureThreshold"}
 _SCRIPT_ARGS = re.compile(r"\$\{?[@*]|\$\{?[1-9]")
-
-
-def _marshalled(value):
-    """A container (or part of one) as Go's json.Marshal writes it: empty strings, lists and maps, null, and the plain
-    fields at false / 0 left out, recursively."""
-    if isinstance(value, dict):
-        out = {}
-        for key, item in value.items():
-            item = _marshalled(item)
-            if item is None or item == "" or item == [] or item == {} or (key in _OMITTED_ZERO and item in (False, 0)):
-                continue
-            out[key] = item
-        return out
-    if isinstance(value, list):
-        return [_marshalled(item) for item in value]
-    return value
-
-
-def _merge_value(base, patch, key=None):
-    if isinstance(base, dict) and isinstance(patch, dict):
-        out = copy.deepcopy(base)
-        for k, v in patch.items():
-            out[k] = _merge_value(out[k], v, k) if k in out else copy.deepcopy(v)
-        return out
-    if isinstance(base, list) and isinstance(patch, list) and key in MERGE_KEYS:
-        return _merge_keyed(base, patch, MERGE_KEYS[key])
-    return copy.deepcopy(patch)
-
-
-def _merge_keyed(base, patch, merge_key):
-    """apimachinery's strategic merge of a keyed list (``mergeSlice`` + ``normalizeElementOrder``): entries merge by key;
-    the patch's entries come in the patch's order, the runtime's other entries are slotted in by their original order
-    in front of the first patch entry that came after them in the original (and after any entry new to it)."""
-    merged = [copy.deepcopy(item) for item in base]
-    for item in patch:
-        at = next((i for i, old in enumerate(merged) if old.get(merge_key) == item.get(merge_key)), None)
-        if at is None:
-            merged.append(copy.deepcopy(item))
-        else:
-            merged[at] = _merge_value(merged[at], item)
-    base_keys = [item.get(merge_key) for item in base]
-    patch_keys = [item.get(merge_key) for item in patch]
-    from_patch = sorted((m for m in merged if m.get(merge_key) in patch_keys), key=lambda m: patch_keys.index(m.get(merge_key)))
-    server_only = [m for m in merged if m.get(merge_key) not in patch_keys]
-    out = []
-    while server_only or from_patch:
-        if server_only and from_patch:
-            right = from_patch[0].get(merge_key)
-            take_left = right in base_keys and base_keys.index(server_only[0].get(merge_key)) < base_keys.index(right)
-        else:
-            take_left = bool(server_only)
-        out.append(server_only.pop(0) if take_left else from_patch.pop(0))
-    return out
 
 
 def container_of_model(model):
@@ -120,8 +62,8 @@ def merge_container_with_patch(base, overlay):
     """KServe's ``MergeContainerWithPatch``: the strategic merge patch of ``overlay`` over ``base`` (lists without a
     merge key, ``args`` and ``command`` among them, are replaced), env ``value``/``valueFrom`` conflicts settled for
     the overlay, the base's name when the result has none."""
-    patch = _marshalled(container_of_model(overlay))
-    merged = _merge_value(_marshalled(container_of_model(base)), patch)
+    patch = strategic_merge.marshal(container_of_model(overlay))
+    merged = strategic_merge.merge(strategic_merge.marshal(container_of_model(base)), patch)
     overlay_env = {e.get("name"): e for e in patch.get("env") or []}
     for entry in merged.get("env") or []:
         over = overlay_env.get(entry.get("name"))

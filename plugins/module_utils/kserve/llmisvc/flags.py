@@ -14,6 +14,7 @@ import json
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import strategic_merge
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import merge
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.releases import refuse_unknown_speculative_fields
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc.model import ADDITIONAL_ARGS_ENV, CONFIG_KIND, POOLS, _dig
@@ -135,13 +136,13 @@ def _effective_containers(layers, path):
             entry = out.setdefault(container["name"], {"layers": {}, "fields": {}, "env": {}})
             entry["layers"][li] = container
             for key in ("command", "args", "envFrom"):
-                if not merge.omitted(key, container.get(key)):
+                if not strategic_merge.omitted(key, container.get(key)):
                     entry["fields"][key] = li
             for ei, item in enumerate(container.get("env") or []):
                 if isinstance(item, dict) and item.get("name"):
                     owners = entry["env"].setdefault(item["name"], {})
                     for part in ("value", "valueFrom"):
-                        if not merge.omitted(part, item.get(part)):
+                        if not strategic_merge.omitted(part, item.get(part)):
                             owners[part] = (li, ei)
     return out
 

@@ -97,8 +97,8 @@ RETURN = r"""
 pools:
   description:
     - Per pool, C({expected, flag, workload, pods, skipped_pods, engine_pod, speculative_config, vllm_version, differences,
-      data_parallel}); C(workload) is C({kind, name}) (C(Deployment) or C(LeaderWorkerSet)); C(pods) holds
-      C({name, found, speculative_config, vllm_version, error}) of each pod, plus C(group), C(worker_index) and C(role)
+      data_parallel, not_understood}); C(workload) is C({kind, name}) (C(Deployment) or C(LeaderWorkerSet)); C(pods) holds
+      C({name, found, speculative_config, vllm_version, error, not_understood}) of each pod, plus C(group), C(worker_index) and C(role)
       (C(leader) or C(worker)) for LeaderWorkerSet pods.
     - Multi-node pools also have C(groups), a list of C({group, leader, workers, engine_pod, logged_by}).
   returned: always
@@ -107,6 +107,15 @@ speculative_config:
   description: The decode pool's engine speculative config (null when it runs without).
   returned: always
   type: dict
+not_understood:
+  description:
+    - What the pods' engine lines hold that this collection does not know (a vLLM newer than its tables), each item
+      C({source, name, reason, count, value, pod, pool}); what is known was still read and compared. A warning names them.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"source": "engine_line", "name": "draft_sampler", "reason": "a field vLLM 0.33 does not print", "count": 1,
+            "pod": "llama-kserve-6c9d-x", "pool": "decode"}]
 problems:
   description: Why the check failed (empty when it passed).
   returned: always
@@ -118,6 +127,7 @@ problems:
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import cluster as llmisvc_cluster
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import not_understood as unknown
 
 
 def argument_spec():
@@ -149,7 +159,12 @@ def execute(module):
                     "resource and its baseRefs only" % preset)
     report, problems = llmisvc_cluster.engine_report(api_client, obj, expected=expected, container=params["container"],
                                                      timeout=params["timeout"], presets=presets)
-    result = {"changed": False, "pools": report, "problems": problems,
+    not_understood = []
+    for pool, entry in report.items():
+        unknown.add(not_understood, entry["not_understood"], pool=pool)
+    if not_understood:
+        module.warn(unknown.warning(not_understood))
+    result = {"changed": False, "pools": report, "problems": problems, "not_understood": not_understood,
               "speculative_config": (report.get("decode") or {}).get("speculative_config")}
     if problems:
         module.fail_json(msg="LLMInferenceService %s/%s: %s" % (params["namespace"], params["name"], "; ".join(problems)), **result)

@@ -67,4 +67,13 @@ def warning(items):
             "see not_understood for each reason" % shown)
 
 
+def summary_line(items):
+    """The verify summary's line for ``items`` (None when empty): each reason once, in the order first seen."""
+    reasons = []
+    for entry in items or ():
+        if isinstance(entry, dict) and entry.get("reason") and entry["reason"] not in reasons:
+            reasons.append(entry["reason"])
+    return "not understood: " + " | ".join(reasons) if reasons else None
+
+
 _NOUNS = {ENGINE_LINE: "engine line", SPEC_DECODING_LINE: "SpecDecoding line", METRICS: "/metrics"}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as spec_core
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import not_understood as unknown
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc.model import (
     ADDITIONAL_ARGS_ENV, CONFIG_KIND, CONFIG_PLURAL, DEFAULT_API_VERSION, GROUP, LWS_GROUP, LWS_GROUP_INDEX_LABEL, LWS_KIND, LWS_PLURAL, LWS_VERSION,
     LWS_WORKER_INDEX_LABEL, MAIN_CONTAINER, PLURAL, POOLS, _dig, _layers, deployment_name, lws_name, pod_selector,
@@ -178,7 +179,8 @@ def _read_engine_lines(api_client, namespace, pods, container, timeout):
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError  # pylint: disable=import-outside-toplevel
     out = []
     for pod in pods:
-        res = {"name": pod["name"], "found": False, "speculative_config": None, "vllm_version": None, "error": None}
+        res = {"name": pod["name"], "found": False, "speculative_config": None, "vllm_version": None, "error": None,
+               "not_understood": []}
         labels = pod.get("labels") or {}
         if LWS_WORKER_INDEX_LABEL in labels:
             res.update(group=_index(labels, LWS_GROUP_INDEX_LABEL), worker_index=_index(labels, LWS_WORKER_INDEX_LABEL),
@@ -186,7 +188,8 @@ def _read_engine_lines(api_client, namespace, pods, container, timeout):
         try:
             result = engine_log.scan_chunks(k8s_pods.stream_pod_log(api_client, namespace, pod["name"], container=container,
                                                                     timeout=timeout))
-            res.update(found=result["found"], speculative_config=result["speculative_config"], vllm_version=result["vllm_version"])
+            res.update(found=result["found"], speculative_config=result["speculative_config"], vllm_version=result["vllm_version"],
+                       not_understood=result["not_understood"])
         except SpecDecodingError as exc:
             res["error"] = str(exc)
         out.append(res)
@@ -222,12 +225,14 @@ def engine_report(api_client, obj, expected=None, container=MAIN_CONTAINER, time
                     "name": lws_name(name, pool) if multi[pool] else deployment_name(name, pool)}
         entry = {"expected": want[pool], "flag": [f["source"] for f in mapped if f["pool"] == pool], "workload": workload,
                  "pods": [], "skipped_pods": [p["name"] for p in skipped], "engine_pod": None, "speculative_config": None,
-                 "vllm_version": None, "differences": [], "data_parallel": data_parallel(obj, pool)}
+                 "vllm_version": None, "differences": [], "data_parallel": data_parallel(obj, pool), "not_understood": []}
         report[pool] = entry
         if not pods:
             problems.append("pool %s: no pods (selector %s)" % (pool, selector))
             continue
         entry["pods"] = _read_engine_lines(api_client, namespace, pods, container, timeout)
+        for pod in entry["pods"]:
+            unknown.add(entry["not_understood"], pod["not_understood"], pod=pod["name"])
         entry["engine_pod"] = rank0_pod(entry["pods"])
         counted = next((p for p in entry["pods"] if p["name"] == entry["engine_pod"]), None)
         if counted:

@@ -10,6 +10,7 @@ Plain Python, no Ansible imports.
 from __future__ import annotations
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import not_understood as unknown
 
 
 def _acceptance_results(acceptance):
@@ -60,8 +61,14 @@ def verify_summary(namespace, name, pools, acceptance=None, generation=None):
                    if spec else "speculative_config=None")
         lines.append("pool %s (%s%d pod(s)%s, engine line from %s): %s"
                      % (pool, where, len(info.get("pods") or []), leaders, info.get("engine_pod") or "none", running))
-    metrics = {}
+    metrics, passed_over = {}, []
+    for info in pools.values():
+        passed_over += info.get("not_understood") or []
     for pod, item in ran:
         metrics[pod] = {key: item.get(key) for key in ("mean_acceptance_length", "draft_acceptance_rate", "diagnosis", "msg")}
         lines.append("acceptance on %s: %s" % (pod, item.get("msg")))
+        passed_over += item.get("not_understood") or []
+    # A vLLM newer than the tables: what was read is above, what was passed over is said, never dropped.
+    if unknown.summary_line(passed_over):
+        lines.append(unknown.summary_line(passed_over))
     return {"metrics": metrics, "lines": lines}

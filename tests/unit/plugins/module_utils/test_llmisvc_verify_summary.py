@@ -14,6 +14,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisv
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import verify as llmisvc_verify
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule
 from tests.module_run import run_module
 from tests.paths import capture_path, read_capture
 
@@ -138,3 +139,39 @@ def test_bad_input_names_the_field_and_the_fix(pools, acceptance, field, fragmen
     with pytest.raises(ValidationError) as err:
         llmisvc_verify.verify_summary("models", "m", pools, acceptance=acceptance)
     assert err.value.field == field and str(err.value).startswith(field + ": " + fragment) and "Fix:" in str(err.value)
+
+
+def test_a_newer_vllm_is_read_and_what_it_printed_beyond_the_tables_is_said(cluster_pods):
+    """Decode pods running a vLLM newer than the tables (tests/fixtures/vllm/newer/): the engine line is read, the unknown
+    field is listed per pool with its pod, and the summary says it once, for the engine line and the /metrics page."""
+    from tests.vllm_newer import NEWER  # pylint: disable=import-outside-toplevel
+    with open("%s/startup.log" % NEWER, encoding="utf-8") as handle:
+        newer_log = handle.read()
+    for pod in ("m-kserve-7d9f-a", "m-kserve-7d9f-b"):
+        cluster_pods[pod] = newer_log
+    pools = _pools(FLAGGED)
+    decode = pools["decode"]
+    assert decode["speculative_config"]["method"] == "draft_model"
+    assert [(n["name"], n["pod"], n["count"]) for n in decode["not_understood"]] == [
+        ("adaptive_draft_length", "m-kserve-7d9f-a", 1), ("adaptive_draft_length", "m-kserve-7d9f-b", 1)]
+    newer_metrics = run_module("speculative_metrics_info", {"metrics_path": "%s/metrics.txt" % NEWER})
+    summary = llmisvc_verify.verify_summary("models", "m", pools, acceptance=_registered(newer_metrics, "m-kserve-7d9f-a"))
+    said = [line for line in summary["lines"] if line.startswith("not understood: ")]
+    assert len(said) == 1 and said[0].count(" | ") == 1, summary["lines"]
+
+
+def test_the_module_returns_and_warns_what_the_pods_printed_beyond_the_tables(cluster_pods, monkeypatch):
+    from tests.vllm_newer import NEWER  # pylint: disable=import-outside-toplevel
+    with open("%s/startup.log" % NEWER, encoding="utf-8") as handle:
+        cluster_pods["m-kserve-7d9f-a"] = cluster_pods["m-kserve-7d9f-b"] = handle.read()
+    draft = '{"method":"draft_model","model":"/mnt/models/tiny-draft","num_speculative_tokens":3}'
+    spec = {"template": {"containers": [{"name": "main", "command": ["vllm", "serve", "/mnt/models"],
+                                         "args": ["--speculative-config", draft]}]}}
+    monkeypatch.setattr(llmisvc_cluster, "get", lambda *_a: _obj(spec))
+    monkeypatch.setattr(llmisvc_cluster, "read_presets", lambda *_a, **_kw: None)
+    monkeypatch.setattr(KubeModule, "api_client", property(lambda _self: None))  # every read above is replaced
+    res = run_module("llmisvc_engine_config_info", {"name": "m", "namespace": "models"})
+    assert not res.failed, res.msg
+    assert [(n["name"], n["pool"], n["pod"]) for n in res["not_understood"]] == [
+        ("adaptive_draft_length", "decode", "m-kserve-7d9f-a"), ("adaptive_draft_length", "decode", "m-kserve-7d9f-b")]
+    assert len(res.warning_messages) == 1 and "engine line adaptive_draft_length" in res.warning_messages[0]

@@ -48,7 +48,7 @@ _value:
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_edit as vllm_edit
 
 
 def strip_speculative_config(items):
@@ -65,7 +65,7 @@ def strip_speculative_config(items):
             "strip_speculative_config: element %d is %s, not a string; quote numbers in command/args lists"
             % (bad[0], type(items[bad[0]]).__name__))
     try:
-        return vllm_command.strip_speculative_config([str(i) for i in items])
+        return vllm_edit.strip_speculative_config([str(i) for i in items])
     except SpecDecodingError as exc:
         raise AnsibleFilterError("strip_speculative_config: %s" % exc) from exc
 

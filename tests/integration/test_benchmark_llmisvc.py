@@ -24,6 +24,7 @@ from tests.paths import read_capture
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import baseline_twin as bench_twin
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_edit as vllm_edit
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1alpha2", "llminferenceservices"
 NAME = "bench-eagle3"
@@ -71,7 +72,7 @@ def test_benchmark_against_the_twin_and_the_guard_rolls_back(tmp_path, kubeconfi
     cand_cmd = cand_applied["spec"]["template"]["containers"][0]["command"]
     twin_cmd = twin["spec"]["template"]["containers"][0]["command"]
     assert vllm_command.find_speculative_config(cand_cmd)["method"] == "eagle3"
-    assert vllm_command.find_speculative_config(twin_cmd) is None and twin_cmd == vllm_command.strip_speculative_config(cand_cmd)
+    assert vllm_command.find_speculative_config(twin_cmd) is None and twin_cmd == vllm_edit.strip_speculative_config(cand_cmd)
     assert {k: v for k, v in twin["spec"].items() if k != "template"} == {k: v for k, v in cand_applied["spec"].items() if k != "template"}
     assert twin["metadata"]["labels"][bench_twin.TWIN_LABEL] == "true"
     assert twin["metadata"]["annotations"][bench_twin.TWIN_OF_ANNOTATION] == "%s/%s" % (namespace, NAME)

@@ -316,7 +316,7 @@ def test_single_node_predictor_gets_kserve_huggingfaceserver(kubeconfig, k8s_cli
         assert (info["command"], info["args"]) == (command, args)
 
         refused = _get_isvc(k8s_client, namespace, "hf-wrong-format")
-        for _ in range(100):
+        for _attempt in range(100):
             if (refused.get("status") or {}).get("modelStatus", {}).get("lastFailureInfo"):
                 break
             time.sleep(0.1)

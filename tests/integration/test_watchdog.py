@@ -124,7 +124,8 @@ def test_schedule_renders_a_cronjob_with_least_privilege_and_only_the_watch_vari
     assert {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]} in rules
     assert {"apiGroups": ["serving.kserve.io"], "resources": ["inferenceservices"], "verbs": ["get", "list", "watch", "patch"]} in rules
     cron = next(d for d in docs.values() if d["kind"] == "CronJob")
-    assert cron["spec"]["schedule"] == "*/30 * * * *" and "alauda.spec_decoding.watch" in cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    container = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    assert cron["spec"]["schedule"] == "*/30 * * * *" and "alauda.spec_decoding.watch" in container["command"]
     job_vars = json.loads(next(d for d in docs.values() if d["kind"] == "ConfigMap")["data"]["vars.yml"])
     # extra vars override role vars: a rollback_names here would roll back every watched service, not the collapsed ones
     assert not [k for k in job_vars if k.startswith("rollback_")]

@@ -104,28 +104,28 @@ def _run(verdicts, **budgets):
 
 
 def test_failure_limit():
-    result, _ = _run(["pass", "fail", "pass", "fail"], count=5, failure_limit=1)
+    result, _slept = _run(["pass", "fail", "pass", "fail"], count=5, failure_limit=1)
     assert result["phase"] == analysis.FAILED and len(result["windows"]) == 4 and "failure_limit 1" in result["message"]
-    result, _ = _run(["fail"], count=3)
+    result, _slept = _run(["fail"], count=3)
     assert result["phase"] == analysis.FAILED and len(result["windows"]) == 1
 
 
 def test_inconclusive_limit():
-    result, _ = _run(["inconclusive", "pass", "inconclusive"], count=5, inconclusive_limit=1)
+    result, _slept = _run(["inconclusive", "pass", "inconclusive"], count=5, inconclusive_limit=1)
     assert result["phase"] == analysis.INCONCLUSIVE and len(result["windows"]) == 3
-    result, _ = _run(["inconclusive", "pass", "pass"], count=3, inconclusive_limit=1)
+    result, _slept = _run(["inconclusive", "pass", "pass"], count=3, inconclusive_limit=1)
     assert result["phase"] == analysis.SUCCESSFUL
 
 
 def test_an_error_streak_stops_at_consecutive_error_limit_and_is_never_a_failure():
-    result, _ = _run(["error", "pass", "error", "error", "error"], count=10, consecutive_error_limit=2)
+    result, _slept = _run(["error", "pass", "error", "error", "error"], count=10, consecutive_error_limit=2)
     assert result["phase"] == analysis.ERROR and len(result["windows"]) == 5
     assert result["counts"]["fail"] == 0 and result["counts"]["consecutive_errors"] == 3
     # errors below the limit, then passes: successful
-    result, _ = _run(["error", "error", "pass"], count=3, consecutive_error_limit=2)
+    result, _slept = _run(["error", "error", "pass"], count=3, consecutive_error_limit=2)
     assert result["phase"] == analysis.SUCCESSFUL
     # every window an error within the limit: error, not failed
-    result, _ = _run(["error"], count=1)
+    result, _slept = _run(["error"], count=1)
     assert result["phase"] == analysis.ERROR
 
 

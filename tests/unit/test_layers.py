@@ -30,10 +30,6 @@ BIG_FILES = {
     # The stager Job's script (roles/stage_pvc/files/artifact_sync.py, linked here so modules can import its sources and
     # checks): the Job runs it as one standalone file, so it cannot be split into modules.
     "artifacts/artifact_sync.py": "the stager Job's single-file script",
-    # One flag registry and the argv / bash -c / env-string reader and editor that share it (with the reader of any other
-    # option: command_words, option_value); splitting the registry from its readers would make every reader import
-    # private tables. The bash lexer they stand on is vllm/shell_lexer.py (1104 -> 781 lines).
-    "vllm/command_line.py": "one flag registry and its readers/editors",
     # Generated data, not code: one table of --speculative-config facts per vLLM release (hack/vllm_speculative_tables.py
     # writes it from each release's source); a release per file would only spread one dict literal over 25 files.
     "vllm/speculative_releases.py": "generated data: one table per vLLM release",

@@ -17,8 +17,8 @@ from tests.testbed.llmisvc_standin import LLMISvcStandIn
 CASES = kserve_vectors("storage.json")["cases"]
 READERS = {
     "isvc_storage_uri": lambda data: kserve_storage.storage_uri_error(data["uri"]),
-    "isvc_storage_uris": lambda data: kserve_storage.storage_uris_error(data["storageUris"], data.get("storageInitializer"),
-                                                                         data.get("storageUri")),
+    "isvc_storage_uris": lambda data: kserve_storage.storage_uris_error(
+        data["storageUris"], data.get("storageInitializer"), data.get("storageUri")),
     "oci_model_mode": lambda data: {"mode": kserve_storage.oci_model_mode(data["storageInitializer"])},
     "oci_scheme": lambda data: dict(zip(("mode", "uri", "is_oci"), kserve_storage.parse_oci_scheme(data["uri"]))),
     "llmisvc_model_uri": lambda data: kserve_storage.model_uri_error(data["uri"], data.get("storageInitializer")),

@@ -198,11 +198,11 @@ def evaluate_check(check, figures, baseline=None, confidence=DEFAULT_CONFIDENCE)
             row["confidence"] = sure
             if sure is not None and sure < confidence:
                 row["passed"] = None
-                row["why"] = "%s %.4g vs baseline %.4g is outside the tolerance, but inside the noise (%.0f%% sure, %.0f%% needed)" % (
-                    check["figure"], value, base, 100 * sure, 100 * confidence)
+                row["why"] = (f"{check['figure']} {value:.4g} vs baseline {base:.4g} is outside the tolerance, but inside the noise "
+                              f"({100 * sure:.0f}% sure, {100 * confidence:.0f}% needed)")
                 return row
-        row["why"] = "%s %.4g vs baseline %.4g (limit %.4g)%s" % (
-            check["figure"], value, base, limit, "" if row["confidence"] is None else ", %.1f%% sure it is worse" % (100 * row["confidence"]))
+        sure_text = "" if row["confidence"] is None else f", {100 * row['confidence']:.1f}% sure it is worse"
+        row["why"] = f"{check['figure']} {value:.4g} vs baseline {base:.4g} (limit {limit:.4g}){sure_text}"
         return row
     row.update({k: check[k] for k in ("min", "max") if k in check})
     row["passed"] = ("min" not in check or value >= check["min"]) and ("max" not in check or value <= check["max"])

@@ -140,7 +140,7 @@ def common_parent(paths):
         return ""
     if len(paths) == 1:
         return paths[0]
-    parts = [[p for p in path.strip("/").split("/")] if path.strip("/") else [] for path in paths]
+    parts = [path.strip("/").split("/") if path.strip("/") else [] for path in paths]
     shortest = min((len(p) for p in parts if p), default=0)
     common = []
     for i in range(shortest):

@@ -43,6 +43,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import p
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.defaults import DEFAULT_CONTAINER, KSERVE_GROUP, KSERVE_VERSION
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import http_target
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_edit as vllm_edit
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import readers as isvc_readers
 
 STANDARD, KNATIVE = "Standard", "Knative"
@@ -168,7 +169,7 @@ def canary_predictor(predictor, canonical_json, canary_name):
     out = copy.deepcopy(predictor)
     out.pop("canaryTrafficPercent", None)
     key, container = _predictor_container(out)
-    command, args = vllm_command.set_speculative_config_in(container.get("command"), container.get("args"), canonical_json)
+    command, args = vllm_edit.set_speculative_config_in(container.get("command"), container.get("args"), canonical_json)
     if command is not None:
         container["command"] = command
     if args is not None:
@@ -237,7 +238,7 @@ def rollback_source(isvc):
     key, container = _predictor_container(predictor)
     for field in ("command", "args"):
         if container.get(field):
-            container[field] = vllm_command.strip_speculative_config(container[field])
+            container[field] = vllm_edit.strip_speculative_config(container[field])
     if key == "containers":
         predictor["containers"][0] = container
     return predictor

@@ -135,7 +135,8 @@ def write_baseline(api_client, body, dry_run=False):
 
 def get_owner(api_client, namespace, name, kind, api_version="v1alpha2"):
     if kind == LLM_INFERENCE_SERVICE:
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import cluster as llmisvc_cluster  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import (  # pylint: disable=import-outside-toplevel
+            cluster as llmisvc_cluster)
         return llmisvc_cluster.get(api_client, namespace, name, version=api_version)
     return k8s_pods.get_inference_service(api_client, namespace, name)
 

@@ -14,6 +14,7 @@ import copy
 import json
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_edit as vllm_edit
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 BACKUP_ANNOTATION = "spec-decoding.alauda.io/previous-speculative-config"
@@ -128,7 +129,7 @@ def plan_strip(isvc, container_name=None):
             if not old:
                 continue
             _check_list(old, "%s.%s" % (container.name, field))
-            new = vllm_command.strip_speculative_config(old)
+            new = vllm_edit.strip_speculative_config(old)
             if new != old:
                 changes.append(Change("%s/%s" % (container.path, field), old, new))
                 touched = True
@@ -175,7 +176,7 @@ def plan_set(isvc, canonical_json, container_name=None):
         if getattr(target, field):
             _check_list(getattr(target, field), "%s.%s" % (target.name, field))
     previous, raw = _container_config(target)
-    new_command, new_args = vllm_command.set_speculative_config_in(target.command, target.args, canonical_json)
+    new_command, new_args = vllm_edit.set_speculative_config_in(target.command, target.args, canonical_json)
     changes = []
     for field, old, new in (("command", target.command, new_command), ("args", target.args, new_args)):
         if new != old:
@@ -209,7 +210,7 @@ def plan_restore(isvc, backup, canonical_json=None):
             now = getattr(container, field, None) if field in ("command", "args") else None
             if now == old_saved:
                 continue
-            if isinstance(old_saved, list) and vllm_command.strip_speculative_config(old_saved) == now:
+            if isinstance(old_saved, list) and vllm_edit.strip_speculative_config(old_saved) == now:
                 exact.append(Change("%s/%s" % (path, field), now, old_saved))
                 if container.name not in names:
                     names.append(container.name)

@@ -31,6 +31,7 @@ import copy
 import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_edit as vllm_edit
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import strategic_merge
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc.runtime_selection import (
@@ -365,15 +366,15 @@ def flag_locations(isvc, effective=None):
     where = []
     for container in containers:
         argv = list(container.get("command") or []) + list(container.get("args") or [])
-        if vllm_command.strip_speculative_config(argv) != argv:
+        if vllm_edit.strip_speculative_config(argv) != argv:
             where.append(container.get("name") or "kserve-container")
     return where, (SOURCE_ISVC if where else None)
 
 
 def _strip_container(container):
     """(new command, new args) of a runtime container without any speculative flag."""
-    return (vllm_command.strip_speculative_config(container.get("command")),
-            vllm_command.strip_speculative_config(container.get("args")))
+    return (vllm_edit.strip_speculative_config(container.get("command")),
+            vllm_edit.strip_speculative_config(container.get("args")))
 
 
 def runtime_strip_patch(runtime, index):

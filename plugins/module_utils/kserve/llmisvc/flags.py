@@ -14,6 +14,7 @@ import json
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_edit as vllm_edit
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import strategic_merge
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import merge
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.releases import refuse_unknown_speculative_fields
@@ -197,7 +198,7 @@ def container_flags(container, env_sources=None):
                 words = vllm_command.script_occurrences(item["value"])
                 if words:
                     found.append({"field": field, "forms": ["env"], "occurrences": words})
-                env_values.append(vllm_command.strip_script(item["value"]))
+                env_values.append(vllm_edit.strip_script(item["value"]))
             continue
         if env_sources is None:
             continue
@@ -212,12 +213,12 @@ def container_flags(container, env_sources=None):
                           "opaque": "ConfigMap %s key %s could not be read (%s)" % (ref["name"], ref["key"], source.get("reason"))})
             continue
         words = vllm_command.script_occurrences(source["value"])
-        leftover = _leftover([vllm_command.strip_script(source["value"])])
+        leftover = _leftover([vllm_edit.strip_script(source["value"])])
         if words or leftover:
             found.append({"field": where, "forms": ["env_configmap"], "occurrences": words, "value_from": ref,
                           "leftover": leftover})
-    stripped_cmd = vllm_command.strip_speculative_config(command) or []
-    stripped_args = vllm_command.strip_speculative_config(args) or []
+    stripped_cmd = vllm_edit.strip_speculative_config(command) or []
+    stripped_args = vllm_edit.strip_speculative_config(args) or []
     unstrippable = _leftover(stripped_cmd + stripped_args + env_values)
     return found, unstrippable
 
@@ -285,10 +286,10 @@ def _override(layers, f):
     if f["field"] != "command/args":
         value = next((e.get("value") for e in container.get("env") or []
                       if isinstance(e, dict) and e.get("name") == ADDITIONAL_ARGS_ENV and e.get("value")), None)
-        return None if value is None else ("env", vllm_command.strip_script(value) or " ")
+        return None if value is None else ("env", vllm_edit.strip_script(value) or " ")
     for key in ("args", "command"):
         if vllm_command.find_occurrences(list(container.get(key) or [])):
-            stripped = vllm_command.strip_speculative_config(list(container[key]))
+            stripped = vllm_edit.strip_speculative_config(list(container[key]))
             return (key, stripped) if stripped else None
     return None
 
@@ -421,14 +422,14 @@ def strip(obj, presets=None, env_sources=None, secret_env_has_no_flag=False, con
                 if key not in container:
                     continue
                 old = list(container.get(key) or [])
-                new = vllm_command.strip_speculative_config(old)
+                new = vllm_edit.strip_speculative_config(old)
                 if new != old:
                     path = "%s/%d/%s" % (base, ci, key)
                     patch += [{"op": "test", "path": path, "value": old}, {"op": "replace", "path": path, "value": new}]
                     changes.append({"pool": pool, "container": container.get("name"), "field": key, "before": old, "after": new})
             for ei, item in enumerate(container.get("env") or []):
                 if isinstance(item, dict) and item.get("name") == ADDITIONAL_ARGS_ENV and isinstance(item.get("value"), str):
-                    new = vllm_command.strip_script(item["value"])
+                    new = vllm_edit.strip_script(item["value"])
                     if new != item["value"]:
                         path = "%s/%d/env/%d/value" % (base, ci, ei)
                         patch += [{"op": "test", "path": path, "value": item["value"]}, {"op": "replace", "path": path, "value": new}]

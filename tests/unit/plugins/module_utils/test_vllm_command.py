@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_edit as ve
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "rollback")
@@ -59,14 +60,14 @@ def sh_double(value):
 ])
 def test_strip_argv(items, expected):
     before = list(items)
-    assert vc.strip_speculative_config(items) == expected
+    assert ve.strip_speculative_config(items) == expected
     assert items == before  # input untouched
 
 
 def test_strip_is_noop_without_flag_and_keeps_types():
     items = ["python3", "-m", "vllm.entrypoints.openai.api_server", "--port", "8080"]
-    assert vc.strip_speculative_config(items) == items
-    assert vc.strip_speculative_config(None) is None
+    assert ve.strip_speculative_config(items) == items
+    assert ve.strip_speculative_config(None) is None
 
 
 def test_find_config_argv_and_split_flags():
@@ -129,15 +130,15 @@ CONT = "python3 -m vllm.entrypoints.openai.api_server \\\n  --port 8080 \\\n"
 ])
 def test_strip_script_cases(script, expected):
     expected = script if expected is None else expected
-    out = vc.strip_speculative_config(["bash", "-c", script])
+    out = ve.strip_speculative_config(["bash", "-c", script])
     assert out == ["bash", "-c", expected]
     _bash_n(expected)
 
 
 def test_script_in_args_element_and_flag_in_plain_element():
-    assert vc.strip_speculative_config(["vllm serve m --speculative-config '%s' --seed 0" % NGRAM]) == ["vllm serve m --seed 0"]
+    assert ve.strip_speculative_config(["vllm serve m --speculative-config '%s' --seed 0" % NGRAM]) == ["vllm serve m --seed 0"]
     # an args element holding "flag value" as one string (a user mistake) is removed whole
-    assert vc.strip_speculative_config(["--model", "/m", "--speculative-config '%s'" % NGRAM]) == ["--model", "/m"]
+    assert ve.strip_speculative_config(["--model", "/m", "--speculative-config '%s'" % NGRAM]) == ["--model", "/m"]
 
 
 def test_find_config_in_scripts():
@@ -149,7 +150,7 @@ def test_find_config_in_scripts():
     assert "shell expansion" in str(exc.value) and "$SPEC" in str(exc.value)
     with pytest.raises(ValidationError):
         vc.find_speculative_config(["bash", "-c", 'vllm serve m --speculative-config="${SPEC}"'])
-    assert vc.strip_speculative_config(["bash", "-c", 'vllm serve m --speculative-config="${SPEC}" --seed 0']) == ["bash", "-c", "vllm serve m --seed 0"]
+    assert ve.strip_speculative_config(["bash", "-c", 'vllm serve m --speculative-config="${SPEC}" --seed 0']) == ["bash", "-c", "vllm serve m --seed 0"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -158,51 +159,51 @@ def test_find_config_in_scripts():
 
 def test_set_inserts_on_new_continued_line_with_single_quotes():
     script = CONT + "  --seed 0\n"
-    cmd = vc.set_speculative_config(["bash", "-c", script], EAGLE3)
+    cmd = ve.set_speculative_config(["bash", "-c", script], EAGLE3)
     assert cmd[2] == CONT + "  --seed 0 \\\n  --speculative-config '%s'\n" % EAGLE3
     # and strip gives the original back byte for byte
-    assert vc.strip_speculative_config(cmd) == ["bash", "-c", script]
+    assert ve.strip_speculative_config(cmd) == ["bash", "-c", script]
 
 
 def test_set_inserts_before_redirections_and_pipes_on_one_line():
     script = "set -e\nexec vllm serve /mnt/models --port 8080 2>&1 | tee /tmp/log\necho bye\n"
-    cmd = vc.set_speculative_config(["sh", "-c", script], NGRAM)
+    cmd = ve.set_speculative_config(["sh", "-c", script], NGRAM)
     assert cmd[2] == "set -e\nexec vllm serve /mnt/models --port 8080 --speculative-config '%s' 2>&1 | tee /tmp/log\necho bye\n" % NGRAM
     assert _bash_argv(cmd[2]) == ["serve", "/mnt/models", "--port", "8080", "--speculative-config", NGRAM]
 
 
 def test_set_replaces_keeping_quote_style_and_form():
     dq = 'vllm serve m --speculative-config "{\\"method\\":\\"ngram\\"}" --seed 0'
-    cmd = vc.set_speculative_config(["bash", "-c", dq], EAGLE3)
+    cmd = ve.set_speculative_config(["bash", "-c", dq], EAGLE3)
     assert cmd[2] == "vllm serve m --speculative-config %s --seed 0" % sh_double(EAGLE3)
     eq = "vllm serve m --speculative-config='{\"method\":\"ngram\"}'"
-    cmd = vc.set_speculative_config(["bash", "-c", eq], EAGLE3)
+    cmd = ve.set_speculative_config(["bash", "-c", eq], EAGLE3)
     assert cmd[2] == "vllm serve m --speculative-config='%s'" % EAGLE3
-    cmd, args = vc.set_speculative_config_in(["vllm", "serve", "m"], ["--speculative-config=" + NGRAM], EAGLE3)
+    cmd, args = ve.set_speculative_config_in(["vllm", "serve", "m"], ["--speculative-config=" + NGRAM], EAGLE3)
     assert cmd == ["vllm", "serve", "m"] and args == ["--speculative-config=" + EAGLE3]
     # split flags give way to one JSON flag
-    cmd, args = vc.set_speculative_config_in(["vllm", "serve", "m"], ["--spec-method", "eagle3", "--spec-tokens", "3", "--seed", "0"], NGRAM)
+    cmd, args = ve.set_speculative_config_in(["vllm", "serve", "m"], ["--spec-method", "eagle3", "--spec-tokens", "3", "--seed", "0"], NGRAM)
     assert args == ["--seed", "0", "--speculative-config", NGRAM]
     # a value holding a single quote survives single-quote style
     weird = '{"method":"ngram","note":"it\'s"}'
-    cmd = vc.set_speculative_config(["bash", "-c", "vllm serve m --speculative-config '{}'"], weird)
+    cmd = ve.set_speculative_config(["bash", "-c", "vllm serve m --speculative-config '{}'"], weird)
     assert _bash_argv(cmd[2])[-1] == weird
 
 
 def test_set_is_idempotent_on_equal_config():
     items = ["bash", "-c", "vllm serve m --speculative-config '{\"num_speculative_tokens\": 3, \"method\": \"ngram\"}'"]
-    cmd = vc.set_speculative_config(items, '{"method":"ngram","num_speculative_tokens":3}')
+    cmd = ve.set_speculative_config(items, '{"method":"ngram","num_speculative_tokens":3}')
     assert cmd == items
 
 
 def test_set_argv_appends_to_args_or_command_and_refuses_non_vllm():
-    assert vc.set_speculative_config(["vllm", "serve", "m"], NGRAM) == ["vllm", "serve", "m", "--speculative-config", NGRAM]
-    assert vc.set_speculative_config_in(None, ["--model", "/m"], NGRAM) == (None, ["--model", "/m", "--speculative-config", NGRAM])
+    assert ve.set_speculative_config(["vllm", "serve", "m"], NGRAM) == ["vllm", "serve", "m", "--speculative-config", NGRAM]
+    assert ve.set_speculative_config_in(None, ["--model", "/m"], NGRAM) == (None, ["--model", "/m", "--speculative-config", NGRAM])
     with pytest.raises(ValidationError) as exc:
-        vc.set_speculative_config(["sleep", "infinity"], NGRAM)
+        ve.set_speculative_config(["sleep", "infinity"], NGRAM)
     assert "no vLLM invocation" in str(exc.value)
     with pytest.raises(ValidationError):
-        vc.set_speculative_config(["vllm"], "{not json")
+        ve.set_speculative_config(["vllm"], "{not json")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -288,7 +289,7 @@ def test_env_defaults_kubernetes_refs_and_shell_line_strings():
 def test_shell_script_with_option_cluster_is_a_script_for_the_editor_too():
     scripts = (["bash", "-c", "s"], ["/bin/bash", "-lc", "s"], ["sh", "-e", "-c", "s"], ["python3", "-c", "s"], ["bash", "--port", "s"])
     assert [vc.is_shell_script(items, len(items) - 1) for items in scripts] == [True, True, True, False, False]
-    cmd = vc.set_speculative_config(["/bin/bash", "-lc", "exec vllm serve /m --port 8080"], NGRAM)
+    cmd = ve.set_speculative_config(["/bin/bash", "-lc", "exec vllm serve /m --port 8080"], NGRAM)
     assert cmd == ["/bin/bash", "-lc", "exec vllm serve /m --port 8080 --speculative-config '%s'" % NGRAM]
 
 
@@ -304,11 +305,11 @@ def test_guide_examples_roll_back_exactly(name, config):
         expected = yaml.safe_load(fh)
     command = before["spec"]["predictor"]["model"]["command"]
     assert vc.find_speculative_config(command) == json.loads(config)
-    stripped = vc.strip_speculative_config(command)
+    stripped = ve.strip_speculative_config(command)
     assert stripped == expected["spec"]["predictor"]["model"]["command"]
     _bash_n(stripped[2])
     # rolling forward with the same JSON gives the original script back, byte for byte
-    forward = vc.set_speculative_config(stripped, config)
+    forward = ve.set_speculative_config(stripped, config)
     if name.endswith("eagle3"):
         # the flag is re-added as the last continued line (after --enable-prefix-caching)
         assert vc.find_speculative_config(forward) == json.loads(config)
@@ -479,7 +480,7 @@ def _bash_n(script):
 @given(commands())
 def test_property_strip_script_removes_only_the_flags(case):
     script, expected_script, argv_with, argv_without = case
-    stripped = vc.strip_speculative_config(["bash", "-c", script])
+    stripped = ve.strip_speculative_config(["bash", "-c", script])
     # bash: the generator's spelling gives the intended argv, and the stripped script gives it minus the flags
     seen_with, seen_without = _bash_argvs(script, stripped[2])
     assert seen_with == argv_with
@@ -487,7 +488,7 @@ def test_property_strip_script_removes_only_the_flags(case):
     assert stripped == ["bash", "-c", expected_script]
     assert vc.find_speculative_config(stripped) is None
     # a second strip changes nothing
-    assert vc.strip_speculative_config(stripped) == stripped
+    assert ve.strip_speculative_config(stripped) == stripped
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -496,9 +497,9 @@ def test_property_strip_argv_removes_only_the_flags(case, where):
     _script, _expected, argv_with, argv_without = case
     if where == "command":
         items = ["python3"] + argv_with
-        assert vc.strip_speculative_config(items) == ["python3"] + argv_without
+        assert ve.strip_speculative_config(items) == ["python3"] + argv_without
     else:
-        assert vc.strip_speculative_config(argv_with[2:]) == argv_without[2:]
+        assert ve.strip_speculative_config(argv_with[2:]) == argv_without[2:]
 
 
 @pytest.mark.skipif(BASH is None, reason="bash is needed as the oracle")
@@ -507,14 +508,14 @@ def test_property_strip_argv_removes_only_the_flags(case, where):
 def test_property_set_then_strip_round_trip(case, config):
     _script, expected_script, _argv_with, argv_without = case
     canonical = json.dumps(config, separators=(",", ":"))
-    cmd = vc.set_speculative_config(["bash", "-c", expected_script], canonical)
+    cmd = ve.set_speculative_config(["bash", "-c", expected_script], canonical)
     assert vc.find_speculative_config(cmd) == config
     argv = _bash_argv(cmd[2])
     # bash sees the flag once, with the exact JSON, and all other words unchanged and in order
     i = argv.index("--speculative-config")
     assert argv[i + 1] == canonical
     assert argv[:i] + argv[i + 2:] == argv_without
-    assert vc.strip_speculative_config(cmd) == ["bash", "-c", expected_script]
+    assert ve.strip_speculative_config(cmd) == ["bash", "-c", expected_script]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -13,6 +13,7 @@ import pytest
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import patch_plan as isvc_patch
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as core
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_edit as ve
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 BASH = shutil.which("bash")
@@ -158,7 +159,7 @@ def test_legacy_argv_detected_and_removed(source, items, expected, legacy):
     occ = vc.find_occurrences(items)
     assert vc.legacy_flags(occ) == legacy, source
     assert vc.has_speculative_config(items)
-    assert vc.strip_speculative_config(items) == expected
+    assert ve.strip_speculative_config(items) == expected
     assert vc.find_occurrences(expected) == []
 
 
@@ -168,7 +169,7 @@ def test_legacy_script_detected_and_removed(source, script, expected, legacy):
     occ = vc.find_occurrences(items)
     assert {o.form for o in occ} <= {"script", "script_inline"}
     assert vc.legacy_flags(occ) == legacy, source
-    assert vc.strip_speculative_config(items) == ["/bin/bash", "-c", expected]
+    assert ve.strip_speculative_config(items) == ["/bin/bash", "-c", expected]
     assert vc.find_occurrences(["/bin/bash", "-c", expected]) == []
 
 
@@ -176,26 +177,26 @@ def test_legacy_script_detected_and_removed(source, script, expected, legacy):
 @pytest.mark.parametrize("source, script, expected, legacy", SCRIPT_CASES, ids=[c[0] for c in SCRIPT_CASES])
 def test_legacy_stripped_script_is_valid_bash(source, script, expected, legacy):
     del source, expected, legacy
-    stripped = vc.strip_speculative_config(["bash", "-c", script])[2]
+    stripped = ve.strip_speculative_config(["bash", "-c", script])[2]
     assert subprocess.run([BASH, "-n", "-c", stripped], check=False).returncode == 0
 
 
 def test_legacy_element_holding_flag_and_value_is_dropped():
     # a published-manifest mistake (KServe issues): "--speculative_model /d" as ONE args element
     items = ["--model_name=m", "--speculative_model /d", "--num_speculative_tokens 5", "--port=8080"]
-    assert vc.strip_speculative_config(items) == ["--model_name=m", "--port=8080"]
+    assert ve.strip_speculative_config(items) == ["--model_name=m", "--port=8080"]
 
 
 def test_not_speculative_left_alone():
     items = ["vllm", "serve", "/models/x--speculative-model-y", "--served-model-name", "speculative-model",
              "--num-lookahead-slots", "2", "--max-model-len", "4096"]
     assert vc.find_occurrences(items) == []
-    assert vc.strip_speculative_config(items) == items
+    assert ve.strip_speculative_config(items) == items
 
 
 def test_legacy_value_never_swallows_the_next_option():
     # argparse refuses an option as the value; the next option stays
-    assert vc.strip_speculative_config(["vllm", "serve", "/m", "--speculative-model", "--port", "8080"]) == \
+    assert ve.strip_speculative_config(["vllm", "serve", "/m", "--speculative-model", "--port", "8080"]) == \
         ["vllm", "serve", "/m", "--port", "8080"]
 
 
@@ -218,7 +219,7 @@ def test_removed_flags_come_from_the_registry():
 
 def test_set_config_replaces_legacy_flags():
     items = ["vllm", "serve", "/m", "--speculative-model", "[ngram]", "--num-speculative-tokens", "5"]
-    out = vc.set_speculative_config(items, '{"method":"ngram","num_speculative_tokens":5,"prompt_lookup_max":4}')
+    out = ve.set_speculative_config(items, '{"method":"ngram","num_speculative_tokens":5,"prompt_lookup_max":4}')
     assert out == ["vllm", "serve", "/m", "--speculative-config", '{"method":"ngram","num_speculative_tokens":5,"prompt_lookup_max":4}']
 
 

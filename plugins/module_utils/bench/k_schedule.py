@@ -89,6 +89,14 @@ def best_k_per_load(points, current_k, k_candidates=None):
     return rows
 
 
+def check_min_gain(min_gain):
+    """The hysteresis threshold, refused before any request when it is not a fraction in [0, 1)."""
+    if not bench_stats.is_number(min_gain) or not 0 <= min_gain < 1:
+        raise ValidationError("must be a fraction in [0, 1), got %r" % (min_gain,), field="k_schedule_min_gain",
+                              hint="0.05: a k changes only where it is predicted 5% faster than the held k")
+    return float(min_gain)
+
+
 def _ranges(chosen):
     """``[(batch_size, k)]`` (growing batch size) -> vLLM's ``[[start, end, k]]``: the first range from 1, a change at
     the batch size where it was measured, the last range to the largest measured batch size (vLLM keeps its k beyond)."""
@@ -114,9 +122,7 @@ def derive_schedule(per_load, num_speculative_tokens, min_gain=DEFAULT_MIN_GAIN)
     if not isinstance(num_speculative_tokens, int) or isinstance(num_speculative_tokens, bool) or num_speculative_tokens < 1:
         raise ValidationError("must be the deployed k (a whole number >= 1), got %r" % (num_speculative_tokens,),
                               field="num_speculative_tokens", hint="the candidate's num_speculative_tokens: a schedule's k never exceeds it")
-    if not bench_stats.is_number(min_gain) or not 0 <= min_gain < 1:
-        raise ValidationError("must be a fraction in [0, 1), got %r" % (min_gain,), field="k_schedule_min_gain",
-                              hint="0.05: a k changes only where it is predicted 5% faster than the held k")
+    check_min_gain(min_gain)
     rows = sorted((r for r in per_load if r.get("best_k") is not None), key=lambda r: (r["batch_size"], r["load"]))
     out = {"schedule": None, "describe": None, "num_speculative_tokens": num_speculative_tokens, "min_gain": float(min_gain),
            "steps": [], "notes": []}

@@ -118,7 +118,7 @@ options:
   k_schedule:
     description:
       - Derive a C(num_speculative_tokens_per_batch_size) schedule (vLLM 0.24 and newer) from the best k at each load,
-        returned in C(k.schedule) of RV(k), drawn in the report beside the measured curve. A prediction: confirm it with an A/B.
+        returned in C(k.schedule) of RV(k), drawn in the report beside the measured curve. A prediction, to confirm with an A/B.
       - The best k at each load (C(k.per_load)) is returned either way when the candidate's k is known.
     type: bool
     default: false

@@ -115,6 +115,19 @@ options:
   confirm_load:
     description: Load of the confirmation A/B. Defaults to the sweep point at or above O(target_qps), else the lowest load.
     type: float
+  k_schedule:
+    description:
+      - Derive a C(num_speculative_tokens_per_batch_size) schedule (vLLM 0.24 and newer) from the best k at each load,
+        returned in C(k.schedule) of RV(k), drawn in the report beside the measured curve. A prediction, to confirm with an A/B.
+      - The best k at each load (C(k.per_load)) is returned either way when the candidate's k is known.
+    type: bool
+    default: false
+  k_schedule_min_gain:
+    description:
+      - Hysteresis of the schedule. Going up in batch size, k changes only where the new k's expected gain beats the
+        held k's by more than this fraction at that load; k never rises with batch size.
+    type: float
+    default: 0.05
   resume_from:
     description: A previous run's JSON (C(<report_dir>/<report_name>.json)); its finished measurements are reused.
     type: path
@@ -278,6 +291,9 @@ k:
     - C(prediction) (table of expected tokens, cost and gain per k, C(predicted_k)), C(confirmation) (C(status) V(confirmed),
       V(rejected) or V(not_measured), measured speedups beside the prediction), C(recommended_k) (set only from a measured
       A/B), C(current_k) and C(reason).
+    - C(per_load) (the candidate's k known) the best k at each load from that load's curve and verify cost, with
+      C(batch_size), C(gains), C(measured_speedup); C(schedule) (with O(k_schedule)) C(schedule) (vLLM's
+      C([[range_start, range_end, k], ...]) or null), C(describe), C(steps) (per load the held and chosen k and why), C(notes).
   returned: always
   type: dict
 resumed:
@@ -345,6 +361,8 @@ def main():
             confirm_model=dict(type="str"),
             confirm_k=dict(type="int"),
             confirm_load=dict(type="float"),
+            k_schedule=dict(type="bool", default=False),
+            k_schedule_min_gain=dict(type="float", default=0.05),
             resume_from=dict(type="path"),
             **bench_run.protocol_arg_spec(report_name="sweep"),
         ),

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The PNG plots of the benchmark and sweep reports, drawn with matplotlib.
 
-Four plots, each a ``*_figure`` function that returns the matplotlib ``Figure`` (the tests read its titles, axis
+Five plots, each a ``*_figure`` function that returns the matplotlib ``Figure`` (the tests read its titles, axis
 labels and lines) and a ``plot_*`` function that saves it as PNG and returns the path (what ``bench_report``'s
 writers call):
 
@@ -11,7 +11,9 @@ writers call):
 - ``acceptance``: the speculative side's per-position acceptance rate (``spec_benchmark``);
 - ``sweep_load``: speedup and median TPOT against load, with the break-even and the target QPS (``spec_sweep``);
 - ``k_curve``: the per-position curve and the expected gain per k, with the predicted k and the measured A/B
-  (``spec_sweep``).
+  (``spec_sweep``);
+- ``k_schedule``: the measured speedup and the best k at each load's batch size, beside the
+  ``num_speculative_tokens_per_batch_size`` schedule derived from them (``spec_sweep`` with ``k_schedule``).
 
 matplotlib is imported by ``require_matplotlib``, which every figure calls first, and not at module import: the
 modules that do not plot do not pay its import (about half a second), and ansible-test's import check runs without
@@ -31,7 +33,7 @@ MATPLOTLIB_REQUIREMENT = "matplotlib>=3.8"
 DPI = 100
 # Inches at DPI: one panel 8 x 4.5 (800 x 450 px); two and three panels side by side keep about that panel size, the
 # sweep plots half an inch more for their legends under the axes.
-FIGSIZE = {"acceptance": (8.0, 4.5), "sweep_load": (12.0, 5.0), "k_curve": (12.0, 5.0), "latency": (14.0, 4.5)}
+FIGSIZE = {"acceptance": (8.0, 4.5), "sweep_load": (12.0, 5.0), "k_curve": (12.0, 5.0), "k_schedule": (12.0, 5.0), "latency": (14.0, 4.5)}
 
 SIDE_LABELS = {"baseline": "baseline", "candidate": "speculative decoding"}
 COLORS = {"baseline": "#1f77b4", "candidate": "#d62728"}
@@ -99,7 +101,7 @@ def _legend(axis, below=False, **kwargs):
     if not any(not label.startswith("_") for label in axis.get_legend_handles_labels()[1]):
         return
     if below:
-        kwargs.update(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
+        kwargs = dict(dict(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False), **kwargs)
     axis.legend(fontsize="small", framealpha=0.9, **kwargs)
 
 
@@ -286,3 +288,46 @@ def k_curve_figure(prediction, confirmation):
 def plot_k_curve(prediction, confirmation, path):
     """Save ``k_curve_figure`` to ``path`` (PNG); return ``path``."""
     return save(k_curve_figure(prediction, confirmation), path)
+
+
+def k_schedule_figure(per_load, schedule):
+    """Left: the measured speedup at the deployed k and the predicted gain at the schedule's k, per batch size.
+    Right: the best k measured at each load and the schedule's k (a step line: what vLLM drafts at each batch size)."""
+    rows = sorted((r for r in per_load if r.get("batch_size") is not None), key=lambda r: (r["batch_size"], r["load"]))
+    steps = {(s["batch_size"], s["load"]): s for s in (schedule or {}).get("steps") or []}
+    sizes = [r["batch_size"] for r in rows]
+    fig, (speed_axis, k_axis) = _figure("k_schedule", panels=2)
+    speed_axis.plot(sizes, [_nan(r.get("measured_speedup")) for r in rows], marker="o", color=COLORS["candidate"],
+                    label="measured speedup (deployed k)")
+    predicted = [(r["batch_size"], steps[(r["batch_size"], r["load"])]["gain_k"]) for r in rows if (r["batch_size"], r["load"]) in steps]
+    if predicted:
+        speed_axis.plot([x for x, _y in predicted], [y for _x, y in predicted], marker="^", linestyle="--",
+                        color=SWEEP_COLORS["predicted"], label="predicted gain, schedule's k")
+    speed_axis.axhline(1.0, color=SWEEP_COLORS["unity"], linestyle=":", linewidth=1.2, label="1.0 = baseline")
+    speed_axis.set_title("Speedup against batch size")
+    speed_axis.set_ylabel("speedup (\u00d7)")
+    k_axis.plot(sizes, [_nan(r.get("best_k")) for r in rows], marker="o", linestyle="none", color=COLORS["baseline"],
+                label="best k at this load")
+    entries = (schedule or {}).get("schedule") or []
+    if entries:
+        top = max(sizes + [entries[-1][1]])
+        xs = list(range(1, top + 1))
+        ks = [next(k for start, _end, k in reversed(entries) if start <= x) for x in xs]
+        k_axis.step(xs, ks, where="post", color=SWEEP_COLORS["predicted"], linewidth=2,
+                    label="schedule: %s" % schedule.get("describe"))
+    k_axis.set_ylim(-0.3, max([r.get("best_k") or 0 for r in rows] + [e[2] for e in entries] + [1]) + 0.5)
+    k_axis.yaxis.get_major_locator().set_params(integer=True)
+    k_axis.set_title("num_speculative_tokens_per_batch_size")
+    k_axis.set_ylabel("num_speculative_tokens (k)")
+    for axis in (speed_axis, k_axis):
+        axis.set_xlabel("batch size (requests in flight)")
+        if sizes:
+            _load_ticks(axis, sorted(set(sizes)))
+        _legend(axis, below=True, ncol=1)
+    fig.suptitle("A k for each load: the schedule beside the measured curve")
+    return fig
+
+
+def plot_k_schedule(per_load, schedule, path):
+    """Save ``k_schedule_figure`` to ``path`` (PNG); return ``path``."""
+    return save(k_schedule_figure(per_load, schedule), path)

@@ -19,7 +19,9 @@ import os
 import shlex
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench.decision import LATENCY_ROWS, burst_notes, compare, decide
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench.plots import plot_acceptance, plot_k_curve, plot_latency, plot_sweep_load
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench.plots import (
+    plot_acceptance, plot_k_curve, plot_k_schedule, plot_latency, plot_sweep_load,
+)
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 
@@ -419,6 +421,7 @@ def render_sweep_markdown(data):
                   "| Predicted speedup vs current k | %s |" % _fmt(conf.get("predicted_speedup_vs_current"), 3),
                   "| Measured speedup vs current k | %s |" % _fmt(conf.get("measured_speedup_vs_current"), 3),
                   "| Measured speedup vs baseline | %s |" % _fmt(conf.get("measured_speedup_vs_baseline"), 3), ""]
+    lines += _k_schedule_lines(k_block)
     checks = data.get("checks") or {}
     if checks:
         lines += ["## What each side runs", "", "Checked before the first request: the engine-config line each engine logged at "
@@ -442,12 +445,45 @@ def render_sweep_markdown(data):
     plots = data.get("plots") or {}
     if plots:
         lines += ["## Plots", ""]
-        for key, label in (("load", "Speedup and TPOT against load"), ("k", "Per-position acceptance and expected gain per k")):
+        for key, label in (("load", "Speedup and TPOT against load"), ("k", "Per-position acceptance and expected gain per k"),
+                           ("k_schedule", "The k schedule beside the measured curve")):
             if plots.get(key):
                 lines += ["![%s](%s)" % (label, plots[key]), ""]
     if data.get("notes"):
         lines += ["## Notes", ""] + ["- %s" % note for note in data["notes"]] + [""]
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _k_schedule_lines(k_block):
+    """The best k at each load and, when asked for, the num_speculative_tokens_per_batch_size schedule."""
+    per_load, sched = k_block.get("per_load") or [], k_block.get("schedule")
+    if not per_load:
+        return []
+    steps = {(s["batch_size"], s["load"]): s for s in (sched or {}).get("steps") or []}
+    lines = ["## A k for each load", "",
+             "At each load, the candidate's own per-position curve and the verify cost measured there (median TPOT of both "
+             "sides, vLLM's `median_tpot_ms`; mean acceptance length, its `spec_decode_acceptance_length`) give the expected "
+             "gain of every k; k=0 (no drafts) is the baseline, gain 1.0. Batch size: the concurrency (vLLM's "
+             "`max_concurrency`), or for a `request_rate` the mean requests in flight (completed x mean E2EL / duration).", "",
+             "| Load | Batch size | Measured speedup (deployed k) | Best k | Its expected gain | Schedule k | Why |",
+             "|---|---|---|---|---|---|---|"]
+    for row in per_load:
+        step = steps.get((row["batch_size"], row["load"])) or {}
+        gain = next((g["expected_gain"] for g in row["gains"] if g["k"] == row["best_k"]), None)
+        lines.append("| %s %s | %s | %s | %s | %s | %s | %s |" % (
+            _fmt(row["load"], 3), "req/s" if row["kind"] == "request_rate" else "conc.", _fmt(row["batch_size"]),
+            _fmt(row.get("measured_speedup"), 3), _fmt(row["best_k"]), _fmt(gain, 3), _fmt(step.get("k")),
+            _md_cell(step.get("why") or row.get("reason") or "")))
+    lines.append("")
+    if sched is None:
+        return lines
+    if sched.get("schedule"):
+        lines += ["**num_speculative_tokens_per_batch_size: `%s`** (%s; num_speculative_tokens %d, hysteresis %.1f%%). vLLM 0.24 "
+                  "and newer; a prediction from the curves: confirm it with an A/B against the best fixed k before keeping it." % (
+                      json.dumps(sched["schedule"]), sched["describe"], sched["num_speculative_tokens"], 100.0 * sched["min_gain"]), ""]
+    else:
+        lines += ["No schedule: %s" % "; ".join(sched.get("notes") or ["no load was measured"]), ""]
+    return lines
 
 
 def write_sweep_report(data, report_dir, basename="sweep", plots=True):
@@ -470,6 +506,12 @@ def write_sweep_report(data, report_dir, basename="sweep", plots=True):
             plot_k_curve(pred, (result.get("k") or {}).get("confirmation"), os.path.join(report_dir, name))
             data["plots"]["k"] = name
             paths["plots"]["k"] = os.path.join(report_dir, name)
+        sched = (result.get("k") or {}).get("schedule")
+        if sched and sched.get("schedule"):
+            name = basename + "-k-schedule.png"
+            plot_k_schedule(result["k"].get("per_load") or [], sched, os.path.join(report_dir, name))
+            data["plots"]["k_schedule"] = name
+            paths["plots"]["k_schedule"] = os.path.join(report_dir, name)
     paths["json"] = os.path.join(report_dir, basename + ".json")
     paths["markdown"] = os.path.join(report_dir, basename + ".md")
     _atomic_write(paths["json"], json.dumps(data, indent=1, sort_keys=True) + "\n")

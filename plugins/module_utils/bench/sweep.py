@@ -22,6 +22,7 @@ import json
 import os
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import client as bench_client
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import k_schedule as bench_k_schedule
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import plots as bench_plots
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import run as bench_run
@@ -267,6 +268,8 @@ def run_sweep(params, measure=None):
     if params.get("confirm_k") is not None and sweep["k_limit"] and not 1 <= params["confirm_k"] <= sweep["k_limit"]:
         raise ValidationError("%d is outside 1..%d, the range allowed for method %s" % (params["confirm_k"], sweep["k_limit"], params["method"]),
                               field="confirm_k", hint="confirm a k within the sweep's candidates")
+    if params.get("k_schedule"):
+        bench_k_schedule.check_min_gain(params.get("k_schedule_min_gain", bench_k_schedule.DEFAULT_MIN_GAIN))
     prompts = bench_workloads.load_workload(params["workload"], params["prompts_file"], params["num_prompts"])
     request_params = {"max_tokens": params["max_tokens"], "temperature": params["temperature"], "seed": params["seed"],
                       "extra_body": dict(params["extra_body"] or {})}

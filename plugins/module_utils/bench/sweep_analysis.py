@@ -13,7 +13,8 @@ Pure logic (``spec_sweep`` module, ``playbooks/tune.yml``); nothing here sends a
 - ``decision_for_target(points, target_qps, keep_rule)``: the keep/roll_back decision at the sweep point at or
   above the load the service really runs.
 - ``analyse(measurements, sweep, params, current_k)``: all of the above over a run's measurements, as the module
-  returns them.
+  returns them, with the best k at each load (bench/k_schedule.py) and, with ``k_schedule``, the
+  ``num_speculative_tokens_per_batch_size`` schedule derived from them.
 
 A *point* is one load with both sides measured::
 
@@ -28,6 +29,7 @@ the medians and p99 of TTFT/TPOT/ITL (``ttft_ms``, ``tpot_ms``, ``itl_ms``), ``o
 from __future__ import annotations
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import decision as bench_decision
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import k_schedule
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import num_speculative_tokens as k_model
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
@@ -294,6 +296,14 @@ def analyse(measurements, sweep, params, current_k):
                "reason": (confirm or {}).get("reason") or (
                    "no acceptance counts on the candidate: no k prediction" if ks else
                    "the candidate's k is unknown (no per-position series on /metrics); set current_k")}
+    if current_k and points[main_kind]:
+        k_block["per_load"] = k_schedule.best_k_per_load(points[main_kind], current_k, ks)
+        if params.get("k_schedule"):
+            k_block["schedule"] = k_schedule.derive_schedule(k_block["per_load"], current_k,
+                                                             params.get("k_schedule_min_gain", k_schedule.DEFAULT_MIN_GAIN))
+            notes += k_block["schedule"]["notes"]
+    elif params.get("k_schedule"):
+        notes.append("no k schedule: the candidate's k is unknown (set current_k)")
     if not all_points:
         raise ValidationError("no load has both sides measured", field="request_rates", hint="rerun the sweep")
     return {"points": views, "break_even": tables.get(main_kind), "break_even_by_kind": tables, "target": target, "k": k_block,

@@ -16,6 +16,7 @@ import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_releases
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_schedule
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 _VERSION_RE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")
@@ -435,6 +436,10 @@ def validate(config, vllm_version=None, field="config"):
     # Keys first: a misspelt key explains most other failures.
     for key in list(cfg):
         _check_key(key, cfg, table, version, field, warnings)
+    if speculative_schedule.KEY in cfg:  # the release has the key (checked above); its entries are vLLM's rules
+        cfg[speculative_schedule.KEY], notes = speculative_schedule.check(
+            cfg[speculative_schedule.KEY], cfg.get("num_speculative_tokens"), "%s.%s" % (field, speculative_schedule.KEY))
+        warnings += notes
 
     method = cfg.get("method")
     model = cfg.get("model")

@@ -52,6 +52,14 @@ PREDICTION = {"per_position_rates": [0.9, 0.1, 0.05], "predicted_k": 1,
 CONFIRMATION = {"status": "confirmed", "predicted_k": 1, "current_k": 3, "measured_speedup_vs_baseline": 1.4, "measured_speedup_vs_current": 1.1}
 
 
+PER_LOAD = [{"kind": "concurrency", "load": 1, "batch_size": 1, "best_k": 2, "measured_speedup": 1.8},
+            {"kind": "concurrency", "load": 4, "batch_size": 4, "best_k": 1, "measured_speedup": 1.3},
+            {"kind": "concurrency", "load": 8, "batch_size": 8, "best_k": 0, "measured_speedup": 0.9}]
+SCHEDULE = {"schedule": [[1, 3, 3], [4, 7, 1], [8, 8, 0]], "describe": "1-3: k=3; 4-7: k=1; 8+: k=0",
+            "steps": [{"batch_size": 1, "load": 1, "gain_k": 1.75}, {"batch_size": 4, "load": 4, "gain_k": 1.25},
+                      {"batch_size": 8, "load": 8, "gain_k": 1.0}]}
+
+
 def lines(axis):
     """``{label: (xdata, ydata)}`` of the axis' labelled lines."""
     return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in axis.get_lines()
@@ -102,6 +110,7 @@ def hide_matplotlib(monkeypatch):
     ("acceptance", lambda path: bench_plots.plot_acceptance([0.7, 0.45, 0.25], path)),
     ("sweep_load", lambda path: bench_plots.plot_sweep_load(POINTS, BREAK_EVEN, 4.0, path)),
     ("k_curve", lambda path: bench_plots.plot_k_curve(PREDICTION, CONFIRMATION, path)),
+    ("k_schedule", lambda path: bench_plots.plot_k_schedule(PER_LOAD, SCHEDULE, path)),
 ])
 def test_each_plot_is_a_valid_png_of_its_figure_size_with_its_series_drawn(tmp_path, kind, draw):
     path = str(tmp_path / (kind + ".png"))
@@ -111,7 +120,7 @@ def test_each_plot_is_a_valid_png_of_its_figure_size_with_its_series_drawn(tmp_p
     assert colors.get((255, 255, 255), 0) > width * height // 3  # a white page ...
     # ... with the speculative side's line and markers in it, and the baseline's where the plot has one
     assert colors.get(hex_rgb(bench_plots.COLORS["candidate"]), 0) > 100
-    if kind in ("latency", "sweep_load", "k_curve"):
+    if kind in ("latency", "sweep_load", "k_curve", "k_schedule"):
         assert colors.get(hex_rgb(bench_plots.COLORS["baseline"]), 0) > 100
 
 
@@ -290,3 +299,18 @@ def test_the_docs_plot_data_is_the_published_run_and_draws_both_plots(tmp_path):
     assert read_png(prefix + "-load.png")[:2] == expected_size("sweep_load") and read_png(prefix + "-k.png")[:2] == expected_size("k_curve")
     for name, kind in (("tune-load.png", "sweep_load"), ("tune-k.png", "k_curve")):  # the committed plots are this code's size
         assert read_png(os.path.join(REPO, "docs", "when-it-pays", name))[:2] == expected_size(kind)
+
+
+def test_k_schedule_figure_draws_the_schedule_beside_the_measured_curve():
+    fig = bench_plots.k_schedule_figure(PER_LOAD, SCHEDULE)
+    speed, k_axis = fig.get_axes()
+    assert speed.get_title() == "Speedup against batch size" and k_axis.get_title() == "num_speculative_tokens_per_batch_size"
+    assert speed.get_xlabel() == k_axis.get_xlabel() == "batch size (requests in flight)"
+    drawn = lines(speed)
+    assert drawn["measured speedup (deployed k)"] == ([1, 4, 8], [1.8, 1.3, 0.9])
+    assert drawn["predicted gain, schedule's k"] == ([1, 4, 8], [1.75, 1.25, 1.0])
+    k_lines = lines(k_axis)
+    assert k_lines["best k at this load"] == ([1, 4, 8], [2, 1, 0])
+    # the k vLLM drafts at each batch size 1..8 under the schedule
+    assert k_lines["schedule: 1-3: k=3; 4-7: k=1; 8+: k=0"] == ([1, 2, 3, 4, 5, 6, 7, 8], [3, 3, 3, 1, 1, 1, 1, 0])
+    assert set(legend_texts(k_axis)) == set(k_lines)

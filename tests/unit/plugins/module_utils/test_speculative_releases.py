@@ -44,6 +44,8 @@ def _value_for(key, spec):
     default = spec.get("default")
     if default is not None and not isinstance(default, dict):
         return default
+    if spec["type"].startswith("list[tuple[int, int, int]]"):
+        return [[1, 1, 1]]  # a batch-size schedule: its rules (vllm/speculative_schedule.py) refuse a bare number
     kind = core._kind(key, spec)  # pylint: disable=protected-access
     return {core._BOOL: True, core._NUM: 0.5, core._STR: "x"}.get(kind, 1)  # pylint: disable=protected-access
 

@@ -123,10 +123,11 @@ def test_concurrency_sweep_finds_the_built_in_break_even_and_resumes(servers, tm
     # Resume: the same sweep from its JSON measures nothing; one more load measures only that load.
     mark = posts(servers)
     again = run_module("spec_sweep", args(servers, tmp_path, verify_cost_ratio=0.2, resume_from=out["report_json"],
-                                          report_dir=str(tmp_path / "again")))
+                                          report_dir=str(tmp_path / "again"), k_schedule=True))
     assert not again.failed, again.msg
     assert (again["resumed"], again["measured"]) == (8, 0) and posts(servers) == mark
     assert again["break_even"]["crossover_load"] == pytest.approx(be["crossover_load"])
+    check_k_schedule(again)
     more = run_module("spec_sweep", args(servers, tmp_path, verify_cost_ratio=0.2, concurrencies=[1, 2, 4, 6, 8],
                                          resume_from=out["report_json"], report_dir=str(tmp_path / "more")))
     assert not more.failed, more.msg
@@ -136,6 +137,26 @@ def test_concurrency_sweep_finds_the_built_in_break_even_and_resumes(servers, tm
     bad = run_module("spec_sweep", args(servers, tmp_path, max_tokens=TOKENS + 1, resume_from=out["report_json"],
                                         report_dir=str(tmp_path / "bad")))
     assert bad.failed and bad["field"] == "resume_from" and "max_tokens" in bad.msg
+
+
+def check_k_schedule(out):
+    """The candidate's verify cost grows with load (chunk gap x 0.5, 0.75, 1.25, 1.75 at 1, 2, 4, 6 in flight) while its
+    curve stays 0.9, 0.1, 0.05 (mean acceptance length 2.05): from 2 in flight on, k=1 beats k=3 by 20% or more
+    (2: 1.61 against 1.33), and at 6 k=1 (1.02) still beats no drafts (1.0), so the schedule holds k=1 from 2 on."""
+    per_load = out["k"]["per_load"]
+    assert [r["batch_size"] for r in per_load] == [1, 2, 4, 6]
+    assert [r["best_k"] for r in per_load][1:] == [1, 1, 1], per_load
+    sched = out["k"]["schedule"]
+    assert sched["num_speculative_tokens"] == 3 and sched["schedule"][0][0] == 1 and sched["schedule"][-1][1] == 6
+    assert [k_at(sched["schedule"], b) for b in (2, 3, 4, 5, 6)] == [1, 1, 1, 1, 1], sched
+    assert max(entry[2] for entry in sched["schedule"]) <= 3
+    md = open(out["report_markdown"], encoding="utf-8").read()
+    assert "## A k for each load" in md and "**num_speculative_tokens_per_batch_size: `%s`**" % json.dumps(sched["schedule"]) in md
+    assert "-k-schedule.png" in md and png_size(out["plots"]["k_schedule"]) == (1200, 500)
+
+
+def k_at(schedule, batch):
+    return next(k for start, _end, k in reversed(schedule) if start <= batch)
 
 
 def test_predicted_k_is_confirmed_by_a_measured_ab(servers, tmp_path):

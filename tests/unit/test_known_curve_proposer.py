@@ -46,13 +46,13 @@ def accepted(draft, truth):
 def test_conditional_acceptance_per_slot_is_the_configured_rate(tmp_path, monkeypatch):
     rates = [0.9, 0.7, 0.4, 0.1]
     k = len(rates)
-    proposer, _ = make(tmp_path, monkeypatch, rates)
+    proposer = make(tmp_path, monkeypatch, rates)[0]
     rng = random.Random(7)
     truth = np.array([rng.randrange(VOCAB) for _ in range(400)], dtype=np.int32)
     assert step(proposer, [truth[:20]]) == [[]]  # never seen: recorded, not drafted
     step(proposer, [truth])  # the whole greedy run is now known
     reached = [0] * (k + 1)  # reached[i]: drafts whose slots 1..i were all accepted
-    for _ in range(12):
+    for _round in range(12):
         drafts = step(proposer, [truth[:n] for n in range(20, 400 - k - 1)])
         for n, draft in zip(range(20, 400 - k - 1), drafts):
             assert len(draft) == k and all(0 <= t < VOCAB for t in draft)
@@ -67,7 +67,7 @@ def test_conditional_acceptance_per_slot_is_the_configured_rate(tmp_path, monkey
 
 
 def test_no_draft_near_the_end_of_what_is_known(tmp_path, monkeypatch):
-    proposer, _ = make(tmp_path, monkeypatch, [1.0, 1.0, 1.0])
+    proposer = make(tmp_path, monkeypatch, [1.0, 1.0, 1.0])[0]
     truth = np.arange(100, 150, dtype=np.int32)
     step(proposer, [truth])
     drafts = step(proposer, [truth[:46], truth[:47]])  # 4 = k + 1 known tokens ahead, then 3
@@ -75,7 +75,7 @@ def test_no_draft_near_the_end_of_what_is_known(tmp_path, monkeypatch):
 
 
 def test_wrong_slots_never_hold_the_right_token(tmp_path, monkeypatch):
-    proposer, _ = make(tmp_path, monkeypatch, [0.0, 0.0])
+    proposer = make(tmp_path, monkeypatch, [0.0, 0.0])[0]
     truth = np.full(30, VOCAB - 1, dtype=np.int32)  # the wrong token wraps around the vocabulary
     step(proposer, [truth])
     assert step(proposer, [truth[:10]]) == [[0, 0]]
@@ -94,7 +94,7 @@ def test_a_new_curve_is_read_when_the_file_changes(tmp_path, monkeypatch):
 
 
 def test_a_greedy_run_that_differs_from_the_recorded_one_is_counted(tmp_path, monkeypatch):
-    proposer, _ = make(tmp_path, monkeypatch, [1.0])
+    proposer = make(tmp_path, monkeypatch, [1.0])[0]
     truth = np.arange(200, 260, dtype=np.int32)
     step(proposer, [truth])
     other = truth.copy()

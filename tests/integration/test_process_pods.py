@@ -89,16 +89,16 @@ def _server(name, delay="0", probe_period=1):
             "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": probe_period}}
 
 
-def _bound_claim(api, namespace, name, host_dir):
+def _bound_claim(api, namespace, name, host_dir, mode="ReadWriteOnce"):
     """A PVC bound to a hostPath PersistentVolume at host_dir (the test bed runs no PV binder: it plays it)."""
     pv = f"pv-{uuid.uuid4().hex[:8]}"
     api.post("/api/v1/persistentvolumes", {
         "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "manual",
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": [mode], "storageClassName": "manual",
                  "hostPath": {"path": str(host_dir)}, "claimRef": {"namespace": namespace, "name": name}}})
     api.post(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", {
         "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
-        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "manual", "volumeName": pv,
+        "spec": {"accessModes": [mode], "storageClassName": "manual", "volumeName": pv,
                  "resources": {"requests": {"storage": "1Gi"}}}})
     return pv
 

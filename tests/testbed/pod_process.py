@@ -303,12 +303,13 @@ class ProcessPod:
         running = [c for c in self.containers + self.init_containers if c.running]
         for c in running:
             _signal_group(c.proc, signal.SIGTERM)
-        deadline = time.monotonic() + max(grace, 0)
-        for c in running:
-            try:
-                c.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+        start = time.monotonic()
+        # A shorter grace given meanwhile (a forced delete, the kubelet stopping) cuts the wait short.
+        while any(c.proc.poll() is None for c in running):
+            limit = 0.0 if self.kubelet.stopping else min(grace, self.grace if self.grace is not None else grace)
+            if time.monotonic() - start >= limit:
+                break
+            time.sleep(0.05)
         for c in running:
             if c.proc.poll() is None:
                 _signal_group(c.proc, signal.SIGKILL)
@@ -489,8 +490,11 @@ class ContainerLog:
     def write(self, stream: str, line: bytes, partial: bool = False) -> None:
         stamp = _now().strftime("%Y-%m-%dT%H:%M:%S.%f") + "000Z"
         text = line.decode("utf-8", errors="replace").replace("\n", "")
-        with self._lock, open(self.current, "a", encoding="utf-8") as fh:
-            fh.write(f"{stamp} {stream} {'P' if partial else 'F'} {text}\n")
+        try:
+            with self._lock, open(self.current, "a", encoding="utf-8") as fh:
+                fh.write(f"{stamp} {stream} {'P' if partial else 'F'} {text}\n")
+        except FileNotFoundError:
+            pass  # the kubelet stopped and removed its logs while the process still wrote
 
     def pipe(self, source, stream: str) -> threading.Thread:
         """Copy `source` (a pipe) line by line into the log until it closes; returns the thread doing it."""

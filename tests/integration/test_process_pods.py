@@ -5,6 +5,7 @@ The pods run small shell and Python scripts, never vLLM; each test is a few seco
 import json
 import threading
 import time
+import urllib.request
 import uuid
 
 import pytest
@@ -154,7 +155,7 @@ print(json.dumps(out))
     assert status["state"]["terminated"]["exitCode"] == 0 and status["state"]["terminated"]["reason"] == "Completed"
 
 
-def test_probes_gate_ready_and_two_pods_on_8080_through_the_pod_proxy(api, namespace):
+def test_probes_gate_ready_and_two_pods_on_8080_through_the_pod_proxy(api, namespace, kubelet):
     _pod(api, namespace, "one", [_server("server", delay="2")])
     _pod(api, namespace, "two", [_server("server")])
     created = time.monotonic()
@@ -168,6 +169,9 @@ def test_probes_gate_ready_and_two_pods_on_8080_through_the_pod_proxy(api, names
     for name in ("one", "two"):
         body = api.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}:8080/proxy/whoami", raw=True)
         assert body == f"{name} /whoami"
+    host, port = kubelet.port_forward(namespace, "two", 8080)  # the test process's own way in, as port-forward
+    with urllib.request.urlopen(f"http://{host}:{port}/direct", timeout=10) as resp:
+        assert resp.read().decode() == "two /direct"
     # the log: the probes' requests and ours, from the process's own stdout
     log = _log(api, namespace, "one")
     assert log.splitlines()[0] == "listening on 8080" and "served /whoami" in log and "served /healthz" in log

@@ -172,6 +172,13 @@ class ControlPlane:
         return f"https://127.0.0.1:{self.ports['apiserver']}"
 
     @property
+    def egress_socket(self) -> str:
+        """The Unix socket the API server sends its node traffic through (kubelet logs, pods/proxy, services/proxy):
+        an HTTP CONNECT proxy the kubelet stand-in serves (tests/testbed/pod_network.py), as konnectivity serves a real
+        one. It lets a pod have an address of its own network namespace, which the API server could not reach."""
+        return os.path.join(self.state_dir, "node-network.sock")
+
+    @property
     def ca_path(self) -> str:
         return os.path.join(self.state_dir, "pki", "ca.crt")
 
@@ -294,6 +301,11 @@ class ControlPlane:
         pkid = os.path.join(self.state_dir, "pki")
         cert, key = self.apiserver_cert
         kcert, kkey = self.kubelet_client_cert
+        egress = os.path.join(pkid, "egress-selector.json")
+        with open(egress, "w", encoding="utf-8") as fh:
+            json.dump({"apiVersion": "apiserver.k8s.io/v1beta1", "kind": "EgressSelectorConfiguration",
+                       "egressSelections": [{"name": "cluster", "connection": {
+                           "proxyProtocol": "HTTPConnect", "transport": {"uds": {"udsName": self.egress_socket}}}}]}, fh)
         self._spawn("kube-apiserver", [
             os.path.join(self.bin_dir, "kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
@@ -312,6 +324,7 @@ class ControlPlane:
             f"--kubelet-client-certificate={kcert}", f"--kubelet-client-key={kkey}",
             f"--kubelet-certificate-authority={self.ca.cert_path}",
             "--kubelet-preferred-address-types=InternalIP",
+            f"--egress-selector-config-file={egress}",
             "--allow-privileged=true", "--profiling=false",
             "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,DefaultTolerationSeconds,ResourceQuota,"
             "LimitRanger",

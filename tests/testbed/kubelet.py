@@ -42,6 +42,8 @@ import urllib.parse
 import uuid
 
 from .controlplane import free_port
+from .pod_network import NodeNetwork
+from .pod_process import ProcessMode
 from . import ports as _ports
 from .wake import EVERYTHING, RESYNC_SECONDS, WatchWaker, WorkQueue
 
@@ -85,6 +87,8 @@ class PodBehaviour:
         (`host_ipv4()`, not loopback); pods sharing address and port are told apart by X-Forwarded-Uri.
     https: those servers speak TLS (the kubelet serving certificate; the API server's pod proxy does not verify
         pod certificates), like vLLM started with --ssl-certfile. Reached as `https:<pod>:<port>`.
+    run: "process" runs the pod's containers as real processes (pod_process.py; the other fields then do not
+        apply), as the pod annotation `testbed.alauda.io/run: process` does; anything else scripts the pod.
     """
     ready_after: float | None = 0.0
     logs: dict = dataclasses.field(default_factory=dict)
@@ -93,6 +97,7 @@ class PodBehaviour:
     pod_ip: str = "127.0.0.1"
     http: dict = dataclasses.field(default_factory=dict)
     https: bool = False
+    run: str = "scripted"
 
 
 SIOCGIFFLAGS, SIOCGIFADDR, IFF_UP, IFF_LOOPBACK = 0x8913, 0x8915, 0x1, 0x8
@@ -204,7 +209,7 @@ class _LogServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
     allow_reuse_address = False
 
 
-class KubeletStandIn:
+class KubeletStandIn(ProcessMode):
     """Kubelet + scheduler stand-in for one node. Use start()/stop() or a context manager."""
 
     def __init__(self, controlplane, node_name: str = NODE_NAME, log_dir: str | None = None,
@@ -226,6 +231,11 @@ class KubeletStandIn:
         self._lock = threading.Lock()
         self._started = {}  # pod uid -> monotonic start time
         self._http = {}  # (address, port) -> _PodHTTPServer serving pods with PodBehaviour.http
+        self.network = None  # NodeNetwork: pod IPs, and the API server's way to the node
+        self._process = {}  # pod uid -> ProcessPod (process mode)
+        self.pods_dir = None
+        self.backoff_seconds = 10.0  # the kubelet's crash back-off base (pod annotation testbed.alauda.io/backoff-seconds)
+        self.stopping = False
         self.errors = []
 
     # ---------------------------------------------------------------------------------------------
@@ -292,6 +302,8 @@ class KubeletStandIn:
         if self.log_dir is None:
             self.log_dir = tempfile.mkdtemp(prefix="kubelet-logs-", dir=self.cp.state_dir)
         os.makedirs(self.log_dir, exist_ok=True)
+        self.pods_dir = tempfile.mkdtemp(prefix="kubelet-pods-", dir=self.cp.state_dir)
+        self.network = NodeNetwork(self.cp.egress_socket).start()
         self._start_server()
         self._register_node()
         thread = threading.Thread(target=self._loop, name=f"kubelet-{self.node_name}", daemon=True)
@@ -300,8 +312,15 @@ class KubeletStandIn:
         return self
 
     def stop(self) -> None:
+        self.stopping = True
         self._stop.set()
         self._queue.close()
+        with self._lock:
+            workers = list(self._process.values())
+        for worker in workers:
+            worker.terminate(0)
+        for worker in workers:
+            worker.done.wait(15)
         # The log server's thread is one of self._threads: shut it down first, or the join below waits out its timeout.
         if self._server is not None:
             self._server.shutdown()
@@ -314,6 +333,11 @@ class KubeletStandIn:
         for server in servers:
             server.shutdown()
             server.server_close()
+        if self.network is not None:
+            self.network.stop()
+            self.network = None
+        if self.pods_dir:
+            shutil.rmtree(self.pods_dir, ignore_errors=True)
         if self._own_log_dir and self.log_dir:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 
@@ -396,6 +420,7 @@ class KubeletStandIn:
         handler.send_header("Transfer-Encoding", "chunked")
         handler.end_headers()
         seen = len(self.read_records(namespace, pod, container, previous) or [])
+        token = self._follow_token(namespace, pod, container)
 
         def chunk(data: bytes):
             handler.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
@@ -410,6 +435,8 @@ class KubeletStandIn:
                     new = now[seen:]
                     seen = len(now)
                     chunk("".join(f"{s} {l}\n" if timestamps else f"{l}\n" for s, l in new).encode())
+                elif token is not None and (previous or not token[-1] or self._follow_token(namespace, pod, container) != token):
+                    break  # a process-mode container's instance ended: so does the follow, as with the kubelet
             handler.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError, ssl.SSLError, OSError):
             return None
@@ -581,6 +608,10 @@ class KubeletStandIn:
     def _forget(self, pod: dict) -> None:
         """A pod removed without this kubelet finishing its deletion (deleted with grace period 0): stop serving it."""
         meta = pod["metadata"]
+        with self._lock:
+            worker = self._process.get(meta.get("uid"))
+        if worker is not None:
+            worker.terminate(0)
         if self._started.pop(meta.get("uid"), None) is not None:
             self._close_http(meta["namespace"], meta["name"])
 
@@ -598,6 +629,9 @@ class KubeletStandIn:
                 "target": {"apiVersion": "v1", "kind": "Node", "name": self.node_name}})
             return
         if node != self.node_name:
+            return
+        if self._process_mode(pod):
+            self._handle_process_pod(api, pod)
             return
         if meta.get("deletionTimestamp"):
             # Containers "stopped": finish the graceful deletion like a kubelet does.

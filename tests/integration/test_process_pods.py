@@ -43,7 +43,7 @@ def api(controlplane, kubelet):  # pylint: disable=unused-argument
     client.close()
 
 
-def _pod(api, namespace, name, containers, volumes=None, restart="Always", grace=None, annotations=PROCESS):
+def _pod(api, namespace, name, containers, volumes=None, restart="Always", grace=None, annotations=None):
     spec = {"containers": containers, "restartPolicy": restart, "automountServiceAccountToken": False}
     if volumes:
         spec["volumes"] = volumes
@@ -53,7 +53,7 @@ def _pod(api, namespace, name, containers, volumes=None, restart="Always", grace
     while True:  # the ServiceAccount admission needs the namespace's default ServiceAccount first
         try:
             return api.post(f"/api/v1/namespaces/{namespace}/pods", {
-                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": dict(annotations)},
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": dict(annotations or PROCESS)},
                 "spec": spec})
         except ApiError as exc:
             if exc.status != 403 or "serviceaccount" not in exc.body or time.monotonic() > deadline:
@@ -126,7 +126,7 @@ out["cache"] = os.listdir("/cache")
 print(json.dumps(out))
 """
     try:
-        _pod(api, namespace, "env", [{
+        container = {
             "name": "main", "image": "testbed/python", "command": ["python3", "-c", script],
             "args": ["$(B)", "$$(A)", "$(NOPE)", "$(A"], "workingDir": "/mnt/models/target",
             "env": [{"name": "A", "value": "alpha"}, {"name": "B", "value": "$(A)-beta"},
@@ -134,9 +134,10 @@ print(json.dumps(out))
                     {"name": "LATER", "value": "late"}, {"name": "PARTIAL", "value": "$(A"},
                     {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
             "volumeMounts": [{"name": "models", "mountPath": "/mnt/models", "subPath": "models", "readOnly": True},
-                             {"name": "cache", "mountPath": "/cache"}]}],
-            volumes=[{"name": "models", "persistentVolumeClaim": {"claimName": "models"}},
-                     {"name": "cache", "emptyDir": {}}], restart="Never")
+                             {"name": "cache", "mountPath": "/cache"}]}
+        _pod(api, namespace, "env", [container],
+             volumes=[{"name": "models", "persistentVolumeClaim": {"claimName": "models"}},
+                      {"name": "cache", "emptyDir": {}}], restart="Never")
         pod = _wait(api, namespace, "env", _phase("Succeeded", "Failed"), what="end")
         out = json.loads(_log(api, namespace, "env").strip().splitlines()[-1])
     finally:

@@ -84,7 +84,7 @@ def splice(a: socket.socket, b: socket.socket, stop: threading.Event | None = No
         sel.register(sock, selectors.EVENT_READ)
     try:
         while open_reads and not (stop is not None and stop.is_set()):
-            for key, _ in sel.select(timeout=0.5):
+            for key, _events in sel.select(timeout=0.5):
                 src = key.fileobj
                 try:
                     data = src.recv(65536)
@@ -172,7 +172,7 @@ class NodeNetwork:
     def _accept(self) -> None:
         while not self._stop.is_set():
             try:
-                conn, _ = self._server.accept()
+                conn, _address = self._server.accept()
             except socket.timeout:
                 continue
             except OSError:

@@ -346,7 +346,7 @@ class ProcessPod:
         if not probe:
             return True
         state = c.probe_state.setdefault(kind, {"next": c.started_mono + probe.get("initialDelaySeconds", 0),
-                                                 "ok": 0, "fail": 0, "result": None})
+                                                "ok": 0, "fail": 0, "result": None})
         if now < state["next"]:
             return state["result"] if kind == "readinessProbe" else None
         state["next"] = now + probe.get("periodSeconds", 10)
@@ -581,7 +581,7 @@ class ProcessMode:
             with listener:
                 while not stop.is_set():
                     try:
-                        conn, _ = listener.accept()
+                        conn, _address = listener.accept()
                     except socket.timeout:
                         continue
                     try:

@@ -48,7 +48,7 @@ def test_conditional_acceptance_per_slot_is_the_configured_rate(tmp_path, monkey
     k = len(rates)
     proposer = make(tmp_path, monkeypatch, rates)[0]
     rng = random.Random(7)
-    truth = np.array([rng.randrange(VOCAB) for _ in range(400)], dtype=np.int32)
+    truth = np.array([rng.randrange(VOCAB) for _index in range(400)], dtype=np.int32)
     assert step(proposer, [truth[:20]]) == [[]]  # never seen: recorded, not drafted
     step(proposer, [truth])  # the whole greedy run is now known
     reached = [0] * (k + 1)  # reached[i]: drafts whose slots 1..i were all accepted

@@ -14,7 +14,8 @@ distribution without building it, but it leaves the unpacked tree when asked not
 metadata step and leaves /tmp/v/pip-download-*/vllm_*/; run this on that directory (an installed vLLM works too).
 
 Everything is read with ``ast`` from ``vllm/config/speculative.py`` (``vllm/config.py`` before 0.11),
-``vllm/config/utils.py``, ``vllm/engine/arg_utils.py`` and, from 0.34 on, the per-method speculator configs under
+``vllm/config/utils.py``, ``vllm/engine/arg_utils.py`` (the engine-set keys, whether it rewrites hyphens in the keys,
+the ``--spec-*`` shorthand flags) and, from 0.34 on, the per-method speculator configs under
 ``vllm/v1/worker/gpu/spec_decode/``. Only facts are kept: names, types as written, defaults, versions.
 """
 
@@ -28,6 +29,8 @@ import os
 import pprint
 import re
 import sys
+
+from vllm_command_line_facts import ENGINE_FILE as _ENGINE_FILE, command_line_facts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "..", "plugins", "module_utils", "vllm", "speculative_releases.py")
@@ -186,7 +189,7 @@ def _literal_or_text(node):
 
 def _engine_keys(root):
     """Keys create_speculative_config adds to the user's dict before building SpeculativeConfig."""
-    path = os.path.join(root, "vllm", "engine", "arg_utils.py")
+    path = os.path.join(root, _ENGINE_FILE)
     if not os.path.isfile(path):
         return set()
     tree, _source = _parse(path)
@@ -538,6 +541,10 @@ def read_release(src, version=None, commit=None, source=None):
         "detect_rules": _normalise_rules(rules, names),
         "detect_fallback": "draft_model",
     }
+    facts = command_line_facts(root)
+    if facts is None:
+        raise SourceError("no %s under %s" % (_ENGINE_FILE.replace(os.sep, "/"), root))
+    entry.update(facts)
     if commit and not re.match(r"^[0-9a-f]{40}$", commit):
         raise SourceError("--commit %r is not 40 hex digits" % commit)
     short = (entry["commit_id"] or "").lstrip("g")

@@ -13,7 +13,7 @@ description:
   - Takes a list of strings (a container's C(command) or C(args)) and returns the same list without
     C(--speculative-config) and its value, in every form users write it
     (C(--speculative-config <json>), C(--speculative-config=<json>), C(-sc), C(--speculative_config),
-    dotted keys such as C(--speculative-config.method), and the vLLM 0.24+ C(--spec-method),
+    dotted keys such as C(--speculative-config.method), and the vLLM 0.22+ C(--spec-method),
     C(--spec-model), C(--spec-tokens)).
   - Inside a C(bash -c)/C(sh -c) script the flag and its value are cut out at the byte level, with the
     whitespace or the C(\) line continuation that held them, so the script stays valid; every other byte

@@ -82,7 +82,9 @@ json:
   type: str
   sample: '{"method":"eagle3","model":"/mnt/models/draft","num_speculative_tokens":3}'
 config:
-  description: The normalised config (hyphens in keys turned into underscores).
+  description:
+    - The normalised config (hyphens in keys turned into underscores, as vLLM 0.26 and newer do).
+    - For an older O(vllm_version), which reads the keys as written, a hyphenated key is refused.
   returned: success
   type: dict
   sample: {"method": "eagle3", "model": "/mnt/models/draft", "num_speculative_tokens": 3}

@@ -9,6 +9,7 @@ or the target checkpoint needs a model config and is not constructed. Needs no s
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -152,13 +153,41 @@ def test_constructing_methods_agrees_with_the_table(introspected):
         assert built["accepted"] == (method in table["methods"]), (method, built)
 
 
-def test_the_generator_reads_the_installed_tree_as_the_table(vllm_python):
+@pytest.fixture(scope="module")
+def installed_site(vllm_python):
+    """The site-packages directory that holds the installed vllm/ (its source files are read, never imported)."""
     # find_spec locates the package without importing it (an import of vllm costs 10-20 s on 2 cores)
     where = "import importlib.util, os; print(os.path.dirname(os.path.dirname(importlib.util.find_spec('vllm').origin)))"
-    site = subprocess.run([vllm_python, "-c", where], capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run([vllm_python, "-c", where], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_the_generator_reads_the_installed_tree_as_the_table(installed_site):
+    site = installed_site
     entry = tables.read_release(site)
     table = _table(entry["version"])
     provenance = ("commit", "commit_id", "source", "keys_added", "keys_removed", "methods_added", "methods_removed")
     differ = sorted(k for k in entry if k not in provenance and entry[k] != table.get(k))
     keys = sorted(set(entry["keys"]) ^ set(table["keys"]))
     assert not differ, "the generator reads %s differently from the table in %s (keys not in both: %s)" % (site, differ, keys)
+
+
+def test_the_installed_command_line_is_the_tables(installed_site, vllm_version):
+    # Plain text of the installed vllm/engine/arg_utils.py, apart from the generator's ast reader: the line that
+    # rewrites hyphens in the --speculative-config keys, and the add_argument line of each shorthand flag.
+    table = _table(vllm_version)
+    with open(os.path.join(installed_site, table["engine_file"]), encoding="utf-8") as handle:
+        text = handle.read()
+    rewrites = re.search(r'k\.replace\("-", "_"\): v for k, v in self\.speculative_config\.items\(\)', text) is not None
+    assert rewrites == table["hyphen_keys"], "vLLM %s %s hyphens in the keys; the table says %s" % (
+        vllm_version, "rewrites" if rewrites else "keeps", table["hyphen_keys"])
+    flags = dict(re.findall(r'add_argument\(\s*"(--spec-[a-z-]+)", \*\*speculative_kwargs\["(\w+)"\]', text))
+    assert flags == table["shorthand_flags"]
+    # and the validator follows them for this release
+    hyphenated = {"method": "ngram", "num-speculative-tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    if rewrites:
+        assert core.validate(hyphenated, vllm_version).config["num_speculative_tokens"] == 3
+    else:
+        with pytest.raises(core.ValidationError, match="write it with underscores"):
+            core.validate(hyphenated, vllm_version)
+    for flag in flags:
+        assert core.check_command(["vllm", "serve", "/m", flag + "=3"], vllm_version=vllm_version) == []

@@ -20,7 +20,8 @@ Forms recognised (vLLM 0.10 to 0.33):
 * ``--speculative-config <json>`` / ``--speculative-config=<json>`` (also ``--speculative_config``),
   the short alias ``-sc <json>`` / ``-sc=<json>``;
 * dotted keys ``--speculative-config.<key> <value>`` / ``--speculative-config.<key>=<value>``;
-* 0.24+ ``--spec-method``, ``--spec-model``, ``--spec-tokens`` (space or ``=`` form, ``_`` spelling too);
+* 0.22+ ``--spec-method``, ``--spec-model``, ``--spec-tokens`` (space or ``=`` form, ``_`` spelling too; which release has
+  them is each table's shorthand_flags in speculative_releases);
 * the legacy flags of vLLM before 0.10 (``--speculative-model``, ``--num-speculative-tokens``,
   ``--ngram-prompt-lookup-max``... see SPECULATIVE_FLAGS), still in published manifests: older images run
   speculative decoding with them, so a rollback must remove them too.
@@ -56,7 +57,7 @@ _BOOL_WORDS = ("true", "false")
 class FlagSpec:
     """One speculative flag of vLLM's command line.
 
-    ``kind``: ``json`` (the whole config), ``split`` (0.24+ shorthand for one key) or ``legacy`` (the separate
+    ``kind``: ``json`` (the whole config), ``split`` (0.22+ shorthand for one key) or ``legacy`` (the separate
     flags of vLLM before 0.10, V0 engine; vLLM 0.10+ exits on them as unrecognized arguments, older images run
     speculative decoding with them). ``key``: the ``--speculative-config`` key it sets or maps to (None: none);
     ``value``: VALUE, NO_VALUE or OPTIONAL_BOOL; ``replacement``: what to write instead (legacy flags);
@@ -124,7 +125,7 @@ def flag_spellings():
 def classify_flag(word):
     """Return (kind, key, inline_value, spec) for an argv word that is a speculative flag, else None.
 
-    kind is ``json`` (whole config), ``dotted`` (one key of the config), ``split`` (0.24+ flags) or ``legacy``
+    kind is ``json`` (whole config), ``dotted`` (one key of the config), ``split`` (0.22+ flags) or ``legacy``
     (pre-0.10 separate flags); inline_value is the text after ``=`` or None when the value (if any) is the next word.
     """
     if not isinstance(word, str) or not word.startswith("-"):

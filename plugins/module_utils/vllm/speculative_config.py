@@ -99,9 +99,9 @@ _REMOVED_HINTS = {
 # Separate flags that older vLLM had and that no longer exist; they make the server refuse to start.
 # Derived from vllm_command.SPECULATIVE_FLAGS (the one registry of speculative flags): flag -> what to write instead.
 REMOVED_FLAGS = {name: spec.replacement for name, spec in vllm_command.LEGACY_FLAGS.items()}
-# 0.24+ shorthand flags (flag -> the JSON key it sets, from the same registry); each is mutually exclusive with that key in the JSON.
+# The shorthand flags (flag -> the JSON key it sets, from the same registry); each is mutually exclusive with that key in
+# the JSON. Which release has which flag is data (each table's shorthand_flags, read from its vllm/engine/arg_utils.py).
 SHORTHAND_FLAGS = {spec.name: spec.key for spec in vllm_command.SPECULATIVE_FLAGS if spec.kind == "split"}
-SHORTHAND_SINCE = (0, 24, 0)
 
 PRESETS = {
     # The guide's conservative starting points.
@@ -229,12 +229,33 @@ def _load(config, field):
                           hint="pass a mapping of speculative-config keys")
 
 
-def _normalise_keys(raw, field):
-    """vLLM turns hyphens in keys into underscores; two spellings of one key are ambiguous."""
+def _since(has):
+    """The oldest minor from which every release has what `has(table)` says (None when the newest lacks it)."""
+    since = None
+    for minor in reversed(_MINORS):
+        if not has(_TABLES[minor]):
+            break
+        since = minor
+    return since
+
+
+def _normalise_keys(raw, field, table, version):
+    """Keys as the release of `table` reads them. vLLM turns hyphens in keys into underscores from the release whose
+    table says hyphen_keys (its create_speculative_config); before that a hyphenated key reaches SpeculativeConfig as
+    written. Two spellings of one key are ambiguous."""
     out = {}
     for key, value in raw.items():
         if not isinstance(key, str):
             raise ValidationError("key %r is not a string" % (key,), field=field, hint="use string keys")
+        if "-" in key and not table["hyphen_keys"]:
+            vtxt = format_version(version)
+            does = "refuses it ('Unexpected keyword argument')" if table["unknown_keys"] == "refused" else \
+                "silently drops it, so it has no effect"
+            since = _since(lambda t: t["hyphen_keys"])
+            raise ValidationError(
+                "key '%s' is written with hyphens: vLLM %s reads the keys as written and %s (vLLM turns '-' into '_' in "
+                "these keys from %s)" % (key, vtxt, does, _vtxt(since)), field="%s.%s" % (field, key),
+                hint="write it with underscores: '%s'" % key.strip().replace("-", "_"))
         norm = key.strip().replace("-", "_")
         if norm in out:
             raise ValidationError("key '%s' is given twice (as '%s' and another spelling)" % (norm, key),
@@ -431,7 +452,7 @@ def validate(config, vllm_version=None, field="config"):
     warnings = []
     version, table = _resolve_version(vllm_version, warnings)
     vtxt = format_version(version)
-    cfg = _normalise_keys(_load(config, field), field)
+    cfg = _normalise_keys(_load(config, field), field, table, version)
 
     # Keys first: a misspelt key explains most other failures.
     for key in list(cfg):
@@ -533,7 +554,8 @@ def from_preset(preset, overrides=None, vllm_version=None):
         raise ValidationError("unknown preset '%s'" % preset, field="preset", hint="use one of: %s" % ", ".join(sorted(PRESETS)))
     merged = dict(PRESETS[preset])
     if overrides:
-        merged.update(_normalise_keys(_load(overrides, "overrides"), "overrides"))
+        version, table = _resolve_version(vllm_version, [])  # validate() below gives the warnings
+        merged.update(_normalise_keys(_load(overrides, "overrides"), "overrides", table, version))
     if preset == "eagle3" and "model" not in merged:
         raise ValidationError("preset 'eagle3' needs the draft model path", field="overrides.model",
                               hint="set overrides: {model: /mnt/models/draft} (the mounted EAGLE-3 head)")
@@ -547,7 +569,8 @@ def canonical_json(config, vllm_version=None):
 
 
 def check_command(command, vllm_version=None, config=None, field="command"):
-    """Refuse a server command that uses removed speculative flags, or a 0.24+ shorthand flag that duplicates a JSON key.
+    """Refuse a server command that uses removed speculative flags, a shorthand flag (--spec-*) its release does not have,
+    or one that duplicates a JSON key.
 
     `command` is a list of argv strings (a container's command + args, including `bash -c` scripts) or one shell line.
     Read with vllm_command's lexer: a flag counts as a word of the command (any spelling, ``--speculative_model=x``
@@ -563,8 +586,11 @@ def check_command(command, vllm_version=None, config=None, field="command"):
         if flag not in used:
             continue
         version = parse_version(vllm_version) if vllm_version else NEWEST_KNOWN
-        if version < SHORTHAND_SINCE:
-            raise ValidationError("uses %s, which exists only from vLLM 0.24 (you target %s)" % (flag, format_version(version)),
+        table = _table(version) or _TABLES[_MINORS[0]]
+        if flag not in table["shorthand_flags"]:
+            since = _since(lambda t, f=flag: f in t["shorthand_flags"])
+            raise ValidationError("uses %s, which exists only from vLLM %s (you target %s, which exits on it as an unrecognized "
+                                  "argument)" % (flag, _vtxt(since), format_version(version)),
                                   field=field, hint="put '%s' inside --speculative-config instead" % key)
         if config is not None and key in config:
             raise ValidationError("sets %s and '%s' inside --speculative-config; vLLM refuses both at once" % (flag, key),

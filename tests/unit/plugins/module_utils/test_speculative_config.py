@@ -289,16 +289,17 @@ def test_check_command_reads_flags_as_words_of_the_vllm_command():
     # one shell line: the bash -c script inside it is read too; the registry name is reported for the _ spelling
     with pytest.raises(ValidationError, match=r"^command: uses --ngram-prompt-lookup-max, which vLLM no longer has"):
         core.check_command("bash -c 'exec vllm serve /m --ngram_prompt_lookup_max 4'")
-    with pytest.raises(ValidationError, match=r"^extra_args: uses --spec-tokens, which exists only from vLLM 0.24 \(you target 0.11.0\)"):
+    with pytest.raises(ValidationError, match=r"^extra_args: uses --spec-tokens, which exists only from vLLM 0.22 \(you target 0.11.0,"):
         core.check_command(["--spec_tokens=3"], vllm_version="0.11.0", field="extra_args")
 
 
-def test_shorthand_flags_need_024_and_must_not_duplicate_json_keys():
+def test_shorthand_flags_need_022_and_must_not_duplicate_json_keys():
+    # vLLM 0.22.0 vllm/engine/arg_utils.py add_cli_args: vllm_group.add_argument("--spec-method", **speculative_kwargs["method"])
     cmd = ["vllm", "serve", "/m", "--spec-method", "ngram"]
     with pytest.raises(ValidationError) as info:
-        core.check_command(cmd, vllm_version="0.11.0")
-    assert "0.24" in str(info.value)
-    assert core.check_command(cmd, vllm_version="0.24.0", config={"num_speculative_tokens": 3}) == []
+        core.check_command(cmd, vllm_version="0.21.0")
+    assert "only from vLLM 0.22" in str(info.value)
+    assert core.check_command(cmd, vllm_version="0.22.0", config={"num_speculative_tokens": 3}) == []
     with pytest.raises(ValidationError) as info:
-        core.check_command(cmd, vllm_version="0.24.0", config={"method": "ngram"})
+        core.check_command(cmd, vllm_version="0.22.0", config={"method": "ngram"})
     assert "--spec-method" in str(info.value) and "'method'" in str(info.value)

@@ -147,6 +147,68 @@ def test_every_other_key_is_refused_with_the_release_that_added_or_removed_it(mi
             assert "silently drops it" in message, message
 
 
+# --- what vllm/engine/arg_utils.py does with the command line, per release -------------------------------------
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+HYPHENATED = {k.replace("_", "-"): v for k, v in NGRAM.items()}
+SHORTHAND_VALUES = {"method": "ngram", "model": DRAFT, "num_speculative_tokens": "3"}
+
+
+def _first_of_the_rest(has):
+    """The first minor that has what `has(table)` says (test_command_line_facts_hold_from_one_release_on: so do the later)."""
+    return next(m for m in MINORS if has(RELEASES[m]))
+
+
+def test_command_line_facts_hold_from_one_release_on():
+    # "from vLLM X" in the messages is true only if no later release drops the fact again
+    for has in (lambda t: t["hyphen_keys"], lambda t: bool(t["shorthand_flags"])):
+        assert [has(RELEASES[m]) for m in MINORS] == [_minor(m) >= _minor(_first_of_the_rest(has)) for m in MINORS]
+    assert (_first_of_the_rest(lambda t: t["hyphen_keys"]), _first_of_the_rest(lambda t: bool(t["shorthand_flags"]))) == ("0.26", "0.22")
+    for minor in MINORS:
+        table = RELEASES[minor]
+        assert table["engine_file"] == "vllm/engine/arg_utils.py" and re.match(r"^[0-9a-f]{64}$", table["engine_sha256"])
+        # every flag a release has is one the command-line reader knows, setting the same key
+        assert all(core.SHORTHAND_FLAGS.get(f) == k for f, k in table["shorthand_flags"].items()), minor
+
+
+@pytest.mark.parametrize("minor", MINORS)
+def test_hyphenated_keys_are_accepted_where_vllm_rewrites_them_and_refused_before(minor):
+    table, version = RELEASES[minor], RELEASES[minor]["version"]
+    if table["hyphen_keys"]:
+        assert core.validate(HYPHENATED, version).config == NGRAM
+        assert core.from_preset("ngram", {"num-speculative-tokens": 3}, version).config["num_speculative_tokens"] == 3
+        return
+    with pytest.raises(ValidationError) as info:
+        core.validate(HYPHENATED, version)
+    message = str(info.value)
+    assert message.startswith("config.num-speculative-tokens: key 'num-speculative-tokens' is written with hyphens: vLLM %s" % version)
+    assert "from %s" % _first_of_the_rest(lambda t: t["hyphen_keys"]) in message
+    assert ("refuses it" if table["unknown_keys"] == "refused" else "silently drops it") in message, message
+    assert "write it with underscores: 'num_speculative_tokens'" in message
+    with pytest.raises(ValidationError, match="^overrides.num-speculative-tokens: "):
+        core.from_preset("ngram", {"num-speculative-tokens": 3}, version)
+    assert core.validate(NGRAM, version).config == NGRAM
+
+
+@pytest.mark.parametrize("minor", MINORS)
+def test_shorthand_flags_are_accepted_from_the_release_that_has_them(minor):
+    table, version = RELEASES[minor], RELEASES[minor]["version"]
+    for flag, key in core.SHORTHAND_FLAGS.items():
+        value = SHORTHAND_VALUES[key]
+        # argparse's '=' form and FlexibleArgumentParser's '_' spelling are the same flag
+        for words in ([flag, value], ["%s=%s" % (flag, value)], ["--" + flag[2:].replace("-", "_"), value]):
+            command = ["vllm", "serve", "/m"] + words
+            if flag in table["shorthand_flags"]:
+                assert core.check_command(command, vllm_version=version) == []
+                continue
+            with pytest.raises(ValidationError) as info:
+                core.check_command(command, vllm_version=version, field="extra_args")
+            since = _first_of_the_rest(lambda t, f=flag: f in t["shorthand_flags"])
+            assert str(info.value).startswith("extra_args: uses %s, which exists only from vLLM %s (you target %s"
+                                              % (flag, since, version))
+            assert "put '%s' inside --speculative-config" % key in str(info.value)
+
+
 # --- what the hand tables got wrong ----------------------------------------------------------------------------
 
 EAGLE3 = {"method": "eagle3", "model": DRAFT, "num_speculative_tokens": 3}
@@ -292,11 +354,30 @@ class SpeculativeConfig:
                 self.num_speculative_tokens = n_predict
 '''
 
+TINY_ARG_UTILS = '''
+class EngineArgs:
+    @staticmethod
+    def add_cli_args(parser):
+        vllm_group.add_argument("--speculative-config", "-sc", **vllm_kwargs["speculative_config"])
+        speculative_kwargs = get_kwargs(SpeculativeConfig)
+        vllm_group.add_argument("--spec-tokens", **speculative_kwargs["num_speculative_tokens"])
+        vllm_group.add_argument("--other-flag", **other_kwargs["num_speculative_tokens"])
+
+    def create_speculative_config(self, target_model_config):
+        self.speculative_config = {
+            k.replace("-", "_"): v for k, v in self.speculative_config.items()
+        }
+        self.other = {k.replace("-", "_"): v for k, v in self.other_config.items()}
+        return SpeculativeConfig(**self.speculative_config)
+'''
+
 
 def test_generator_reads_a_release_from_source(tmp_path):
     pkg = tmp_path / "vllm"
     (pkg / "config").mkdir(parents=True)
+    (pkg / "engine").mkdir()
     (pkg / "config" / "speculative.py").write_text(TINY_SPECULATIVE)
+    (pkg / "engine" / "arg_utils.py").write_text(TINY_ARG_UTILS)
     (pkg / "config" / "utils.py").write_text("def config(cls):\n    return dataclass(cls, config=ConfigDict(extra=\"forbid\"))\n")
     (pkg / "_version.py").write_text("__version__ = version = '0.99.0'\n__commit_id__ = commit_id = 'gabc1234'\n")
     entry = tables.read_release(str(tmp_path))
@@ -313,6 +394,17 @@ def test_generator_reads_a_release_from_source(tmp_path):
     assert entry["draft_model_supported"] is True and entry["num_speculative_tokens_from"] == ["n_predict"]
     assert entry["detect_rules"] == [{"method": "eagle", "when": [["name_contains", "eagle-"]]},
                                      {"method": "mtp", "when": [["model_type", ["foo_mtp", "mtp"]]]}]
+    assert entry["hyphen_keys"] is True and entry["shorthand_flags"] == {"--spec-tokens": "num_speculative_tokens"}
+    assert entry["engine_file"] == "vllm/engine/arg_utils.py"
+    # a release that passes the dict on as written, and has no shorthand flags
+    (pkg / "engine" / "arg_utils.py").write_text(TINY_ARG_UTILS.replace("self.speculative_config.items()", "x.items()")
+                                                 .replace("get_kwargs(SpeculativeConfig)", "get_kwargs(ModelConfig)"))
+    older = tables.read_release(str(tmp_path))
+    assert older["hyphen_keys"] is False and older["shorthand_flags"] == {}
+    (pkg / "engine" / "arg_utils.py").unlink()
+    with pytest.raises(tables.SourceError, match="no vllm/engine/arg_utils.py"):
+        tables.read_release(str(tmp_path))
+    (pkg / "engine" / "arg_utils.py").write_text(TINY_ARG_UTILS)
     with pytest.raises(tables.SourceError, match="not the tree's own commit"):
         tables.read_release(str(tmp_path), commit="f" * 40)
     # --write merges it and computes what changed against the previous release

@@ -13,6 +13,7 @@ import zlib
 
 import pytest
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_schedule
 from tests.loopback_http import serving
 from tests.module_run import run_module
 from tests.paced_server import paced_handler
@@ -148,15 +149,11 @@ def check_k_schedule(out):
     assert [r["best_k"] for r in per_load][1:] == [1, 1, 1], per_load
     sched = out["k"]["schedule"]
     assert sched["num_speculative_tokens"] == 3 and sched["schedule"][0][0] == 1 and sched["schedule"][-1][1] == 6
-    assert [k_at(sched["schedule"], b) for b in (2, 3, 4, 5, 6)] == [1, 1, 1, 1, 1], sched
+    assert [speculative_schedule.k_at(sched["schedule"], b, 3) for b in (2, 3, 4, 5, 6)] == [1, 1, 1, 1, 1], sched
     assert max(entry[2] for entry in sched["schedule"]) <= 3
     md = open(out["report_markdown"], encoding="utf-8").read()
     assert "## A k for each load" in md and "**num_speculative_tokens_per_batch_size: `%s`**" % json.dumps(sched["schedule"]) in md
     assert "-k-schedule.png" in md and png_size(out["plots"]["k_schedule"]) == (1200, 500)
-
-
-def k_at(schedule, batch):
-    return next(k for start, _end, k in reversed(schedule) if start <= batch)
 
 
 def test_predicted_k_is_confirmed_by_a_measured_ab(servers, tmp_path):

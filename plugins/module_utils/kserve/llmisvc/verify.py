@@ -69,6 +69,7 @@ def verify_summary(namespace, name, pools, acceptance=None, generation=None):
         lines.append("acceptance on %s: %s" % (pod, item.get("msg")))
         passed_over += item.get("not_understood") or []
     # A vLLM newer than the tables: what was read is above, what was passed over is said, never dropped.
-    if unknown.summary_line(passed_over):
-        lines.append(unknown.summary_line(passed_over))
+    said = unknown.summary_line(passed_over)
+    if said:
+        lines.append(said)
     return {"metrics": metrics, "lines": lines}

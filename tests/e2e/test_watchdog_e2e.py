@@ -16,6 +16,7 @@ One vLLM start for the speculative pod, one for the rolled-back pod.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -25,6 +26,7 @@ import time
 
 import pytest
 
+from ansible_collections.alauda.spec_decoding.plugins.modules import speculative_watchdog as watchdog_module
 from tests.ansible_run import run_playbook
 from tests.e2e import vllm_harness
 from tests.integration.test_process_pods import _bound_claim
@@ -40,13 +42,17 @@ K = 3
 HEALTHY_RATES = [0.9, 0.8, 0.7]
 COLLAPSED_RATES = [0.0, 0.0, 0.0]
 KNOWN_CURVE = {"method": "custom_class", "model": "known_curve_proposer.KnownCurveProposer", "num_speculative_tokens": K}
-# Windows of a few seconds instead of the default 5 minutes; the checks, budgets and min_requests stay the product's.
+# Windows of a few seconds instead of the default 5 minutes, long enough for about three times the product's min_requests at the
+# request rate measured just before under the same curve (a loaded machine serves fewer; a collapsed proposer makes
+# every request take more steps); the checks, budgets and min_requests stay the product's.
 INTERVAL = 4
+MAX_INTERVAL = 30
+MIN_REQUESTS = watchdog_module.argument_spec()["min_requests"]["default"]
 # Seconds a /metrics read may take before the window counts as unreadable (the default 30 s would only make the stopped
 # window longer).
 SCRAPE_TIMEOUT = 3
 CLIENTS = 4  # the server's --max-num-seqs
-MAX_TOKENS = 20
+MAX_TOKENS = 16
 PROMPTS = tuple("Note %d: %s" % (i, text) for i, text in enumerate(vllm_harness.REPETITIVE_PROMPTS + ("one two three four five six seven " * 6,)))
 PROPOSER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "known_curve_proposer.py")
 ISVC = "/apis/serving.kserve.io/v1beta1/namespaces/%s/inferenceservices/%s"
@@ -69,6 +75,7 @@ class Traffic:
         self.controlplane, self.namespace, self.pod, self.generation = controlplane, namespace, pod, generation
         self.stop = threading.Event()
         self.done, self.errors = [0] * CLIENTS, [0] * CLIENTS
+        self.rates = []
         self.threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(CLIENTS)]
 
     def __enter__(self):
@@ -80,6 +87,14 @@ class Traffic:
         self.stop.set()
         for thread in self.threads:
             thread.join(timeout=30)
+
+    def interval(self, seconds=3.0):
+        """A window length for about 3 x min_requests at the rate served over the next ``seconds``."""
+        before = sum(self.done)
+        time.sleep(seconds)
+        rate = (sum(self.done) - before) / seconds
+        self.rates.append(round(rate, 2))
+        return min(MAX_INTERVAL, max(INTERVAL, math.ceil(3 * MIN_REQUESTS / max(rate, 0.1))))
 
     def _client(self, index):
         api = self.controlplane.rest(timeout=15)
@@ -141,9 +156,10 @@ def test_watchdog_on_real_vllm_healthy_unknown_then_collapsed_and_rolled_back(
         generation = api.get(ISVC % (namespace, NAME))["metadata"]["generation"]
         for prompt in PROMPTS:  # the proposer drafts only for a prompt it has seen: the first run records each
             _complete(api, namespace, pod, prompt)
-        args = {"name": NAME, "namespace": namespace, "kubeconfig": kubeconfig, "interval": INTERVAL, "timeout": SCRAPE_TIMEOUT}
+        args = {"name": NAME, "namespace": namespace, "kubeconfig": kubeconfig, "timeout": SCRAPE_TIMEOUT}
 
         with Traffic(controlplane, namespace, pod, generation) as traffic:
+            args["interval"] = healthy_interval = traffic.interval()
             recorded = run_module("speculative_watchdog", dict(args, record_baseline=True))
             assert not recorded.failed and recorded["state"] == "recorded", recorded.msg
             base = recorded["baseline"]["figures"]["acceptance"]
@@ -160,7 +176,7 @@ def test_watchdog_on_real_vllm_healthy_unknown_then_collapsed_and_rolled_back(
             os.killpg(group, signal.SIGSTOP)
             stopped.append(group)
             try:
-                unknown = run_module("speculative_watchdog", dict(args, count=1))
+                unknown = run_module("speculative_watchdog", dict(args, count=1, interval=INTERVAL))
             finally:
                 os.killpg(group, signal.SIGCONT)
                 stopped.clear()
@@ -172,9 +188,12 @@ def test_watchdog_on_real_vllm_healthy_unknown_then_collapsed_and_rolled_back(
 
             # the proposer's acceptance collapses; watch.yml with the product's defaults but the window length
             _control(control, COLLAPSED_RATES)
-            extra = {"watch_names": ["%s/%s" % (namespace, NAME)], "watch_interval": INTERVAL, "watch_wait_timeout": 600,
+            collapse_interval = traffic.interval()
+            extra = {"watch_names": ["%s/%s" % (namespace, NAME)], "watch_interval": collapse_interval, "watch_wait_timeout": 600,
                      "watch_report_dir": str(tmp_path / "report")}
+            playbook_started = time.monotonic()
             run = run_playbook(tmp_path, "playbooks/watch.yml", extra_vars=extra, kubeconfig=kubeconfig, timeout=900)
+            playbook_s = time.monotonic() - playbook_started
         assert run.rc == 0, run.output
         assert sum(traffic.done) > 0
 
@@ -204,6 +223,12 @@ def test_watchdog_on_real_vllm_healthy_unknown_then_collapsed_and_rolled_back(
         shutil.rmtree(folder, ignore_errors=True)
     seconds = round(time.monotonic() - started, 1)
     vllm_harness.TIMINGS.append({"scenario": "watchdog: healthy, unknown (SIGSTOP), collapsed and rolled back on a process pod",
-                                 "seconds": seconds, "first_pod_ready_s": round(ready_s, 1)})
-    print("\nwatchdog e2e: %.1f s (speculative pod ready after %.1f s), %d requests sent, %d failed (stopped or replaced pod)" % (
-        seconds, ready_s, sum(traffic.done), sum(traffic.errors)))
+                                 "seconds": seconds, "first_pod_ready_s": round(ready_s, 1), "watch_playbook_s": round(playbook_s, 1)})
+    windows = [("baseline", recorded["baseline"]["figures"])] + [
+        ("%s %d" % (label, w["index"]), w["figures"]) for label, res in (("healthy", healthy["analysis"]), ("collapse", watched["analysis"]))
+        for w in res["windows"]]
+    print("\nwatchdog e2e: %.1f s (speculative pod ready after %.1f s, watch.yml with the rollback %.1f s), %d requests sent, "
+          "%d failed (stopped or replaced pod); request rates %s/s, windows %d s healthy, %d s collapsed\n  %s\n  unknown window: %s" % (
+              seconds, ready_s, playbook_s, sum(traffic.done), sum(traffic.errors), traffic.rates, healthy_interval, collapse_interval,
+              "\n  ".join("%s: %d requests, acceptance rate %.3f" % (label, f["requests"], f["acceptance"]["draft_acceptance_rate"])
+                           for label, f in windows), unknown["analysis"]["windows"][0]["reasons"][0]))

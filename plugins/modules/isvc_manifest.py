@@ -33,7 +33,7 @@ options:
   method:
     description: Speculative method; V(none) renders the baseline with everything else identical.
     type: str
-    choices: [none, ngram, eagle3, eagle, draft_model, mtp, suffix]
+    choices: [none, ngram, eagle3, eagle, draft_model, mtp, suffix, custom_class]
     default: none
   speculative:
     description:

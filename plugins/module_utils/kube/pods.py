@@ -169,6 +169,11 @@ def proxy_get(api_client, namespace, pod, port=DEFAULT_HTTP_PORT, path="metrics"
     try:
         resp = _client.request(api_client, "GET", _pods_path(namespace, target, "proxy/" + urllib.parse.quote(path.lstrip("/"))),
                                stream=True, timeout=timeout)
+        # the body is read after the headers: a pod that stalls or drops the connection half-way fails here
+        try:
+            return resp.data.decode("utf-8", "replace")
+        finally:
+            resp.release_conn()
     except ApiException as exc:
         raise PodAccessError("GET /%s on pod %s/%s port %s (%s) through the API server proxy failed: %s"
                              % (path.lstrip("/"), namespace, pod, port, scheme, api_error_message(exc)), field="port",
@@ -179,10 +184,6 @@ def proxy_get(api_client, namespace, pod, port=DEFAULT_HTTP_PORT, path="metrics"
         raise PodAccessError("GET /%s on pod %s/%s port %s (%s) through the API server proxy failed: %s"
                              % (path.lstrip("/"), namespace, pod, port, scheme, exc), field="timeout",
                              hint="the API server or the pod did not answer in time; raise timeout or check the pod") from exc
-    try:
-        return resp.data.decode("utf-8", "replace")
-    finally:
-        resp.release_conn()
 
 
 def read_pod(api_client, namespace, pod):

@@ -42,7 +42,9 @@ DEFAULT_MOUNT = storage.DEFAULT_MOUNT
 # KServe rewrites the legacy names since v0.17; comparing through this map keeps reapplies quiet.
 LEGACY_DEPLOYMENT_MODES = {"RawDeployment": "Standard", "Serverless": "Knative"}
 DEPLOYMENT_MODES = ("Standard", "Knative")
-METHODS = ("none", "ngram", "eagle3", "eagle", "draft_model", "mtp", "suffix")
+# custom_class: vLLM 0.22-0.33 load a proposer class by import path (speculative.model), no weights to mount; the release
+# tables refuse it outside those releases (vllm/config/speculative.py SpeculativeMethod).
+METHODS = ("none", "ngram", "eagle3", "eagle", "draft_model", "mtp", "suffix", "custom_class")
 ARTIFACT_MODES = ("auto", "storage_uris", "modelcar", "pvc", "single")
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 

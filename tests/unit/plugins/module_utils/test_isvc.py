@@ -142,3 +142,20 @@ def test_yaml_is_deterministic_and_kustomization_sorted():
     manifest = render()["manifest"]
     assert isvc.to_yaml(manifest) == isvc.to_yaml(yaml.safe_load(isvc.to_yaml(manifest)))
     assert isvc.kustomization(["b.yaml", "a.yaml", "b.yaml"]).endswith("resources:\n- a.yaml\n- b.yaml\n")
+
+
+def test_custom_class_renders_the_proposers_import_path_where_vllm_has_the_method():
+    # vLLM 0.22-0.33 load a proposer class by import path (vllm/config/speculative.py): no draft weights to mount, the
+    # model is the class; the release tables refuse it elsewhere, with what to write instead.
+    known = {"model": "known_curve_proposer.KnownCurveProposer", "num_speculative_tokens": 3}
+    out = render(method="custom_class", speculative=known)
+    args = shlex.split(out["manifest"]["spec"]["predictor"]["model"]["command"][2].replace("\\\n", " "))
+    assert args[args.index("--speculative-config") + 1] == \
+        '{"method":"custom_class","model":"known_curve_proposer.KnownCurveProposer","num_speculative_tokens":3}'
+    assert out["artifacts"].draft_path is None and "storageUris" not in out["manifest"]["spec"]["predictor"]
+    with pytest.raises(ValidationError, match="needs 'model'") as caught:
+        render(method="custom_class", speculative={"num_speculative_tokens": 3})
+    assert caught.value.field == "speculative.model"
+    with pytest.raises(ValidationError, match="removed in vLLM 0.34") as caught:
+        render(method="custom_class", speculative=known, vllm_version="0.34.0")
+    assert caught.value.field == "speculative.method"

@@ -3,6 +3,7 @@ collection's way around the typed API classes: their import and pydantic models 
 import http.server
 import json
 import threading
+import time
 
 import pytest
 
@@ -39,6 +40,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._answer(200, b"line 1\nline 2\n", "text/plain")
         elif self.path == "/api/v1/namespaces/ns/pods/https:b:8443/proxy/metrics":
             self._answer(200, b"vllm:spec_decode_num_drafts_total 3\n", "text/plain")
+        elif self.path.startswith("/api/v1/namespaces/ns/pods/") and "/proxy/metrics" in self.path:
+            # the page's headers and a part of it, then the rest never comes (a server stopped mid-answer)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            self.wfile.write(b"vllm:spec_decode_num_drafts_total 3\n")
+            self.wfile.flush()
+            if self.path.startswith("/api/v1/namespaces/ns/pods/stalled:"):
+                time.sleep(1.5)
+            self.close_connection = True
         else:
             self._answer(404, {"kind": "Status", "status": "Failure", "message": "pods \"x\" not found", "reason": "NotFound", "code": 404})
 
@@ -76,6 +88,14 @@ def test_logs_stream_and_the_proxy_path_carries_scheme_and_port(api_client):
     assert b"".join(k8s_pods.stream_pod_log(api_client, "ns", "b", tail_lines=5, previous=True)) == b"line 1\nline 2\n"
     assert _Handler.seen[-1][1] == "/api/v1/namespaces/ns/pods/b/log?container=kserve-container&tailLines=5&previous=true"
     assert k8s_pods.proxy_get(api_client, "ns", "b", port=8443, scheme="https") == "vllm:spec_decode_num_drafts_total 3\n"
+
+
+@pytest.mark.parametrize("pod", ["stalled", "cut"])
+def test_a_page_that_stops_half_way_is_a_pod_access_error(api_client, pod):
+    # the body is read after the answer's headers: a read timeout or a cut connection there is the pod's failure to
+    # answer (the watchdog's `unknown` window), not a crash of the module
+    with pytest.raises(k8s_pods.PodAccessError, match="GET /metrics on pod ns/%s port 8080 .* failed" % pod):
+        k8s_pods.proxy_get(api_client, "ns", pod, port=8080, timeout=0.5)
 
 
 def test_an_error_answer_raises_the_clients_api_exception_with_the_servers_message(api_client):

@@ -60,6 +60,10 @@ notes:
     release, C(get) on C(customresourcedefinitions) (cluster-scoped; see the collection's docs/rbac.md), and C(get)
     (C(list) without O(runtime)) on C(servingruntimes) and C(clusterservingruntimes). Runtimes that cannot be read
     (403) are recorded as such and the render warns.
+  - Over a local connection (the collection's inventories, C(delegate_to=localhost)) the reads run in the task's own
+    process on the controller (an action plugin with this argument spec), which saves a module process; with C(become),
+    a task C(environment), C(async), another connection, or a controller Python without the kubernetes library the
+    module runs as usual. The answer is the same either way (without C(invocation) in the first case).
 """
 
 EXAMPLES = r"""

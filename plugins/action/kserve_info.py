@@ -37,7 +37,7 @@ def _same_as_module_process(action):
 def _module():
     """The module's argument spec and execute (its import reads the kubernetes library: see _same_as_module_process)."""
     from ansible_collections.alauda.spec_decoding.plugins.modules import kserve_info  # pylint: disable=import-outside-toplevel
-    return kserve_info.argument_spec(), kserve_info.execute
+    return kserve_info.argument_spec(), kserve_info.execute, kserve_info.UNEXPECTED
 
 
 class ActionModule(ActionBase):
@@ -48,5 +48,5 @@ class ActionModule(ActionBase):
         if not _same_as_module_process(self):
             result.update(self._execute_module(task_vars=task_vars))
             return result
-        spec, execute = _module()
-        return run_execute(self, result, spec, execute)
+        spec, execute, unexpected = _module()
+        return run_execute(self, result, spec, execute, **unexpected)

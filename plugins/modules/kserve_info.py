@@ -140,6 +140,10 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import INFERENCE_SERVICE_ARG_SPEC, KubeModule, argspec
 
 
+# kube.module.run's mapping of the API errors the reads do not handle to "kserve_info: <error>" (the action plugin's too).
+UNEXPECTED = dict(unexpected="kserve_info", unexpected_types=kserve_facts.API_ERRORS)
+
+
 def argument_spec():
     return argspec(
         INFERENCE_SERVICE_ARG_SPEC,
@@ -160,7 +164,9 @@ def execute(module):
 
 
 def main():
-    KubeModule(argument_spec(), supports_check_mode=True).run(execute)
+    # An API server that drops the connection mid-read fails with its message (urllib3's "Max retries exceeded ...
+    # Connection refused"), not a traceback; the action plugin answers alike.
+    KubeModule(argument_spec(), supports_check_mode=True).run(execute, **UNEXPECTED)
 
 
 if __name__ == "__main__":

@@ -51,8 +51,11 @@ class TaskModule:
         return self._api_client
 
 
-def run_execute(action, result, argument_spec, execute):
-    """`result` (the action's own, from ``ActionBase.run``) updated with what ``execute`` answers, or its failure."""
+def run_execute(action, result, argument_spec, execute, unexpected=None, unexpected_types=Exception):
+    """`result` (the action's own, from ``ActionBase.run``) updated with what ``execute`` answers, or its failure.
+    `unexpected` and `unexpected_types` are the module's ``kube.module.run`` arguments: such an exception fails with
+    ``"<unexpected>: <error>"`` as the module does; any other propagates, and Ansible reports it with its traceback, as
+    it reports a module's."""
     try:
         dummy, params = action.validate_argument_spec(argument_spec=argument_spec)
     except AnsibleActionFail as exc:
@@ -72,8 +75,14 @@ def run_execute(action, result, argument_spec, execute):
         result.update(exc.result(), failed=True)
     except _Failed as exc:
         result.update(exc.result, failed=True, changed=False)
-    except CoreException as exc:  # pylint: disable=catching-non-exception
-        result.update(failed=True, changed=False, msg=str(exc))
+    except Exception as exc:  # pylint: disable=broad-except
+        # the order of kube.module.run: the module's own mapping, then kubernetes.core's CoreException
+        if unexpected and isinstance(exc, unexpected_types):
+            result.update(failed=True, changed=False, msg="%s: %s" % (unexpected, exc))
+        elif isinstance(exc, CoreException):  # pylint: disable=isinstance-second-argument-not-valid-type
+            result.update(failed=True, changed=False, msg=str(exc))
+        else:
+            raise
     if module.warnings:
         result["warnings"] = module.warnings
     return result

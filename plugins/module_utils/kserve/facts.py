@@ -28,6 +28,9 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import
 
 CRD_NAME = "inferenceservices.serving.kserve.io"
 CONFIG_MAP = storage.CONFIG_MAP
+# What a read fails with when the API server is away or answers an error these reads do not handle (a restart: connection
+# refused, 503): kserve_info reports it as its message instead of a traceback.
+API_ERRORS = (k8s_pods.ApiException, k8s_pods.TransportError, OSError)
 
 
 def _status(exc):

@@ -34,3 +34,23 @@ def test_without_the_kubernetes_library_on_the_controller_the_module_runs(monkey
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import client  # pylint: disable=import-outside-toplevel
     monkeypatch.setattr(client, "HAS_KUBERNETES", False)
     assert kserve_info._same_as_module_process(_action()) is False  # pylint: disable=protected-access
+
+
+def test_an_api_error_the_reads_do_not_handle_is_the_message_in_both_processes():
+    """The module maps a dropped connection to "kserve_info: <error>" (kube.module.run's `unexpected`); the in-process
+    run does the same with the same mapping, and lets anything else through as Ansible reports a module's traceback."""
+    from ansible_collections.alauda.spec_decoding.plugins.modules import kserve_info as module  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.plugin_utils.controller_module import run_execute  # pylint: disable=import-outside-toplevel
+    action = SimpleNamespace(validate_argument_spec=lambda argument_spec: (None, {"name": "llama", "namespace": "models"}))
+
+    def refused(_module):
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    res = run_execute(action, {}, {}, refused, **module.UNEXPECTED)
+    assert res == {"failed": True, "changed": False, "msg": "kserve_info: [Errno 111] Connection refused"}
+
+    def bug(_module):
+        raise KeyError("spec")
+
+    with pytest.raises(KeyError):
+        run_execute(action, {}, {}, bug, **module.UNEXPECTED)

@@ -60,6 +60,10 @@ notes:
     release, C(get) on C(customresourcedefinitions) (cluster-scoped; see the collection's docs/rbac.md), and C(get)
     (C(list) without O(runtime)) on C(servingruntimes) and C(clusterservingruntimes). Runtimes that cannot be read
     (403) are recorded as such and the render warns.
+  - Over a local connection (the collection's inventories, C(delegate_to=localhost)) the reads run in the task's own
+    process on the controller (an action plugin with this argument spec), which saves a module process; with C(become),
+    a task C(environment), C(async), another connection, or a controller Python without the kubernetes library the
+    module runs as usual. The answer is the same either way (without C(invocation) in the first case).
 """
 
 EXAMPLES = r"""
@@ -136,6 +140,10 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import INFERENCE_SERVICE_ARG_SPEC, KubeModule, argspec
 
 
+# kube.module.run's mapping of the API errors the reads do not handle to "kserve_info: <error>" (the action plugin's too).
+UNEXPECTED = dict(unexpected="kserve_info", unexpected_types=kserve_facts.API_ERRORS)
+
+
 def argument_spec():
     return argspec(
         INFERENCE_SERVICE_ARG_SPEC,
@@ -156,7 +164,9 @@ def execute(module):
 
 
 def main():
-    KubeModule(argument_spec(), supports_check_mode=True).run(execute)
+    # An API server that drops the connection mid-read fails with its message (urllib3's "Max retries exceeded ...
+    # Connection refused"), not a traceback; the action plugin answers alike.
+    KubeModule(argument_spec(), supports_check_mode=True).run(execute, **UNEXPECTED)
 
 
 if __name__ == "__main__":

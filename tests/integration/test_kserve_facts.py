@@ -86,3 +86,37 @@ def test_runtime_reads_are_recorded_for_the_render(k8s_client, namespace):
     listed = facts["runtimes"]["list"]
     assert [rt["metadata"]["name"] for rt in listed["ServingRuntime/%s" % namespace]] == [name]
     assert "ClusterServingRuntime" in listed
+
+
+def test_kserve_info_answers_alike_in_the_task_process_and_as_a_module(tmp_path, controlplane, namespace):
+    """Over a local connection the action plugin makes the reads in the task's own process (no "invocation": no module
+    ran); a task `environment` sends it to the module process instead (with "invocation"). Both give the same facts, and
+    the same msg, field and fix for a storage initializer that is not JSON."""
+    from tests.ansible_run import run_playbook  # pylint: disable=import-outside-toplevel
+    _config_map(controlplane, namespace, "{enableModelcar: yes")
+    task = """\
+- name: {label}
+  alauda.spec_decoding.kserve_info:
+    name: absent
+    namespace: {ns}
+    kserve_namespace: {kserve_ns}
+  register: {label}
+  ignore_errors: {fails}
+"""
+    tasks = ""
+    for kserve_ns, fails in ((namespace + "-none", "false"), (namespace, "true")):
+        for where in ("in_process", "as_module"):
+            label = "%s_%s" % (where, "fails" if fails == "true" else "ok")
+            tasks += task.format(label=label, ns=namespace, kserve_ns=kserve_ns, fails=fails)
+            if where == "as_module":
+                tasks += "  environment:\n    SPEC_DECODING_TEST_MODULE_PROCESS: '1'\n"
+    run = run_playbook(tmp_path, tasks=tasks, kubeconfig=controlplane.kubeconfig)
+    assert run.rc == 0, run.output
+    in_process, as_module = run.result("in_process_ok"), run.result("as_module_ok")
+    assert "invocation" not in in_process and "invocation" in as_module
+    assert {k: v for k, v in in_process.items() if k != "invocation"} == {k: v for k, v in as_module.items() if k != "invocation"}
+    assert in_process["kserve_version"] == "0.20.0" and in_process["existing"] is None
+    failed = [run.result(label) for label in ("in_process_fails", "as_module_fails")]
+    assert all(res["failed"] for res in failed)
+    assert [(res["msg"], res["field"], res["fix"]) for res in failed] == [(failed[1]["msg"], "kserve_namespace", failed[1]["fix"])] * 2
+    assert "is not JSON" in failed[0]["msg"]

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """What a deploy needs to know about the cluster before it renders, read in one go.
 
-- the KServe release, from the InferenceService CRD's schema (``isvc.kserve_version_from_crd``): only the verdict
+- the KServe release, from the InferenceService CRD's schema (``releases.kserve_version_from_crd``): only the verdict
   leaves this module, never the 2 MB CRD (handing it to the render through Ansible facts cost seconds per deploy). A
   release newer than the collection knows (fields v0.20's CRD has not, or a newer storage-initializer image tag) is
   named in ``kserve_warning`` and reported as the newest known (``kserve/releases.py``): its rules are used;
@@ -22,13 +22,15 @@ from __future__ import annotations
 import json
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import releases, storage
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import render as isvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime_readers
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 CRD_NAME = "inferenceservices.serving.kserve.io"
 CONFIG_MAP = storage.CONFIG_MAP
+# What a read fails with when the API server is away or answers an error these reads do not handle (a restart: connection
+# refused, 503): kserve_info reports it as its message instead of a traceback.
+API_ERRORS = (k8s_pods.ApiException, k8s_pods.TransportError, OSError)
 
 
 def _status(exc):
@@ -55,7 +57,7 @@ def kserve_release(api_client):
                     "evidence": "the cluster has no CustomResourceDefinition %s" % CRD_NAME}
         raise k8s_pods.PodAccessError("reading CustomResourceDefinition %s failed: %s" % (CRD_NAME, k8s_pods.api_error_message(exc)),
                                       field="kubeconfig") from exc
-    version, evidence = isvc.kserve_version_from_crd(crd)
+    version, evidence = releases.kserve_version_from_crd(crd)
     newer = releases.newer_crd_fields(crd)
     return {"installed": True, "crd_readable": True, "kserve_version": releases.format_release(version), "evidence": evidence,
             "kserve_warning": "the InferenceService CRD has %s: %s" % (", ".join(newer), releases.newer_warning("this KServe"))

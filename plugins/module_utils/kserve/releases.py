@@ -8,6 +8,8 @@
 * The spec fields of KServe v0.20's InferenceService and LLMInferenceService CRDs (config/crd/full at tag v0.20.0, plus
   ``rolloutStrategy`` of the LLMInferenceService CRD in ../shared/kserve-crds, which the test bed installs as v0.20).
   ``newer_crd_fields(crd)`` names the fields a cluster's InferenceService CRD has and v0.20's has not: a newer KServe.
+  ``kserve_version_from_crd(crd)``: the lowest release whose CRD has the fields a cluster's has (kserve_info's read; here,
+  not in the render, so the read does not import the render).
 * ``unknown_speculative_fields(obj)``: fields of a resource that v0.20 does not have and whose name says they carry
   speculative settings (KServe has an open proposal for ``spec.speculator`` on LLMInferenceService). The collection
   finds speculative decoding in vLLM's command line only; ``refuse_unknown_speculative_fields`` makes verify and rollback
@@ -125,3 +127,27 @@ def refuse_unknown_speculative_fields(obj):
         field=found[0],
         hint="remove %s from the resource (its GitOps source, or kubectl edit) and put the speculative settings in vLLM's "
              "--speculative-config, or use a collection release that knows the field" % ", ".join(found))
+
+
+def kserve_version_from_crd(crd):
+    """Lowest KServe release whose InferenceService CRD has the fields this one has.
+
+    `spec.canary` arrived in v0.20 (several oci:// storageUris work from then), `spec.predictor.storageUris`
+    in v0.16. Returns (version, evidence).
+    """
+    try:
+        versions = crd["spec"]["versions"]
+        schema = next(v for v in versions if v.get("name") == "v1beta1")["schema"]["openAPIV3Schema"]
+        spec = schema["properties"]["spec"]["properties"]
+    except (KeyError, TypeError, StopIteration):
+        return (0, 15, 0), "the InferenceService CRD has no readable v1beta1 schema: assuming KServe 0.15 (no storageUris)"
+    predictor = (spec.get("predictor") or {}).get("properties") or {}
+    newer = newer_crd_fields(crd)
+    if newer:
+        return NEWEST_KNOWN, "the CRD has %s, which KServe %s's has not: %s" % (
+            ", ".join(newer), format_release(NEWEST_KNOWN), newer_warning("this KServe"))
+    if "canary" in spec and "storageUris" in predictor:
+        return (0, 20, 0), "the CRD has spec.canary and spec.predictor.storageUris (KServe 0.20+)"
+    if "storageUris" in predictor:
+        return (0, 16, 0), "the CRD has spec.predictor.storageUris (KServe 0.16+)"
+    return (0, 15, 0), "the CRD has no spec.predictor.storageUris (KServe before 0.16)"

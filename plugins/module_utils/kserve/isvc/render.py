@@ -49,30 +49,6 @@ ARTIFACT_MODES = ("auto", "storage_uris", "modelcar", "pvc", "single")
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
-def kserve_version_from_crd(crd):
-    """Lowest KServe release whose InferenceService CRD has the fields this one has.
-
-    `spec.canary` arrived in v0.20 (several oci:// storageUris work from then), `spec.predictor.storageUris`
-    in v0.16. Returns (version, evidence).
-    """
-    try:
-        versions = crd["spec"]["versions"]
-        schema = next(v for v in versions if v.get("name") == "v1beta1")["schema"]["openAPIV3Schema"]
-        spec = schema["properties"]["spec"]["properties"]
-    except (KeyError, TypeError, StopIteration):
-        return (0, 15, 0), "the InferenceService CRD has no readable v1beta1 schema: assuming KServe 0.15 (no storageUris)"
-    predictor = (spec.get("predictor") or {}).get("properties") or {}
-    newer = releases.newer_crd_fields(crd)
-    if newer:
-        return releases.NEWEST_KNOWN, "the CRD has %s, which KServe %s's has not: %s" % (
-            ", ".join(newer), releases.format_release(releases.NEWEST_KNOWN), releases.newer_warning("this KServe"))
-    if "canary" in spec and "storageUris" in predictor:
-        return (0, 20, 0), "the CRD has spec.canary and spec.predictor.storageUris (KServe 0.20+)"
-    if "storageUris" in predictor:
-        return (0, 16, 0), "the CRD has spec.predictor.storageUris (KServe 0.16+)"
-    return (0, 15, 0), "the CRD has no spec.predictor.storageUris (KServe before 0.16)"
-
-
 def normalise_deployment_mode(mode):
     """'RawDeployment' -> 'Standard', 'Serverless' -> 'Knative'; other values unchanged."""
     return LEGACY_DEPLOYMENT_MODES.get(mode, mode)
@@ -341,7 +317,7 @@ def render(p, existing=None):
         if newer:
             warnings.append(newer)
     elif p.get("kserve_crd"):
-        kserve_version, evidence = kserve_version_from_crd(p["kserve_crd"])
+        kserve_version, evidence = releases.kserve_version_from_crd(p["kserve_crd"])
         warnings.append("KServe version detected: %s" % evidence)
     else:
         kserve_version = (0, 20, 0)

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import render as isvc
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import storage
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import releases, storage
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from tests.testbed import crds
 
@@ -68,13 +68,13 @@ def test_knative_mode_sets_progress_deadline_standard_sets_startup_probe():
 def test_kserve_version_detection_from_the_real_crd():
     with open(isvc_crd_path()) as handle:
         crd = yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    version, evidence = isvc.kserve_version_from_crd(crd)
+    version, evidence = releases.kserve_version_from_crd(crd)
     assert version == (0, 20, 0) and "canary" in evidence
     predictor = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
     del predictor["canary"]
-    assert isvc.kserve_version_from_crd(crd)[0] == (0, 16, 0)
+    assert releases.kserve_version_from_crd(crd)[0] == (0, 16, 0)
     del predictor["predictor"]["properties"]["storageUris"]
-    assert isvc.kserve_version_from_crd(crd)[0] == (0, 15, 0)
+    assert releases.kserve_version_from_crd(crd)[0] == (0, 15, 0)
 
 
 def test_auto_mode_explains_its_choice():

@@ -65,7 +65,7 @@ def test_a_crd_with_fields_v0_20_has_not_is_a_newer_kserve_with_the_newest_rules
     spec["predictor"]["properties"]["speculator"] = {"type": "object"}
     spec["router"] = {"type": "object"}
     assert releases.newer_crd_fields(crd) == ["spec.predictor.speculator", "spec.router"]
-    version, evidence = isvc.kserve_version_from_crd(crd)
+    version, evidence = releases.kserve_version_from_crd(crd)
     assert version == (0, 20, 0)
     assert "spec.predictor.speculator, spec.router" in evidence and "newer than the KServe releases this collection knows" in evidence
 

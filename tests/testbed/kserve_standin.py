@@ -902,6 +902,11 @@ class KServeStandIn(ControllerLoop):
             # KServe's PropagateModelStatus over the predictor pods, newest first; listed only while not Ready.
             status["modelStatus"], _requeue = kserve_model_status.propagate_model_status(
                 old_model, False, self._predictor_pods(api, deployment))
+            states = status["modelStatus"].get("states")
+            if states is not None and not states.get("activeModelState"):
+                # KServe's Go zero value "" is refused by the test bed's kube-apiserver 1.20 (422, "null" for the enum's
+                # ""); the CRD's default, which the old stand-in wrote too, stands in for it
+                states["activeModelState"] = "Pending"
         else:
             model_state = "Loaded" if ready["status"] == "True" else "Pending"
             prev_active = (old_model.get("states") or {}).get("activeModelState") or "Pending"

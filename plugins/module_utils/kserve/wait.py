@@ -47,14 +47,15 @@ def _pod_states(api_client, namespace, name):
 def _load_failed(api_client, namespace, name, isvc, restarts, redact):
     """KServe's FailedToLoad at this generation with a predictor container restarted ``restarts`` times: a WaitTimeout
     carrying lastFailureInfo and that container's previous log tail (redacted by ``redact``; not read without it).
-    None otherwise. The pods are listed only once KServe has said FailedToLoad."""
+    True: FailedToLoad with fewer restarts so far (look again later: restarts do not change the InferenceService, so no
+    watch event would come). None otherwise. The pods are listed only once KServe has said FailedToLoad."""
     model = load_failure.verdict(isvc) if restarts and restarts > 0 else None
     if model is None:
         return None
     pods = _pod_states(api_client, namespace, name)
     crash = load_failure.crash_looping(pods, restarts)
     if crash is None:
-        return None
+        return True
     if redact is None:
         text = "(not read: this caller gives no redaction)"
     else:
@@ -139,12 +140,12 @@ def wait_ready(api_client, namespace, name, timeout=1200, interval=5, clock=time
             # not change meanwhile): look again in a second.
             return True if res.rollout_pending(api_client, obj) is None else 1.0
         failed = None if res.llm else _load_failed(api_client, namespace, name, obj, crash_loop_restarts, redact)
-        if failed is not None:
+        if isinstance(failed, WaitTimeout):
             raise failed
         if state.get("failed"):
             raise WaitTimeout("%s %s/%s cannot become Ready: %s" % (res.kind, namespace, name, state["failed"]), obj,
                               res.pods(api_client, namespace, name))
-        return False
+        return float(interval) if failed else False
 
     def on_timeout(obj, elapsed):
         pods = res.pods(api_client, namespace, name)

@@ -16,6 +16,7 @@ description:
     over from the previous revision does not pass. Where the API server refuses the watch it reads the object every
     O(interval) seconds instead.
   - On timeout fails with the conditions and the predictor pods' states.
+  - A predictor that crash-loops fails at once rather than at the timeout (see O(crash_loop_restarts)).
 author:
   - Alauda Platform Team (@alauda)
 options:
@@ -29,6 +30,16 @@ options:
         C(watch) verb). With C(watch) allowed the module returns as soon as the controller writes the Ready status.
     type: int
     default: 5
+  crash_loop_restarts:
+    description:
+      - When KServe reports the InferenceService's model C(FailedToLoad) (C(status.modelStatus.transitionStatus)
+        C(BlockedByFailedLoad), which KServe writes when the newest predictor pod's C(kserve-container) or
+        C(storage-initializer) exits with an error or waits in C(CrashLoopBackOff)) at the current generation, and that
+        container has restarted at least this many times, fail at once. The message carries KServe's
+        C(lastFailureInfo) and the last 20 lines of the container's previous run's log, secret-looking values redacted.
+      - V(0) never fails early; the wait runs to O(timeout). Only for O(kind=InferenceService).
+    type: int
+    default: 2
   kind:
     description:
       - The resource to wait for. V(LLMInferenceService) waits on KServe's LLMInferenceService with the readiness its
@@ -90,6 +101,7 @@ pods:
 """
 
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.credentials import redact
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import INFERENCE_SERVICE_ARG_SPEC, KubeModule, argspec
 
@@ -100,6 +112,7 @@ def argument_spec():
         timeout=dict(type="int", default=1200),
         interval=dict(type="int", default=5),
         kind=dict(type="str", default="InferenceService", choices=["InferenceService", "LLMInferenceService"]),
+        crash_loop_restarts=dict(type="int", default=2),
         api_version=dict(type="str", default="v1alpha2", choices=["v1alpha1", "v1alpha2"]),
     )
 
@@ -108,7 +121,8 @@ def execute(module):
     params = module.params
     isvc, elapsed = isvc_wait.wait_ready(module.api_client, params["namespace"], params["name"],
                                          timeout=params["timeout"], interval=params["interval"],
-                                         kind=params["kind"], api_version=params["api_version"])
+                                         kind=params["kind"], api_version=params["api_version"],
+                                         crash_loop_restarts=params["crash_loop_restarts"], redact=redact)
     return dict(changed=False, ready=True, elapsed=round(elapsed, 1), generation=isvc["metadata"].get("generation"), resource=isvc)
 
 

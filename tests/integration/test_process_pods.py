@@ -3,6 +3,7 @@ network and mount namespace of their own, reached through the real API server (l
 
 The pods run small shell and Python scripts, never vLLM; each test is a few seconds."""
 import json
+import os
 import threading
 import time
 import urllib.request
@@ -221,6 +222,24 @@ def test_crash_loop_back_off_keeps_previous_logs(api, namespace):
     first = time.monotonic()
     _wait(api, namespace, "crash", lambda p: p["status"]["containerStatuses"][0]["restartCount"] >= 4, what="restart 4")
     assert time.monotonic() - first >= 1.0
+
+
+def test_termination_message_from_the_file_or_the_log_tail(api, namespace):
+    # File (the default): what the container wrote to /dev/termination-log, in its own /dev (the host's is untouched);
+    # FallbackToLogsOnError: the log's tail when the file stays empty and the container failed.
+    wrote = 'echo "out of memory while loading" > /dev/termination-log; test -c /dev/null || exit 9; exit 4'
+    silent = "echo line one; echo 'line two' >&2; exit 5"
+    _pod(api, namespace, "msg", [
+        {"name": "file", "image": "testbed/sh", "command": ["sh", "-c", wrote]},
+        {"name": "logs", "image": "testbed/sh", "command": ["sh", "-c", silent], "terminationMessagePolicy": "FallbackToLogsOnError"},
+        {"name": "quiet", "image": "testbed/sh", "command": ["sh", "-c", silent]}], restart="Never")
+    pod = _wait(api, namespace, "msg", _phase("Failed"), what="Failed")
+    ended = {s["name"]: s["state"]["terminated"] for s in pod["status"]["containerStatuses"]}
+    assert ended["file"]["exitCode"] == 4 and ended["file"]["reason"] == "Error"
+    assert ended["file"]["message"] == "out of memory while loading\n"
+    assert ended["logs"]["exitCode"] == 5 and sorted(ended["logs"]["message"].splitlines()) == ["line one", "line two"]
+    assert "message" not in ended["quiet"]  # File policy, nothing written: no message
+    assert not os.path.exists("/dev/termination-log")
 
 
 def test_delete_sends_sigterm_then_sigkill_after_the_grace_period(api, namespace, kubelet, tmp_path):

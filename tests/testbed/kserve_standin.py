@@ -90,7 +90,7 @@ import threading
 import time
 import urllib.parse
 
-from . import kserve_runtimes, kserve_storage
+from . import kserve_model_status, kserve_runtimes, kserve_storage
 from .kubelet import PodBehaviour
 from .wake import EVERYTHING, RESYNC_SECONDS, WatchWaker, WorkQueue, owner_key
 
@@ -300,8 +300,23 @@ def isvc_event_keys(event: dict) -> list:
         return [(meta.get("namespace"), None)]
     if kind == "ClusterServingRuntime":
         return [EVERYTHING]
+    if kind == "Pod" and not model_load_failed(obj):
+        return []  # a pod's other changes reach the status through its Deployment's
     key = owner_key(obj, "InferenceService", "serving.kserve.io/inferenceservice")
     return [key] if key else []
+
+
+def model_load_failed(pod: dict) -> bool:
+    """A predictor pod whose storage-initializer or kserve-container KServe counts as failed to load (terminated with
+    Error, or in CrashLoopBackOff): the one pod change that reaches status.modelStatus without changing the Deployment."""
+    status = pod.get("status") or {}
+    for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        if cs.get("name") in (kserve_model_status.KSERVE_CONTAINER, kserve_model_status.STORAGE_INITIALIZER):
+            state = cs.get("state") or {}
+            if (state.get("terminated") or {}).get("reason") == "Error" or \
+                    (state.get("waiting") or {}).get("reason") == "CrashLoopBackOff":
+                return True
+    return False
 
 
 class KServeStandIn(ControllerLoop):
@@ -324,7 +339,10 @@ class KServeStandIn(ControllerLoop):
 
     def watched_paths(self) -> list:
         # The runtime a predictor resolves to is read on every pass: a new or edited runtime wakes the loop too.
-        return super().watched_paths() + [f"/apis/{GROUP}/v1alpha1/servingruntimes", f"/apis/{GROUP}/v1alpha1/clusterservingruntimes"]
+        # Predictor pods too, for modelStatus (KServe's FailedToLoad): isvc_event_keys passes on only a pod that failed to
+        # load, so a crash reaches the status at once, not at the next resync, and other pod updates cost no pass.
+        return super().watched_paths() + [f"/apis/{GROUP}/v1alpha1/servingruntimes", f"/apis/{GROUP}/v1alpha1/clusterservingruntimes",
+                                          "/api/v1/pods?labelSelector=" + urllib.parse.quote(self.DEPLOYMENT_SELECTOR)]
 
     # ---------------------------------------------------------------------------------------------
     # test controls
@@ -421,7 +439,7 @@ class KServeStandIn(ControllerLoop):
         live = self._apply_deployment(api, deployment)
         self._apply_service(api, isvc, stable_name)
         self._delete_stale(api, isvc, {stable_name} | {c["metadata"]["name"] for _e, c in live_canaries})
-        status = self._status(isvc, status, live, live_canaries)
+        status = self._status(isvc, status, live, live_canaries, api=api)
         self._write_status(api, isvc, status)
 
     # -- Knative mode -----------------------------------------------------------------------------
@@ -843,7 +861,7 @@ class KServeStandIn(ControllerLoop):
             pred = {"type": "PredictorReady", "status": "True"}
         return pred, observed
 
-    def _status(self, isvc: dict, status: dict, deployment: dict, canaries=()) -> dict:
+    def _status(self, isvc: dict, status: dict, deployment: dict, canaries=(), api=None) -> dict:
         meta = isvc["metadata"]
         name, ns = meta["name"], meta["namespace"]
         dstatus = deployment.get("status") or {}
@@ -879,17 +897,37 @@ class KServeStandIn(ControllerLoop):
         status["url"] = f"http://{name}-{ns}.{INGRESS_DOMAIN}"
         status["address"] = {"url": f"http://{name}-predictor.{ns}.svc.cluster.local"}
         ready_copies = int(dstatus.get("readyReplicas") or 0)
-        model_state = "Loaded" if ready["status"] == "True" else "Pending"
-        prev_active = ((status.get("modelStatus") or {}).get("states") or {}).get("activeModelState") or "Pending"
-        status["modelStatus"] = {
-            "transitionStatus": "UpToDate" if model_state == "Loaded" else "InProgress",
-            "states": {"activeModelState": "Loaded" if model_state == "Loaded" else prev_active,
-                       "targetModelState": model_state},
-            "copies": {"failedCopies": 0, "totalCopies": ready_copies},
-        }
+        old_model = status.get("modelStatus") or {}
+        if ready["status"] != "True" and api is not None:
+            # KServe's PropagateModelStatus over the predictor pods, newest first; listed only while not Ready.
+            status["modelStatus"], _requeue = kserve_model_status.propagate_model_status(
+                old_model, False, self._predictor_pods(api, deployment))
+            states = status["modelStatus"].get("states")
+            if states is not None and not states.get("activeModelState"):
+                # KServe's Go zero value "" is refused by the test bed's kube-apiserver 1.20 (422, "null" for the enum's
+                # ""); the CRD's default, which the old stand-in wrote too, stands in for it
+                states["activeModelState"] = "Pending"
+        else:
+            model_state = "Loaded" if ready["status"] == "True" else "Pending"
+            prev_active = (old_model.get("states") or {}).get("activeModelState") or "Pending"
+            status["modelStatus"] = {
+                "transitionStatus": "UpToDate" if model_state == "Loaded" else "InProgress",
+                "states": {"activeModelState": "Loaded" if model_state == "Loaded" else prev_active,
+                           "targetModelState": model_state},
+                "copies": {"failedCopies": 0, "totalCopies": ready_copies},
+            }
+            if old_model.get("lastFailureInfo"):
+                status["modelStatus"]["lastFailureInfo"] = old_model["lastFailureInfo"]  # KServe keeps the last failure
         if observed:
             status["observedGeneration"] = meta.get("generation")
         return status
+
+    @staticmethod
+    def _predictor_pods(api, deployment: dict) -> list:
+        """The Deployment's pods as KServe's ListPodsByLabel gives them (label `app`), newest first."""
+        selector = ",".join(f"{k}={v}" for k, v in sorted((deployment["spec"]["selector"].get("matchLabels") or {}).items()))
+        items = api.get(f"/api/v1/namespaces/{deployment['metadata']['namespace']}/pods", labelSelector=selector)["items"]
+        return sorted(items, key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"]), reverse=True)
 
     @staticmethod
     def _write_status(api, isvc: dict, status: dict) -> None:

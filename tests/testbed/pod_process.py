@@ -8,6 +8,9 @@ A pod is in process mode when its annotation `testbed.alauda.io/run` is `process
   /containerLogs serves (`follow`, `tailLines`, `sinceTime`, `previous`); a restart moves the log to `previous`;
 - probes as the kubelet does: startupProbe, then livenessProbe and readinessProbe (httpGet, tcpSocket, exec) with their
   delays, periods, timeouts and thresholds; Ready follows the readiness of every container;
+- binds a termination-log file per container at its `terminationMessagePath` (in the container's own /dev tmpfs by
+  default) and fills `terminated.message` from it as the kubelet does (FallbackToLogsOnError: the log's tail when the
+  file is empty and the container failed);
 - restarts a container that exited per restartPolicy with the kubelet's back-off (the first restart at once, then 10 s
   doubling to 300 s; `testbed.alauda.io/backoff-seconds` sets the base, so a test need not wait 10 s), the container
   `waiting` with reason CrashLoopBackOff meanwhile, `lastState.terminated` and `restartCount` as the kubelet reports;
@@ -31,7 +34,7 @@ import uuid
 
 from . import pod_network
 from .pod_sandbox import (BACKOFF_ANNOTATION, RUN_ANNOTATION, PodConfigError, container_argv, container_env, container_mounts,
-                          exec_argv, process_env, sandbox_script, volume_sources)
+                          exec_argv, process_env, sandbox_script, termination_message, volume_sources)
 
 BACKOFF_MAX = 300.0
 TICK = 0.1
@@ -56,6 +59,7 @@ class _Container:
         self.started_at = None
         self.restarts = 0
         self.last_terminated = None
+        self.termination_log = None  # host file bound at terminationMessagePath
         self.terminated = None   # the current instance's end, when it ended and is not restarted
         self.waiting = {"reason": "ContainerCreating"}
         self.next_start = 0.0
@@ -201,7 +205,13 @@ class ProcessPod:
             root = os.path.join(self.dir, "roots", c.name)
             os.makedirs(root, exist_ok=True)
             self.roots[c.name] = root
-            roots.append((root, container_mounts(self.pod, c.spec, sources), c.spec.get("workingDir") or "/"))
+            c.termination_log = os.path.join(self.dir, "termination", c.name)
+            os.makedirs(os.path.dirname(c.termination_log), exist_ok=True)
+            with open(c.termination_log, "w", encoding="utf-8"):
+                os.chmod(c.termination_log, 0o666)
+            mounts = container_mounts(self.pod, c.spec, sources) + [
+                (c.termination_log, os.path.normpath(c.spec.get("terminationMessagePath") or "/dev/termination-log"), False)]
+            roots.append((root, mounts, c.spec.get("workingDir") or "/"))
             c.env = process_env(self.pod, container_env(self.pod, c.spec, self.pod_ip, read))
             c.argv = container_argv(c.spec, c.env)
         script = sandbox_script(self.pod_ip, roots, os.path.join(self.dir, "tmp"),
@@ -235,6 +245,8 @@ class ProcessPod:
         log = self.kubelet.container_log(self.ns, self.name, c.name)
         if c.instance:
             log.rotate()
+        with open(c.termination_log, "w", encoding="utf-8"):
+            pass  # each instance starts with an empty termination-log, as the kubelet gives it a new file
         c.proc = subprocess.Popen(exec_argv(self.sandbox.pid, self.roots[c.name], c.spec.get("workingDir") or "/",
                                             c.argv),
                                   env=c.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
@@ -265,9 +277,14 @@ class ProcessPod:
             return
         for writer in c.writers:
             writer.join(timeout=2)
-        finished = {"exitCode": code if code >= 0 else 128 - code,
+        exit_code = code if code >= 0 else 128 - code
+        finished = {"exitCode": exit_code,
                     "reason": "Completed" if code == 0 else "Error", "startedAt": _stamp(c.started_at),
                     "finishedAt": _stamp(_now()), "containerID": self._cid(c)}
+        message = termination_message(c.termination_log, c.spec.get("terminationMessagePolicy") or "File", exit_code,
+                                      (line for _stamp_, line in self.kubelet.read_records(self.ns, self.name, c.name) or []))
+        if message:
+            finished["message"] = message
         if code < 0:
             finished["signal"] = -code
         c.proc = None

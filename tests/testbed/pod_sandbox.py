@@ -28,6 +28,18 @@ BACKOFF_ANNOTATION = "testbed.alauda.io/backoff-seconds"
 # Host top-level entries a pod never shares (its own /tmp; /mnt and the like empty, as in an image); the rest, /proc,
 # /sys and /dev included, is bound recursively.
 PRIVATE_TOP = {"tmp", "mnt", "media", "srv", "lost+found"}
+# A container's /dev as runc makes it: a tmpfs with the default devices and the pseudo-terminal, shared-memory and
+# message-queue file systems bound in, so the kubelet can bind the container's termination-log file there
+# (/dev/termination-log by default) without creating anything in the host's /dev.
+DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+DEV_DIRS = ("pts", "shm", "mqueue")
+DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2",
+             "ptmx": "pts/ptmx", "core": "/proc/kcore"}
+# The kubelet's limits on a termination message (pkg/kubelet/container: MaxContainerTerminationMessageLength, and for
+# FallbackToLogsOnError MaxContainerTerminationMessageLogLength / MaxContainerTerminationMessageLogLines).
+TERMINATION_MESSAGE_BYTES = 4096
+TERMINATION_LOG_BYTES = 2048
+TERMINATION_LOG_LINES = 80
 ESSENTIAL_TOP = {"usr", "bin", "sbin", "lib", "lib64", "etc", "proc", "sys", "dev", "root", "run", "var"}
 
 
@@ -280,7 +292,7 @@ def _root_lines(root: str, mounts: list, pod_tmp: str, working_dir: str = "/") -
         real = os.path.realpath(path)  # /var/run -> /run, as the path resolves inside the root
         resolved.append((source, real, read_only))
         top = real.strip("/").split("/", 1)[0]
-        if not top or os.path.exists(real):
+        if not top or os.path.exists(real) or top == "dev":  # /dev is the container's own tmpfs
             continue
         if top not in ESSENTIAL_TOP:
             created.add(top)
@@ -290,6 +302,9 @@ def _root_lines(root: str, mounts: list, pod_tmp: str, working_dir: str = "/") -
                 covered.append(ancestor)
     for entry in sorted(os.listdir("/")):
         full = "/" + entry
+        if entry == "dev":
+            lines += _dev_lines(root + full)
+            continue
         if entry in PRIVATE_TOP or entry in created:
             continue
         if os.path.islink(full):
@@ -311,6 +326,34 @@ def _root_lines(root: str, mounts: list, pod_tmp: str, working_dir: str = "/") -
         if read_only:
             lines.append(f"mount -o remount,bind,ro {q(target)}")
     return lines
+
+
+def _dev_lines(dev: str) -> list:
+    q = shlex.quote
+    lines = [f"mkdir -p {q(dev)} && mount -t tmpfs -o mode=755,nosuid pod-dev {q(dev)}"]
+    for node in DEV_NODES:
+        if os.path.exists("/dev/" + node):
+            lines.append(f"touch {q(dev + '/' + node)} && mount --bind {q('/dev/' + node)} {q(dev + '/' + node)}")
+    for sub in DEV_DIRS:
+        if os.path.isdir("/dev/" + sub):
+            lines.append(f"mkdir -p {q(dev + '/' + sub)} && mount --rbind {q('/dev/' + sub)} {q(dev + '/' + sub)}")
+    lines += [f"ln -s {q(target)} {q(dev + '/' + name)}" for name, target in sorted(DEV_LINKS.items())]
+    return lines
+
+
+def termination_message(path: str, policy: str, exit_code: int, log_lines) -> str:
+    """lastState/state.terminated.message as the kubelet fills it: the termination-log file (at most 4096 bytes); with
+    terminationMessagePolicy FallbackToLogsOnError and a failed container whose file is empty, the log's last 80 lines
+    (at most 2048 bytes, the end kept). ``log_lines``: the container's log lines, oldest first."""
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read(TERMINATION_MESSAGE_BYTES).decode("utf-8", "replace")
+    except OSError:
+        text = ""
+    if text or policy != "FallbackToLogsOnError" or exit_code == 0:
+        return text
+    tail = "".join(line + "\n" for line in list(log_lines)[-TERMINATION_LOG_LINES:]).encode()
+    return tail[-TERMINATION_LOG_BYTES:].decode("utf-8", "replace")
 
 
 def container_mounts(pod: dict, container: dict, sources: dict) -> list:

@@ -39,3 +39,18 @@ def test_env_from_field_refs_config_maps_and_args():
                                                           "--model /mnt/models -k 3 $(MISSING)", "$(K)"]
     with pytest.raises(pod_sandbox.PodConfigError, match="configmaps 'gone' not found"):
         pod_sandbox.container_env(pod, {"name": "c", "envFrom": [{"configMapRef": {"name": "gone"}}]}, "", lambda *a: None)
+
+
+def test_termination_message_file_then_log_tail_as_the_kubelet(tmp_path):
+    path = tmp_path / "termination-log"
+    path.write_text("x" * 5000)
+    assert pod_sandbox.termination_message(str(path), "File", 1, ["ignored"]) == "x" * 4096
+    path.write_text("")
+    lines = ["line %d" % i for i in range(100)]
+    assert pod_sandbox.termination_message(str(path), "File", 1, lines) == ""
+    assert pod_sandbox.termination_message(str(path), "FallbackToLogsOnError", 0, lines) == ""  # only on failure
+    tail = pod_sandbox.termination_message(str(path), "FallbackToLogsOnError", 2, lines)
+    assert tail == "".join("line %d\n" % i for i in range(20, 100))  # the last 80 lines
+    long = ["y" * 100] * 50
+    assert len(pod_sandbox.termination_message(str(path), "FallbackToLogsOnError", 2, long).encode()) == 2048
+    assert pod_sandbox.termination_message(str(tmp_path / "missing"), "FallbackToLogsOnError", 2, ["boom"]) == "boom\n"

@@ -30,7 +30,13 @@ ISVC_LABEL = "serving.kserve.io/inferenceservice"
     # what it owns: by ownerReference, else by label (pods are owned by ReplicaSets)
     (event("Deployment", "a-predictor", owners=[("InferenceService", "a")], labels={ISVC_LABEL: "a"}), [("ns1", "a")]),
     (event("Service", "a-predictor", owners=[("InferenceService", "a")]), [("ns1", "a")]),
-    (event("Pod", "a-predictor-5d9c-x2", owners=[("ReplicaSet", "a-predictor-5d9c")], labels={ISVC_LABEL: "a"}), [("ns1", "a")]),
+    # a pod only when KServe's modelStatus reads it (a failed load); its other changes come through its Deployment
+    (event("Pod", "a-predictor-5d9c-x2", owners=[("ReplicaSet", "a-predictor-5d9c")], labels={ISVC_LABEL: "a"}), []),
+    (dict(event("Pod", "a-predictor-5d9c-x2", owners=[("ReplicaSet", "a-predictor-5d9c")], labels={ISVC_LABEL: "a"}),
+          object=dict(event("Pod", "a-predictor-5d9c-x2", owners=[("ReplicaSet", "a-predictor-5d9c")],
+                            labels={ISVC_LABEL: "a"})["object"], status={"containerStatuses": [
+                                {"name": "kserve-container", "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]})),
+     [("ns1", "a")]),
     (event("Deployment", "other", labels={"component": "predictor"}), []),
     # a runtime: every InferenceService that may resolve to it
     (event("ServingRuntime", "vllm"), [("ns1", None)]),

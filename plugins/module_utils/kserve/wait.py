@@ -20,6 +20,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import p
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.defaults import KSERVE_GROUP, KSERVE_VERSION
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import wait as kube_wait
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import load_failure
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import readers as isvc_readers
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import cluster as llmisvc_cluster
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model
@@ -29,8 +30,8 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisv
 class WaitTimeout(SpecDecodingError):
     """The InferenceService did not become Ready at its generation in time."""
 
-    def __init__(self, message, isvc, pods):
-        super().__init__(message)
+    def __init__(self, message, isvc, pods, field=None, hint=None):
+        super().__init__(message, field=field, hint=hint)
         self.isvc = isvc
         self.pods = pods
 
@@ -41,6 +42,31 @@ def _pod_states(api_client, namespace, name):
     except SpecDecodingError as exc:
         return [{"error": str(exc)}]
     return pods + skipped
+
+
+def _load_failed(api_client, namespace, name, isvc, restarts, redact):
+    """KServe's FailedToLoad at this generation with a predictor container restarted ``restarts`` times: a WaitTimeout
+    carrying lastFailureInfo and that container's previous log tail (redacted by ``redact``; not read without it).
+    True: FailedToLoad with fewer restarts so far (look again later: restarts do not change the InferenceService, so no
+    watch event would come). None otherwise. The pods are listed only once KServe has said FailedToLoad."""
+    model = load_failure.verdict(isvc) if restarts and restarts > 0 else None
+    if model is None:
+        return None
+    pods = _pod_states(api_client, namespace, name)
+    crash = load_failure.crash_looping(pods, restarts)
+    if crash is None:
+        return True
+    if redact is None:
+        text = "(not read: this caller gives no redaction)"
+    else:
+        try:
+            text = redact(load_failure.log_tail(k8s_pods.stream_pod_log(
+                api_client, namespace, crash[0]["name"], container=crash[1], tail_lines=load_failure.LOG_TAIL_LINES,
+                previous=True, timeout=30)))
+        except SpecDecodingError as exc:
+            text = "(could not be read: %s)" % exc
+    return WaitTimeout(load_failure.message(namespace, name, model, crash, text), isvc, pods, field="crash_loop_restarts",
+                       hint=load_failure.FIX)
 
 
 def describe(isvc, pods):
@@ -91,7 +117,7 @@ class _Kind:
 
 
 def wait_ready(api_client, namespace, name, timeout=1200, interval=5, clock=time.monotonic, sleep=time.sleep, watch=True,
-               kind="InferenceService", api_version=None):
+               kind="InferenceService", api_version=None, crash_loop_restarts=0, redact=None):
     """Wait until Ready at the current generation. Returns (isvc, elapsed seconds); raises WaitTimeout.
 
     It watches the InferenceService (one watch request from the resourceVersion it last read), so it returns as soon as
@@ -101,7 +127,10 @@ def wait_ready(api_client, namespace, name, timeout=1200, interval=5, clock=time
     is still unreachable then, the error names the connection problem.
     ``kind="LLMInferenceService"`` waits the same way on KServe's LLMInferenceService (``api_version`` v1alpha1 or
     v1alpha2) with the readiness of ``llmisvc.readiness``; a PresetsCombined=False at the current generation (a missing
-    or broken baseRefs preset) fails at once, since waiting does not fix it."""
+    or broken baseRefs preset) fails at once, since waiting does not fix it.
+    ``crash_loop_restarts`` N > 0: an InferenceService KServe reports FailedToLoad (BlockedByFailedLoad) at the current
+    generation, with a predictor container restarted N times, fails at once with lastFailureInfo and the container's
+    previous log tail passed through ``redact`` (text -> text; without it the log is not read)."""
     res = _Kind(kind, api_version)
 
     def check(obj):
@@ -110,10 +139,13 @@ def wait_ready(api_client, namespace, name, timeout=1200, interval=5, clock=time
             # Ready at this generation; an LLMInferenceService's pool Deployments may still roll out (its status does
             # not change meanwhile): look again in a second.
             return True if res.rollout_pending(api_client, obj) is None else 1.0
+        failed = None if res.llm else _load_failed(api_client, namespace, name, obj, crash_loop_restarts, redact)
+        if isinstance(failed, WaitTimeout):
+            raise failed
         if state.get("failed"):
             raise WaitTimeout("%s %s/%s cannot become Ready: %s" % (res.kind, namespace, name, state["failed"]), obj,
                               res.pods(api_client, namespace, name))
-        return False
+        return float(interval) if failed else False
 
     def on_timeout(obj, elapsed):
         pods = res.pods(api_client, namespace, name)

@@ -98,7 +98,19 @@ def _pod_summary(pod):
         "labels": dict(meta.get("labels") or {}),
         "containers": [c.get("name") for c in ((pod.get("spec") or {}).get("containers") or [])],
         "restarts": {cs.get("name"): cs.get("restartCount") for cs in status.get("containerStatuses") or []},
+        "init_restarts": {cs.get("name"): cs.get("restartCount") for cs in status.get("initContainerStatuses") or []},
+        # what `kubectl get pods` shows per container: waiting/terminated reason (CrashLoopBackOff, Error), or running
+        "states": {cs.get("name"): _container_state(cs) for cs in (status.get("initContainerStatuses") or []) +
+                   (status.get("containerStatuses") or [])},
     }
+
+
+def _container_state(cs):
+    state = cs.get("state") or {}
+    for key in ("waiting", "terminated"):
+        if state.get(key):
+            return state[key].get("reason") or key
+    return "running" if state.get("running") is not None else None
 
 
 def list_pods(api_client, namespace, selector):

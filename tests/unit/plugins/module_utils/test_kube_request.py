@@ -77,7 +77,8 @@ def fixture_api_client():
 def test_get_returns_the_json_as_dicts_with_the_query(api_client):
     pods, skipped = k8s_pods.list_pods(api_client, "ns", "serving.kserve.io/inferenceservice=m")
     assert pods == [{"name": "b", "namespace": "ns", "phase": "Running", "deleting": False, "labels": {"component": "predictor"},
-                     "containers": ["kserve-container"], "restarts": {"kserve-container": 2}}]
+                     "containers": ["kserve-container"], "restarts": {"kserve-container": 2}, "init_restarts": {},
+                     "states": {"kserve-container": None}}]
     assert [(p["name"], p["reason"]) for p in skipped] == [("a", "being deleted")]
     method, path, headers, _body = _Handler.seen[0]
     assert (method, path) == ("GET", "/api/v1/namespaces/ns/pods?labelSelector=serving.kserve.io/inferenceservice%3Dm")

@@ -142,6 +142,14 @@ flag_locations:
   type: list
   elements: str
   sample: ["ClusterServingRuntime vllm-runtime"]
+unreadable_scripts:
+  description:
+    - One line per shell script (C(bash -c) and the like) in the predictor's containers or the runtime's that does not
+      parse, naming the container and why (an unterminated quote). No shell runs such a script, so no flag is found in
+      it and the pod crash-loops; verify names it instead of reporting a missing flag.
+  returned: always
+  type: list
+  elements: str
 flag_source:
   description: RV(source) with a runtime; without one V(inference_service) when a predictor container carries the flag, else null.
   returned: always

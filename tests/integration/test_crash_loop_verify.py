@@ -45,7 +45,7 @@ def test_broken_quoting_crash_loops_and_verify_fails_with_the_pods_own_log(
         started, applied_at = time.monotonic(), time.time()
         api.post(f"/apis/serving.kserve.io/v1beta1/namespaces/{namespace}/inferenceservices", _broken_copy(rendered["manifest"]))
         # verify_speculative false: the collection's own reader finds no flag in a script bash cannot parse either, so the
-        # default flag check would stop verify before the wait this test is about.
+        # default flag check stops verify before the wait this test is about (with its own message, checked below).
         run = run_playbook(tmp_path, playbook="playbooks/verify.yml", kubeconfig=kubeconfig,
                            extra_vars={"verify_name": "broken", "verify_namespace": namespace, "verify_speculative": False,
                                        "verify_metrics": False, "verify_wait_timeout": 45, "verify_wait_interval": 1})
@@ -66,6 +66,12 @@ def test_broken_quoting_crash_loops_and_verify_fails_with_the_pods_own_log(
         failure = isvc["status"]["modelStatus"]["lastFailureInfo"]
         assert failure["reason"] == "ModelLoadFailed" and failure["exitCode"] == 2, failure
         wait = [(start, end) for _play, tasks in run.timeline for name, start, end, _h in tasks if "Wait until Ready" in name]
+        # With the default (a flag expected), verify says the script does not parse, not that the flag is missing.
+        flagged = run_playbook(tmp_path, playbook="playbooks/verify.yml", kubeconfig=kubeconfig,
+                               extra_vars={"verify_name": "broken", "verify_namespace": namespace, "verify_metrics": False})
+        check = flagged.result("Check the speculative flag")
+        assert flagged.rc != 0 and "no shell can run" in check["msg"] and "unterminated single quote" in check["msg"], check
+        assert "carries no --speculative-config" not in check["msg"], check["msg"]
         print("crash-loop verify: %.1f s from apply to verify's failure; the wait task began %.1f s after the apply and "
               "took %.1f s\n%s" % (elapsed, wait[0][0] - applied_at, wait[0][1] - wait[0][0], msg))
     finally:

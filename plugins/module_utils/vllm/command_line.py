@@ -287,6 +287,22 @@ def script_occurrences(text):
     return _script_occurrences(text, 0) or []
 
 
+def script_errors(items):
+    """Why each ``<shell> -c`` script in a command/args list does not lex (``["unterminated single quote", ...]``), in order.
+
+    find_occurrences finds no flag in such a script, which is true of what runs (the shell refuses the script before vLLM
+    starts, so the pod crash-loops) but would read as "no speculative flag" to someone who expects one: readers say why."""
+    out = []
+    items = list(items or [])
+    for index, word in enumerate(items):
+        if isinstance(word, str) and is_shell_script(items, index):
+            try:
+                tokenize(word)
+            except ShellSyntaxError as exc:
+                out.append(str(exc))
+    return out
+
+
 def _FLAG_HINT_IN(word):  # pylint: disable=invalid-name
     return any(hint in word for hint in _FLAG_HINTS)
 

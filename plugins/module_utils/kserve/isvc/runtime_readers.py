@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.releases import refuse_unknown_speculative_fields
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import readers as isvc_readers
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc.runtime import (
     CLUSTER_SERVING_RUNTIME, GROUP, RUNTIME_VERSION, SERVING_RUNTIME, flag_locations, resolve, select_runtime, users_of_runtime,
 )
@@ -182,8 +184,22 @@ def runtime_info(api_client, params):
     reader = ClientReader(api_client)
     result, warnings, problem, effective = resolve(isvc, reader, params["runtime_flag"], params["missing_runtime"])
     result["flag_locations"], result["flag_source"] = flag_locations(isvc, effective)
+    result["unreadable_scripts"] = unreadable_scripts(isvc, effective)
     if params["list_users"] and effective is not None and effective.runtime is not None:
         result["users"] = reader.users(effective)
     if params["name"] and params["inference_service"] is None:
         result["inference_service"] = isvc
     return result, warnings, problem
+
+
+def unreadable_scripts(isvc, effective=None):
+    """``["<container>: the bash -c script does not parse (<why>)"]`` for the predictor's containers and the runtime's
+    kserve-container: a script no shell can run shows no flag, and verify says why instead of "no flag"."""
+    containers = [("%s" % name, list(command) + list(args)) for name, command, args in isvc_readers.predictor_containers(isvc)]
+    runtime = getattr(effective, "runtime", None)
+    for container in (((runtime or {}).get("spec") or {}).get("containers") or []):
+        if isinstance(container, dict):
+            containers.append(("%s %s container %s" % (effective.kind, effective.runtime_name, container.get("name")),
+                               list(container.get("command") or []) + list(container.get("args") or [])))
+    return ["%s: the shell script does not parse (%s)" % (where, why)
+            for where, argv in containers for why in vllm_command.script_errors(argv)]

@@ -101,3 +101,14 @@ def test_overall_status_and_the_best_fixed_k_note():
     assert "not against the best fixed k" in out["notes"][0]
     out = kc.confirm(measured[:2], "concurrency", picked, SCHEDULE, 4, 2)
     assert out["loads"][1]["reason"] == "not measured on both sides" and out["status"] == "confirmed"
+
+
+@pytest.mark.parametrize("parallelism, warned", [({"data": 2, "dataLocal": 2}, "data-parallel size 4"), ({"tensor": 1}, None)])
+def test_an_llmisvc_schedule_with_data_parallelism_warns_that_vllm_drops_it(parallelism, warned):
+    """vLLM 0.32 (vllm/config/vllm.py, _maybe_disable_dynamic_sd_for_data_parallel) drops the schedule for a data-parallel
+    size above 1: an LLMInferenceService's parallelism.data x dataLocal."""
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import render as llmisvc_render
+    from tests.unit.plugins.module_utils.test_llmisvc import params
+    out = llmisvc_render.render(params(llmisvc={"parallelism": parallelism}, speculative={"num_speculative_tokens_per_batch_size": SCHEDULE}))
+    notes = [w for w in out["warnings"] if "data-parallel size" in w]
+    assert notes == ([] if warned is None else [notes[0]]) and (warned is None or warned in notes[0]), out["warnings"]

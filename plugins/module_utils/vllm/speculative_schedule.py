@@ -20,6 +20,7 @@ Plain Python, no Ansible imports.
 from __future__ import annotations
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 
 KEY = "num_speculative_tokens_per_batch_size"
 EXAMPLE = "[[1, 8, 3], [9, 32, 2], [33, 256, 1]]"
@@ -87,14 +88,14 @@ def check(schedule, num_speculative_tokens, field=KEY):
     return entries, warnings
 
 
-def data_parallel_warning(config, data_parallel_size, field=KEY):
-    """The warning for a schedule vLLM will drop because the server runs data-parallel (size > 1), else None."""
+def data_parallel_warning(config, command=None, data_parallel_size=None, field=KEY):
+    """The warning for a schedule vLLM will drop because the server runs data-parallel, else None: the larger of
+    ``--data-parallel-size`` / ``-dp`` in ``command`` (argv list or shell line) and ``data_parallel_size``, above 1."""
     if not isinstance(config, dict) or config.get(KEY) is None:
         return None
-    try:
-        size = int(data_parallel_size or 1)
-    except (TypeError, ValueError):
-        return None
+    flag = vllm_command.option_value(command, DATA_PARALLEL_FLAGS) if command else None
+    sizes = [int(v) for v in (data_parallel_size, flag) if v is not None and str(v).isdigit()]
+    size = max(sizes) if sizes else 1
     if size <= 1:
         return None
     return ("%s: the server runs data-parallel size %d, and vLLM (0.32) then disables the schedule at start-up ('Dynamic "

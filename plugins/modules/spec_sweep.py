@@ -133,7 +133,7 @@ options:
       - Base URL of a server running a C(num_speculative_tokens_per_batch_size) schedule, for its A/B against O(fixed_url)
         (the best fixed k) at two loads. Needs O(fixed_url).
       - The two loads are O(schedule_loads), else the lowest swept load and the highest swept load whose scheduled k differs
-        (the k the schedule runs at each load's batch size: the concurrency, or the mean requests in flight at a request rate).
+        (the k the schedule runs at each load's batch size, which is the concurrency, or the mean requests in flight at a request rate).
       - Per load, the fixed side then the schedule side are measured with the sweep's protocol, after the sweep (resumed like
         it). The result, C(k.schedule_confirmation), gives both sides' TPOT and ITL medians, the speedup (fixed median TPOT /
         schedule median TPOT), the noise (the distribution-free 95% intervals of both medians, from each request's TPOT) and a

@@ -390,8 +390,8 @@ def run_sweep(params, measure=None):
             item = {k: v for k, v in side.items() if k != "records"}
             item.update(kind=unit["kind"], load=unit["load"], side=unit["side"], k=unit.get("k"))
             if unit["side"] in k_schedule_confirm.SIDES:  # the A/B's noise bound needs each request's TPOT
-                item["tpot_samples_ms"] = sorted(1000.0 * t for t in (bench_stats.tpot_of(r) for r in side.get("records") or []
-                                                                       if r.get("success")) if t is not None)
+                tpots = (bench_stats.tpot_of(r) for r in side.get("records") or [] if r.get("success"))
+                item["tpot_samples_ms"] = sorted(1000.0 * t for t in tpots if t is not None)
             measurements.append(item)
             _write_json(json_path, data)  # after every measurement: an interrupted sweep resumes from here
 

@@ -168,8 +168,8 @@ def confirm(measurements, kind, picked, schedule, num_speculative_tokens, fixed_
     for row in biased:
         status = "inconclusive"
         bias.append("at load %g both servers run k=%s, yet their median TPOT differs by %.1f%%, beyond the noise +-%.1f%%: the "
-                     "servers differ (cores, neighbours), so this A/B cannot credit or blame the schedule; rerun with both on "
-                     "equal hardware" % (row["load"], fixed_k, 100.0 * abs(row["speedup"] - 1.0), 100.0 * row["noise"]))
+                    "servers differ (cores, neighbours), so this A/B cannot credit or blame the schedule; rerun with both on "
+                    "equal hardware" % (row["load"], fixed_k, 100.0 * abs(row["speedup"] - 1.0), 100.0 * row["noise"]))
     if best_fixed_k is not None and fixed_k is not None and best_fixed_k != fixed_k:
         notes.append("the fixed side runs k=%d, the sweep's best fixed k is %d: this A/B is not against the best fixed k" % (fixed_k, best_fixed_k))
     unit = "req/s" if kind == "request_rate" else "concurrent requests"

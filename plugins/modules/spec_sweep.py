@@ -128,6 +128,41 @@ options:
         held k's by more than this fraction at that load; k never rises with batch size.
     type: float
     default: 0.05
+  schedule_url:
+    description:
+      - Base URL of a server running a C(num_speculative_tokens_per_batch_size) schedule, for its A/B against O(fixed_url)
+        (the best fixed k) at two loads. Needs O(fixed_url).
+      - The two loads are O(schedule_loads), else the lowest swept load and the highest swept load whose scheduled k differs
+        (the k the schedule runs at each load's batch size, which is the concurrency, or the mean requests in flight at a request rate).
+      - Per load, the fixed side then the schedule side are measured with the sweep's protocol, after the sweep (resumed like
+        it). The result, C(k.schedule_confirmation), gives both sides' TPOT and ITL medians, the speedup (fixed median TPOT /
+        schedule median TPOT), the noise (the distribution-free 95% intervals of both medians, from each request's TPOT) and a
+        verdict per load, V(confirmed), V(not_confirmed) or V(inconclusive) (within the noise), and overall.
+    type: str
+  schedule_model:
+    description: Served model name of O(schedule_url).
+    type: str
+  schedule:
+    description:
+      - The schedule O(schedule_url) runs (vLLM's C([[range_start, range_end, k], ...])). Defaults to the one the sweep
+        derives with O(k_schedule).
+    type: list
+    elements: raw
+  fixed_url:
+    description: Base URL of a server running the best fixed C(num_speculative_tokens), the baseline side of the schedule's A/B.
+    type: str
+  fixed_model:
+    description: Served model name of O(fixed_url).
+    type: str
+  fixed_k:
+    description:
+      - The C(num_speculative_tokens) O(fixed_url) serves; checked against its C(/metrics) (per-position series). Defaults to
+        what its C(/metrics) shows.
+    type: int
+  schedule_loads:
+    description: The two swept loads of the schedule's A/B (default as described in O(schedule_url)).
+    type: list
+    elements: float
   resume_from:
     description: A previous run's JSON (C(<report_dir>/<report_name>.json)); its finished measurements are reused.
     type: path
@@ -294,6 +329,9 @@ k:
     - C(per_load) (the candidate's k known) the best k at each load from that load's curve and verify cost, with
       C(batch_size), C(gains), C(measured_speedup); C(schedule) (with O(k_schedule)) C(schedule) (vLLM's
       C([[range_start, range_end, k], ...]) or null), C(describe), C(steps) (per load the held and chosen k and why), C(notes).
+    - C(schedule_confirmation) (with O(schedule_url)) C(status) (V(confirmed), V(not_confirmed), V(inconclusive)), C(schedule),
+      C(describe), C(fixed_k), C(loads) (per load C(load), C(batch_size), C(scheduled_k), C(schedule) and C(fixed) with
+      C(tpot_ms) and C(itl_ms) medians, C(speedup), C(noise), C(verdict), C(reason)), C(reason), C(notes).
   returned: always
   type: dict
 resumed:
@@ -363,11 +401,19 @@ def main():
             confirm_load=dict(type="float"),
             k_schedule=dict(type="bool", default=False),
             k_schedule_min_gain=dict(type="float", default=0.05),
+            schedule_url=dict(type="str"),
+            schedule_model=dict(type="str"),
+            schedule=dict(type="list", elements="raw"),
+            fixed_url=dict(type="str"),
+            fixed_model=dict(type="str"),
+            fixed_k=dict(type="int"),
+            schedule_loads=dict(type="list", elements="float"),
             resume_from=dict(type="path"),
             **bench_run.protocol_arg_spec(report_name="sweep"),
         ),
         required_one_of=[("request_rates", "concurrencies")],
         required_by={"confirm_url": ("confirm_k",), "confirm_engine_config": ("confirm_url",), "k_candidates": ("method",)},
+        required_together=[("schedule_url", "fixed_url")],
         supports_check_mode=True,
     )
     run(module, execute, unexpected="spec_sweep", unexpected_types=OSError)  # a report file that cannot be written

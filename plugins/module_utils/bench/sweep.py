@@ -23,6 +23,7 @@ import os
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import client as bench_client
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import k_schedule as bench_k_schedule
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import k_schedule_confirm
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import plots as bench_plots
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import run as bench_run
@@ -252,6 +253,29 @@ def _read_resume(path):
                               hint="point it at the JSON an earlier sweep wrote (<report_dir>/<report_name>.json)") from exc
 
 
+def schedule_units(schedule_ab, sweep, k_block, current_k):
+    """The schedule A/B's units (per load: the fixed k, then the schedule) and the loads picked, after the sweep's analysis.
+
+    The schedule is ``schedule`` as given, else the one the sweep derived (``k_schedule``); its num_speculative_tokens is
+    the candidate's k (vLLM caps every scheduled k at it)."""
+    derived = (k_block.get("schedule") or {}).get("schedule")
+    schedule = schedule_ab["schedule"] or derived
+    if not schedule:
+        raise ValidationError("is needed for the k schedule's A/B: none was given and the sweep derived none (%s)" % (
+            "; ".join((k_block.get("schedule") or {}).get("notes") or ["k_schedule is off"])), field="schedule",
+            hint="give the schedule schedule_url runs, or set k_schedule to derive it from the sweep")
+    kind = "request_rate" if sweep["request_rates"] else "concurrency"
+    loads = sweep["request_rates"] or sweep["concurrencies"]
+    nst = current_k or max(entry[2] for entry in schedule)
+    picked = k_schedule_confirm.pick_loads(kind, loads, k_block.get("per_load"), schedule, nst, schedule_ab["loads"])
+    schedule_ab.update(schedule=schedule, num_speculative_tokens=nst)
+    units = []
+    for pick in picked:
+        units += [{"kind": kind, "load": pick["load"], "side": "schedule_fixed", "k": schedule_ab["fixed_k"]},
+                  {"kind": kind, "load": pick["load"], "side": "schedule", "k": None}]
+    return units, picked
+
+
 def run_sweep(params, measure=None):
     """The ``spec_sweep`` module's work; ``params`` are its options. Everything refusable is refused before the first
     request (inputs, protocol, report context, each side's speculative state from its engine line, /metrics and the
@@ -270,6 +294,7 @@ def run_sweep(params, measure=None):
                               field="confirm_k", hint="confirm a k within the sweep's candidates")
     if params.get("k_schedule"):
         bench_k_schedule.check_min_gain(params.get("k_schedule_min_gain", bench_k_schedule.DEFAULT_MIN_GAIN))
+    schedule_ab = k_schedule_confirm.check_params(params)
     prompts = bench_workloads.load_workload(params["workload"], params["prompts_file"], params["num_prompts"])
     request_params = {"max_tokens": params["max_tokens"], "temperature": params["temperature"], "seed": params["seed"],
                       "extra_body": dict(params["extra_body"] or {})}
@@ -294,23 +319,28 @@ def run_sweep(params, measure=None):
     sides = {"baseline": "baseline", "candidate": "candidate"}
     if params.get("confirm_url"):
         sides["confirm"] = "confirm"
+    if schedule_ab:
+        sides.update(schedule="schedule", schedule_fixed="fixed")
     endpoints = {}
-    for side in sides:
+    for side, option in sides.items():
         endpoints[side] = bench_client.Endpoint(
-            params["%s_url" % side], model=params.get("%s_model" % side), api=params["api"], token=params["bearer_token"],
+            params["%s_url" % option], model=params.get("%s_model" % option), api=params["api"], token=params["bearer_token"],
             headers=params["headers"], timeout=params["timeout"], validate_certs=params["validate_certs"], ca_path=params["ca_path"],
-            field="%s_url" % side)
+            field="%s_url" % option)
     # Spec state of every side before any inference request: /metrics (GET, not an inference) and the commands.
     states = {}
     for side, endpoint in endpoints.items():
         states[side] = spec_state_from_metrics(bench_run.scrape(endpoint, True), endpoint.model)
     if "confirm" in states:
         states["confirm"]["expected_k"] = params["confirm_k"]
+    if schedule_ab:
+        states["schedule_fixed"]["expected_k"] = schedule_ab["fixed_k"]
+        schedule_ab["fixed_k"] = schedule_ab["fixed_k"] or states["schedule_fixed"].get("k")
     ctx = params["report_context"] or {}
     commands = {"baseline": spec_state_from_command(ctx.get("baseline_command")),
                 "candidate": spec_state_from_command(ctx.get("candidate_command"), ctx.get("candidate_env"))}
     notes = check_spec_states(states, commands)
-    engines = {side: spec_state_from_engine(params.get(ENGINE_FIELDS[side]), ENGINE_FIELDS[side]) for side in endpoints}
+    engines = {side: spec_state_from_engine(params.get(ENGINE_FIELDS[side]), ENGINE_FIELDS[side]) for side in endpoints if side in ENGINE_FIELDS}
     engine_notes, engine_k = check_engine_states(engines, states, params.get("method"), params.get("current_k"), params.get("confirm_k"))
     notes += engine_notes
     if all(engine is None for engine in engines.values()):
@@ -348,17 +378,38 @@ def run_sweep(params, measure=None):
                   else "%d measurement(s) to measure" % len(state["todo"]))
     total = len(units)
     data = {"schema": SWEEP_SCHEMA, "protocol": protocol, "measurements": measurements, "complete": False}
-    for unit in state["todo"]:
-        endpoint = endpoints["baseline" if unit["side"] == "baseline" else "confirm" if unit["side"] == "confirm" else "candidate"]
-        load = {"concurrency": unit["load"], "request_rate": None} if unit["kind"] == "concurrency" else \
-            {"concurrency": params["max_concurrency"], "request_rate": unit["load"]}
-        label = "[%d/%d] %s" % (len(measurements) + 1, total, _unit_label(unit))
-        side = measure(label, endpoint, prompts, dict(params, **load), {"params": request_params}, progress)
-        item = {k: v for k, v in side.items() if k != "records"}
-        item.update(kind=unit["kind"], load=unit["load"], side=unit["side"], k=unit.get("k"))
-        measurements.append(item)
-        _write_json(json_path, data)  # after every measurement: an interrupted sweep resumes from here
+    todo = list(state["todo"])
+
+    def run_units(units_todo, total):
+        for unit in units_todo:
+            endpoint = endpoints[unit["side"] if unit["side"] in endpoints else "candidate"]
+            load = {"concurrency": unit["load"], "request_rate": None} if unit["kind"] == "concurrency" else \
+                {"concurrency": params["max_concurrency"], "request_rate": unit["load"]}
+            label = "[%d/%d] %s" % (len(measurements) + 1, total, _unit_label(unit))
+            side = measure(label, endpoint, prompts, dict(params, **load), {"params": request_params}, progress)
+            item = {k: v for k, v in side.items() if k != "records"}
+            item.update(kind=unit["kind"], load=unit["load"], side=unit["side"], k=unit.get("k"))
+            if unit["side"] in k_schedule_confirm.SIDES:  # the A/B's noise bound needs each request's TPOT
+                tpots = (bench_stats.tpot_of(r) for r in side.get("records") or [] if r.get("success"))
+                item["tpot_samples_ms"] = sorted(1000.0 * t for t in tpots if t is not None)
+            measurements.append(item)
+            _write_json(json_path, data)  # after every measurement: an interrupted sweep resumes from here
+
+    run_units(todo, total)
     result = analyse(measurements, sweep, params, current_k)
+    if schedule_ab:
+        # the loads come from the sweep's analysis (where the schedule's k moves), so its units are planned after it
+        ab_units, ab_picked = schedule_units(schedule_ab, sweep, result["k"], current_k)
+        ab_state = resume_state(resume_text, {"protocol": protocol, "units": ab_units})
+        measurements.extend(dict(m) for m in ab_state["done"])
+        state["done"] += ab_state["done"]
+        state["todo"] += ab_state["todo"]
+        run_units(ab_state["todo"], total + len(ab_units))
+        result = analyse(measurements, sweep, params, current_k)
+        result["k"]["schedule_confirmation"] = k_schedule_confirm.confirm(
+            measurements, ab_units[0]["kind"], ab_picked, schedule_ab["schedule"], schedule_ab["num_speculative_tokens"],
+            schedule_ab["fixed_k"], result["k"].get("recommended_k") or (result["k"].get("prediction") or {}).get("predicted_k"))
+        result["notes"] += result["k"]["schedule_confirmation"]["notes"]
     data.update(complete=True, context=context, result=result, notes=notes + result["notes"], checks=checks,
                 title=params.get("title") or "Speculative decoding load and k sweep", generated_at=bench_run.now())
     data["resumed"] = len(state["done"])

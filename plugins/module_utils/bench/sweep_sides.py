@@ -152,8 +152,9 @@ def check_spec_states(states, commands=None):
     Returns notes for what could not be checked.
     """
     notes = []
-    wants = {"baseline": False, "candidate": True, "confirm": True}
-    fields = {"baseline": "baseline_url", "candidate": "candidate_url", "confirm": "confirm_url"}
+    wants = {"baseline": False, "candidate": True, "confirm": True, "schedule": True, "schedule_fixed": True}
+    fields = {"baseline": "baseline_url", "candidate": "candidate_url", "confirm": "confirm_url", "schedule": "schedule_url",
+              "schedule_fixed": "fixed_url"}
     for side, state in states.items():
         seen = state.get("speculative")
         if seen is None:
@@ -169,7 +170,8 @@ def check_spec_states(states, commands=None):
         expected = state.get("expected_k")
         if seen and expected is not None and state.get("k") is not None and state["k"] != expected:
             raise ValidationError("serves num_speculative_tokens=%d (per-position series on /metrics), not the k=%d to confirm" % (
-                state["k"], expected), field=fields[side], hint="deploy the recommended k there, or set confirm_k to what it serves")
+                state["k"], expected), field=fields[side], hint="deploy the recommended k there, or set %s to what it serves" % (
+                    "fixed_k" if side == "schedule_fixed" else "confirm_k"))
     for side, flagged in (commands or {}).items():
         if flagged is None or flagged == wants[side]:
             continue

@@ -52,6 +52,9 @@ WARNING_RULES = (
     ("min_p_logit_bias", b"min_p and logit_bias", re.compile(r"min_p and logit_bias")),
     ("method_deprecated", b"is deprecated and replaced with",
      re.compile(r"method [`'\"]?(?P<old>[\w.-]+)[`'\"]? is deprecated and replaced with [`'\"]?(?P<new>[\w.-]+)")),
+    # vLLM 0.32 vllm/config/vllm.py _maybe_disable_dynamic_sd_for_data_parallel: the k schedule dropped for data parallelism
+    ("schedule_disabled_data_parallel", b"num_speculative_tokens_per_batch_size",
+     re.compile(r"Disabling num_speculative_tokens_per_batch_size")),
     ("speculative_other", b"peculative", re.compile(r"[Ss]peculative")),
     ("speculative_other", b"draft model", re.compile(r"[Dd]raft model")),
 )

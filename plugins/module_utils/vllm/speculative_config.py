@@ -568,9 +568,9 @@ def canonical_json(config, vllm_version=None):
     return result.json, result.config, result.warnings
 
 
-def check_command(command, vllm_version=None, config=None, field="command"):
+def check_command(command, vllm_version=None, config=None, field="command", data_parallel_size=None):
     """Refuse a server command that uses removed speculative flags, a shorthand flag (--spec-*) its release does not have,
-    or one that duplicates a JSON key.
+    or one that duplicates a JSON key; warn when vLLM will drop a k schedule (speculative_schedule.data_parallel_warning).
 
     `command` is a list of argv strings (a container's command + args, including `bash -c` scripts) or one shell line.
     Read with vllm_command's lexer: a flag counts as a word of the command (any spelling, ``--speculative_model=x``
@@ -595,4 +595,5 @@ def check_command(command, vllm_version=None, config=None, field="command"):
         if config is not None and key in config:
             raise ValidationError("sets %s and '%s' inside --speculative-config; vLLM refuses both at once" % (flag, key),
                                   field=field, hint="keep one of them")
-    return warnings
+    note = speculative_schedule.data_parallel_warning(config, command, data_parallel_size, "speculative.%s" % speculative_schedule.KEY)
+    return warnings + ([note] if note else [])

@@ -20,9 +20,14 @@ Plain Python, no Ansible imports.
 from __future__ import annotations
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 
 KEY = "num_speculative_tokens_per_batch_size"
 EXAMPLE = "[[1, 8, 3], [9, 32, 2], [33, 256, 1]]"
+# vLLM 0.32.0 ``VllmConfig._maybe_disable_dynamic_sd_for_data_parallel`` (vllm/config/vllm.py): with a data-parallel size
+# above 1 the engine drops the schedule ("Dynamic speculative decoding is not supported with data parallelism ...
+# Disabling num_speculative_tokens_per_batch_size and falling back to static num_speculative_tokens") and runs the fixed k.
+DATA_PARALLEL_FLAGS = ("--data-parallel-size", "-dp")
 
 
 def _whole(value):
@@ -81,6 +86,21 @@ def check(schedule, num_speculative_tokens, field=KEY):
                                 field, ", ".join(str(e) for e in above), num_speculative_tokens, num_speculative_tokens,
                                 num_speculative_tokens))
     return entries, warnings
+
+
+def data_parallel_warning(config, command=None, data_parallel_size=None, field=KEY):
+    """The warning for a schedule vLLM will drop because the server runs data-parallel, else None: the larger of
+    ``--data-parallel-size`` / ``-dp`` in ``command`` (argv list or shell line) and ``data_parallel_size``, above 1."""
+    if not isinstance(config, dict) or config.get(KEY) is None:
+        return None
+    flag = vllm_command.option_value(command, DATA_PARALLEL_FLAGS) if command else None
+    sizes = [int(v) for v in (data_parallel_size, flag) if v is not None and str(v).isdigit()]
+    size = max(sizes) if sizes else 1
+    if size <= 1:
+        return None
+    return ("%s: the server runs data-parallel size %d, and vLLM (0.32) then disables the schedule at start-up ('Dynamic "
+            "speculative decoding is not supported with data parallelism') and drafts a fixed num_speculative_tokens=%s: drop the "
+            "schedule, or serve one data-parallel rank per replica" % (field, size, config.get("num_speculative_tokens")))
 
 
 def k_at(schedule, batch_size, num_speculative_tokens):

@@ -334,7 +334,7 @@ def render(p, existing=None):
     served = p.get("served_model_name") or p["name"]
     q = dict(p, served_model_name=served, gpu_memory_utilization=gmu)
     args = server_args(q, artifacts.target_path, spec)
-    spec_core.check_command(args, vllm_version=p.get("vllm_version"), config=spec.config if spec else None, field="extra_args")
+    warnings += spec_core.check_command(args, vllm_version=p.get("vllm_version"), config=spec.config if spec else None, field="extra_args")
 
     env = [{"name": "DTYPE", "value": str(p["dtype"])},
            {"name": "GPU_MEMORY_UTILIZATION", "value": _fmt_number(gmu)},

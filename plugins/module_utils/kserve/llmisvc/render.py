@@ -157,7 +157,8 @@ def render(p, existing=None):
     q = dict(p, served_model_name=served, gpu_memory_utilization=gmu, extra_args=extra)
     args = isvc.server_args(q, artifacts.target_path, spec)
     plain = isvc.server_args(q, artifacts.target_path, None)
-    spec_core.check_command(args, vllm_version=p.get("vllm_version"), config=spec.config if spec else None, field="extra_args")
+    warnings += spec_core.check_command(args, vllm_version=p.get("vllm_version"), config=spec.config if spec else None, field="extra_args",
+                                        data_parallel_size=parallelism.get("data", 1) * parallelism.get("dataLocal", 1))
     env = [{"name": "DTYPE", "value": str(p["dtype"])},
            {"name": "GPU_MEMORY_UTILIZATION", "value": isvc._fmt_number(gmu)},  # pylint: disable=protected-access
            {"name": "MODEL_NAME", "value": served}]

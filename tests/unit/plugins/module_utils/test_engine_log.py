@@ -338,3 +338,12 @@ def test_a_flag_or_no_proposer_is_not_flagless_and_an_unexplained_proposer_says_
     assert el.flagless_source(dict(found, speculative_config=None), ["vllm", "serve", "/mnt/models/llama"]) is None
     unexplained = el.flagless_source(found, ["vllm", "serve", "/mnt/models/llama"])
     assert unexplained["kind"] == "unexplained" and unexplained["checkpoint"] is None and "serving_runtime_info" in unexplained["fix"]
+
+
+def test_the_schedule_dropped_for_data_parallelism_is_its_own_warning():
+    # vLLM 0.32.0's wording (vllm/config/vllm.py, _maybe_disable_dynamic_sd_for_data_parallel), as logger.warning_once prints it
+    line = ("(EngineCore_DP0 pid=1) WARNING 12-03 10:00:00 [vllm.py:1066] Dynamic speculative decoding is not supported with data "
+            "parallelism because data-parallel ranks can select different speculative-token counts, causing DP divergence and "
+            "deadlocks. Disabling num_speculative_tokens_per_batch_size and falling back to static num_speculative_tokens=4.")
+    kind, level, message = el.classify_warning(line)
+    assert (kind, level) == ("schedule_disabled_data_parallel", "WARNING") and message.startswith("Dynamic speculative decoding")

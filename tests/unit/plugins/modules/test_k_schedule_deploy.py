@@ -40,3 +40,21 @@ def test_a_schedule_vllm_would_refuse_at_start_up_is_refused_before_the_rollout(
     result = run_module("isvc_manifest", dict(ARGS, vllm_version="0.32.0", speculative={"num_speculative_tokens_per_batch_size": [[1, 8, 3], [8, 64, 1]]}))
     assert result.failed and result["field"] == "speculative.num_speculative_tokens_per_batch_size"
     assert "overlap" in result.msg and result["fix"] == "start the second range at 9"
+
+
+@pytest.mark.parametrize("extra_args", [["--data-parallel-size", "2"], ["-dp=4"]])
+def test_a_schedule_with_data_parallelism_warns_that_vllm_drops_it(extra_args):
+    """vLLM 0.32 (vllm/config/vllm.py, _maybe_disable_dynamic_sd_for_data_parallel) drops the schedule when the data-parallel
+    size is above 1 and drafts the fixed k: rendered, with a warning naming the key and the size."""
+    result = run_module("isvc_manifest", dict(ARGS, vllm_version="0.32.0", extra_args=extra_args))
+    assert not result.failed, result.msg
+    assert "num_speculative_tokens_per_batch_size" in rendered_config(result)
+    size = extra_args[-1].split("=")[-1]
+    notes = [w for w in warning_texts(result) if "data-parallel size %s" % size in w]
+    assert len(notes) == 1 and notes[0].startswith("speculative.num_speculative_tokens_per_batch_size:"), result["warnings"]
+    plain = run_module("isvc_manifest", dict(ARGS, vllm_version="0.32.0", extra_args=["--data-parallel-size", "1"]))
+    assert not [w for w in warning_texts(plain) if "data-parallel" in w]
+
+
+def warning_texts(result):
+    return [w["event"]["msg"] if isinstance(w, dict) else w for w in result.get("warnings") or []]

@@ -1,9 +1,11 @@
 """The speculative-decoding watchdog on a real vLLM server (issue #33): the InferenceService rendered by `isvc_manifest`
-runs as a real vLLM 0.32 process pod on the test bed (as in test_process_pod_e2e.py), its proposer the known-curve one
+runs as a real vLLM 0.32 process pod on the test bed (tests/testbed/pod_process.py), its proposer the known-curve one
 (tests/e2e/known_curve_proposer.py, k=3), whose acceptance the test sets through its control file on the running server.
 
 Traffic goes to the pod through the API server's pod proxy (the pod IP lives in the pod's own network namespace) from
 background threads, while the watchdog measures short windows with the product's default checks and budgets:
+- the rendered command ran: bash reached `exec`, and the pod's engine line (engine_config_info) names the target on the
+  PVC and the custom proposer with k=3, no difference from the InferenceService's flag;
 - the baseline is recorded (a ConfigMap; the InferenceService's generation does not move);
 - the healthy curve (conditional 0.9/0.8/0.7) stays `healthy` over 2 windows;
 - a window in which /metrics cannot be read, for real: the pod's whole vLLM process group (API server, EngineCore,
@@ -154,6 +156,17 @@ def test_watchdog_on_real_vllm_healthy_unknown_then_collapsed_and_rolled_back(
         pod = pods[0]["metadata"]["name"]
         ready_s = time.monotonic() - started
         generation = api.get(ISVC % (namespace, NAME))["metadata"]["generation"]
+        # The rendered command really ran (what test_process_pod_e2e.py checked before this test covered it): bash -x of
+        # the rendered script reached exec, and the engine line of that process names the tiny target on the PVC and the
+        # custom proposer with k=3, as the InferenceService's flag says.
+        log = api.request("GET", "/api/v1/namespaces/%s/pods/%s/log" % (namespace, pod), raw=True)
+        assert "+ exec python3 -m vllm.entrypoints.openai.api_server" in log, log[-3000:]
+        proof = run_module("engine_config_info", {"name": NAME, "namespace": namespace, "kubeconfig": kubeconfig,
+                                                  "expected": {"method": "custom_class", "num_speculative_tokens": 3}})
+        assert not proof.failed and proof["found"] and "model='/mnt/models/target'" in proof["line"], (proof.msg, proof.get("line"))
+        assert [p["name"] for p in proof["pods"]] == [pod], proof["pods"]
+        assert proof["speculative_config"]["method"] == "custom_class" and proof["speculative_config"]["num_spec_tokens"] == 3, proof
+        assert proof["differences"] == [] and proof["expected"]["method"] == "custom_class", proof["differences"]
         for prompt in PROMPTS:  # the proposer drafts only for a prompt it has seen: the first run records each
             _complete(api, namespace, pod, prompt)
         args = {"name": NAME, "namespace": namespace, "kubeconfig": kubeconfig, "timeout": SCRAPE_TIMEOUT}

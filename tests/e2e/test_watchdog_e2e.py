@@ -244,4 +244,4 @@ def test_watchdog_on_real_vllm_healthy_unknown_then_collapsed_and_rolled_back(
           "%d failed (stopped or replaced pod); request rates %s/s, windows %d s healthy, %d s collapsed\n  %s\n  unknown window: %s" % (
               seconds, ready_s, playbook_s, sum(traffic.done), sum(traffic.errors), traffic.rates, healthy_interval, collapse_interval,
               "\n  ".join("%s: %d requests, acceptance rate %.3f" % (label, f["requests"], f["acceptance"]["draft_acceptance_rate"])
-                           for label, f in windows), unknown["analysis"]["windows"][0]["reasons"][0]))
+                          for label, f in windows), unknown["analysis"]["windows"][0]["reasons"][0]))

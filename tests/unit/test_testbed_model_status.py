@@ -45,7 +45,7 @@ def test_failure_keeps_an_earlier_failure_and_copies_count_ready_pods():
     before = {"transitionStatus": "BlockedByFailedLoad", "lastFailureInfo": {"reason": "ModelLoadFailed", "exitCode": 2}}
     pod = {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}],
                       "containerStatuses": [{"name": "kserve-container", "state": {"running": {}}}]}}
-    model, _ = kserve_model_status.propagate_model_status(before, False, [pod])
+    model = kserve_model_status.propagate_model_status(before, False, [pod])[0]
     assert model["states"]["targetModelState"] == "Pending" and model["transitionStatus"] == "InProgress"
     assert model["lastFailureInfo"] == before["lastFailureInfo"]  # KServe only replaces it with a newer failure
     assert model["copies"]["totalCopies"] == 0

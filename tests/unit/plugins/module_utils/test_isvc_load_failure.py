@@ -12,7 +12,8 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import w
 FAILURE = {"reason": "ModelLoadFailed", "exitCode": 2}
 
 
-def isvc(generation=3, observed=3, ready=False, transition="BlockedByFailedLoad", target="FailedToLoad", rv=1, failure=FAILURE):
+def isvc(generation=3, observed=3, ready=False, transition="BlockedByFailedLoad", target="FailedToLoad", rv=1, failure=None):
+    failure = dict(FAILURE) if failure is None else failure
     model = {"transitionStatus": transition, "states": {"activeModelState": "", "targetModelState": target}}
     if failure:
         model["lastFailureInfo"] = failure

@@ -60,7 +60,8 @@ tier_units() {
   banner "unit tests"
   # promtool (Debian's prometheus package; apt as root) runs the alert rules' tests; a no-op once it is on PATH.
   python -m tests.promtool >/dev/null
-  run_pytest units tests/unit -q -p no:cacheprovider
+  # Two workers on two cores: the unit tests are independent (tmp_path, their own loopback servers) and mostly CPU.
+  run_pytest units tests/unit -q -p no:cacheprovider -n "${ALAUDA_UNIT_WORKERS:-2}"
 }
 
 tier_integration() {

@@ -44,14 +44,14 @@ def _pod_states(api_client, namespace, name):
     return pods + skipped
 
 
-def _load_failed(api_client, namespace, name, isvc, restarts, redact):
-    """KServe's FailedToLoad at this generation with a predictor container restarted ``restarts`` times: a WaitTimeout
-    carrying lastFailureInfo and that container's previous log tail (redacted by ``redact``; not read without it).
-    True: FailedToLoad with fewer restarts so far (look again later: restarts do not change the InferenceService, so no
-    watch event would come). None otherwise. The pods are listed only once KServe has said FailedToLoad."""
+def _raise_if_load_failed(api_client, namespace, name, isvc, restarts, redact):
+    """Raise a WaitTimeout on KServe's FailedToLoad at this generation with a predictor container restarted ``restarts``
+    times, carrying lastFailureInfo and that container's previous log tail (redacted by ``redact``; not read without it).
+    Returns True on a FailedToLoad with fewer restarts so far (look again later: restarts do not change the
+    InferenceService, so no watch event would come), else False. The pods are listed only once KServe said FailedToLoad."""
     model = load_failure.verdict(isvc) if restarts and restarts > 0 else None
     if model is None:
-        return None
+        return False
     pods = _pod_states(api_client, namespace, name)
     crash = load_failure.crash_looping(pods, restarts)
     if crash is None:
@@ -65,8 +65,8 @@ def _load_failed(api_client, namespace, name, isvc, restarts, redact):
                 previous=True, timeout=30)))
         except SpecDecodingError as exc:
             text = "(could not be read: %s)" % exc
-    return WaitTimeout(load_failure.message(namespace, name, model, crash, text), isvc, pods, field="crash_loop_restarts",
-                       hint=load_failure.FIX)
+    raise WaitTimeout(load_failure.message(namespace, name, model, crash, text), isvc, pods, field="crash_loop_restarts",
+                      hint=load_failure.FIX)
 
 
 def describe(isvc, pods):
@@ -139,13 +139,11 @@ def wait_ready(api_client, namespace, name, timeout=1200, interval=5, clock=time
             # Ready at this generation; an LLMInferenceService's pool Deployments may still roll out (its status does
             # not change meanwhile): look again in a second.
             return True if res.rollout_pending(api_client, obj) is None else 1.0
-        failed = None if res.llm else _load_failed(api_client, namespace, name, obj, crash_loop_restarts, redact)
-        if isinstance(failed, WaitTimeout):
-            raise failed
+        look_again = not res.llm and _raise_if_load_failed(api_client, namespace, name, obj, crash_loop_restarts, redact)
         if state.get("failed"):
             raise WaitTimeout("%s %s/%s cannot become Ready: %s" % (res.kind, namespace, name, state["failed"]), obj,
                               res.pods(api_client, namespace, name))
-        return float(interval) if failed else False
+        return float(interval) if look_again else False
 
     def on_timeout(obj, elapsed):
         pods = res.pods(api_client, namespace, name)

@@ -99,7 +99,7 @@ def _pod_summary(pod):
         "containers": [c.get("name") for c in ((pod.get("spec") or {}).get("containers") or [])],
         "restarts": {cs.get("name"): cs.get("restartCount") for cs in status.get("containerStatuses") or []},
         "init_restarts": {cs.get("name"): cs.get("restartCount") for cs in status.get("initContainerStatuses") or []},
-        # what `kubectl get pods` shows per container: waiting/terminated reason (CrashLoopBackOff, Error), or running
+        # per container, the state a pod listing shows: waiting/terminated reason (CrashLoopBackOff, Error), or running
         "states": {cs.get("name"): _container_state(cs) for cs in (status.get("initContainerStatuses") or []) +
                    (status.get("containerStatuses") or [])},
     }

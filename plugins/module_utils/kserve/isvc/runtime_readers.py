@@ -195,7 +195,7 @@ def runtime_info(api_client, params):
 def unreadable_scripts(isvc, effective=None):
     """``["<container>: the bash -c script does not parse (<why>)"]`` for the predictor's containers and the runtime's
     kserve-container: a script no shell can run shows no flag, and verify says why instead of "no flag"."""
-    containers = [("%s" % name, list(command) + list(args)) for name, command, args in isvc_readers.predictor_containers(isvc)]
+    containers = [(name, command + args) for name, command, args in isvc_readers.predictor_containers(isvc)]
     runtime = getattr(effective, "runtime", None)
     for container in (((runtime or {}).get("spec") or {}).get("containers") or []):
         if isinstance(container, dict):

@@ -175,12 +175,17 @@ def execute(module):
     return canary_steps.apply_step(module.api_client, params, dry_run=module.check_mode, diff=module._diff)  # pylint: disable=protected-access
 
 
+# The argument spec's constraints and kube.module.run's keys (the action plugin's too).
+CONSTRAINTS = dict(
+    required_if=[("state", "present", ("speculative_config", "percent"))],
+    required_one_of=[("definition", "name")],
+    required_together=[("name", "namespace")],
+)
+RUN = dict(timed_out={"rollout": {"done": False}})
+
+
 def main():
-    module = KubeModule(argument_spec(), supports_check_mode=True,
-                        required_if=[("state", "present", ("speculative_config", "percent"))],
-                        required_one_of=[("definition", "name")],
-                        required_together=[("name", "namespace")])
-    module.run(execute, timed_out={"rollout": {"done": False}})
+    KubeModule(argument_spec(), supports_check_mode=True, **CONSTRAINTS).run(execute, **RUN)
 
 
 if __name__ == "__main__":

@@ -269,15 +269,15 @@ def execute(module):
     return result
 
 
+# The argument spec's constraints (the action plugin's too).
+CONSTRAINTS = dict(
+    mutually_exclusive=[("log_text", "log_path", "name")],
+    required_one_of=[("log_text", "log_path", "name")],
+)
+
+
 def main():
-    module = KubeModule(
-        argument_spec(),
-        mutually_exclusive=[("log_text", "log_path", "name")],
-        required_one_of=[("log_text", "log_path", "name")],
-        supports_check_mode=True,
-        check_k8s=False,
-        check_pyyaml=False,
-    )
+    module = KubeModule(argument_spec(), supports_check_mode=True, check_k8s=False, check_pyyaml=False, **CONSTRAINTS)
     module.run(execute)
 
 

@@ -272,18 +272,20 @@ def execute(module):
     return result
 
 
+# The argument spec's constraints and kube.module.run's keys (the action plugin's too). A wait that times out comes
+# after the patch: the task changed the InferenceService.
+CONSTRAINTS = dict(
+    mutually_exclusive=[("config", "restore_backup")],
+    required_if=[
+        ("backup", "file", ("backup_file",)),
+        ("backup", "both", ("backup_file",)),
+    ],
+)
+RUN = dict(timed_out={"changed": True}, unexpected="isvc_speculative")
+
+
 def main():
-    module = KubeModule(
-        argument_spec(),
-        supports_check_mode=True,
-        mutually_exclusive=[("config", "restore_backup")],
-        required_if=[
-            ("backup", "file", ("backup_file",)),
-            ("backup", "both", ("backup_file",)),
-        ],
-    )
-    # A wait that times out comes after the patch: the task changed the InferenceService.
-    module.run(execute, timed_out={"changed": True}, unexpected="isvc_speculative")
+    KubeModule(argument_spec(), supports_check_mode=True, **CONSTRAINTS).run(execute, **RUN)
 
 
 if __name__ == "__main__":

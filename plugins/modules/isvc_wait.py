@@ -126,9 +126,13 @@ def execute(module):
     return dict(changed=False, ready=True, elapsed=round(elapsed, 1), generation=isvc["metadata"].get("generation"), resource=isvc)
 
 
+# kube.module.run's keys (the action plugin's too): a refusal returns an empty resource; a timeout the object as last
+# read and its pods.
+RUN = dict(failed={"ready": False, "resource": {}})
+
+
 def main():
-    # A refusal returns an empty resource; a timeout the object as last read and its pods.
-    KubeModule(argument_spec(), supports_check_mode=True).run(execute, failed={"ready": False, "resource": {}})
+    KubeModule(argument_spec(), supports_check_mode=True).run(execute, **RUN)
 
 
 if __name__ == "__main__":

@@ -141,7 +141,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module i
 
 
 # kube.module.run's mapping of the API errors the reads do not handle to "kserve_info: <error>" (the action plugin's too).
-UNEXPECTED = dict(unexpected="kserve_info", unexpected_types=kserve_facts.API_ERRORS)
+RUN = dict(unexpected="kserve_info", unexpected_types=kserve_facts.API_ERRORS)
 
 
 def argument_spec():
@@ -166,7 +166,7 @@ def execute(module):
 def main():
     # An API server that drops the connection mid-read fails with its message (urllib3's "Max retries exceeded ...
     # Connection refused"), not a traceback; the action plugin answers alike.
-    KubeModule(argument_spec(), supports_check_mode=True).run(execute, **UNEXPECTED)
+    KubeModule(argument_spec(), supports_check_mode=True).run(execute, **RUN)
 
 
 if __name__ == "__main__":

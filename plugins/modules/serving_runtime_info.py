@@ -190,13 +190,13 @@ def execute(module):
     return result
 
 
+# The argument spec's constraints and kube.module.run's keys (the action plugin's too).
+CONSTRAINTS = dict(required_one_of=[("name", "inference_service")])
+RUN = dict(failed={"changed": False}, unexpected="serving_runtime_info")
+
+
 def main():
-    module = KubeModule(
-        argument_spec(),
-        supports_check_mode=True,
-        required_one_of=[("name", "inference_service")],
-    )
-    module.run(execute, failed={"changed": False}, unexpected="serving_runtime_info")
+    KubeModule(argument_spec(), supports_check_mode=True, **CONSTRAINTS).run(execute, **RUN)
 
 
 if __name__ == "__main__":

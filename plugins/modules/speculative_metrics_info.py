@@ -326,15 +326,15 @@ def execute(module):
     return summary
 
 
+# The argument spec's constraints (the action plugin's too).
+CONSTRAINTS = dict(
+    mutually_exclusive=[speculative_metrics_info.PROM_SOURCES, ("log_text", "log_path")],
+    required_one_of=[speculative_metrics_info.PROM_SOURCES + ("log_text", "log_path")],
+)
+
+
 def main():
-    module = KubeModule(
-        argument_spec(),
-        mutually_exclusive=[speculative_metrics_info.PROM_SOURCES, ("log_text", "log_path")],
-        required_one_of=[speculative_metrics_info.PROM_SOURCES + ("log_text", "log_path")],
-        supports_check_mode=True,
-        check_k8s=False,
-        check_pyyaml=False,
-    )
+    module = KubeModule(argument_spec(), supports_check_mode=True, check_k8s=False, check_pyyaml=False, **CONSTRAINTS)
     module.run(execute)
 
 

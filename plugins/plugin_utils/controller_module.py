@@ -4,20 +4,33 @@
 """A module's ``execute`` run in the task's own process on the controller (the collection's action plugins).
 
 Why: every module task costs a module process (a fork, a Python start, an AnsiballZ payload built, unzipped and
-compiled, Ansible's module_utils imported: 0.5-1.5 s here, see docs/DEVELOPING.md "make bench"). A module whose work is
-plain Python (isvc_manifest) or a few API reads made on the host the module would run on anyway (kserve_info over a
-local connection) gives the same answer from the action plugin's process. The module file keeps the documentation, the
-argument spec and ``execute``; `run_execute` validates the arguments with that same spec and calls that same
-``execute``, so both answer alike (an error is the same ``msg``/``field``/``fix``).
+compiled, Ansible's, kubernetes.core's and the collection's module_utils imported: 0.5-1.5 s here, see
+docs/DEVELOPING.md "make bench"). A deploy, verify or rollback is a handful of such tasks, each a few API calls. A
+module whose work is plain Python (isvc_manifest), or API calls made from the host the module would run on anyway (a
+cluster module over a local connection), gives the same answer from the action plugin's process. The module file keeps
+the documentation, the argument spec, its constraints (``CONSTRAINTS``), its error mapping (``RUN``) and ``execute``;
+`run_execute` validates the arguments with that same spec and constraints and calls that same ``execute``, so both
+answer alike (an error is the same ``msg``/``field``/``fix``, no_log values are masked alike).
+
+A cluster module's action plugin is `ControllerModuleAction` with the module's name. Anything that would make the
+module process differ runs the module as before (`same_as_module_process`): another connection (a remote host, or
+``delegate_to`` one), ``become`` (another user's kubeconfig), a task ``environment`` (``K8S_AUTH_*`` set there),
+``async``, or a controller Python without the kubernetes library.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 
 from ansible.errors import AnsibleActionFail
+from ansible.module_utils.common.parameters import remove_values
+from ansible.plugins.action import ActionBase
+from ansible.utils.vars import merge_hash
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+
+_MODULES = "ansible_collections.alauda.spec_decoding.plugins.modules."
 
 
 class _Failed(Exception):
@@ -27,12 +40,18 @@ class _Failed(Exception):
 
 
 class TaskModule:
-    """What ``execute`` uses of an AnsibleModule (or the collection's KubeModule): the validated parameters, warn,
-    fail_json and, for a cluster module, ``api_client``: kubernetes.core's authenticated client built from the auth
-    options (and the ``K8S_AUTH_*`` variables) as KubeModule builds it, on first use."""
+    """What ``execute`` uses of an AnsibleModule (or the collection's KubeModule): the validated parameters, check and
+    diff mode, the no_log values, warn, fail_json and, for a cluster module, ``api_client``: kubernetes.core's
+    authenticated client built from the auth options (and the ``K8S_AUTH_*`` variables) as KubeModule builds it, on
+    first use."""
 
-    def __init__(self, params):
+    def __init__(self, params, check_mode=False, diff=False, no_log_values=()):
         self.params = params
+        self.check_mode = check_mode
+        self._diff = diff
+        # A value read at run time (a registry password from a file) is added here and masked in the result, as
+        # AnsibleModule.no_log_values is.
+        self.no_log_values = set(no_log_values)
         self.warnings = []
         self._api_client = None
 
@@ -51,18 +70,24 @@ class TaskModule:
         return self._api_client
 
 
-def run_execute(action, result, argument_spec, execute, unexpected=None, unexpected_types=Exception):
+def run_execute(action, result, argument_spec, execute, constraints=None, failed=None, timed_out=None, unexpected=None,
+                unexpected_types=Exception):
     """`result` (the action's own, from ``ActionBase.run``) updated with what ``execute`` answers, or its failure.
-    `unexpected` and `unexpected_types` are the module's ``kube.module.run`` arguments: such an exception fails with
-    ``"<unexpected>: <error>"`` as the module does; any other propagates, and Ansible reports it with its traceback, as
-    it reports a module's."""
+
+    `constraints` are the module's AnsibleModule keyword arguments (mutually_exclusive, required_if, ...);
+    `failed`, `timed_out`, `unexpected` and `unexpected_types` its ``kube.module.run`` arguments: a SpecDecodingError
+    fails with ``kube.module.failure``'s keys, such an unexpected exception with ``"<unexpected>: <error>"``, as the
+    module does; any other propagates, and Ansible reports it with its traceback, as it reports a module's."""
     try:
-        dummy, params = action.validate_argument_spec(argument_spec=argument_spec)
+        validation, params = action.validate_argument_spec(argument_spec=argument_spec, **(constraints or {}))
     except AnsibleActionFail as exc:
         return dict(result, failed=True, changed=False, msg=str(exc))
+    task = getattr(action, "_task", None)
     # Plain values, as a module process receives them: the templated strings are Ansible's tagged types, which the
     # manifest's YAML dumper (and anything else that checks types exactly) does not know.
-    module = TaskModule(json.loads(json.dumps(params)))
+    module = TaskModule(json.loads(json.dumps(params)), check_mode=bool(getattr(task, "check_mode", False)),
+                        diff=bool(getattr(task, "diff", False)),
+                        no_log_values=getattr(validation, "_no_log_values", ()))
     # kubernetes.core's CoreException (a kubeconfig it cannot load) is reported with its message, as its modules do.
     try:
         # pylint: disable-next=import-outside-toplevel
@@ -72,17 +97,73 @@ def run_execute(action, result, argument_spec, execute, unexpected=None, unexpec
     try:
         result.update(execute(module))
     except SpecDecodingError as exc:
-        result.update(exc.result(), failed=True)
+        # imported here: kube.module imports kubernetes.core's module base, which a plain render does not need
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import failure  # pylint: disable=import-outside-toplevel
+        result.update(failure(exc, failed, timed_out), failed=True)
     except _Failed as exc:
         result.update(exc.result, failed=True, changed=False)
     except Exception as exc:  # pylint: disable=broad-except
         # the order of kube.module.run: the module's own mapping, then kubernetes.core's CoreException
         if unexpected and isinstance(exc, unexpected_types):
-            result.update(failed=True, changed=False, msg="%s: %s" % (unexpected, exc))
+            result.update(dict(failed or {}), failed=True, changed=False, msg="%s: %s" % (unexpected, exc))
         elif isinstance(exc, CoreException):  # pylint: disable=isinstance-second-argument-not-valid-type
             result.update(failed=True, changed=False, msg=str(exc))
         else:
             raise
     if module.warnings:
         result["warnings"] = module.warnings
-    return result
+    # AnsibleModule masks no_log values in everything it returns (exit_json and fail_json alike)
+    return remove_values(result, module.no_log_values) if module.no_log_values else result
+
+
+def same_as_module_process(action):
+    """Whether the module process would run here, as this user, with this environment."""
+    task = action._task  # pylint: disable=protected-access
+    if (action._connection.transport != "local" or action._play_context.become  # pylint: disable=protected-access
+            or any(task.environment or []) or task.async_val):
+        return False
+    # Imported here, not at the top: the strategy imports the action plugin to look at its class, and a task that runs
+    # the module on another host should not load the kubernetes library into ansible-playbook.
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import client  # pylint: disable=import-outside-toplevel
+    return client.HAS_KUBERNETES
+
+
+def module_parts(name):
+    """The module's argument spec, ``execute`` and the keyword arguments of `run_execute` (its ``CONSTRAINTS`` and
+    ``RUN``); the module's import reads the kubernetes library (see same_as_module_process)."""
+    module = importlib.import_module(_MODULES + name)
+    return module.argument_spec(), module.execute, dict(constraints=getattr(module, "CONSTRAINTS", None), **getattr(module, "RUN", {}))
+
+
+class ControllerModuleAction(ActionBase):
+    """A cluster module's action plugin: ``MODULE``'s ``execute`` in the task's process when the module process would
+    run on this machine anyway, the module otherwise.
+
+    The module file (and with it the kubernetes library and kubernetes.core's client, 0.6-0.9 CPU s) is imported when
+    the subclass is defined: the strategy imports an action plugin in ansible-playbook's own process before it forks
+    the task's worker, so every later task of the run inherits those imports instead of paying them again. A run whose
+    tasks all go to remote hosts pays that once, in ansible-playbook."""
+
+    TRANSFERS_FILES = False
+    _supports_check_mode = True
+    _supports_async = True  # an async task runs the module, as ansible.builtin.normal runs it
+    MODULE = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.MODULE:
+            importlib.import_module(_MODULES + cls.MODULE)
+            # TaskModule.api_client's (it imports the kubernetes library's dynamic client)
+            importlib.import_module("ansible_collections.kubernetes.core.plugins.module_utils.k8s.client")
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        if not same_as_module_process(self):
+            # what ansible.builtin.normal does for a module without an action plugin
+            wrap_async = self._task.async_val and not self._connection.has_native_async
+            result = merge_hash(result, self._execute_module(task_vars=task_vars, wrap_async=wrap_async))
+            if not wrap_async:
+                self._remove_tmp_path(self._connection._shell.tmpdir)  # pylint: disable=protected-access
+            return result
+        spec, execute, kwargs = module_parts(self.MODULE)
+        return run_execute(self, result, spec, execute, **kwargs)

@@ -1,0 +1,68 @@
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Server-side apply of one object through kubernetes.core's own code (what ``kubernetes.core.k8s`` runs with
+``apply: true`` and ``server_side_apply``), callable from a module process or from the task's own process.
+
+Why not the k8s module itself: a deploy's apply was its one module process left (a Python start, an AnsiballZ payload,
+kubernetes.core's and the kubernetes library's imports: 1.5-2 s of a no-op redeploy, docs/DEVELOPING.md "make bench").
+kubernetes.core's ``perform_action`` is that module's logic for one definition (find the resource by discovery, read
+the live object, apply, diff, hide nothing); this runs it with the parameters the module would have, so the request,
+the result keys (``result``, ``method``, ``diff``, ``changed``) and the failure keys (``msg``, ``reason``, ``status``
+...) are kubernetes.core's. Check mode is a server-side dry run, as kubernetes.core does it.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from ansible.module_utils.common.text.converters import to_native
+
+
+def k8s_parameters(definition, field_manager, force_conflicts):
+    """The parameters ``kubernetes.core.k8s`` has for ``state: present, apply: true, server_side_apply: {...}`` with
+    everything else at its default (no wait, no label filter, no hidden fields)."""
+    return {
+        "resource_definition": definition, "state": "present", "apply": True,
+        "server_side_apply": {"field_manager": field_manager, "force_conflicts": bool(force_conflicts)},
+        "wait": False, "label_selectors": None, "hidden_fields": None, "append_hash": False, "force": False,
+        "merge_type": None, "continue_on_error": False, "validate": None, "generate_name": None,
+    }
+
+
+class _K8sModuleView:
+    """What kubernetes.core's K8sService reads of its module: the k8s module's parameters, check and diff mode, warn."""
+
+    def __init__(self, module, params):
+        self.params = params
+        self.check_mode = module.check_mode
+        self._diff = module._diff  # pylint: disable=protected-access
+        self.warn = module.warn
+
+
+def server_side_apply(module, k8s_client=None):
+    """Apply ``module.params["definition"]`` as ``field_manager``: kubernetes.core.k8s's result for one definition.
+    A failure ends in ``module.fail_json`` with the keys kubernetes.core.k8s fails with. `k8s_client`: kubernetes.core's
+    K8SClient (built from the module's auth options when not given)."""
+    # pylint: disable=import-outside-toplevel
+    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client
+    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.runner import perform_action
+    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.service import K8sService
+    params = module.params
+    k8s_params = k8s_parameters(copy.deepcopy(params["definition"]), params["field_manager"], params["force_conflicts"])
+    if k8s_client is None:
+        k8s_client = get_api_client(**params)
+    # kubernetes.core: check mode is a server-side dry run (its module sets this from AnsibleK8SModule.server_side_dry_run)
+    k8s_client.dry_run = bool(module.check_mode)
+    service = K8sService(k8s_client, _K8sModuleView(module, k8s_params))
+    try:
+        return perform_action(service, k8s_params["resource_definition"], k8s_params)
+    except Exception as exc:  # pylint: disable=broad-except
+        # kubernetes.core's run_module turns every failure of perform_action into these keys
+        error = dict(getattr(exc, "result", None) or {})
+        reason = getattr(exc.__cause__, "reason", None)
+        if reason is not None:
+            error["reason"] = reason
+        error["msg"] = to_native(exc)
+        module.fail_json(**error)
+    return None  # unreachable: fail_json exits (or raises in the task's process)

@@ -13,7 +13,7 @@ version_added: 0.2.0
 description:
   - Applies O(definition) with Kubernetes server-side apply as field manager O(field_manager), through the code
     M(kubernetes.core.k8s) runs with C(state=present), C(apply=true) and C(server_side_apply) (kubernetes.core's
-    C(perform_action)): the same requests, the same result (RV(result), RV(method), RV(diff), RV(changed)) and the same
+    C(perform_action)), so it makes the same requests and gives the same result (RV(result), RV(method), RV(diff), RV(changed)) and the same
     failure keys (C(msg), C(reason), C(status)). A conflict with another field manager fails unless O(force_conflicts).
   - Over a local connection it runs in the task's own process (the collection's action plugin), without a module
     process; that is why the deploy uses it instead of M(kubernetes.core.k8s). With another connection, C(become), a
@@ -42,7 +42,7 @@ requirements:
   - kubernetes >= 24.2.0
 notes:
   - Needs C(get) and C(patch) on the kind (and C(create) when the object does not exist yet).
-  - Check mode sends the apply as a server-side dry run (C(dryRun=All)): admission and validation run, nothing is stored.
+  - Check mode sends the apply as a server-side dry run (C(dryRun=All)); admission and validation run, nothing is stored.
 seealso:
   - module: kubernetes.core.k8s
 """

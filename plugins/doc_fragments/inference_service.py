@@ -42,4 +42,12 @@ options:
         with C(watch) allowed the wait ends as soon as the Ready status is written.
     type: int
     default: 5
+  wait_crash_loop_restarts:
+    description:
+      - With O(wait), a predictor that crash-loops fails the wait at once rather than at O(wait_timeout) - KServe reports
+        C(FailedToLoad) (C(BlockedByFailedLoad)) at the current generation and a predictor container has restarted this
+        many times; the failure has KServe's C(lastFailureInfo) and the container's previous log tail (secrets
+        redacted). V(0) waits for O(wait_timeout) whatever the pods do.
+    type: int
+    default: 2
 """

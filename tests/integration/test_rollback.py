@@ -96,6 +96,27 @@ def test_rollback_of_deployed_eagle3_then_rerun_is_a_noop(tmp_path, kubeconfig, 
     assert _get(k8s_client, namespace)["metadata"]["resourceVersion"] == isvc["metadata"]["resourceVersion"]
 
 
+def test_a_rolled_back_revision_that_crash_loops_fails_the_rollback_at_once_with_its_log(
+        tmp_path, kubeconfig, k8s_client, kserve, eagle3_service, namespace):  # pylint: disable=unused-argument
+    """The stripped revision's predictor crash-loops (KServe: FailedToLoad at the new generation): the rollback fails in
+    seconds, not at rollback_wait_timeout, with KServe's verdict and the container's previous log; it never reports
+    success (the strip is reported as a change, and no engine proof ran)."""
+    kserve.set_behaviour(namespace, NAME, crash_loop=True, generation=2,
+                         previous_logs={"kserve-container": "ValueError: max_model_len 65536 exceeds the model's 8192\n"})
+    # The scripted pod's restartCount stays at 1 (a real crash loop's grows: the default of 2 restarts is exercised on a
+    # process-mode pod in test_crash_loop_verify.py), so this run asks for 1: the role's variable reaches the wait.
+    run = run_playbook(tmp_path, "playbooks/rollback.yml", kubeconfig=kubeconfig,
+                       extra_vars=_rollback_vars(namespace, rollback_wait_timeout=120, rollback_wait_crash_loop_restarts=1))
+    assert run.rc != 0, run.output
+    strip = run.result("Strip the speculative config")
+    assert strip["failed"] and strip["changed"] is True, strip
+    assert "FailedToLoad" in strip["msg"] and "CrashLoopBackOff" in strip["msg"], strip["msg"]
+    assert "max_model_len 65536 exceeds" in strip["msg"], strip["msg"]
+    assert run.wall < 90, "the rollback waited %.0f s: for its timeout, not for KServe's verdict" % run.wall
+    assert not [name for name, _h, _r in run.tasks if "Prove the engine runs without a proposer" in name]
+    assert "--speculative-config" not in _get(k8s_client, namespace)["spec"]["predictor"]["model"]["command"][2]
+
+
 def test_check_mode_writes_nothing_and_diff_shows_the_flag(tmp_path, kubeconfig, k8s_client, eagle3_service, namespace):
     run = run_playbook(tmp_path, "playbooks/rollback.yml", extra_vars=_rollback_vars(namespace), kubeconfig=kubeconfig,
                        check=True, diff=True)

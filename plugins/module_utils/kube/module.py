@@ -45,6 +45,7 @@ def wait_arg_spec(wait=False):
         wait=dict(type="bool", default=wait),
         wait_timeout=dict(type="int", default=1200),
         wait_sleep=dict(type="int", default=5),
+        wait_crash_loop_restarts=dict(type="int", default=2),
     )
 
 

@@ -77,9 +77,11 @@ class Cluster:
 
     def wait_ready(self):
         from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops.rollback import crash_loop_check  # pylint: disable=import-outside-toplevel
         isvc, _elapsed = isvc_wait.wait_ready(self.api_client, self.params["namespace"], self.params["name"],
                                               timeout=self.params["wait_timeout"], interval=self.params["wait_sleep"],
-                                              kind=self.params["kind"], api_version=self.params["api_version"] if self._llm() else None)
+                                              kind=self.params["kind"], api_version=self.params["api_version"] if self._llm() else None,
+                                              **crash_loop_check(self.params))
         return isvc
 
     def get_pvc(self, name):

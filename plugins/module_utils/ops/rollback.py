@@ -211,6 +211,14 @@ def _config_after(resource):
         return None
 
 
+def crash_loop_check(params):
+    """wait_ready's crash-loop arguments from a module's wait options (doc fragment inference_service.WAIT): a rolled-back
+    revision that crash-loops fails the wait at once, with KServe's lastFailureInfo and the container's previous log tail
+    (secrets redacted), instead of at wait_timeout (20 minutes by default)."""
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.credentials import redact  # pylint: disable=import-outside-toplevel
+    return {"crash_loop_restarts": params["wait_crash_loop_restarts"], "redact": redact}
+
+
 def run(cluster, params, check_mode=False, diff=False):
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
 
@@ -267,7 +275,8 @@ def run(cluster, params, check_mode=False, diff=False):
 
     if params["wait"]:
         ready, elapsed = isvc_wait.wait_ready(cluster.api_client, params["namespace"], params["name"],
-                                              timeout=params["wait_timeout"], interval=params["wait_sleep"])
+                                              timeout=params["wait_timeout"], interval=params["wait_sleep"],
+                                              **crash_loop_check(params))
         result["ready"] = {"ready": True, "generation": ready["metadata"].get("generation"), "elapsed": round(elapsed, 1)}
         result["resource"] = ready
     if params["remove_draft_artifacts"] and params["state"] == "absent":
@@ -384,7 +393,8 @@ def remove_draft(params, cluster, result, warnings):
     if params["wait"]:
         from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
         ready, _elapsed = isvc_wait.wait_ready(cluster.api_client, params["namespace"], params["name"],
-                                               timeout=params["wait_timeout"], interval=params["wait_sleep"])
+                                               timeout=params["wait_timeout"], interval=params["wait_sleep"],
+                                               **crash_loop_check(params))
         result["resource"] = ready
     return {"removed": removed, "note": note}
 

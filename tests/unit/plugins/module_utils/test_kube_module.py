@@ -184,7 +184,7 @@ def test_argspec_puts_kubernetes_core_auth_options_last_in_fresh_dicts():
     first = kube_module.argspec(kube_module.INFERENCE_SERVICE_ARG_SPEC, kube_module.wait_arg_spec(wait=True),
                                 password=dict(type="str", no_log=True), retries=dict(type="int", default=0))
     second = kube_module.argspec(kube_module.INFERENCE_SERVICE_ARG_SPEC)
-    assert list(first)[:6] == ["name", "namespace", "wait", "wait_timeout", "wait_sleep", "password"]
+    assert list(first)[:7] == ["name", "namespace", "wait", "wait_timeout", "wait_sleep", "wait_crash_loop_restarts", "password"]
     assert first["wait"]["default"] is True and second["name"] == {"type": "str", "required": True}
     assert first["kubeconfig"] == {"type": "raw", "no_log": True} and first["password"] == {"no_log": True}
     first["name"]["required"] = False

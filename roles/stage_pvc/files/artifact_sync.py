@@ -672,18 +672,71 @@ def _advise(fd, advice, offset=0, length=0):
         pass
 
 
+_LIBC = []  # [(ctypes, libc)] once loaded, [None] where mincore cannot be called
+
+
+def _libc():
+    """ctypes and the C library with mmap, munmap and mincore typed, or None (no ctypes, not Linux/glibc-like)."""
+    if not _LIBC:
+        try:
+            import ctypes  # pylint: disable=import-outside-toplevel
+            lib = ctypes.CDLL(None, use_errno=True)
+            lib.mmap.restype = ctypes.c_void_p
+            lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+            lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+            lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+            _LIBC.append((ctypes, lib))
+        except (ImportError, OSError, AttributeError):
+            _LIBC.append(None)
+    return _LIBC[0]
+
+
+def _mincore_resident(fd, offsets):
+    """Whether the page of each offset of ``fd`` is in the page cache, from mincore(2) on a mapping of that page
+    (neither the mapping nor mincore reads the file); None when it cannot be asked."""
+    loaded = _libc()
+    if loaded is None:
+        return None
+    ctypes, lib = loaded
+    page = mmap.PAGESIZE
+    failed = ctypes.c_void_p(-1).value
+    vec = ctypes.create_string_buffer(1)
+    for offset in offsets:
+        base = offset - offset % page
+        addr = lib.mmap(None, page, mmap.PROT_READ, mmap.MAP_SHARED, fd, base)
+        if addr is None or addr == failed:
+            return None
+        try:
+            if lib.mincore(addr, page, vec) != 0:
+                return None
+        finally:
+            lib.munmap(addr, page)
+        if not ord(vec.raw[:1]) & 1:
+            return False
+    return True
+
+
 def _page_cached(fd, start, end):
     """Whether the bytes of ``fd`` from ``start`` to ``end`` look resident in the page cache.
 
-    Probes one byte at the start, the middle and the end with ``preadv(..., RWF_NOWAIT)``, which fails with
-    EAGAIN instead of reading from the device. True when the platform cannot tell (no RWF_NOWAIT, or the
-    file system refuses the flag): then the caller keeps reading through the page cache, as before.
+    Looks at one page at the start, the middle and the end with mincore(2), which reads nothing. Where mincore
+    cannot be called, probes one byte there with ``preadv(..., RWF_NOWAIT)``, which fails with EAGAIN instead
+    of waiting for the device; but a buffered read that misses the cache starts readahead before it gives up,
+    and on a fast disk that read can land before the kernel looks again, so a cold file can pass for a warm one
+    (seen on a busy 2-core VM). True when neither can tell (no RWF_NOWAIT, or the file system refuses the flag):
+    then the caller keeps reading through the page cache, as before.
     """
+    if end <= start:
+        return True
+    offsets = (start, start + (end - start) // 2, end - 1)
+    resident = _mincore_resident(fd, offsets)
+    if resident is not None:
+        return resident
     flag = getattr(os, "RWF_NOWAIT", None)
-    if flag is None or not hasattr(os, "preadv") or end <= start:
+    if flag is None or not hasattr(os, "preadv"):
         return True
     probe = bytearray(1)
-    for offset in (start, start + (end - start) // 2, end - 1):
+    for offset in offsets:
         try:
             os.preadv(fd, [probe], offset, flag)
         except BlockingIOError:

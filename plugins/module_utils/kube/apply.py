@@ -21,7 +21,9 @@ from ansible.module_utils.common.text.converters import to_native
 
 def k8s_parameters(definition, field_manager, force_conflicts):
     """The parameters ``kubernetes.core.k8s`` has for ``state: present, apply: true, server_side_apply: {...}`` with
-    everything else at its default (no wait, no label filter, no hidden fields)."""
+    everything else at its default (no wait, no label filter, no hidden fields). ``apply`` is what makes kubernetes.core
+    send a server-side apply; without it it creates and then merge-patches as "OpenAPI-Generator" (Update operations,
+    which never conflict and overwrite anyone's edit)."""
     return {
         "resource_definition": definition, "state": "present", "apply": True,
         "server_side_apply": {"field_manager": field_manager, "force_conflicts": bool(force_conflicts)},

@@ -82,12 +82,11 @@ def run_execute(action, result, argument_spec, execute, constraints=None, failed
         validation, params = action.validate_argument_spec(argument_spec=argument_spec, **(constraints or {}))
     except AnsibleActionFail as exc:
         return dict(result, failed=True, changed=False, msg=str(exc))
-    task = getattr(action, "_task", None)
+    task = action._task  # pylint: disable=protected-access
     # Plain values, as a module process receives them: the templated strings are Ansible's tagged types, which the
     # manifest's YAML dumper (and anything else that checks types exactly) does not know.
-    module = TaskModule(json.loads(json.dumps(params)), check_mode=bool(getattr(task, "check_mode", False)),
-                        diff=bool(getattr(task, "diff", False)),
-                        no_log_values=getattr(validation, "_no_log_values", ()))
+    module = TaskModule(json.loads(json.dumps(params)), check_mode=bool(task.check_mode), diff=bool(task.diff),
+                        no_log_values=validation._no_log_values)  # pylint: disable=protected-access
     # kubernetes.core's CoreException (a kubeconfig it cannot load) is reported with its message, as its modules do.
     try:
         # pylint: disable-next=import-outside-toplevel

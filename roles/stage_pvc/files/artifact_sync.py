@@ -41,6 +41,7 @@ import argparse
 import concurrent.futures
 import errno
 import fnmatch
+import functools
 import hashlib
 import html.parser
 import io
@@ -672,23 +673,20 @@ def _advise(fd, advice, offset=0, length=0):
         pass
 
 
-_LIBC = []  # [(ctypes, libc)] once loaded, [None] where mincore cannot be called
-
-
+@functools.lru_cache(maxsize=None)
 def _libc():
-    """ctypes and the C library with mmap, munmap and mincore typed, or None (no ctypes, not Linux/glibc-like)."""
-    if not _LIBC:
-        try:
-            import ctypes  # pylint: disable=import-outside-toplevel
-            lib = ctypes.CDLL(None, use_errno=True)
-            lib.mmap.restype = ctypes.c_void_p
-            lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-            lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-            lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-            _LIBC.append((ctypes, lib))
-        except (ImportError, OSError, AttributeError):
-            _LIBC.append(None)
-    return _LIBC[0]
+    """ctypes and the C library with mmap, munmap and mincore typed (loaded once), or None (no ctypes, not
+    Linux/glibc-like)."""
+    try:
+        import ctypes  # pylint: disable=import-outside-toplevel
+        lib = ctypes.CDLL(None, use_errno=True)
+        lib.mmap.restype = ctypes.c_void_p
+        lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    except (ImportError, OSError, AttributeError):
+        return None
+    return ctypes, lib
 
 
 def _mincore_resident(fd, offsets):

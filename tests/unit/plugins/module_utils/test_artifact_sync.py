@@ -960,7 +960,7 @@ def test_page_cache_probe_tells_a_cold_file_from_a_warm_one(tmp_path, monkeypatc
 
 def test_without_mincore_a_warm_file_is_found_by_a_nowait_read(tmp_path, monkeypatch):
     """Where ctypes cannot call mincore, the RWF_NOWAIT read answers (a warm file: the read succeeds at once)."""
-    monkeypatch.setattr(sync, "_LIBC", [None])
+    monkeypatch.setattr(sync, "_libc", lambda: None)
     path = str(tmp_path / "f")
     with open(path, "wb") as fh:
         fh.write(b"x" * MIB)

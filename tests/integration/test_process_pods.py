@@ -44,7 +44,7 @@ def api(controlplane, kubelet):  # pylint: disable=unused-argument
     client.close()
 
 
-def _pod(api, namespace, name, containers, volumes=None, restart="Always", grace=None, annotations=None):
+def _pod(api, namespace, name, containers, volumes=None, restart="Always", grace=None, annotations=None, labels=None):
     spec = {"containers": containers, "restartPolicy": restart, "automountServiceAccountToken": False}
     if volumes:
         spec["volumes"] = volumes
@@ -54,7 +54,8 @@ def _pod(api, namespace, name, containers, volumes=None, restart="Always", grace
     while True:  # the ServiceAccount admission needs the namespace's default ServiceAccount first
         try:
             return api.post(f"/api/v1/namespaces/{namespace}/pods", {
-                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": dict(annotations or PROCESS)},
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "annotations": dict(annotations or PROCESS), "labels": dict(labels or {})},
                 "spec": spec})
         except ApiError as exc:
             if exc.status != 403 or "serviceaccount" not in exc.body or time.monotonic() > deadline:
@@ -178,6 +179,38 @@ def test_probes_gate_ready_and_two_pods_on_8080_through_the_pod_proxy(api, names
     log = _log(api, namespace, "one")
     assert log.splitlines()[0] == "listening on 8080" and "served /whoami" in log and "served /healthz" in log
     assert _log(api, namespace, "one", tailLines=1).count("\n") == 1
+
+
+# A client pod: GETs /whoami through each name given in argv (one line per answer), then exits.
+CLIENT = r"""
+import sys, urllib.request
+for url in sys.argv[1:]:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        print(url, "->", resp.read().decode(), flush=True)
+"""
+
+
+def test_a_pod_reaches_a_service_by_name_at_its_port_on_a_ready_endpoint(api, namespace):
+    """Cluster DNS and kube-proxy (tests/testbed/pod_services.py): the Service's names resolve in the pod, its port 80
+    reaches the ready endpoint's 8080 (named targetPort), the not-ready pod gets nothing."""
+    _pod(api, namespace, "ready", [_server("server")], labels={"app": "web"})
+    _pod(api, namespace, "late", [_server("server", delay="600")], labels={"app": "web"})  # never Ready in this test
+    api.post(f"/api/v1/namespaces/{namespace}/services", {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}})
+    _wait(api, namespace, "ready", _ready, what="Ready")
+    deadline = time.monotonic() + 30
+    while not any(s.get("addresses") for s in api.get(f"/api/v1/namespaces/{namespace}/endpoints/web").get("subsets") or []):
+        assert time.monotonic() < deadline, "the endpoints controller gave the Service no ready address"
+        time.sleep(0.1)
+    urls = [f"http://web.{namespace}.svc.cluster.local/a", f"http://web.{namespace}.svc/b", "http://web/c"]
+    _pod(api, namespace, "client", [{"name": "client", "image": "testbed/python", "command": ["python3", "-c", CLIENT] + urls}],
+         restart="Never")
+    pod = _wait(api, namespace, "client", _phase("Succeeded", "Failed"), what="the end")
+    log = _log(api, namespace, "client")
+    assert pod["status"]["phase"] == "Succeeded", log
+    assert log.splitlines() == [f"{url} -> ready /{url[-1]}" for url in urls]
+    assert "served /a" in _log(api, namespace, "ready") and "served" not in _log(api, namespace, "late")
 
 
 def test_follow_streams_new_lines_and_ends_with_the_container(api, namespace):

@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 
-from . import pod_network
+from . import pod_network, pod_services
 from .pod_sandbox import (BACKOFF_ANNOTATION, RUN_ANNOTATION, PodConfigError, container_argv, container_env, container_mounts,
                           exec_argv, process_env, sandbox_script, termination_message, volume_sources)
 
@@ -86,6 +86,7 @@ class ProcessPod:
         self.pod_ip = None
         self.sandbox = None
         self.roots = {}
+        self.service_proxy = None
         self.init_containers = [_Container(c, True) for c in pod["spec"].get("initContainers") or []]
         self.containers = [_Container(c, False) for c in pod["spec"].get("containers") or []]
         self.restart_policy = pod["spec"].get("restartPolicy", "Always")
@@ -200,6 +201,9 @@ class ProcessPod:
         sources = volume_sources(self.pod, self.dir, read)
         if self.pod_ip is None:
             self.pod_ip = self.kubelet.network.allocate_ip()
+        # Cluster DNS for the pod (pod_services.py): the Services as they are now, in the pod's own /etc/hosts.
+        services = api.get("/api/v1/services").get("items") or []
+        hosts = pod_services.write_hosts(self.dir, pod_services.hosts_text(services, self.ns, self.name, self.pod_ip))
         roots = []
         for c in self.init_containers + self.containers:
             root = os.path.join(self.dir, "roots", c.name)
@@ -210,7 +214,8 @@ class ProcessPod:
             with open(c.termination_log, "w", encoding="utf-8"):
                 os.chmod(c.termination_log, 0o666)
             mounts = container_mounts(self.pod, c.spec, sources) + [
-                (c.termination_log, os.path.normpath(c.spec.get("terminationMessagePath") or "/dev/termination-log"), False)]
+                (c.termination_log, os.path.normpath(c.spec.get("terminationMessagePath") or "/dev/termination-log"), False),
+                (hosts, "/etc/hosts", True)]
             roots.append((root, mounts, c.spec.get("workingDir") or "/"))
             c.env = process_env(self.pod, container_env(self.pod, c.spec, self.pod_ip, read))
             c.argv = container_argv(c.spec, c.env)
@@ -227,9 +232,14 @@ class ProcessPod:
             raise PodConfigError(f"pod sandbox failed: {err.strip() or 'no output'}")
         self.sandbox = proc
         self.kubelet.network.attach(self.pod_ip, f"/proc/{proc.pid}/ns/net")
+        self.service_proxy = pod_services.ServiceProxy(self.kubelet.cp.rest, self.kubelet.network, f"/proc/{proc.pid}/ns/net",
+                                                       services)
         self.phase = "Pending"
 
     def _teardown(self) -> None:
+        if self.service_proxy is not None:
+            self.service_proxy.close()
+            self.service_proxy = None
         if self.sandbox is not None:
             if self.pod_ip:
                 self.kubelet.network.detach(self.pod_ip)

@@ -238,9 +238,12 @@ def volume_sources(pod: dict, pod_dir: str, read) -> dict:
             obj = read(kind, ns, obj_name)
             if obj is None and not ref.get("optional"):
                 raise PodConfigError(f"volume {name}: {kind[:-1]} {obj_name!r} not found")
-            data = dict((obj or {}).get("data") or {})
+            # as bytes, as the kubelet writes them: a Secret's data and a ConfigMap's binaryData are base64 in the API
+            data = {k: v.encode() for k, v in ((obj or {}).get("data") or {}).items()}
             if kind == "secrets":
-                data = {k: base64.b64decode(v).decode() for k, v in data.items()}
+                data = {k: base64.b64decode(v) for k, v in data.items()}
+            else:
+                data.update({k: base64.b64decode(v) for k, v in ((obj or {}).get("binaryData") or {}).items()})
             items = ref.get("items") or [{"key": k, "path": k} for k in data]
             os.makedirs(local, exist_ok=True)
             for item in items:
@@ -248,7 +251,7 @@ def volume_sources(pod: dict, pod_dir: str, read) -> dict:
                     raise PodConfigError(f"volume {name}: key {item['key']!r} not in {kind[:-1]} {obj_name!r}")
                 target = os.path.join(local, item["path"])
                 os.makedirs(os.path.dirname(target), exist_ok=True)
-                with open(target, "w", encoding="utf-8") as fh:
+                with open(target, "wb") as fh:
                     fh.write(data[item["key"]])
                 os.chmod(target, item.get("mode", ref.get("defaultMode", 0o644)))
             out[name] = (local, False)

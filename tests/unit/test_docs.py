@@ -130,3 +130,27 @@ def test_relative_links_resolve():
             if local and not os.path.exists(os.path.normpath(os.path.join(os.path.dirname(path), local))):
                 broken.append("%s: link to %s does not resolve" % (_rel(path), target))
     assert not broken, "\n".join(broken)
+
+
+def _plugin_doc_blocks():
+    """(plugin file, block name, text) of every DOCUMENTATION / EXAMPLES / RETURN string in plugins/ (modules, filters,
+    doc fragments): ansible-doc parses each as YAML, and a stray ``: `` in a plain line breaks it."""
+    import ast  # pylint: disable=import-outside-toplevel
+    for path in sorted(glob.glob(os.path.join(ROOT, "plugins", "**", "*.py"), recursive=True)):
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                for target in node.targets:
+                    if isinstance(target, ast.Name) and target.id in ("DOCUMENTATION", "EXAMPLES", "RETURN") or \
+                            isinstance(target, ast.Name) and target.id.isupper() and "fragments" in path:
+                        yield _rel(path), target.id, node.value.value
+
+
+@pytest.mark.parametrize("path, name, text", list(_plugin_doc_blocks()))
+def test_plugin_documentation_is_yaml(path, name, text):
+    """Cheaper than ansible-doc over the built collection (the build tier and sanity do that), and it fails here, first."""
+    try:
+        yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        pytest.fail("%s %s does not parse as YAML (ansible-doc fails on it): %s" % (path, name, exc))

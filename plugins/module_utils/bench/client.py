@@ -291,6 +291,15 @@ def run_requests(endpoint, prompts, params, concurrency=1, request_rate=None, ar
     return records, duration
 
 
+def request_line(label, done, total, record):
+    """One progress line for a finished request (the progress log's, and the in-cluster load Job's log)."""
+    if record.get("success"):
+        detail = "ttft=%.1fms e2el=%.1fms tokens=%s" % (record["ttft"] * 1000, record["latency"] * 1000, record.get("output_tokens"))
+    else:
+        detail = "FAILED %s" % (record.get("error") or "")[:200]
+    return "%s %d/%d %s %s" % (label, done, total, record.get("prompt_id"), detail)
+
+
 def schedule(prompts, runs_per_prompt):
     """The measured request list: ``runs_per_prompt`` rounds over the prompts, each round in file order."""
     if runs_per_prompt < 1:

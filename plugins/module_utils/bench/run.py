@@ -20,6 +20,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import plots as bench_plots
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import decision as bench_decision
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import load_job as bench_load_job
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import workloads as bench_workloads
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import prometheus_text
@@ -42,11 +43,7 @@ class Progress:
             handle.write("%s +%7.1fs %s\n" % (now(), time.monotonic() - self.started, text))
 
     def request(self, label, done, total, record):
-        if record.get("success"):
-            detail = "ttft=%.1fms e2el=%.1fms tokens=%s" % (record["ttft"] * 1000, record["latency"] * 1000, record.get("output_tokens"))
-        else:
-            detail = "FAILED %s" % (record.get("error") or "")[:200]
-        self.line("%s %d/%d %s %s" % (label, done, total, record.get("prompt_id"), detail))
+        self.line(bench_client.request_line(label, done, total, record))
 
 
 def now():
@@ -116,7 +113,7 @@ def _r(value):
 
 
 def measure(name, endpoint, prompts, params, request, progress):
-    """Warm up, scrape, measure, scrape; returns the side dict (summary, records, metrics deltas).
+    """Warm up, scrape, measure, scrape from here (the controller); returns the side dict (see `side_of`).
 
     ``params``: ``warmup``, ``runs_per_prompt``, ``concurrency``, ``request_rate``, ``arrival``, ``seed``,
     ``scrape_metrics``; ``request["params"]``: the request body fields (max_tokens, temperature, seed, extra_body).
@@ -132,22 +129,42 @@ def measure(name, endpoint, prompts, params, request, progress):
         endpoint, prompts, request["params"], runs_per_prompt=params["runs_per_prompt"], warmup=params["warmup"],
         concurrency=params["concurrency"], request_rate=params["request_rate"], arrival=params["arrival"], seed=params["seed"],
         progress=progress.request, label=name, before_measure=before)
-    after = scrape(endpoint, params["scrape_metrics"])
-    cache = bench_client.prefix_cache_window(scrapes.get("before"), after, endpoint.model)
-    summary = bench_stats.summarize_run(result["records"], result["duration_s"])
+    return side_of(name, endpoint, dict(result, metrics_before=scrapes.get("before"),
+                                        metrics_after=scrape(endpoint, params["scrape_metrics"])), progress)
+
+
+def side_of(name, endpoint, measured, progress):
+    """The side dict (summary, prefix-cache window, acceptance deltas, records) of one side's raw measurements, taken
+    here or by the in-cluster load Job (``measured``: records, duration_s, warmup, metrics_before, metrics_after, and
+    the served model name when the Job resolved it)."""
+    model = measured.get("model") or endpoint.model
+    before, after = measured.get("metrics_before"), measured.get("metrics_after")
+    cache = bench_client.prefix_cache_window(before, after, model)
+    summary = bench_stats.summarize_run(measured["records"], measured["duration_s"])
     progress.line("%s done: %d ok, %d failed, %.1f s, median TTFT %s ms, median TPOT %s ms, %.1f output tok/s" % (
         name, summary["completed"], summary["failed"], summary["duration_s"], _r(summary["ttft_ms"]["median"]),
         _r(summary["tpot_ms"]["median"]), summary["output_throughput"] or 0))
     return {
         "url": endpoint.url,
-        "model": endpoint.model,
+        "model": model,
         "api": endpoint.api,
         "summary": summary,
         "prefix_cache": cache,
-        "warmup": result["warmup"],
-        "acceptance": acceptance(scrapes.get("before"), after, endpoint.model),
-        "records": result["records"],
+        "warmup": measured["warmup"],
+        "acceptance": acceptance(before, after, model),
+        "records": measured["records"],
     }
+
+
+def measure_sides(names, endpoints, prompts, params, request, progress, api_client=None):
+    """``{side: side dict}`` for ``names`` in order, measured from where ``load_from`` says (see bench/load_job.py):
+    here, or by one Job in the cluster for all of them. ``api_client``: a callable giving the cluster's client."""
+    mode = bench_load_job.choose(params["load_from"], [endpoints[name].url for name in names])
+    if mode == "controller":
+        return {name: measure(name, endpoints[name], prompts, params, request, progress) for name in names}
+    measured = bench_load_job.measure(api_client(), params, [(name, endpoints[name]) for name in names], prompts,
+                                      request["params"], progress)
+    return {name: side_of(name, endpoints[name], measured[name], progress) for name in names}
 
 
 def protocol_arg_spec(report_name):
@@ -224,9 +241,10 @@ def public_side(side):
     return {k: v for k, v in side.items() if k != "records"}
 
 
-def benchmark(params):
+def benchmark(params, api_client=None, check_mode=False):
     """Module spec_benchmark: measure the baseline and/or the candidate with the guide's protocol and, with both, write
-    the report and decide; returns the module's result."""
+    the report and decide; returns the module's result. ``api_client``: a callable giving the cluster's client, called
+    only when the load runs in the cluster (``load_from``)."""
     # Everything that can be refused is checked before the first file is written.
     check_protocol(params)
     phase = params["phase"]
@@ -246,14 +264,21 @@ def benchmark(params):
         bench_report.require_complete(context)  # refuse before spending time on requests
         if params["plots"]:
             bench_plots.require_matplotlib()  # the plots are drawn last: a missing matplotlib is refused before the requests
+    if bench_load_job.choose(params["load_from"], [e.url for e in endpoints.values()]) == "cluster":
+        bench_load_job.check_options(params["load_job"])
+        if check_mode:  # nothing is measured, nothing written: the Job goes to the API server as a dry run
+            job = bench_load_job.dry_run(api_client(), params, [(side, endpoints[side]) for side in sides], prompts, request["params"])
+            return {"changed": False, "load_job": job,
+                    "msg": "check mode: the load Job %s/%s passed the API server's dry run; nothing measured" % (job["namespace"], job["name"])}
     os.makedirs(report_dir, exist_ok=True)
     progress = Progress(params["progress_file"] or os.path.join(report_dir, "%s-progress.log" % name))
     out = {"changed": False, "progress_file": progress.path}
 
-    if phase in ("both", "baseline"):
-        baseline = measure("baseline", endpoints["baseline"], prompts, params, request, progress)
-    else:
-        baseline = load_baseline(baseline_results, public_request, prompts)
+    if phase == "candidate":
+        baseline = load_baseline(baseline_results, public_request, prompts)  # refused before any request is sent
+    measured = measure_sides(sides, endpoints, prompts, params, request, progress, api_client=api_client)
+    if phase != "candidate":
+        baseline = measured["baseline"]
     if phase == "baseline":
         _write_json(baseline_results, {"schema": RESULTS_SCHEMA, "request": public_request,
                                        "prompt_ids": [p["id"] for p in prompts], "side": baseline})
@@ -261,7 +286,7 @@ def benchmark(params):
         progress.line("baseline saved to %s" % baseline_results)
         return out
 
-    candidate = measure("candidate", endpoints["candidate"], prompts, params, request, progress)
+    candidate = measured["candidate"]
     candidate_acceptance = candidate.get("acceptance")
     report = bench_report.build_report(
         public_side(baseline), public_side(candidate), context, tolerances=params["tolerances"], acceptance=candidate_acceptance,

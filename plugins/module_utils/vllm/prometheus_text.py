@@ -22,8 +22,6 @@ from __future__ import annotations
 import math
 import re
 
-from ansible.module_utils.basic import missing_required_lib
-
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 try:
@@ -115,4 +113,6 @@ def parse_samples(text, prefixes, field="metrics"):
 def require_prometheus_client(module):
     """Fail the task, the Ansible way, when the prometheus_client library (the /metrics parser) is not installed."""
     if not HAS_PROMETHEUS_CLIENT:
+        # Imported here: the in-cluster load Job (bench/load_job_pod.py) runs this file without Ansible.
+        from ansible.module_utils.basic import missing_required_lib  # pylint: disable=import-outside-toplevel
         module.fail_json(msg=missing_required_lib("prometheus_client"), exception=str(PROMETHEUS_IMPORT_ERROR))

@@ -27,7 +27,8 @@ def params(tmp_path, **over):
             "runs_per_prompt": 5, "warmup": 3, "concurrency": 2, "request_rate": None, "arrival": "poisson", "temperature": 0.0,
             "max_tokens": 32, "seed": 0, "extra_body": {}, "bearer_token": None, "headers": {}, "validate_certs": True,
             "ca_path": None, "timeout": 30.0, "scrape_metrics": True, "report_dir": str(tmp_path / "rep"), "report_name": "report",
-            "report_context": dict(CONTEXT), "tolerances": {}, "plots": True, "title": None, "progress_file": None}
+            "report_context": dict(CONTEXT), "tolerances": {}, "plots": True, "title": None, "progress_file": None,
+            "load_from": "auto", "load_job": {}}
     base.update(over)
     return base
 

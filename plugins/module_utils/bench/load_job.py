@@ -1,0 +1,433 @@
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The benchmark's load from inside the cluster: the collection's own client as a Job next to the InferenceService.
+
+Why: ``status.address.url`` of an InferenceService is a cluster-internal name (``<isvc>-predictor.<ns>.svc.cluster.local``):
+from a bastion or a laptop it does not resolve, and through an ingress an A/B measures the network and the ingress's
+buffering as much as the engine. The Job sends the same prompts with the same pacing, warmups and protocol as the
+controller would (``load_job_pod``, the same ``bench/client.py``), and brings back the raw measurements; the controller
+computes every statistic and writes the report as before, so both modes give the same report from the same records.
+
+What is created, all in the InferenceService's namespace, named ``spec-decoding-load-<8 hex>``, labelled
+``app.kubernetes.io/managed-by: alauda.spec_decoding``:
+
+- a ConfigMap: the client as a zip application (``bundle``) and the request (prompts, parameters, the sides' URLs);
+- a Secret, only with a bearer token or extra headers (the pod reads them from its environment; the ConfigMap, the Job
+  and the result never carry them);
+- a Job (``backoffLimit: 0``, ``activeDeadlineSeconds``, ``ttlSecondsAfterFinished``) whose one pod runs ``python3`` in
+  the serving runtime's image by default (already on the nodes, also in an air-gapped cluster), with no service
+  account token (it never calls the API), no privilege escalation and no capabilities.
+
+The ConfigMap and the Secret are owned by the Job, so the Job's TTL removes all three when a run is interrupted; a
+finished run deletes them itself (``keep`` leaves them for a look). The pod's log is the progress; its result is read
+from the log's last lines (size-bounded, see ``load_job_pod``). The identity that runs the playbook needs create, get
+and delete on configmaps, secrets and jobs, list on pods and get on pods/log in that namespace (docs/rbac/benchmark.yaml).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import gzip
+import io
+import json
+import os
+import time
+import uuid
+import zipfile
+from urllib.parse import urlsplit
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils import errors
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import client as bench_client
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import load_job_pod
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import prometheus_text
+
+LOAD_FROM = ("auto", "controller", "cluster")
+CONTAINER = "load"
+MOUNT = "/etc/spec-decoding-load"
+NAME_PREFIX = "spec-decoding-load-"
+LABEL = "alauda.io/spec-decoding-load"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "alauda.spec_decoding", "app.kubernetes.io/component": "benchmark-load"}
+# Kept after the run ends, so a run interrupted on the controller still cleans up after itself.
+TTL_SECONDS = 3600
+# The log is read whole; the result is at most load_job_pod.MAX_RESULT_BYTES, the progress one line per request.
+MAX_LOG_BYTES = 12 * 1024 * 1024
+# A container that cannot start for one of these reasons never will without a change: fail at once, not at the timeout.
+STUCK_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError",
+                 "CreateContainerError", "RunContainerError")
+# The metric families the controller reads from the pod's two scrapes (acceptance, prefix cache); the rest of a
+# /metrics page (hundreds of histogram lines) stays in the pod.
+METRIC_PREFIXES = tuple(spec_metrics.SPEC_PREFIXES) + tuple(bench_client.PREFIX_CACHE_PREFIXES) + (bench_client.CACHE_CONFIG_INFO,)
+# The files of the zip application, in import order (what load_job_pod imports, and it).
+_SHIPPED = (errors, prometheus_text, bench_client, load_job_pod)
+_MAIN = ("import sys\n"
+         "from %s import main\n"
+         "sys.exit(main())\n") % load_job_pod.__name__
+
+
+def _kube():
+    """kube.client and kube.pods, imported on first use: they import the kubernetes library (about a second), which a
+    benchmark sent from the controller never needs."""
+    # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import client as kube_client
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as kube_pods
+    return kube_client, kube_pods
+
+
+class LoadJobError(SpecDecodingError):
+    """The in-cluster load Job could not be run, or its pod failed."""
+
+
+def options_spec():
+    """The suboptions of the ``load_job`` option (spec_benchmark; doc fragment alauda.spec_decoding.load_job)."""
+    return dict(
+        namespace=dict(type="str"),
+        image=dict(type="str"),
+        python=dict(type="str", default="python3"),
+        image_pull_policy=dict(type="str", choices=["Always", "IfNotPresent", "Never"], default="IfNotPresent"),
+        image_pull_secrets=dict(type="list", elements="str", default=[]),
+        service_account_name=dict(type="str"),
+        node_selector=dict(type="dict", default={}),
+        tolerations=dict(type="list", elements="dict", default=[]),
+        resources=dict(type="dict", default={"requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}),
+        pod_annotations=dict(type="dict", default={}),
+        timeout=dict(type="int", default=3600),
+        keep=dict(type="bool", default=False),
+        kubeconfig=dict(type="raw"),
+        context=dict(type="str"),
+        host=dict(type="str"),
+        api_key=dict(type="str", no_log=True),
+        ca_cert=dict(type="path"),
+        validate_certs=dict(type="bool"),
+    )
+
+
+_AUTH = ("kubeconfig", "context", "host", "api_key", "ca_cert", "validate_certs")
+
+
+def cluster_internal(url):
+    """True for a Service's cluster-internal name (``<svc>.<ns>.svc`` or ``<svc>.<ns>.svc.<cluster domain>``): it
+    resolves only inside the cluster."""
+    host = (urlsplit(url or "").hostname or "").rstrip(".")
+    return host.endswith(".svc") or ".svc." in host
+
+
+def choose(load_from, urls, environ=None):
+    """``"cluster"`` or ``"controller"``. ``auto``: from inside the cluster (a pod: ``KUBERNETES_SERVICE_HOST`` is set)
+    the controller sends; outside it the Job does when a URL is cluster-internal (both sides then measured from the same
+    place), else the controller (URLs given by the user, an ingress)."""
+    if load_from != "auto":
+        return load_from
+    if (os.environ if environ is None else environ).get("KUBERNETES_SERVICE_HOST"):
+        return "controller"
+    return "cluster" if any(cluster_internal(url) for url in urls) else "controller"
+
+
+def check_options(options):
+    """ValidationError naming the field, before anything is created."""
+    if not options.get("namespace"):
+        raise ValidationError("is required when the load runs in the cluster", field="load_job.namespace",
+                              hint="set the InferenceService's namespace (the benchmark role passes benchmark_namespace)")
+    if not options.get("image"):
+        raise ValidationError("is required when the load runs in the cluster", field="load_job.image",
+                              hint="set an image with python3, e.g. the serving runtime's (the benchmark role passes the "
+                                   "candidate's), or set load_from=controller")
+    if options.get("timeout", 0) < 60:
+        raise ValidationError("must be at least 60 seconds, got %r" % options.get("timeout"), field="load_job.timeout")
+
+
+# -- what is created --------------------------------------------------------------------------------------------
+
+
+def _zip_entry(path):
+    info = zipfile.ZipInfo(path, date_time=(2020, 1, 1, 0, 0, 0))  # fixed: the same sources give the same bytes
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.external_attr = 0o644 << 16
+    return info
+
+
+def bundle():
+    """The zip application the pod runs: the shipped modules under their package paths (empty package files), and a
+    ``__main__``. Sources are read through each module's loader, so this works from a file tree and from Ansible's
+    module payload (a zip) alike."""
+    buf = io.BytesIO()
+    packages = set()
+    with zipfile.ZipFile(buf, "w") as archive:
+        for module in _SHIPPED:
+            source = module.__spec__.loader.get_source(module.__name__)
+            archive.writestr(_zip_entry(module.__name__.replace(".", "/") + ".py"), source)
+            parts = module.__name__.split(".")[:-1]
+            packages.update("/".join(parts[:i]) + "/__init__.py" for i in range(1, len(parts) + 1))
+        for path in sorted(packages):
+            archive.writestr(_zip_entry(path), "")
+        archive.writestr(_zip_entry("__main__.py"), _MAIN)
+    return buf.getvalue()
+
+
+def job_request(params, sides, prompts, request_params, ca_text=None):
+    """The request the pod reads: ``sides`` as ``[(name, Endpoint)]`` in measuring order."""
+    return {
+        "api": params["api"], "timeout": params["timeout"], "validate_certs": params["validate_certs"],
+        "ca_path": MOUNT + "/ca.crt" if ca_text else None, "scrape_metrics": params["scrape_metrics"],
+        "metric_prefixes": list(METRIC_PREFIXES), "prompts": prompts, "params": request_params,
+        "protocol": {key: params[key] for key in ("warmup", "runs_per_prompt", "concurrency", "request_rate", "arrival", "seed")},
+        "sides": [{"name": name, "url": endpoint.url, "model": endpoint.model, "field": endpoint.field} for name, endpoint in sides],
+    }
+
+
+def manifests(name, options, request, secret_env=None, ca_text=None, code=None):
+    """``(ConfigMap, Secret or None, Job)`` for one run; ``secret_env``: the environment the Secret gives the pod."""
+    namespace = options["namespace"]
+    labels = dict(MANAGED_BY, **{LABEL: name})
+    meta = {"name": name, "namespace": namespace, "labels": labels}
+    data = {"request.json": json.dumps(request, sort_keys=True)}
+    if ca_text:
+        data["ca.crt"] = ca_text
+    configmap = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": dict(meta), "data": data,
+                 "binaryData": {"load.pyz": base64.b64encode(code if code is not None else bundle()).decode("ascii")}}
+    secret = None
+    env = []
+    if secret_env:
+        secret = {"apiVersion": "v1", "kind": "Secret", "metadata": dict(meta), "type": "Opaque",
+                  "stringData": dict(secret_env)}
+        env = [{"name": key, "valueFrom": {"secretKeyRef": {"name": name, "key": key}}} for key in sorted(secret_env)]
+    container = {
+        "name": CONTAINER, "image": options["image"], "imagePullPolicy": options["image_pull_policy"],
+        # -E -S: the image's PYTHONPATH and site-packages stay out (the client needs only the standard library), and
+        # the zip application is first on sys.path
+        "command": [options["python"], "-E", "-S", MOUNT + "/load.pyz", MOUNT + "/request.json"],
+        "env": env, "resources": options["resources"],
+        "volumeMounts": [{"name": "load", "mountPath": MOUNT, "readOnly": True}],
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    pod_spec = {
+        "restartPolicy": "Never", "automountServiceAccountToken": False, "enableServiceLinks": False,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container], "volumes": [{"name": "load", "configMap": {"name": name}}],
+    }
+    if options.get("service_account_name"):
+        pod_spec["serviceAccountName"] = options["service_account_name"]
+    if options.get("node_selector"):
+        pod_spec["nodeSelector"] = options["node_selector"]
+    if options.get("tolerations"):
+        pod_spec["tolerations"] = options["tolerations"]
+    if options.get("image_pull_secrets"):
+        pod_spec["imagePullSecrets"] = [{"name": secret_name} for secret_name in options["image_pull_secrets"]]
+    template_meta = {"labels": dict(labels)}
+    if options.get("pod_annotations"):
+        template_meta["annotations"] = dict(options["pod_annotations"])
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": dict(meta),
+           "spec": {"backoffLimit": 0, "activeDeadlineSeconds": int(options["timeout"]), "ttlSecondsAfterFinished": TTL_SECONDS,
+                    "template": {"metadata": template_meta, "spec": pod_spec}}}
+    return configmap, secret, job
+
+
+# -- the result -------------------------------------------------------------------------------------------------
+
+
+def parse_log(text):
+    """``(progress lines, result dict or None)`` of the pod's log."""
+    lines = text.splitlines()
+    try:
+        begin = len(lines) - 1 - lines[::-1].index(load_job_pod.BEGIN)
+        end = lines.index(load_job_pod.END, begin)
+    except ValueError:
+        return lines, None
+    try:
+        result = json.loads(gzip.decompress(base64.b64decode("".join(lines[begin + 1:end]))).decode("utf-8"))
+    except (ValueError, OSError, binascii.Error, EOFError):
+        return lines[:begin], None
+    if not isinstance(result, dict) or result.get("schema") != load_job_pod.RESULT_SCHEMA:
+        return lines[:begin], None
+    return lines[:begin], result
+
+
+# -- running it -------------------------------------------------------------------------------------------------
+
+
+def api_client_for(options):
+    """kubernetes.core's authenticated ApiClient from the ``load_job`` options (K8S_AUTH_* and the kubeconfig's defaults
+    for the rest, as in kubernetes.core's modules)."""
+    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
+    return get_api_client(**{key: options.get(key) for key in _AUTH}).client.client
+
+
+def _path(namespace, kind, name=None):
+    base = "/apis/batch/v1/namespaces/%s/jobs" % namespace if kind == "Job" else \
+        "/api/v1/namespaces/%s/%s" % (namespace, {"ConfigMap": "configmaps", "Secret": "secrets"}[kind])
+    return base if name is None else "%s/%s" % (base, name)
+
+
+def _api_error(action, obj, exc, hint=None):
+    what = "%s %s/%s" % (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+    return LoadJobError("%s %s failed: %s" % (action, what, _kube()[1].api_error_message(exc)), field="load_job",
+                        hint=hint or "the identity needs create, get and delete on configmaps, secrets and jobs, list on pods "
+                                     "and get on pods/log in the namespace (docs/rbac/benchmark.yaml)")
+
+
+class Run:
+    """One load Job: ``start()``, ``wait()`` for its pod's end, ``result()``, ``delete()``."""
+
+    def __init__(self, api_client, options, objects, clock=time.monotonic, sleep=time.sleep, interval=1.0):
+        self.api_client, self.options = api_client, options
+        self.configmap, self.secret, self.job = objects
+        self.name = self.job["metadata"]["name"]
+        self.namespace = options["namespace"]
+        self.clock, self.sleep, self.interval = clock, sleep, interval
+        self.created = []
+        self.pod = None
+
+    def start(self, dry_run=False):
+        """Create the objects (all three as a server-side dry run with ``dry_run``: admission and RBAC answer, nothing
+        is stored)."""
+        kube_client = _kube()[0]
+        query = {"dryRun": "All"} if dry_run else None
+        for obj in [o for o in (self.configmap, self.secret, self.job) if o is not None]:
+            try:
+                created = kube_client.request(self.api_client, "POST", _path(self.namespace, obj["kind"]), body=obj, query=query)
+            except kube_client.ApiException as exc:
+                raise _api_error("creating", obj, exc) from exc
+            if not dry_run:
+                self.created.append((obj["kind"], created))
+        if dry_run:
+            return
+        # The ConfigMap and the Secret go with the Job (its TTL, or a delete with Background propagation).
+        owner = dict(self.created[-1][1])
+        reference = [{"apiVersion": "batch/v1", "kind": "Job", "name": self.name, "uid": owner["metadata"]["uid"],
+                      "blockOwnerDeletion": False}]
+        for kind, _obj in self.created[:-1]:
+            try:
+                kube_client.request(self.api_client, "PATCH", _path(self.namespace, kind, self.name),
+                                    body={"metadata": {"ownerReferences": reference}}, content_type="application/merge-patch+json")
+            except kube_client.ApiException as exc:
+                raise _api_error("patching the owner of", {"kind": kind, "metadata": {"namespace": self.namespace, "name": self.name}},
+                                 exc, hint="the identity needs patch on configmaps and secrets in the namespace") from exc
+
+    def _pods(self):
+        kube_client = _kube()[0]
+        try:
+            answer = kube_client.request(self.api_client, "GET", "/api/v1/namespaces/%s/pods" % self.namespace,
+                                         query={"labelSelector": "%s=%s" % (LABEL, self.name)})
+        except kube_client.ApiException as exc:
+            raise _api_error("listing the pods of", self.job, exc) from exc
+        return answer.get("items") or []
+
+    def wait(self):
+        """The Job's pod after it ended (Succeeded or Failed); LoadJobError when it cannot start or the time is up."""
+        kube_client = _kube()[0]
+        deadline = self.clock() + self.options["timeout"] + 60
+        while True:
+            try:
+                job = kube_client.request(self.api_client, "GET", _path(self.namespace, "Job", self.name))
+            except kube_client.ApiException as exc:
+                raise _api_error("reading", self.job, exc) from exc
+            pods = self._pods()
+            ended = [p for p in pods if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed")]
+            if ended:
+                self.pod = ended[0]
+                return self.pod
+            for pod in pods:
+                for status in (pod.get("status") or {}).get("containerStatuses") or []:
+                    waiting = (status.get("state") or {}).get("waiting") or {}
+                    if waiting.get("reason") in STUCK_REASONS:
+                        raise LoadJobError("the load Job's pod %s/%s cannot start: %s: %s" % (
+                            self.namespace, pod["metadata"]["name"], waiting["reason"], waiting.get("message") or ""),
+                            field="load_job.image", hint="give an image the nodes can pull and run, with python3 "
+                                                         "(load_job.image, load_job.image_pull_secrets, load_job.python)")
+            for condition in (job.get("status") or {}).get("conditions") or []:
+                if condition.get("type") == "Failed" and condition.get("status") == "True" and not pods:
+                    raise LoadJobError("the load Job %s/%s failed: %s: %s" % (
+                        self.namespace, self.name, condition.get("reason"), condition.get("message") or ""), field="load_job",
+                        hint="see the Job's events (kubectl describe job -n %s %s)" % (self.namespace, self.name))
+            if self.clock() > deadline:
+                raise LoadJobError("the load Job %s/%s did not end within %d s" % (self.namespace, self.name, self.options["timeout"]),
+                                   field="load_job.timeout", hint="raise load_job.timeout, or measure fewer requests")
+            self.sleep(self.interval)
+
+    def log(self):
+        chunks, size = [], 0
+        for chunk in _kube()[1].stream_pod_log(self.api_client, self.namespace, self.pod["metadata"]["name"], container=CONTAINER):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_LOG_BYTES:
+                break
+        return b"".join(chunks).decode("utf-8", "replace")
+
+    def result(self):
+        """``(progress lines, result)``; LoadJobError for a pod that failed or printed no result."""
+        progress, result = parse_log(self.log())
+        phase = self.pod["status"].get("phase")
+        if result is not None and result.get("error"):
+            error = result["error"]
+            raise LoadJobError("the load Job's pod %s/%s: %s" % (self.namespace, self.pod["metadata"]["name"], error.get("msg")),
+                               field=error.get("field") or "load_job", hint=error.get("fix"))
+        if result is None or phase != "Succeeded":
+            tail = "\n".join(progress[-20:]) or "(empty)"
+            ended = ""
+            for status in self.pod["status"].get("containerStatuses") or []:
+                terminated = (status.get("state") or {}).get("terminated") or {}
+                if terminated:  # a runtime that could not start the command says why here (StartError ...)
+                    ended = " (exit code %s, %s%s)" % (terminated.get("exitCode"), terminated.get("reason"),
+                                                       ": " + terminated["message"].strip() if terminated.get("message") else "")
+            raise LoadJobError("the load Job's pod %s/%s ended %s%s without a result; the end of its log:\n%s" % (
+                self.namespace, self.pod["metadata"]["name"], phase, ended, tail), field="load_job",
+                hint="check that load_job.image has %s (3.8 or later)" % self.options["python"])
+        return progress, result
+
+    def delete(self):
+        kube_client = _kube()[0]
+        for kind, _obj in reversed(self.created):
+            query = {"propagationPolicy": "Background"} if kind == "Job" else None
+            try:
+                kube_client.request(self.api_client, "DELETE", _path(self.namespace, kind, self.name), query=query)
+            except kube_client.ApiException as exc:
+                if getattr(exc, "status", None) != 404:
+                    raise _api_error("deleting", {"kind": kind, "metadata": {"namespace": self.namespace, "name": self.name}}, exc) from exc
+        self.created = []
+
+
+def prepare(params, sides, prompts, request_params, name=None):
+    """``(options, Run factory)`` for a run from the ``load_job`` options; ValidationError before anything is created."""
+    options = params["load_job"]
+    check_options(options)
+    ca_text = None
+    if params.get("ca_path"):
+        with open(params["ca_path"], encoding="utf-8") as handle:
+            ca_text = handle.read()
+    secret_env = {}
+    if params.get("bearer_token"):
+        secret_env[load_job_pod.TOKEN_ENV] = params["bearer_token"]
+    if params.get("headers"):
+        secret_env[load_job_pod.HEADERS_ENV] = json.dumps(params["headers"])
+    name = name or NAME_PREFIX + uuid.uuid4().hex[:8]
+    objects = manifests(name, options, job_request(params, sides, prompts, request_params, ca_text), secret_env, ca_text)
+    return lambda api_client: Run(api_client, options, objects)
+
+
+def dry_run(api_client, params, sides, prompts, request_params):
+    """Check mode: the objects go to the API server as a server-side dry run; ``{"namespace", "name", "dry_run"}``."""
+    run = prepare(params, sides, prompts, request_params)(api_client)
+    run.start(dry_run=True)
+    return {"namespace": run.namespace, "name": run.name, "image": run.options["image"], "dry_run": True}
+
+
+def measure(api_client, params, sides, prompts, request_params, progress, name=None):
+    """Measure ``sides`` (``[(name, Endpoint)]``) from a Job in the cluster: ``{side: {"model", "records", "duration_s",
+    "warmup", "metrics_before", "metrics_after"}}``. The pod's progress lines go to ``progress``."""
+    run = prepare(params, sides, prompts, request_params, name=name)(api_client)
+    progress.line("load from the cluster: Job %s/%s, image %s" % (run.namespace, run.name, run.options["image"]))
+    try:
+        run.start()
+        pod = run.wait()
+        lines, result = run.result()
+        for line in lines:
+            progress.line("job: " + line)
+        progress.line("load Job %s/%s pod %s %s" % (run.namespace, run.name, pod["metadata"]["name"], pod["status"]["phase"]))
+        return result["sides"]
+    finally:
+        if not run.options.get("keep"):
+            run.delete()

@@ -1,0 +1,109 @@
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What the in-cluster load Job runs (see ``load_job``): the benchmark's own client, next to the InferenceService.
+
+The Job's image is the serving runtime's (it has ``python3``); this file, ``bench/client.py``, ``vllm/prometheus_text.py``
+and ``errors.py`` reach the pod as one zip application in a ConfigMap (``load_job.bundle``), so only the standard
+library is needed (``prometheus_client`` is not used here: the pod sends the metric lines, the controller parses them).
+
+The request (``request.json`` in the same ConfigMap) says which sides to measure, in order, with the prompts, the
+request parameters and the protocol (warmups, repeats, concurrency, rate, arrival, seed) the controller checked. The
+bearer token and extra headers come from the Job's Secret through the environment, never from the ConfigMap.
+
+Each finished request is a progress line on stderr (the pod's log). The result is printed last on stdout between two
+marker lines, as gzip + base64 in lines of 76 characters: per side the measured records, the durations, the warmup
+and the two ``/metrics`` scrapes reduced to the families the controller reads. A refused or failed run prints the
+error (message, field, fix) as its result and exits 1.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import os
+import sys
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import client as bench_client
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import prometheus_text
+
+RESULT_SCHEMA = "alauda.spec_decoding/load-job-result/v1"
+BEGIN = "--- alauda.spec_decoding load result (gzip, base64) ---"
+END = "--- end of alauda.spec_decoding load result ---"
+TOKEN_ENV = "SPEC_DECODING_BEARER_TOKEN"
+HEADERS_ENV = "SPEC_DECODING_HEADERS"
+# The biggest result the pod prints (compressed): kubelets rotate a container's log at 10 MiB by default
+# (containerLogMaxSize), and the controller reads the log whole.
+MAX_RESULT_BYTES = 6 * 1024 * 1024
+
+
+def _scrape(endpoint, request):
+    if not request["scrape_metrics"]:
+        return None
+    try:
+        text = endpoint.metrics_text()
+    except SpecDecodingError:
+        return None
+    return None if text is None else prometheus_text.filter_lines(text, request["metric_prefixes"])
+
+
+def _progress(label, done, total, record):
+    sys.stderr.write(bench_client.request_line(label, done, total, record) + "\n")
+    sys.stderr.flush()
+
+
+def measure(request, token=None, headers=None):
+    """``{"schema", "sides": {name: {...}}}`` for the request's sides; raises SpecDecodingError."""
+    out = {"schema": RESULT_SCHEMA, "sides": {}}
+    protocol = request["protocol"]
+    ca_path = request.get("ca_path")
+    for side in request["sides"]:
+        endpoint = bench_client.Endpoint(side["url"], model=side.get("model"), api=request["api"], token=token, headers=headers,
+                                         timeout=request["timeout"], validate_certs=request["validate_certs"], ca_path=ca_path,
+                                         field=side["field"])
+        scrapes = {}
+
+        def before(endpoint=endpoint, scrapes=scrapes):
+            scrapes["before"] = _scrape(endpoint, request)
+
+        sys.stderr.write("%s: %s, %d warmup + %d measured requests\n" % (
+            side["name"], side["url"], protocol["warmup"], len(request["prompts"]) * protocol["runs_per_prompt"]))
+        result = bench_client.measure_side(
+            endpoint, request["prompts"], request["params"], runs_per_prompt=protocol["runs_per_prompt"], warmup=protocol["warmup"],
+            concurrency=protocol["concurrency"], request_rate=protocol["request_rate"], arrival=protocol["arrival"],
+            seed=protocol["seed"], progress=_progress, label=side["name"], before_measure=before)
+        out["sides"][side["name"]] = {
+            "model": endpoint.model, "records": result["records"], "duration_s": result["duration_s"], "warmup": result["warmup"],
+            "metrics_before": scrapes.get("before"), "metrics_after": _scrape(endpoint, request)}
+    return out
+
+
+def encode(result):
+    """The result's printed lines (without the markers)."""
+    packed = base64.b64encode(gzip.compress(json.dumps(result, separators=(",", ":")).encode("utf-8"))).decode("ascii")
+    return [packed[i:i + 76] for i in range(0, len(packed), 76)]
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    with open(argv[0], encoding="utf-8") as handle:
+        request = json.load(handle)
+    token = os.environ.get(TOKEN_ENV) or None
+    headers = json.loads(os.environ.get(HEADERS_ENV) or "{}")
+    code = 0
+    try:
+        result = measure(request, token=token, headers=headers)
+    except SpecDecodingError as exc:
+        result, code = {"schema": RESULT_SCHEMA, "error": exc.result()}, 1
+    lines = encode(result)
+    if sum(len(line) for line in lines) > MAX_RESULT_BYTES:
+        result, code = {"schema": RESULT_SCHEMA, "error": {
+            "msg": "the measurements are %d bytes compressed, over the %d a pod log carries safely" % (
+                sum(len(line) for line in lines), MAX_RESULT_BYTES),
+            "field": "load_job", "fix": "measure fewer requests or fewer max_tokens per run, or set load_from=controller"}}, 1
+        lines = encode(result)
+    sys.stdout.write("\n".join([BEGIN] + lines + [END]) + "\n")
+    sys.stdout.flush()
+    return code

@@ -77,6 +77,14 @@ options:
     description: Seconds to wait; a canary that is not ready by then fails the task (the previous revision untouched).
     type: int
     default: 1200
+  wait_crash_loop_restarts:
+    description:
+      - With O(state=present), a container of the canary revision's pods restarted this many times fails the wait at
+        once, with the container's previous log tail (secrets redacted), instead of at O(wait_timeout). KServe's
+        C(modelStatus) describes the stable revision during a canary, so the revision's own pods are read.
+      - V(0) waits for O(wait_timeout).
+    type: int
+    default: 2
 extends_documentation_fragment:
   - kubernetes.core.k8s_auth_options
   - alauda.spec_decoding.attributes.WRITES
@@ -164,6 +172,7 @@ def argument_spec():
         definition=dict(type="dict"),
         wait=dict(type="bool", default=True),
         wait_timeout=dict(type="int", default=1200),
+        wait_crash_loop_restarts=dict(type="int", default=2),
     )
 
 

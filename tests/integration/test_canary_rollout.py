@@ -175,6 +175,27 @@ def test_canary_never_ready_fails_at_the_deadline_and_removal_leaves_the_previou
     assert sorted(deps) == ["llm-predictor"] and deps["llm-predictor"].spec.template == stable.spec.template
 
 
+def test_a_crash_looping_canary_fails_the_step_at_once_with_its_log(k8s_client, kubeconfig, kserve, namespace):
+    """KServe's modelStatus describes the stable revision during a canary: the canary revision's own pods tell that it
+    cannot start. The scripted canary pod crash-loops (restartCount 1) with a previous log carrying a token."""
+    name = "llm"
+    port = _serve(kserve, namespace, name, ["x"], ["x"])
+    _create(k8s_client, namespace, name, port)
+    kserve.set_behaviour(namespace, name, crash_loop=True, deployment="%s-predictor-spec" % name, previous_logs={
+        "kserve-container": "loading\nHF_TOKEN=hf_s3cr3tT0kenValue1234567890\nValueError: unrecognized arguments: --speculative-config\n"})
+    started = time.monotonic()
+    res = rollout(kubeconfig, namespace, name, speculative_config=NGRAM, percent=10, wait_timeout=120, wait_crash_loop_restarts=1)
+    elapsed = time.monotonic() - started
+    assert res.failed and res["field"] == "wait_crash_loop_restarts", res.msg
+    assert elapsed < 60, "the step waited %.0f s: towards its timeout, not stopped by the crash loop" % elapsed
+    assert "the canary revision (app=isvc.llm-predictor-spec) crash-loops" in res.msg, res.msg
+    assert "ValueError: unrecognized arguments: --speculative-config" in res.msg and "s3cr3t" not in res.msg, res.msg
+    # the stable revision is untouched and serves; the canary entry stays for the user to fix or remove
+    assert sorted(_deployments(k8s_client, namespace, name)) == ["llm-predictor", "llm-predictor-spec"]
+    res = rollout(kubeconfig, namespace, name, state="absent", wait_timeout=60)
+    assert not res.failed, res.msg
+
+
 def test_gitops_renders_each_step_without_a_cluster(tmp_path):
     res = run_module("canary_rollout", dict(definition=isvc_manifest("llm", ARGS), speculative_config=NGRAM, percent=50,
                                             kserve_version="0.20.0"))

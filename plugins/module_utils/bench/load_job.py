@@ -88,7 +88,7 @@ def options_spec():
         image=dict(type="str"),
         python=dict(type="str", default="python3"),
         image_pull_policy=dict(type="str", choices=["Always", "IfNotPresent", "Never"], default="IfNotPresent"),
-        image_pull_secrets=dict(type="list", elements="str", default=[]),
+        image_pull_secrets=dict(type="list", elements="str", default=[], no_log=False),
         service_account_name=dict(type="str"),
         node_selector=dict(type="dict", default={}),
         tolerations=dict(type="list", elements="dict", default=[]),
@@ -209,12 +209,9 @@ def manifests(name, options, request, secret_env=None, ca_text=None, code=None):
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container], "volumes": [{"name": "load", "configMap": {"name": name}}],
     }
-    if options.get("service_account_name"):
-        pod_spec["serviceAccountName"] = options["service_account_name"]
-    if options.get("node_selector"):
-        pod_spec["nodeSelector"] = options["node_selector"]
-    if options.get("tolerations"):
-        pod_spec["tolerations"] = options["tolerations"]
+    for option, field in (("service_account_name", "serviceAccountName"), ("node_selector", "nodeSelector"), ("tolerations", "tolerations")):
+        if options.get(option):
+            pod_spec[field] = options[option]
     if options.get("image_pull_secrets"):
         pod_spec["imagePullSecrets"] = [{"name": secret_name} for secret_name in options["image_pull_secrets"]]
     template_meta = {"labels": dict(labels)}

@@ -20,6 +20,7 @@ error (message, field, fix) as its result and exits 1.
 from __future__ import annotations
 
 import base64
+import functools
 import gzip
 import json
 import os
@@ -49,6 +50,10 @@ def _scrape(endpoint, request):
     return None if text is None else prometheus_text.filter_lines(text, request["metric_prefixes"])
 
 
+def _scrape_into(scrapes, endpoint, request):
+    scrapes["before"] = _scrape(endpoint, request)
+
+
 def _progress(label, done, total, record):
     sys.stderr.write(bench_client.request_line(label, done, total, record) + "\n")
     sys.stderr.flush()
@@ -64,9 +69,7 @@ def measure(request, token=None, headers=None):
                                          timeout=request["timeout"], validate_certs=request["validate_certs"], ca_path=ca_path,
                                          field=side["field"])
         scrapes = {}
-
-        def before(endpoint=endpoint, scrapes=scrapes):
-            scrapes["before"] = _scrape(endpoint, request)
+        before = functools.partial(_scrape_into, scrapes, endpoint, request)
 
         sys.stderr.write("%s: %s, %d warmup + %d measured requests\n" % (
             side["name"], side["url"], protocol["warmup"], len(request["prompts"]) * protocol["runs_per_prompt"]))

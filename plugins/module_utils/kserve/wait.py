@@ -56,17 +56,21 @@ def _raise_if_load_failed(api_client, namespace, name, isvc, restarts, redact):
     crash = load_failure.crash_looping(pods, restarts)
     if crash is None:
         return True
+    raise WaitTimeout(load_failure.message(namespace, name, model, crash, previous_log_tail(api_client, namespace, crash, redact)),
+                      isvc, pods, field="crash_loop_restarts", hint=load_failure.FIX)
+
+
+def previous_log_tail(api_client, namespace, crash, redact):
+    """The last lines of the previous run of a crash-looping container (``crash`` as load_failure.crash_looping gives it),
+    passed through ``redact`` (text -> text); a sentence when there is no redaction or the log cannot be read."""
     if redact is None:
-        text = "(not read: this caller gives no redaction)"
-    else:
-        try:
-            text = redact(load_failure.log_tail(k8s_pods.stream_pod_log(
-                api_client, namespace, crash[0]["name"], container=crash[1], tail_lines=load_failure.LOG_TAIL_LINES,
-                previous=True, timeout=30)))
-        except SpecDecodingError as exc:
-            text = "(could not be read: %s)" % exc
-    raise WaitTimeout(load_failure.message(namespace, name, model, crash, text), isvc, pods, field="crash_loop_restarts",
-                      hint=load_failure.FIX)
+        return "(not read: this caller gives no redaction)"
+    try:
+        return redact(load_failure.log_tail(k8s_pods.stream_pod_log(
+            api_client, namespace, crash[0]["name"], container=crash[1], tail_lines=load_failure.LOG_TAIL_LINES,
+            previous=True, timeout=30)))
+    except SpecDecodingError as exc:
+        return "(could not be read: %s)" % exc
 
 
 def describe(isvc, pods):
@@ -168,4 +172,8 @@ def wait_until(api_client, namespace, name, done, timeout=1200, interval=5, cloc
         text = what(obj) if callable(what) else what
         raise WaitTimeout("InferenceService %s/%s: %s after %ds: %s" % (namespace, name, text, int(elapsed), describe(obj, pods)), obj, pods)
 
-    return kube_wait.wait_for(api_client, namespace, name, res, lambda obj: bool(done(obj)), on_timeout, timeout, interval, clock, sleep, watch)
+    def check(obj):
+        answer = done(obj)  # a float: not yet, look again in that many seconds (a pod state, no event on the object)
+        return answer if isinstance(answer, float) else bool(answer)
+
+    return kube_wait.wait_for(api_client, namespace, name, res, check, on_timeout, timeout, interval, clock, sleep, watch)

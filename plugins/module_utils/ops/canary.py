@@ -38,13 +38,11 @@ import re
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import analysis
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import canary_window
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.defaults import DEFAULT_CONTAINER, KSERVE_GROUP, KSERVE_VERSION
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import http_target
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_edit as vllm_edit
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import readers as isvc_readers
 
 STANDARD, KNATIVE = "Standard", "Knative"
 STANDARD_MIN_KSERVE = (0, 20)
@@ -385,41 +383,6 @@ def canary_pods(api_client, namespace, name, selector):
     """Running (not deleting) pods of one revision."""
     pods, _skipped = k8s_pods.list_predictor_pods(api_client, namespace, name, label_selector=selector)
     return pods
-
-
-def wait_step(api_client, namespace, name, state, mode, canary_name, percent, timeout, retired=None, poll=0.5,
-              clock=None, sleep=None, stable_revision=None):
-    """Wait until the step took effect: present - both revisions ready with the canary on ``percent``; promoted / absent -
-    Ready at the generation without a canary (Knative: 100% on one revision, ``stable_revision`` after a rollback), then no
-    pod of the ``retired`` revision (a label selector) left serving. Returns (isvc, elapsed, state); raises
-    isvc_wait.WaitTimeout."""
-    import time  # pylint: disable=import-outside-toplevel
-    clock, sleep = clock or time.monotonic, sleep or time.sleep
-    start = clock()
-    if state == "present":
-        isvc, elapsed = isvc_wait.wait_until(api_client, namespace, name, lambda obj: rollout_state(obj, mode, canary_name, percent)["done"],
-                                             timeout=timeout, what=lambda obj: rollout_state(obj, mode, canary_name, percent)["why"])
-        return isvc, elapsed, rollout_state(isvc, mode, canary_name, percent)
-
-    def settled(obj):
-        ready = isvc_readers.readiness(obj)
-        if mode == KNATIVE and not knative_settled(obj, state, stable_revision):
-            return False
-        return ready["ready"] and ready["up_to_date"] and not (obj.get("status") or {}).get("canaryStatuses")
-    what = "not Ready without a canary at the current generation"
-    if mode == KNATIVE:
-        what += " (traffic %s)" % ("100% on the latest revision" if state == "promoted" else
-                                   "100%% on %s" % (stable_revision or "the previous revision"))
-    isvc, _elapsed = isvc_wait.wait_until(api_client, namespace, name, settled, timeout=timeout, what=what)
-    while retired:
-        left = [p["name"] for p in canary_pods(api_client, namespace, name, retired)]
-        if not left:
-            break
-        if clock() - start >= timeout:
-            raise isvc_wait.WaitTimeout("InferenceService %s/%s: pods of the retired revision (%s) still serve after %ds: %s"
-                                        % (namespace, name, retired, int(clock() - start), ", ".join(left)), isvc, left)
-        sleep(poll)
-    return isvc, clock() - start, {"done": True, "why": "%s: 100%% on one revision" % state}
 
 
 # -- observing a window of live traffic -----------------------------------------------------------------------------------

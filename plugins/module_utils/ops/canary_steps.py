@@ -17,6 +17,8 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import p
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import http_target
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as spec_config
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import canary
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import canary_wait
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops.rollback import crash_loop_check
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import analysis
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import canary_window
 
@@ -112,9 +114,10 @@ def apply_step(api_client, params, dry_run=False, diff=False):
         elif mode == canary.KNATIVE and params["state"] != "present" and changed:
             # the revisions as they were before this write: the one that goes out of the traffic is retired
             stable_revision, retired = canary.knative_retired(read, params["state"])
-        isvc, _elapsed, rollout = canary.wait_step(api_client, ns, name, params["state"], mode, params["canary_name"],
+        isvc, _elapsed, rollout = canary_wait.wait_step(api_client, ns, name, params["state"], mode, params["canary_name"],
                                                    params.get("percent"), params["wait_timeout"], retired=retired,
-                                                   stable_revision=stable_revision)
+                                                   stable_revision=stable_revision,
+                                                   **crash_loop_check(params))
         result.update(resource=isvc, rollout=rollout)
         if mode == canary.KNATIVE and params["state"] == "present":
             result["selectors"] = canary.revision_selectors(isvc, mode, params["canary_name"])

@@ -1,0 +1,170 @@
+"""The guide's whole procedure on the test bed, as users run it, with no line of scripted output (issue #32):
+`deploy-eagle3.yml` -> `verify.yml` -> `benchmark.yml` -> `rollback.yml`.
+
+Every pod of the test's namespace is a process-mode pod (tests/testbed/pod_process.py): the stager Job of the
+stage_pvc role runs the role's own artifact_sync.py and copies the tiny target and EAGLE-3 head from a source volume
+(a hostPath, `volume:` sources) onto the PVC; the predictor runs the `bash -c` script the collection rendered, which
+starts vLLM 0.32 (CPU) on the staged files under /mnt/models; the benchmark's baseline twin is a second vLLM pod; the
+benchmark's load is the collection's load client in a Job next to them, which reaches both predictors by their Service
+names (tests/testbed/pod_services.py); the rollback rolls the Deployment to a new vLLM pod. The assertions read the
+real processes: engine lines from the pods' logs, /metrics through the API server's pod proxy, the Job's measurements
+in the report. No server is started beside the cluster.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import time
+
+import pytest
+
+from tests.ansible_run import run_playbook
+from tests.e2e import vllm_harness
+from tests.integration.test_process_pods import _bound_claim
+# The test bed's fixtures (the e2e conftest has only vLLM's).
+from tests.testbed.fixtures import controlplane, k8s_binaries, k8s_client, kserve, kserve_crd_dir  # noqa: F401  pylint: disable=unused-import
+from tests.testbed.fixtures import kubeconfig, kubelet, namespace  # noqa: F401  pylint: disable=unused-import
+from tests.testbed.kubelet import PodBehaviour
+from tests.testbed.rest import ApiError
+
+pytestmark = pytest.mark.e2e
+
+NAME = "tiny-eagle3"
+K = 3
+PVC = "model-store"
+ISVC = "/apis/serving.kserve.io/v1beta1/namespaces/%s/inferenceservices/%s"
+
+
+def _pods(api, namespace, name):
+    selector = "serving.kserve.io/inferenceservice=%s" % name
+    return [p for p in api.get("/api/v1/namespaces/%s/pods" % namespace, labelSelector=selector)["items"]
+            if not p["metadata"].get("deletionTimestamp")]
+
+
+def _log(api, namespace, pod):
+    return api.request("GET", "/api/v1/namespaces/%s/pods/%s/log" % (namespace, pod), query={"container": "kserve-container"},
+                       raw=True)
+
+
+def _engine_line(log):
+    lines = [line for line in log.splitlines() if "Initializing a V1 LLM engine" in line]
+    assert lines, log[-3000:]
+    return lines[-1]
+
+
+def _words(pod):
+    """The words bash runs of the pod's `bash -c` script (a backslash-newline is removed first, as bash does)."""
+    container = [c for c in pod["spec"]["containers"] if c["name"] == "kserve-container"][0]
+    assert container["command"][:2] == ["bash", "-c"], container["command"]
+    return shlex.split(container["command"][2].replace("\\\n", ""))
+
+
+def _spec_counters(text):
+    """{metric name: summed value} of vLLM's spec-decode counters on a /metrics page."""
+    out = {}
+    for line in text.splitlines():
+        match = re.match(r"(vllm:spec_decode_num_(?:drafts|draft_tokens|accepted_tokens))_total(?:\{[^}]*\})? ([0-9.e+]+)$", line)
+        if match:
+            out[match.group(1)] = out.get(match.group(1), 0.0) + float(match.group(2))
+    return out
+
+
+def _run(tmp_path, playbook, extra, kubeconfig, timings):  # noqa: F811
+    started = time.monotonic()
+    run = run_playbook(tmp_path, playbook, extra_vars=extra, kubeconfig=kubeconfig, timeout=900)
+    timings[os.path.basename(playbook)] = round(time.monotonic() - started, 1)
+    assert run.rc == 0, run.output[-8000:]
+    return run
+
+
+def test_deploy_eagle3_verify_benchmark_rollback_in_process_pods(
+        controlplane, kubeconfig, kserve, kubelet, namespace, tiny_checkpoints, tmp_path):  # noqa: F811
+    started = time.monotonic()
+    timings = {}
+    api = controlplane.rest()
+    # The namespace's pods run for real: the stager Job, the predictors, the twin, the load Job.
+    kubelet.set_behaviour(lambda pod: pod["metadata"].get("namespace") == namespace, PodBehaviour(run="process"))
+    store = tmp_path / "pv"
+    store.mkdir()
+    pv = _bound_claim(api, namespace, PVC, store, mode="ReadWriteOnce")
+    try:
+        common = {"spec_decoding_hosts": "localhost", "spec_decoding_namespace": namespace, "spec_decoding_isvc_name": NAME}
+        deploy = dict(common, spec_decoding_target="cluster", spec_decoding_verify=False, spec_decoding_runtime="aml-vllm-0.32.0",
+                      spec_decoding_vllm_version="0.32.0", spec_decoding_dtype=vllm_harness.TINY_DTYPE, spec_decoding_gpu_count=0,
+                      spec_decoding_max_model_len=2048, spec_decoding_max_num_seqs=4, spec_decoding_extra_args=["--enforce-eager"],
+                      spec_decoding_env=dict(vllm_harness.SERVER_ENV), spec_decoding_speculative={"num_speculative_tokens": K},
+                      spec_decoding_wait_timeout=600, spec_decoding_artifact_mode="pvc", spec_decoding_artifacts={"pvc_name": PVC},
+                      spec_decoding_stage_pvc=True,
+                      spec_decoding_stage_pvc_items=[{"name": "tiny/target", "subdir": "target", "source": "volume:target"},
+                                                     {"name": "tiny/eagle3", "subdir": "eagle3", "source": "volume:eagle3"}],
+                      stage_pvc_source_volume={"hostPath": {"path": tiny_checkpoints["root"], "type": "Directory"}},
+                      stage_pvc_size="1Gi", stage_pvc_air_gapped=True, stage_pvc_poll_interval=1,
+                      stage_pvc_image="registry.internal.example/vllm/vllm-openai:v0.32.0")
+        _run(tmp_path, "playbooks/deploy-eagle3.yml", deploy, kubeconfig, timings)
+        # the stager really copied the checkpoints onto the PV
+        for subdir in ("target", "eagle3"):
+            staged = sorted(n for n in os.listdir(store / subdir) if not n.startswith("."))  # .spec-decoding-manifest.json
+            assert staged == sorted(n for n in os.listdir(os.path.join(tiny_checkpoints["root"], subdir)) if not n.startswith(".")), subdir
+        pods = _pods(api, namespace, NAME)
+        assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+        old = pods[0]
+        line = _engine_line(_log(api, namespace, old["metadata"]["name"]))
+        # the rendered script started vLLM on the staged files, with the EAGLE-3 head and k the flag names
+        assert "model='/mnt/models/target'" in line and "method='eagle3'" in line, line
+        assert "model='/mnt/models/eagle3'" in line and "num_spec_tokens=%d" % K in line, line
+
+        _run(tmp_path, "playbooks/verify.yml", common, kubeconfig, timings)
+
+        report_dir = tmp_path / "report"
+        bench = dict(common, benchmark_namespace=namespace, benchmark_candidate_name=NAME, benchmark_baseline_twin=True,
+                     benchmark_baseline_twin_wait_timeout=600, benchmark_workload="general_chat", benchmark_max_tokens=16,
+                     benchmark_concurrency=2, benchmark_report_dir=str(report_dir), benchmark_gpu_model="none (CPU test bed)",
+                     benchmark_gpu_count=0, benchmark_model_dtype=vllm_harness.TINY_DTYPE, benchmark_load_resources={})
+        _run(tmp_path, "playbooks/benchmark.yml", bench, kubeconfig, timings)
+        report = json.loads((report_dir / "report.json").read_text())
+        progress = (report_dir / "report-progress.log").read_text()
+        # measured by the load Job, both sides through their Services' cluster-internal names
+        assert "load from the cluster: Job %s/spec-decoding-load-" % namespace in progress, progress[-3000:]
+        assert "job: baseline " in progress and "job: candidate " in progress, progress[-3000:]
+        sides = {side: report[side] for side in ("baseline", "candidate")}
+        assert sides["candidate"]["url"] == "http://%s-predictor.%s.svc.cluster.local" % (NAME, namespace), sides["candidate"]["url"]
+        assert sides["baseline"]["url"] == "http://%s-baseline-predictor.%s.svc.cluster.local" % (NAME, namespace)
+        for side in sides.values():
+            assert side["summary"]["completed"] > 0 and side["summary"]["failed"] == 0, side["summary"]
+        assert report["decision"]["decision"] in ("keep", "roll_back")
+        acceptance = sides["candidate"]["acceptance"]  # the candidate's counters, scraped by the Job around its requests
+        # a random tiny EAGLE-3 head: it drafts k tokens per step, (almost) none accepted, and the report says why
+        assert acceptance["num_drafts"] > 0 and acceptance["num_draft_tokens"] == K * acceptance["num_drafts"], acceptance
+        assert acceptance["diagnosis"] == "likely_draft_mismatch", acceptance
+        # /metrics of the serving pod through the API server's pod proxy: the counters of the Job's real requests
+        metrics = api.request("GET", "/api/v1/namespaces/%s/pods/%s:8080/proxy/metrics" % (namespace, old["metadata"]["name"]), raw=True)
+        counters = _spec_counters(metrics)
+        assert counters.get("vllm:spec_decode_num_drafts", 0) >= acceptance["num_drafts"] > 0, counters
+        assert counters["vllm:spec_decode_num_draft_tokens"] == K * counters["vllm:spec_decode_num_drafts"], counters
+        assert api.get("/apis/batch/v1/namespaces/%s/jobs" % namespace, labelSelector="app.kubernetes.io/component=benchmark-load")["items"] == []
+
+        generation = api.get(ISVC % (namespace, NAME))["metadata"]["generation"]
+        _run(tmp_path, "playbooks/rollback.yml", common, kubeconfig, timings)
+        assert api.get(ISVC % (namespace, NAME))["metadata"]["generation"] > generation
+        new = _pods(api, namespace, NAME)
+        assert [p["metadata"]["name"] for p in new] != [old["metadata"]["name"]] and len(new) == 1, new
+        line = _engine_line(_log(api, namespace, new[0]["metadata"]["name"]))
+        assert "speculative_config=None" in line and "model='/mnt/models/target'" in line, line
+        # the new pod's command is the old one without the flag and its value, nothing else
+        before, after = _words(old), _words(new[0])
+        at = before.index("--speculative-config")
+        assert after == before[:at] + before[at + 2:], (before, after)
+    finally:
+        for name in (NAME, NAME + "-baseline"):  # the twin is gone already when the benchmark finished
+            try:
+                api.delete(ISVC % (namespace, name))
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+        api.delete("/api/v1/persistentvolumes/%s" % pv)
+        api.close()
+    seconds = round(time.monotonic() - started, 1)
+    vllm_harness.TIMINGS.append(dict({"scenario": "full loop: deploy-eagle3 (staged), verify, benchmark (twin, load Job), rollback",
+                                      "seconds": seconds}, **{key.replace(".yml", "_s"): value for key, value in timings.items()}))

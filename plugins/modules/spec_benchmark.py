@@ -174,110 +174,12 @@ options:
         to that fraction lower). Each defaults to 0.
     type: dict
     default: {}
-  load_from:
-    description:
-      - Where the requests are sent from.
-      - V(controller) sends them from the host that runs the module.
-      - V(cluster) runs the module's own load client as a Job in O(load_job.namespace), next to the service, with the
-        same prompts, pacing, warmups and protocol, and reads its measurements back from the pod's log (compressed, at
-        most 6 MiB). The report is computed here from them, as for V(controller). The Job's pod sends the requests and
-        reads C(/metrics) of each side's URL; it never calls the Kubernetes API.
-      - V(auto) is V(cluster) when a URL is a Service's cluster-internal name (C(<svc>.<ns>.svc) or
-        C(<svc>.<ns>.svc.<cluster domain>), which C(status.address.url) of an InferenceService is) and the module does
-        not itself run in a pod (no C(KUBERNETES_SERVICE_HOST)), else V(controller). Both sides are always measured
-        from the same place.
-    type: str
-    choices: [auto, controller, cluster]
-    default: auto
-  load_job:
-    description:
-      - The in-cluster load Job (O(load_from=cluster)). It is a ConfigMap (the client and the request), a Secret (only
-        with O(bearer_token) or O(headers)) and a Job named C(spec-decoding-load-<8 hex>), all owned by the Job and
-        deleted after the run (and by the Job's TTL of one hour when a run is interrupted).
-      - The identity that runs the module needs create, get, patch and delete on configmaps, secrets and jobs, list on
-        pods and get on pods/log in O(load_job.namespace) (C(docs/rbac/benchmark.yaml)).
-    type: dict
-    default: {}
-    suboptions:
-      namespace:
-        description: Namespace of the Job, the InferenceService's. Required for O(load_from=cluster).
-        type: str
-      image:
-        description:
-          - Image of the Job's container; it needs C(python3) (3.8 or later) and nothing else. The benchmark role passes
-            the candidate's serving runtime image, which the nodes already have (also in an air-gapped cluster).
-            Required for O(load_from=cluster).
-        type: str
-      python:
-        description: The Python interpreter in O(load_job.image).
-        type: str
-        default: python3
-      image_pull_policy:
-        description: The container's C(imagePullPolicy).
-        type: str
-        choices: [Always, IfNotPresent, Never]
-        default: IfNotPresent
-      image_pull_secrets:
-        description: Names of Secrets in O(load_job.namespace) to pull O(load_job.image) with.
-        type: list
-        elements: str
-        default: []
-      service_account_name:
-        description:
-          - ServiceAccount of the Job's pod (the namespace's default when unset). Its token is not mounted.
-        type: str
-      node_selector:
-        description: C(nodeSelector) of the Job's pod, for example to keep the load off the GPU nodes.
-        type: dict
-        default: {}
-      tolerations:
-        description: C(tolerations) of the Job's pod.
-        type: list
-        elements: dict
-        default: []
-      resources:
-        description:
-          - C(resources) of the Job's container. No CPU limit by default, so throttling does not enter the timings.
-        type: dict
-        default: {requests: {cpu: "1", memory: 512Mi}, limits: {memory: 2Gi}}
-      pod_annotations:
-        description: Annotations of the Job's pod, for example to leave it out of a service mesh.
-        type: dict
-        default: {}
-      timeout:
-        description: Seconds the Job may run (its C(activeDeadlineSeconds)); at least 60.
-        type: int
-        default: 3600
-      keep:
-        description: Keep the Job, its pod, ConfigMap and Secret after the run (to read them); the TTL still removes them.
-        type: bool
-        default: false
-      kubeconfig:
-        description:
-          - The kubeconfig (a path or a dict) for the Kubernetes API. The C(K8S_AUTH_*) variables and the default
-            kubeconfig apply otherwise, as in kubernetes.core's modules.
-        type: raw
-      context:
-        description: The kubeconfig context.
-        type: str
-      host:
-        description: The Kubernetes API server URL.
-        type: str
-      api_key:
-        description: A token for the Kubernetes API.
-        type: str
-      ca_cert:
-        description: CA certificate of the Kubernetes API server.
-        type: path
-      validate_certs:
-        description: Whether to verify the Kubernetes API server's certificate.
-        type: bool
 requirements:
   - prometheus_client (for O(scrape_metrics=true))
   - matplotlib >= 3.8 (for the PNG plots, O(plots=true))
-  - kubernetes (for O(load_from=cluster))
 extends_documentation_fragment:
   - alauda.spec_decoding.benchmark_protocol
+  - alauda.spec_decoding.load_job
   - alauda.spec_decoding.attributes.READ_ONLY
   - alauda.spec_decoding.attributes.ACTION_GROUP
 notes:
@@ -433,7 +335,9 @@ progress_file:
 """
 
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+import functools
+
+from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import load_job as bench_load_job
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import run as bench_run
@@ -445,21 +349,14 @@ def execute(module):
     if module.params["scrape_metrics"]:
         require_prometheus_client(module)
 
-    def api_client():
-        # Imported here: only a load from the cluster needs the kubernetes library (about a second to import).
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import HAS_KUBERNETES  # pylint: disable=import-outside-toplevel
-        if not HAS_KUBERNETES:
-            module.fail_json(msg=missing_required_lib("kubernetes"), field="load_from")
-        return bench_load_job.api_client_for(module.params["load_job"])
-
-    return bench_run.benchmark(module.params, api_client=api_client, check_mode=module.check_mode)
+    return bench_run.benchmark(module.params, api_client=functools.partial(bench_load_job.module_api_client, module),
+                               check_mode=module.check_mode)
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            load_from=dict(type="str", choices=list(bench_load_job.LOAD_FROM), default="auto"),
-            load_job=dict(type="dict", default={}, options=bench_load_job.options_spec()),
+            **bench_load_job.arg_spec(),
             baseline_url=dict(type="str"),
             candidate_url=dict(type="str"),
             phase=dict(type="str", choices=["both", "baseline", "candidate"], default="both"),

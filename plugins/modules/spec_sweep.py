@@ -238,9 +238,12 @@ requirements:
   - matplotlib >= 3.8 (for the PNG plots, O(plots=true))
 extends_documentation_fragment:
   - alauda.spec_decoding.benchmark_protocol
+  - alauda.spec_decoding.load_job
   - alauda.spec_decoding.attributes.READ_ONLY
   - alauda.spec_decoding.attributes.ACTION_GROUP
 notes:
+  - In check mode with O(load_from=cluster) the first load Job's objects are sent as a server-side dry run (the API server's
+    admission and the identity's rights answer) and nothing is measured; the result has C(load_job) and no sweep.
   - C(changed) is always false. The module sends inference requests and writes only its own report files.
   - The plots are drawn with matplotlib on the host that runs the module, axes labelled with units. Without it,
     O(plots=true) is refused before the first request, naming the package and how to install it; set O(plots=false)
@@ -289,12 +292,18 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+load_job:
+  description:
+    - The first load Job sent as a server-side dry run (check mode with O(load_from=cluster)); nothing was measured.
+  returned: in check mode with O(load_from=cluster)
+  type: dict
+  sample: {namespace: models, name: spec-decoding-load-1a2b3c4d, image: "vllm/vllm-openai:v0.32.0", dry_run: true}
 points:
   description:
     - One entry per load, with C(kind), C(load), C(speedup), C(decision), C(reasons), and per side (C(baseline), C(candidate))
       C(ttft_ms), C(tpot_ms), C(itl_ms) (C(median), C(p99)), C(output_throughput), C(completed), C(failed); the candidate
       also has C(acceptance).
-  returned: always
+  returned: when the sweep ran (not in check mode with O(load_from=cluster))
   type: list
   elements: dict
 break_even:
@@ -302,21 +311,21 @@ break_even:
     - C(status) (V(crossed), V(pays_everywhere), V(pays_nowhere)), C(last_keep_load), C(first_roll_back_load),
       C(crossover_load) (null with a C(reason) when it pays everywhere or nowhere), C(crossed_first), C(reason).
     - For the request-rate points, else the concurrency points.
-  returned: always
+  returned: when the sweep ran (not in check mode with O(load_from=cluster))
   type: dict
 break_even_by_kind:
   description: The break-even of each load kind swept.
-  returned: always
+  returned: when the sweep ran (not in check mode with O(load_from=cluster))
   type: dict
 decision:
   description: The keep/roll_back decision at the sweep point at or above O(target_qps) (C(load), C(decision), C(speedup)).
-  returned: always
+  returned: when the sweep ran (not in check mode with O(load_from=cluster))
   type: dict
 checks:
   description:
     - Per side (C(baseline), C(candidate), C(confirm)) what was found before the first request, C(engine_line) (the
       printed speculative config, V(not found in the log) or V(not given)) and C(metrics).
-  returned: always
+  returned: when the sweep ran (not in check mode with O(load_from=cluster))
   type: dict
   sample: {"baseline": {"engine_line": "speculative_config=None", "metrics": "no vllm:spec_decode_* counters"},
            "candidate": {"engine_line": "SpeculativeConfig(method='ngram', model=None, num_spec_tokens=5)",
@@ -332,42 +341,45 @@ k:
     - C(schedule_confirmation) (with O(schedule_url)) C(status) (V(confirmed), V(not_confirmed), V(inconclusive)), C(schedule),
       C(describe), C(fixed_k), C(loads) (per load C(load), C(batch_size), C(scheduled_k), C(schedule) and C(fixed) with
       C(tpot_ms) and C(itl_ms) medians, C(speedup), C(noise), C(verdict), C(reason)), C(reason), C(notes).
-  returned: always
+  returned: when the sweep ran (not in check mode with O(load_from=cluster))
   type: dict
 resumed:
   description: Measurements reused from O(resume_from).
-  returned: always
+  returned: when the sweep ran (not in check mode with O(load_from=cluster))
   type: int
 measured:
   description: Measurements taken in this run.
-  returned: always
+  returned: when the sweep ran (not in check mode with O(load_from=cluster))
   type: int
 report_markdown:
   description: Path of the Markdown report.
-  returned: always
+  returned: when the sweep ran (not in check mode with O(load_from=cluster))
   type: str
 report_json:
   description: Path of the JSON report (also the resume file).
-  returned: always
+  returned: when the sweep ran (not in check mode with O(load_from=cluster))
   type: str
 plots:
   description: Paths of the PNG plots (C(load), C(k)).
-  returned: always
+  returned: when the sweep ran (not in check mode with O(load_from=cluster))
   type: dict
 notes:
   description: What could not be checked or needs attention.
-  returned: always
+  returned: when the sweep ran (not in check mode with O(load_from=cluster))
   type: list
   elements: str
 progress_file:
   description: Path of the progress log.
-  returned: always
+  returned: when the sweep ran (not in check mode with O(load_from=cluster))
   type: str
 """
 
 
+import functools
+
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import load_job as bench_load_job
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import run as bench_run
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import sweep as spec_sweep
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import run
@@ -376,7 +388,8 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.promethe
 
 def execute(module):
     require_prometheus_client(module)
-    return spec_sweep.run_sweep(module.params)
+    return spec_sweep.run_sweep(module.params, api_client=functools.partial(bench_load_job.module_api_client, module),
+                                check_mode=module.check_mode)
 
 
 def main():
@@ -410,6 +423,7 @@ def main():
             schedule_loads=dict(type="list", elements="float"),
             resume_from=dict(type="path"),
             **bench_run.protocol_arg_spec(report_name="sweep"),
+            **bench_load_job.arg_spec(),
         ),
         required_one_of=[("request_rates", "concurrencies")],
         required_by={"confirm_url": ("confirm_k",), "confirm_engine_config": ("confirm_url",), "k_candidates": ("method",)},

@@ -72,7 +72,7 @@ def _load_objects(api, namespace):
 
 def _args(kubeconfig, namespace, tmp_path, urls, **over):
     args = {"baseline_url": urls[0], "candidate_url": urls[1], "api": "chat", "workload": "general_chat", "num_prompts": 2,
-            "runs_per_prompt": 5, "warmup": 3, "concurrency": 2, "max_tokens": 12, "bearer_token": TOKEN,
+            "runs_per_prompt": 5, "warmup": 3, "max_tokens": 12, "bearer_token": TOKEN,
             "report_dir": str(tmp_path / "report"), "report_context": CONTEXT, "plots": False,
             "load_job": {"namespace": namespace, "image": "testbed/python", "kubeconfig": kubeconfig, "pod_annotations": PROCESS,
                          "resources": {}}}
@@ -100,7 +100,7 @@ def test_the_ab_runs_from_a_job_next_to_the_services_and_leaves_nothing_behind(
         assert _load_objects(api, namespace) == {"configmaps": [], "secrets": [], "jobs": []}
         assert not (tmp_path / "report").exists()
 
-        out = run_module("spec_benchmark", _args(kubeconfig, namespace, tmp_path, urls))  # load_from: auto
+        out = run_module("spec_benchmark", _args(kubeconfig, namespace, tmp_path, urls, concurrency=2))  # load_from: auto
         assert not out.failed, out.msg
         progress = open(out["progress_file"], encoding="utf-8").read()
         assert "load from the cluster: Job %s/spec-decoding-load-" % namespace in progress, progress
@@ -152,4 +152,32 @@ def test_without_create_on_jobs_the_run_fails_naming_it_and_removes_what_it_made
         # the ConfigMap and the Secret made before the refused Job are gone again
         assert _load_objects(api, namespace) == {"configmaps": [], "secrets": [], "jobs": []}
     finally:
+        api.close()
+
+
+def test_the_sweep_reads_and_measures_each_load_from_jobs(controlplane, kubeconfig, kserve, kubelet, namespace, tmp_path):  # pylint: disable=unused-argument
+    """spec_sweep: one Job reads each side's /metrics (the candidate's k from its per-position series) before any
+    inference request, then one Job per measurement (2 loads x 2 sides)."""
+    api = controlplane.rest()
+    try:
+        _isvc(api, namespace, "base", 0.004)
+        _isvc(api, namespace, "cand", 0.002, rates=(0.8, 0.4))
+        urls = [_ready_url(api, namespace, name) for name in ("base", "cand")]
+        context = dict(CONTEXT, candidate_command="vllm serve paced --speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 2}'")
+        args = _args(kubeconfig, namespace, tmp_path, urls, concurrencies=[1, 2], max_concurrency=2, method="ngram", runs_per_prompt=5,
+                     report_context=context)
+        for key in ("baseline_url", "candidate_url"):
+            assert args[key]
+        out = run_module("spec_sweep", args)
+        assert not out.failed, out.msg
+        progress = open(out["progress_file"], encoding="utf-8").read()
+        assert progress.count("load from the cluster: Job %s/spec-decoding-load-" % namespace) == 5, progress
+        assert out["measured"] == 4 and [(p["load"], p["side"]) for p in json.load(open(out["report_json"], encoding="utf-8"))["measurements"]] == [
+            (1, "baseline"), (1, "candidate"), (2, "baseline"), (2, "candidate")]
+        # the candidate's k, read by the first Job from its /metrics before any request
+        assert out["checks"]["candidate"]["metrics"] == "vllm:spec_decode_* counters, 2 per-position series", out["checks"]
+        assert _load_objects(api, namespace) == {"configmaps": [], "secrets": [], "jobs": []}
+    finally:
+        for name in ("base", "cand"):
+            api.delete(f"/apis/serving.kserve.io/v1beta1/namespaces/{namespace}/inferenceservices/{name}")
         api.close()

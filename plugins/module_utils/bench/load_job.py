@@ -167,13 +167,22 @@ def bundle():
     return buf.getvalue()
 
 
-def job_request(params, sides, prompts, request_params, ca_text=None):
-    """The request the pod reads: ``sides`` as ``[(name, Endpoint)]`` in measuring order."""
+def arg_spec():
+    """The options ``load_from`` and ``load_job`` of spec_benchmark and spec_sweep (doc fragment alauda.spec_decoding.load_job).
+    A fresh dict on every call."""
+    return dict(load_from=dict(type="str", choices=list(LOAD_FROM), default="auto"),
+                load_job=dict(type="dict", default={}, options=options_spec()))
+
+
+def job_request(params, sides, prompts, request_params, ca_text=None, scrape_only=False):
+    """The request the pod reads: ``sides`` as ``[(name, Endpoint)]`` in measuring order; ``scrape_only``: read each
+    side's served model and /metrics, send no inference request."""
     return {
+        "scrape_only": scrape_only,
         "api": params["api"], "timeout": params["timeout"], "validate_certs": params["validate_certs"],
         "ca_path": MOUNT + "/ca.crt" if ca_text else None, "scrape_metrics": params["scrape_metrics"],
         "metric_prefixes": list(METRIC_PREFIXES), "prompts": prompts, "params": request_params,
-        "protocol": {key: params[key] for key in ("warmup", "runs_per_prompt", "concurrency", "request_rate", "arrival", "seed")},
+        "protocol": {key: params.get(key) for key in ("warmup", "runs_per_prompt", "concurrency", "request_rate", "arrival", "seed")},
         "sides": [{"name": name, "url": endpoint.url, "model": endpoint.model, "field": endpoint.field} for name, endpoint in sides],
     }
 
@@ -251,6 +260,15 @@ def api_client_for(options):
     for the rest, as in kubernetes.core's modules)."""
     from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
     return get_api_client(**{key: options.get(key) for key in _AUTH}).client.client
+
+
+def module_api_client(module):
+    """The client for a module's ``load_job`` options; fails the module, the Ansible way, without the kubernetes library
+    (only a load from the cluster needs it: about a second to import, which a load from the controller never pays)."""
+    if not _kube()[0].HAS_KUBERNETES:
+        from ansible.module_utils.basic import missing_required_lib  # pylint: disable=import-outside-toplevel
+        module.fail_json(msg=missing_required_lib("kubernetes"), field="load_from")
+    return api_client_for(module.params["load_job"])
 
 
 def _path(namespace, kind, name=None):
@@ -387,7 +405,7 @@ class Run:
         self.created = []
 
 
-def prepare(params, sides, prompts, request_params, name=None):
+def prepare(params, sides, prompts, request_params, name=None, scrape_only=False):
     """``(options, Run factory)`` for a run from the ``load_job`` options; ValidationError before anything is created."""
     options = params["load_job"]
     check_options(options)
@@ -401,7 +419,7 @@ def prepare(params, sides, prompts, request_params, name=None):
     if params.get("headers"):
         secret_env[load_job_pod.HEADERS_ENV] = json.dumps(params["headers"])
     name = name or NAME_PREFIX + uuid.uuid4().hex[:8]
-    objects = manifests(name, options, job_request(params, sides, prompts, request_params, ca_text), secret_env, ca_text)
+    objects = manifests(name, options, job_request(params, sides, prompts, request_params, ca_text, scrape_only), secret_env, ca_text)
     return lambda api_client: Run(api_client, options, objects)
 
 
@@ -412,10 +430,11 @@ def dry_run(api_client, params, sides, prompts, request_params):
     return {"namespace": run.namespace, "name": run.name, "image": run.options["image"], "dry_run": True}
 
 
-def measure(api_client, params, sides, prompts, request_params, progress, name=None):
+def measure(api_client, params, sides, prompts, request_params, progress, name=None, scrape_only=False):
     """Measure ``sides`` (``[(name, Endpoint)]``) from a Job in the cluster: ``{side: {"model", "records", "duration_s",
-    "warmup", "metrics_before", "metrics_after"}}``. The pod's progress lines go to ``progress``."""
-    run = prepare(params, sides, prompts, request_params, name=name)(api_client)
+    "warmup", "metrics_before", "metrics_after"}}`` (``scrape_only``: ``{side: {"model", "metrics_after"}}``, no inference
+    request sent). The pod's progress lines go to ``progress``."""
+    run = prepare(params, sides, prompts, request_params, name=name, scrape_only=scrape_only)(api_client)
     progress.line("load from the cluster: Job %s/%s, image %s" % (run.namespace, run.name, run.options["image"]))
     try:
         run.start()

@@ -68,6 +68,10 @@ def measure(request, token=None, headers=None):
         endpoint = bench_client.Endpoint(side["url"], model=side.get("model"), api=request["api"], token=token, headers=headers,
                                          timeout=request["timeout"], validate_certs=request["validate_certs"], ca_path=ca_path,
                                          field=side["field"])
+        if request.get("scrape_only"):  # what each side runs, before any inference request (the sweep's first look)
+            endpoint.resolve_model()
+            out["sides"][side["name"]] = {"model": endpoint.model, "metrics_after": _scrape(endpoint, dict(request, scrape_metrics=True))}
+            continue
         scrapes = {}
         before = functools.partial(_scrape_into, scrapes, endpoint, request)
 

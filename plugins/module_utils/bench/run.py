@@ -46,6 +46,16 @@ class Progress:
         self.line(bench_client.request_line(label, done, total, record))
 
 
+class Lines:
+    """A progress that keeps its lines (for what runs before the progress file exists)."""
+
+    def __init__(self):
+        self.lines = []
+
+    def line(self, text):
+        self.lines.append(text)
+
+
 def now():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -154,6 +164,23 @@ def side_of(name, endpoint, measured, progress):
         "acceptance": acceptance(before, after, model),
         "records": measured["records"],
     }
+
+
+def cluster_measure(api_client):
+    """A ``measure`` with `measure`'s signature whose requests come from a load Job in the cluster (one Job per call)."""
+    def measure_from_job(name, endpoint, prompts, params, request, progress):
+        measured = bench_load_job.measure(api_client, params, [("side", endpoint)], prompts, request["params"], progress)
+        return side_of(name, endpoint, measured["side"], progress)
+    return measure_from_job
+
+
+def cluster_scrape(api_client, params, endpoints, progress):
+    """``{side: /metrics text or None}`` of ``endpoints`` read by one load Job (no inference request); the served
+    model names it read are set on the endpoints."""
+    measured = bench_load_job.measure(api_client, params, list(endpoints.items()), [], {}, progress, scrape_only=True)
+    for side, endpoint in endpoints.items():
+        endpoint.model = endpoint.model or measured[side].get("model")
+    return {side: measured[side].get("metrics_after") for side in endpoints}
 
 
 def measure_sides(names, endpoints, prompts, params, request, progress, api_client=None):

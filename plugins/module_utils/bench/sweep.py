@@ -26,6 +26,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import k_schedule_confirm
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import plots as bench_plots
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import load_job as bench_load_job
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import run as bench_run
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import workloads as bench_workloads
@@ -276,12 +277,14 @@ def schedule_units(schedule_ab, sweep, k_block, current_k):
     return units, picked
 
 
-def run_sweep(params, measure=None):
+def run_sweep(params, measure=None, api_client=None, check_mode=False):
     """The ``spec_sweep`` module's work; ``params`` are its options. Everything refusable is refused before the first
     request (inputs, protocol, report context, each side's speculative state from its engine line, /metrics and the
     commands).
 
-    ``measure``: ``bench_run.measure`` (tests may pass another with its signature).
+    ``measure``: ``bench_run.measure`` (tests may pass another with its signature); with the load from the cluster
+    (``load_from``, bench/load_job.py) one load Job per measurement, and one that reads every side's /metrics first.
+    ``api_client``: a callable giving the cluster's client, called only then.
     """
     measure = measure or bench_run.measure
     sweep = validate_sweep(params["request_rates"], params["concurrencies"], params.get("k_candidates"), params.get("method"),
@@ -328,9 +331,21 @@ def run_sweep(params, measure=None):
             headers=params["headers"], timeout=params["timeout"], validate_certs=params["validate_certs"], ca_path=params["ca_path"],
             field="%s_url" % option)
     # Spec state of every side before any inference request: /metrics (GET, not an inference) and the commands.
+    job_lines = bench_run.Lines()
+    if bench_load_job.choose(params.get("load_from", "auto"), [endpoint.url for endpoint in endpoints.values()]) == "cluster":
+        bench_load_job.check_options(params["load_job"])
+        client = api_client()
+        if check_mode:  # nothing is measured, nothing written: the Job goes to the API server as a dry run
+            job = bench_load_job.dry_run(client, params, list(endpoints.items()), [], {})
+            return {"changed": False, "load_job": job,
+                    "msg": "check mode: the load Job %s/%s passed the API server's dry run; nothing measured" % (job["namespace"], job["name"])}
+        pages = bench_run.cluster_scrape(client, params, endpoints, job_lines)
+        measure = bench_run.cluster_measure(client)
+    else:
+        pages = {side: bench_run.scrape(endpoint, True) for side, endpoint in endpoints.items()}
     states = {}
     for side, endpoint in endpoints.items():
-        states[side] = spec_state_from_metrics(bench_run.scrape(endpoint, True), endpoint.model)
+        states[side] = spec_state_from_metrics(pages[side], endpoint.model)
     if "confirm" in states:
         states["confirm"]["expected_k"] = params["confirm_k"]
     if schedule_ab:
@@ -371,6 +386,8 @@ def run_sweep(params, measure=None):
     state = resume_state(resume_text, {"protocol": protocol, "units": units})
     os.makedirs(report_dir, exist_ok=True)
     progress = bench_run.Progress(params["progress_file"] or os.path.join(report_dir, "%s-progress.log" % name), name="spec_sweep")
+    for line in job_lines.lines:
+        progress.line(line)
     for note in notes:
         progress.line("note: " + note)
     measurements = [dict(m) for m in state["done"]]

@@ -115,9 +115,8 @@ def apply_step(api_client, params, dry_run=False, diff=False):
             # the revisions as they were before this write: the one that goes out of the traffic is retired
             stable_revision, retired = canary.knative_retired(read, params["state"])
         isvc, _elapsed, rollout = canary_wait.wait_step(api_client, ns, name, params["state"], mode, params["canary_name"],
-                                                   params.get("percent"), params["wait_timeout"], retired=retired,
-                                                   stable_revision=stable_revision,
-                                                   **crash_loop_check(params))
+                                                        params.get("percent"), params["wait_timeout"], retired=retired,
+                                                        stable_revision=stable_revision, **crash_loop_check(params))
         result.update(resource=isvc, rollout=rollout)
         if mode == canary.KNATIVE and params["state"] == "present":
             result["selectors"] = canary.revision_selectors(isvc, mode, params["canary_name"])

@@ -202,10 +202,13 @@ seealso:
 """
 
 EXAMPLES = r"""
-- name: A/B the deployed pair and decide
+- name: A/B the deployed pair and decide (cluster-internal URLs, so the requests come from a Job in models)
   alauda.spec_decoding.spec_benchmark:
-    baseline_url: http://llama-baseline.models.svc.cluster.local
-    candidate_url: http://llama-eagle3.models.svc.cluster.local
+    baseline_url: http://llama-baseline-predictor.models.svc.cluster.local
+    candidate_url: http://llama-eagle3-predictor.models.svc.cluster.local
+    load_job:
+      namespace: models
+      image: vllm/vllm-openai:v0.32.0
     workload: code_refactor
     concurrency: 4
     report_dir: /tmp/spec-bench
@@ -237,16 +240,16 @@ EXAMPLES = r"""
     report_dir: /tmp/spec-bench
     report_context: "{{ my_context }}"
 
-- name: One endpoint, two phases - before the rollout
+- name: One endpoint, two phases - before the rollout (an address this host reaches, so the requests go from here)
   alauda.spec_decoding.spec_benchmark:
     phase: baseline
-    baseline_url: http://llama.models.svc
+    baseline_url: https://llama.apps.example.com
     report_dir: /tmp/spec-bench
 
 - name: One endpoint, two phases - after the rollout
   alauda.spec_decoding.spec_benchmark:
     phase: candidate
-    candidate_url: http://llama.models.svc
+    candidate_url: https://llama.apps.example.com
     report_dir: /tmp/spec-bench
     report_context: "{{ my_context }}"
 """

@@ -168,6 +168,9 @@ def test_the_sweep_reads_and_measures_each_load_from_jobs(controlplane, kubeconf
                      report_context=context)
         for key in ("baseline_url", "candidate_url"):
             assert args[key]
+        checked = run_module("spec_sweep", args, check_mode=True)  # the first Job as a dry run, nothing measured or written
+        assert not checked.failed and checked["load_job"]["dry_run"] is True and "measured" not in checked, checked
+        assert _load_objects(api, namespace) == {"configmaps": [], "secrets": [], "jobs": []} and not (tmp_path / "report").exists()
         out = run_module("spec_sweep", args)
         assert not out.failed, out.msg
         progress = open(out["progress_file"], encoding="utf-8").read()

@@ -280,8 +280,8 @@ def _path(namespace, kind, name=None):
 def _api_error(action, obj, exc, hint=None):
     what = "%s %s/%s" % (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
     return LoadJobError("%s %s failed: %s" % (action, what, _kube()[1].api_error_message(exc)), field="load_job",
-                        hint=hint or "the identity needs create, get and delete on configmaps, secrets and jobs, list on pods "
-                                     "and get on pods/log in the namespace (docs/rbac/benchmark.yaml)")
+                        hint=hint or "the identity needs create, patch and delete on configmaps and secrets, create, get and "
+                                     "delete on jobs, list on pods and get on pods/log in the namespace (docs/rbac/benchmark.yaml)")
 
 
 class Run:
@@ -424,10 +424,13 @@ def prepare(params, sides, prompts, request_params, name=None, scrape_only=False
 
 
 def dry_run(api_client, params, sides, prompts, request_params):
-    """Check mode: the objects go to the API server as a server-side dry run; ``{"namespace", "name", "dry_run"}``."""
+    """Check mode: the objects go to the API server as a server-side dry run; the module's result (``load_job``:
+    ``{"namespace", "name", "image", "dry_run"}``), nothing measured."""
     run = prepare(params, sides, prompts, request_params)(api_client)
     run.start(dry_run=True)
-    return {"namespace": run.namespace, "name": run.name, "image": run.options["image"], "dry_run": True}
+    job = {"namespace": run.namespace, "name": run.name, "image": run.options["image"], "dry_run": True}
+    return {"changed": False, "load_job": job,
+            "msg": "check mode: the load Job %s/%s passed the API server's dry run; nothing measured" % (run.namespace, run.name)}
 
 
 def measure(api_client, params, sides, prompts, request_params, progress, name=None, scrape_only=False):

@@ -294,9 +294,7 @@ def benchmark(params, api_client=None, check_mode=False):
     if bench_load_job.choose(params["load_from"], [e.url for e in endpoints.values()]) == "cluster":
         bench_load_job.check_options(params["load_job"])
         if check_mode:  # nothing is measured, nothing written: the Job goes to the API server as a dry run
-            job = bench_load_job.dry_run(api_client(), params, [(side, endpoints[side]) for side in sides], prompts, request["params"])
-            return {"changed": False, "load_job": job,
-                    "msg": "check mode: the load Job %s/%s passed the API server's dry run; nothing measured" % (job["namespace"], job["name"])}
+            return bench_load_job.dry_run(api_client(), params, [(side, endpoints[side]) for side in sides], prompts, request["params"])
     os.makedirs(report_dir, exist_ok=True)
     progress = Progress(params["progress_file"] or os.path.join(report_dir, "%s-progress.log" % name))
     out = {"changed": False, "progress_file": progress.path}

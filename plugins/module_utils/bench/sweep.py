@@ -336,9 +336,7 @@ def run_sweep(params, measure=None, api_client=None, check_mode=False):
         bench_load_job.check_options(params["load_job"])
         client = api_client()
         if check_mode:  # nothing is measured, nothing written: the Job goes to the API server as a dry run
-            job = bench_load_job.dry_run(client, params, list(endpoints.items()), [], {})
-            return {"changed": False, "load_job": job,
-                    "msg": "check mode: the load Job %s/%s passed the API server's dry run; nothing measured" % (job["namespace"], job["name"])}
+            return bench_load_job.dry_run(client, params, list(endpoints.items()), [], {})
         pages = bench_run.cluster_scrape(client, params, endpoints, job_lines)
         measure = bench_run.cluster_measure(client)
     else:

@@ -133,8 +133,9 @@ def check_options(options):
                               hint="set the InferenceService's namespace (the benchmark role passes benchmark_namespace)")
     if not options.get("image"):
         raise ValidationError("is required when the load runs in the cluster", field="load_job.image",
-                              hint="set an image with python3, e.g. the serving runtime's (the benchmark role passes the "
-                                   "candidate's), or set load_from=controller")
+                              hint="set an image with python3, e.g. the serving runtime's (the roles pass the candidate's "
+                                   "when they read it from the cluster; else benchmark_load_image or tune_load_job.image), or "
+                                   "send from here with load_from=controller (benchmark_load_from, tune_load_from)")
     if options.get("timeout", 0) < 60:
         raise ValidationError("must be at least 60 seconds, got %r" % options.get("timeout"), field="load_job.timeout")
 

@@ -291,6 +291,17 @@ def run_requests(endpoint, prompts, params, concurrency=1, request_rate=None, ar
     return records, duration
 
 
+def scrape(endpoint, enabled=True):
+    """``endpoint``'s /metrics page, or None when ``enabled`` is false or the page cannot be read (a side without
+    /metrics is measured all the same)."""
+    if not enabled:
+        return None
+    try:
+        return endpoint.metrics_text()
+    except SpecDecodingError:
+        return None
+
+
 def request_line(label, done, total, record):
     """One progress line for a finished request (the progress log's, and the in-cluster load Job's log)."""
     if record.get("success"):

@@ -21,8 +21,9 @@ What is created, all in the InferenceService's namespace, named ``spec-decoding-
 
 The ConfigMap and the Secret are owned by the Job, so the Job's TTL removes all three when a run is interrupted; a
 finished run deletes them itself (``keep`` leaves them for a look). The pod's log is the progress; its result is read
-from the log's last lines (size-bounded, see ``load_job_pod``). The identity that runs the playbook needs create, get
-and delete on configmaps, secrets and jobs, list on pods and get on pods/log in that namespace (docs/rbac/benchmark.yaml).
+from the log's last lines (size-bounded, see ``load_job_pod``). The identity that runs the playbook needs create, patch
+and delete on configmaps and secrets, create, get and delete on jobs, list on pods and get on pods/log in that namespace
+(docs/rbac/benchmark.yaml).
 """
 
 from __future__ import annotations
@@ -406,8 +407,8 @@ class Run:
         self.created = []
 
 
-def prepare(params, sides, prompts, request_params, name=None, scrape_only=False):
-    """``(options, Run factory)`` for a run from the ``load_job`` options; ValidationError before anything is created."""
+def prepare(api_client, params, sides, prompts, request_params, name=None, scrape_only=False):
+    """The Run of the ``load_job`` options, nothing created yet; ValidationError for a missing option."""
     options = params["load_job"]
     check_options(options)
     ca_text = None
@@ -421,13 +422,13 @@ def prepare(params, sides, prompts, request_params, name=None, scrape_only=False
         secret_env[load_job_pod.HEADERS_ENV] = json.dumps(params["headers"])
     name = name or NAME_PREFIX + uuid.uuid4().hex[:8]
     objects = manifests(name, options, job_request(params, sides, prompts, request_params, ca_text, scrape_only), secret_env, ca_text)
-    return lambda api_client: Run(api_client, options, objects)
+    return Run(api_client, options, objects)
 
 
 def dry_run(api_client, params, sides, prompts, request_params):
     """Check mode: the objects go to the API server as a server-side dry run; the module's result (``load_job``:
     ``{"namespace", "name", "image", "dry_run"}``), nothing measured."""
-    run = prepare(params, sides, prompts, request_params)(api_client)
+    run = prepare(api_client, params, sides, prompts, request_params)
     run.start(dry_run=True)
     job = {"namespace": run.namespace, "name": run.name, "image": run.options["image"], "dry_run": True}
     return {"changed": False, "load_job": job,
@@ -438,7 +439,7 @@ def measure(api_client, params, sides, prompts, request_params, progress, name=N
     """Measure ``sides`` (``[(name, Endpoint)]``) from a Job in the cluster: ``{side: {"model", "records", "duration_s",
     "warmup", "metrics_before", "metrics_after"}}`` (``scrape_only``: ``{side: {"model", "metrics_after"}}``, no inference
     request sent). The pod's progress lines go to ``progress``."""
-    run = prepare(params, sides, prompts, request_params, name=name, scrape_only=scrape_only)(api_client)
+    run = prepare(api_client, params, sides, prompts, request_params, name=name, scrape_only=scrape_only)
     progress.line("load from the cluster: Job %s/%s, image %s" % (run.namespace, run.name, run.options["image"]))
     try:
         run.start()

@@ -41,12 +41,7 @@ MAX_RESULT_BYTES = 6 * 1024 * 1024
 
 
 def _scrape(endpoint, request):
-    if not request["scrape_metrics"]:
-        return None
-    try:
-        text = endpoint.metrics_text()
-    except SpecDecodingError:
-        return None
+    text = bench_client.scrape(endpoint, request["scrape_metrics"])
     return None if text is None else prometheus_text.filter_lines(text, request["metric_prefixes"])
 
 
@@ -105,10 +100,10 @@ def main(argv=None):
     except SpecDecodingError as exc:
         result, code = {"schema": RESULT_SCHEMA, "error": exc.result()}, 1
     lines = encode(result)
-    if sum(len(line) for line in lines) > MAX_RESULT_BYTES:
+    size = sum(len(line) for line in lines)
+    if size > MAX_RESULT_BYTES:
         result, code = {"schema": RESULT_SCHEMA, "error": {
-            "msg": "the measurements are %d bytes compressed, over the %d a pod log carries safely" % (
-                sum(len(line) for line in lines), MAX_RESULT_BYTES),
+            "msg": "the measurements are %d bytes compressed, over the %d a pod log carries safely" % (size, MAX_RESULT_BYTES),
             "field": "load_job", "fix": "measure fewer requests or fewer max_tokens per run, or set load_from=controller"}}, 1
         lines = encode(result)
     sys.stdout.write("\n".join([BEGIN] + lines + [END]) + "\n")

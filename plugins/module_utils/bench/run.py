@@ -25,7 +25,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import workloads as bench_workloads
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import prometheus_text
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
 
 class Progress:
@@ -85,15 +85,6 @@ def check_protocol(params):
     bench_decision.check_tolerances(params["tolerances"])
 
 
-def scrape(endpoint, enabled):
-    if not enabled:
-        return None
-    try:
-        return endpoint.metrics_text()
-    except SpecDecodingError:
-        return None
-
-
 def acceptance(before_text, after_text, model_name):
     """The candidate's speculative-decoding figures from two /metrics scrapes (deltas), or None without counters."""
     if before_text is None or after_text is None or not prometheus_text.HAS_PROMETHEUS_CLIENT:
@@ -133,14 +124,14 @@ def measure(name, endpoint, prompts, params, request, progress):
     scrapes = {}
 
     def before():
-        scrapes["before"] = scrape(endpoint, params["scrape_metrics"])
+        scrapes["before"] = bench_client.scrape(endpoint, params["scrape_metrics"])
 
     result = bench_client.measure_side(
         endpoint, prompts, request["params"], runs_per_prompt=params["runs_per_prompt"], warmup=params["warmup"],
         concurrency=params["concurrency"], request_rate=params["request_rate"], arrival=params["arrival"], seed=params["seed"],
         progress=progress.request, label=name, before_measure=before)
     return side_of(name, endpoint, dict(result, metrics_before=scrapes.get("before"),
-                                        metrics_after=scrape(endpoint, params["scrape_metrics"])), progress)
+                                        metrics_after=bench_client.scrape(endpoint, params["scrape_metrics"])), progress)
 
 
 def side_of(name, endpoint, measured, progress):
@@ -183,10 +174,9 @@ def cluster_scrape(api_client, params, endpoints, progress):
     return {side: measured[side].get("metrics_after") for side in endpoints}
 
 
-def measure_sides(names, endpoints, prompts, params, request, progress, api_client=None):
-    """``{side: side dict}`` for ``names`` in order, measured from where ``load_from`` says (see bench/load_job.py):
+def measure_sides(names, endpoints, prompts, params, request, progress, mode, api_client=None):
+    """``{side: side dict}`` for ``names`` in order, measured from where ``mode`` says (bench/load_job.py ``choose``):
     here, or by one Job in the cluster for all of them. ``api_client``: a callable giving the cluster's client."""
-    mode = bench_load_job.choose(params["load_from"], [endpoints[name].url for name in names])
     if mode == "controller":
         return {name: measure(name, endpoints[name], prompts, params, request, progress) for name in names}
     measured = bench_load_job.measure(api_client(), params, [(name, endpoints[name]) for name in names], prompts,
@@ -291,7 +281,8 @@ def benchmark(params, api_client=None, check_mode=False):
         bench_report.require_complete(context)  # refuse before spending time on requests
         if params["plots"]:
             bench_plots.require_matplotlib()  # the plots are drawn last: a missing matplotlib is refused before the requests
-    if bench_load_job.choose(params["load_from"], [e.url for e in endpoints.values()]) == "cluster":
+    mode = bench_load_job.choose(params["load_from"], [e.url for e in endpoints.values()])
+    if mode == "cluster":
         bench_load_job.check_options(params["load_job"])
         if check_mode:  # nothing is measured, nothing written: the Job goes to the API server as a dry run
             return bench_load_job.dry_run(api_client(), params, [(side, endpoints[side]) for side in sides], prompts, request["params"])
@@ -301,7 +292,7 @@ def benchmark(params, api_client=None, check_mode=False):
 
     if phase == "candidate":
         baseline = load_baseline(baseline_results, public_request, prompts)  # refused before any request is sent
-    measured = measure_sides(sides, endpoints, prompts, params, request, progress, api_client=api_client)
+    measured = measure_sides(sides, endpoints, prompts, params, request, progress, mode, api_client=api_client)
     if phase != "candidate":
         baseline = measured["baseline"]
     if phase == "baseline":

@@ -332,7 +332,7 @@ def run_sweep(params, measure=None, api_client=None, check_mode=False):
             field="%s_url" % option)
     # Spec state of every side before any inference request: /metrics (GET, not an inference) and the commands.
     job_lines = bench_run.Lines()
-    if bench_load_job.choose(params.get("load_from", "auto"), [endpoint.url for endpoint in endpoints.values()]) == "cluster":
+    if bench_load_job.choose(params["load_from"], [endpoint.url for endpoint in endpoints.values()]) == "cluster":
         bench_load_job.check_options(params["load_job"])
         client = api_client()
         if check_mode:  # nothing is measured, nothing written: the Job goes to the API server as a dry run
@@ -340,7 +340,7 @@ def run_sweep(params, measure=None, api_client=None, check_mode=False):
         pages = bench_run.cluster_scrape(client, params, endpoints, job_lines)
         measure = bench_run.cluster_measure(client)
     else:
-        pages = {side: bench_run.scrape(endpoint, True) for side, endpoint in endpoints.items()}
+        pages = {side: bench_client.scrape(endpoint) for side, endpoint in endpoints.items()}
     states = {}
     for side, endpoint in endpoints.items():
         states[side] = spec_state_from_metrics(pages[side], endpoint.model)

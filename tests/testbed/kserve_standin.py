@@ -746,11 +746,11 @@ class KServeStandIn(ControllerLoop):
                 pod_spec["shareProcessNamespace"] = True
                 pod_spec["containers"].append({
                     "name": "modelcar" if i == 0 else f"modelcar-{i}", "image": image,
-                    "args": ["sh", "-c", f"ln -sf /proc/$$/root/models {mount} && sleep infinity"],
+                    "args": kserve_storage.modelcar_args(mount),
                     "volumeMounts": [{"name": "kserve-provision-location", "mountPath": mount.rsplit("/", 1)[0] or "/"}],
                 })
                 init.append({"name": "modelcar-init" if i == 0 else f"modelcar-init-{i}", "image": image,
-                             "args": ["sh", "-c", '[ -d /models ] && [ "$(ls -A /models)" ]']})
+                             "args": kserve_storage.modelcar_init_args(image)})
                 if not any(v["name"] == "kserve-provision-location" for v in volumes):
                     volumes.append({"name": "kserve-provision-location", "emptyDir": {}})
                     mounts.append({"name": "kserve-provision-location", "mountPath": mount.rsplit("/", 1)[0] or "/",

@@ -15,6 +15,9 @@ collection's: both are pinned to KServe, not to each other.
   ValidateOCIMountPaths);
 - ``model_uri_error(uri, storage_initializer)``: pkg/controller/v1alpha2/llmisvc/workload_storage.go attachModelArtifacts.
 Each returns KServe's error text, or None when KServe goes on.
+- ``modelcar_args(model_path)``, ``modelcar_init_args(image)``: the Modelcar sidecar's and init container's args
+  (pkg/utils/utils.go CreateModelcarContainer, CreateModelcarInitContainer), as the pod spec carries them: the kubelet's
+  `$(VAR)` expansion turns their `$$` into `$` before `sh` reads them.
 """
 from __future__ import annotations
 
@@ -197,3 +200,14 @@ def model_uri_error(uri: str, storage_initializer=None):
     if prefix == "oci://":
         return None if oci_model_mode(storage_initializer or {}) else "OCI modelcars is not enabled"
     return "unsupported schema in model URI: %s" % uri
+
+
+def modelcar_args(model_path: str = DEFAULT_MODEL_LOCAL_MOUNT_PATH) -> list:
+    # "$$$$ gets escaped by YAML to $$, which is the current PID" (KServe's comment): the kubelet's expansion makes it $$
+    return ["sh", "-c", "ln -sf /proc/$$$$/root/models %s && sleep infinity" % model_path]
+
+
+def modelcar_init_args(image: str) -> list:
+    return ["sh", "-c", "echo 'Pre-fetching modelcar " + image + ": ' && [ -d /models ] && [ \"$$(ls -A /models)\" ] && "
+            "echo 'OK ... Prefetched and valid (/models exists)' || (echo 'NOK ... Prefetched but modelcar is invalid "
+            "(/models does not exist or is empty)' && exit 1)"]

@@ -698,7 +698,7 @@ class LLMISvcStandIn(ControllerLoop):
             volumes.append({"name": "kserve-provision-location", "emptyDir": {}})
             mounts.append({"name": "kserve-provision-location", "mountPath": "/mnt"})
             podspec.setdefault("containers", []).append({
-                "name": "modelcar", "image": uri[len("oci://"):], "args": ["sh", "-c", "ln -sf /proc/$$/root/models /mnt/models && sleep infinity"],
+                "name": "modelcar", "image": uri[len("oci://"):], "args": kserve_storage.modelcar_args(),
                 "volumeMounts": [{"name": "kserve-provision-location", "mountPath": "/mnt"}]})
             podspec["shareProcessNamespace"] = True
         else:

@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from tests.testbed import images
 from tests.testbed.registry import Registry, ensure_tools
 
 pytestmark = pytest.mark.e2e
@@ -132,24 +133,18 @@ def skopeo(*args, check=True):
 
 
 def pull_back(reg, image, dest):
+    """(manifest, layer blob paths) of `image` pulled from `reg` into an OCI layout at `dest` (the test bed's pull, which
+    process-mode pods use too: tests/testbed/images.py)."""
     if os.path.exists(dest):
         shutil.rmtree(dest)
-    skopeo("copy", *reg.skopeo_tls("src"), *(["--src-creds", "alice:" + PASSWORD] if reg.auth else []),
-           "--dest-oci-accept-uncompressed-layers", "docker://%s/%s" % (reg.host, image), "oci:%s:pulled" % dest)
-    with open(os.path.join(dest, "index.json")) as fh:
-        index = json.load(fh)
-    mdesc = index["manifests"][0]
-    with open(os.path.join(dest, "blobs", "sha256", mdesc["digest"].split(":")[1])) as fh:
-        manifest = json.load(fh)
-    return manifest, [os.path.join(dest, "blobs", "sha256", d["digest"].split(":")[1]) for d in manifest["layers"]]
+    pulled = images.pull("%s/%s" % (reg.host, image), dest,
+                         reg.skopeo_tls("src") + (["--src-creds", "alice:" + PASSWORD] if reg.auth else []))
+    return pulled.manifest, pulled.layers
 
 
 def extract(layer_paths, dest):
-    os.makedirs(dest, exist_ok=True)
-    for lp in layer_paths:
-        with tarfile.open(lp, "r:") as tf:
-            tf.extractall(dest, filter="tar")
-    return dest
+    """The layers unpacked in order onto `dest` (OCI whiteouts honoured), as a process-mode pod's image is."""
+    return images.unpack(layer_paths, dest)
 
 
 def upload_count(reg, since):

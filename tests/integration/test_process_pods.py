@@ -1,7 +1,9 @@
 """The kubelet stand-in's process mode (tests/testbed/pod_process.py): pods whose containers are real processes, in a
-network and mount namespace of their own, reached through the real API server (logs, pod proxy).
+network and mount namespace of their own, reached through the real API server (logs, pod proxy), and containers that
+run in their image pulled from a loopback registry (tests/testbed/images.py).
 
 The pods run small shell and Python scripts, never vLLM; each test is a few seconds."""
+import base64
 import json
 import os
 import threading
@@ -11,6 +13,8 @@ import uuid
 
 import pytest
 
+from tests.testbed import kserve_storage
+from tests.testbed.registry import Registry, ensure_tools
 from tests.testbed.rest import ApiError
 
 PROCESS = {"testbed.alauda.io/run": "process", "testbed.alauda.io/backoff-seconds": "0.5"}
@@ -44,8 +48,9 @@ def api(controlplane, kubelet):  # pylint: disable=unused-argument
     client.close()
 
 
-def _pod(api, namespace, name, containers, volumes=None, restart="Always", grace=None, annotations=None, labels=None):
-    spec = {"containers": containers, "restartPolicy": restart, "automountServiceAccountToken": False}
+def _pod(api, namespace, name, containers, volumes=None, restart="Always", grace=None, annotations=None, labels=None,
+         **spec_fields):
+    spec = dict({"containers": containers, "restartPolicy": restart, "automountServiceAccountToken": False}, **spec_fields)
     if volumes:
         spec["volumes"] = volumes
     if grace is not None:
@@ -303,3 +308,74 @@ def test_delete_sends_sigterm_then_sigkill_after_the_grace_period(api, namespace
     assert took["polite"] < 1.5, took
     assert 2.0 <= took["stubborn"] < 6.0, took
     assert kubelet.process_pod(namespace, "stubborn") is None
+
+
+# The user container: waits for the link, then says where it leads and what is behind it.
+READER = 'until [ -e /mnt/models/target/config.json ]; do sleep 0.05; done; echo "link $(readlink /mnt/models)"; ' \
+         'cat /mnt/models/target/config.json; echo; exec sleep infinity'
+
+
+def test_a_modelcar_image_from_a_loopback_registry_is_the_sidecars_root_and_reaches_the_user_container(
+        api, namespace, kubelet, tmp_path):
+    """A Modelcar pod as KServe renders it (its args: tests/testbed/kserve_storage.py): the image (the collection's own
+    builder: busybox base + the model files) pulled from a password-protected loopback registry with the pod's pull
+    Secret, unpacked, run as the init check and the sidecar in its own root; the user container (this host's files)
+    reads the model through the sidecar's `/proc/<pid>/root/models` link. Without the Secret and with imagePullPolicy
+    Always, the pull fails (ErrImagePull)."""
+    # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_image, modelcar_push, oci_blobs
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as oci
+
+    ensure_tools()
+    password = "pull-Pa55-%s" % uuid.uuid4().hex[:8]
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text('{"model_type": "llama"}')
+    with Registry(str(tmp_path / "registry"), auth="htpasswd", users={"puller": password}) as registry:
+        client = oci.RegistryClient(oci.ImageRef.parse(registry.host + "/models/tiny:v1"), username="puller",
+                                    password=password, tls_verify=False)
+        digest = modelcar_push.push_plan(modelcar_image.build_plan(str(target)), client,
+                                         oci_blobs.DigestCache(str(tmp_path / "digests")), jobs=1)["digest"]
+        image = "%s/models/tiny@%s" % (registry.host, digest)
+        kubelet.add_registry(registry.host, tls_verify=False)  # no node credentials: the pod's Secret is the only way in
+        try:
+            auth = base64.b64encode(("puller:" + password).encode()).decode()
+            config = json.dumps({"auths": {registry.host: {"auth": auth}}}).encode()
+            api.post(f"/api/v1/namespaces/{namespace}/secrets", {
+                "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pull"}, "type": "kubernetes.io/dockerconfigjson",
+                "data": {".dockerconfigjson": base64.b64encode(config).decode()}})
+            shared = [{"name": "kserve-provision-location", "emptyDir": {}}]
+            containers = [
+                {"name": "kserve-container", "image": "testbed/sh", "command": ["sh", "-c", READER],
+                 "volumeMounts": [{"name": "kserve-provision-location", "mountPath": "/mnt", "readOnly": True}]},
+                {"name": "modelcar", "image": image, "args": kserve_storage.modelcar_args(),
+                 "volumeMounts": [{"name": "kserve-provision-location", "mountPath": "/mnt"}]}]
+            init = {"name": "modelcar-init", "image": image, "args": kserve_storage.modelcar_init_args(image)}
+            _pod(api, namespace, "modelcar", containers, volumes=shared, initContainers=[init], shareProcessNamespace=True,
+                 imagePullSecrets=[{"name": "pull"}])
+            pod = _wait(api, namespace, "modelcar", lambda p: _log(api, namespace, "modelcar", container="kserve-container")
+                        .count("\n") >= 2, what="the user container's output")
+            link, content = _log(api, namespace, "modelcar", container="kserve-container").splitlines()[:2]
+            # the sidecar's `$$` is a host pid (process mode shares the host's PID space): its root is the image's
+            pid = int(link.split("/")[2])
+            assert link == f"link /proc/{pid}/root/models" and content == '{"model_type": "llama"}', (link, content)
+            root = f"/proc/{pid}/root"
+            assert os.path.isfile(root + "/bin/busybox") and not os.path.exists(root + "/usr"), sorted(os.listdir(root))
+            assert os.listdir(root + "/models") == ["target"] and not os.path.exists("/models")
+            statuses = {s["name"]: s for s in pod["status"]["containerStatuses"] + pod["status"]["initContainerStatuses"]}
+            assert statuses["modelcar-init"]["state"]["terminated"]["exitCode"] == 0, statuses["modelcar-init"]
+            assert "OK ... Prefetched and valid" in _log(api, namespace, "modelcar", container="modelcar-init")
+            assert statuses["modelcar"]["imageID"] == image and statuses["kserve-container"]["imageID"] == ""
+
+            # the same image without the Secret, pulled again (Always): the registry refuses, the kubelet says so
+            _pod(api, namespace, "anonymous", [dict(containers[1], imagePullPolicy="Always")], volumes=shared)
+
+            def settled(p):
+                state = (((p.get("status") or {}).get("containerStatuses") or [{}])[0]).get("state") or {}
+                return "running" in state or (state.get("waiting") or {}).get("reason") not in (None, "ContainerCreating")
+            anonymous = _wait(api, namespace, "anonymous", settled, what="a pull's outcome")
+            state = anonymous["status"]["containerStatuses"][0]["state"]
+            assert state["waiting"]["reason"] == "ErrImagePull" and "unauthorized" in state["waiting"]["message"].lower(), state
+            assert password not in json.dumps(anonymous)
+        finally:
+            kubelet.remove_registry(registry.host)

@@ -42,6 +42,7 @@ import urllib.parse
 import uuid
 
 from .controlplane import free_port
+from .images import ImageStore
 from .pod_network import NodeNetwork
 from .pod_process import ProcessMode
 from . import ports as _ports
@@ -234,6 +235,7 @@ class KubeletStandIn(ProcessMode):
         self.network = None  # NodeNetwork: pod IPs, and the API server's way to the node
         self._process = {}  # pod uid -> ProcessPod (process mode)
         self.pods_dir = None
+        self.images = ImageStore()  # process mode's images: add_registry(); root filesystems under the state dir
         self.backoff_seconds = 10.0  # the kubelet's crash back-off base (pod annotation testbed.alauda.io/backoff-seconds)
         self.stopping = False
         self.errors = []
@@ -303,6 +305,7 @@ class KubeletStandIn(ProcessMode):
             self.log_dir = tempfile.mkdtemp(prefix="kubelet-logs-", dir=self.cp.state_dir)
         os.makedirs(self.log_dir, exist_ok=True)
         self.pods_dir = tempfile.mkdtemp(prefix="kubelet-pods-", dir=self.cp.state_dir)
+        self.images.directory = tempfile.mkdtemp(prefix="kubelet-images-", dir=self.cp.state_dir)
         self.network = NodeNetwork(self.cp.egress_socket).start()
         self._start_server()
         self._register_node()
@@ -338,6 +341,8 @@ class KubeletStandIn(ProcessMode):
             self.network = None
         if self.pods_dir:
             shutil.rmtree(self.pods_dir, ignore_errors=True)
+        if self.images.directory:
+            shutil.rmtree(self.images.directory, ignore_errors=True)
         if self._own_log_dir and self.log_dir:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 

@@ -2,7 +2,9 @@
 
 A pod is in process mode when its annotation `testbed.alauda.io/run` is `process` or the test bed says so
 (`kubelet.set_behaviour(match, PodBehaviour(run="process"))`). One `ProcessPod` (the kubelet's pod worker) then:
-- builds the sandbox (pod_sandbox.py: network and mount namespaces, pod IP from the node's pod network, volumes);
+- pulls and unpacks the images of the containers whose registry the node knows (images.py, `kubelet.add_registry()`;
+  a failed pull: `ErrImagePull`, retried) and builds the sandbox (pod_sandbox.py: network and mount namespaces, pod IP
+  from the node's pod network, volumes, one root per container: this host's files, or the container's image);
 - runs the init containers in order, each to success, then starts the containers;
 - writes each container's stdout and stderr, line by line, as CRI records to the log files the kubelet's
   /containerLogs serves (`follow`, `tailLines`, `sinceTime`, `previous`); a restart moves the log to `previous`;
@@ -32,7 +34,7 @@ import threading
 import time
 import uuid
 
-from . import pod_network, pod_services
+from . import images, pod_network, pod_services
 from .pod_sandbox import (BACKOFF_ANNOTATION, RUN_ANNOTATION, PodConfigError, container_argv, container_env, container_mounts,
                           exec_argv, process_env, sandbox_script, termination_message, volume_sources)
 
@@ -60,6 +62,8 @@ class _Container:
         self.restarts = 0
         self.last_terminated = None
         self.termination_log = None  # host file bound at terminationMessagePath
+        self.image = None        # images.Image when the container runs in its image's root filesystem
+        self.working_dir = spec.get("workingDir") or "/"
         self.terminated = None   # the current instance's end, when it ended and is not restarted
         self.waiting = {"reason": "ContainerCreating"}
         self.next_start = 0.0
@@ -94,6 +98,7 @@ class ProcessPod:
         self.backoff_base = float(base) if base else kubelet.backoff_seconds
         self.start_time = _now()
         self.config_error = None
+        self.config_reason = None
         self.phase = "Pending"
         self.grace = None       # set when the pod is being deleted
         self.done = threading.Event()
@@ -150,6 +155,7 @@ class ProcessPod:
                 break
             except PodConfigError as exc:
                 self.config_error = str(exc)
+                self.config_reason = getattr(exc, "reason", "CreateContainerConfigError")
                 self._post(api)
                 self._wake.wait(1.0)
                 self._wake.clear()
@@ -205,10 +211,19 @@ class ProcessPod:
         services = api.get("/api/v1/services").get("items") or []
         hosts = pod_services.write_hosts(self.dir, pod_services.hosts_text(services, self.ns, self.name, self.pod_ip))
         roots = []
+        secrets = None
         for c in self.init_containers + self.containers:
             root = os.path.join(self.dir, "roots", c.name)
             os.makedirs(root, exist_ok=True)
             self.roots[c.name] = root
+            layer = None
+            if self.kubelet.images.knows(c.spec.get("image")):
+                if secrets is None:  # the pod's pull Secrets (ServiceAccount ones included by admission); a missing one is skipped
+                    secrets = [s for s in (read("secrets", self.ns, ref.get("name"))
+                                           for ref in self.pod["spec"].get("imagePullSecrets") or []) if s is not None]
+                c.image = self.kubelet.images.get(c.spec["image"], _pull_policy(c.spec), secrets)
+                c.working_dir = c.spec.get("workingDir") or c.image.config.get("WorkingDir") or "/"
+                layer = (c.image.rootfs, os.path.join(self.dir, "layers", c.name))
             c.termination_log = os.path.join(self.dir, "termination", c.name)
             os.makedirs(os.path.dirname(c.termination_log), exist_ok=True)
             with open(c.termination_log, "w", encoding="utf-8"):
@@ -216,9 +231,10 @@ class ProcessPod:
             mounts = container_mounts(self.pod, c.spec, sources) + [
                 (c.termination_log, os.path.normpath(c.spec.get("terminationMessagePath") or "/dev/termination-log"), False),
                 (hosts, "/etc/hosts", True)]
-            roots.append((root, mounts, c.spec.get("workingDir") or "/"))
-            c.env = process_env(self.pod, container_env(self.pod, c.spec, self.pod_ip, read))
-            c.argv = container_argv(c.spec, c.env)
+            roots.append((root, mounts, c.working_dir, layer))
+            image_config = c.image.config if c.image else None
+            c.env = process_env(self.pod, container_env(self.pod, c.spec, self.pod_ip, read), image_config)
+            c.argv = container_argv(c.spec, c.env, image_config)
         script = sandbox_script(self.pod_ip, roots, os.path.join(self.dir, "tmp"),
                                 [path for path, memory in sources.values() if memory])
         proc = subprocess.Popen(["unshare", "--mount", "--net", "--propagation", "private", "sh", "-c", script],
@@ -257,8 +273,7 @@ class ProcessPod:
             log.rotate()
         with open(c.termination_log, "w", encoding="utf-8"):
             pass  # each instance starts with an empty termination-log, as the kubelet gives it a new file
-        c.proc = subprocess.Popen(exec_argv(self.sandbox.pid, self.roots[c.name], c.spec.get("workingDir") or "/",
-                                            c.argv),
+        c.proc = subprocess.Popen(exec_argv(self.sandbox.pid, self.roots[c.name], c.working_dir, c.argv),
                                   env=c.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                   start_new_session=True)
         c.instance += 1
@@ -420,8 +435,7 @@ class ProcessPod:
                 sock.close()
                 return True
             if "exec" in probe:
-                argv = exec_argv(self.sandbox.pid, self.roots[c.name], c.spec.get("workingDir") or "/",
-                                 probe["exec"]["command"])
+                argv = exec_argv(self.sandbox.pid, self.roots[c.name], c.working_dir, probe["exec"]["command"])
                 return subprocess.run(argv, env=c.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL, timeout=timeout, check=False).returncode == 0
         except (OSError, http.client.HTTPException, subprocess.TimeoutExpired, ssl.SSLError):
@@ -431,11 +445,12 @@ class ProcessPod:
     # ------------------------------------------------------------------ status
 
     def _container_status(self, c: _Container) -> dict:
-        out = {"name": c.name, "image": c.spec.get("image") or "", "imageID": "", "containerID": self._cid(c),
+        out = {"name": c.name, "image": c.spec.get("image") or "", "imageID": c.image.image_id if c.image else "",
+               "containerID": self._cid(c),
                "restartCount": c.restarts, "ready": bool(c.running and c.started and c.ready),
                "started": bool(c.running and c.started)}
         if self.config_error is not None:
-            out["state"] = {"waiting": {"reason": "CreateContainerConfigError", "message": self.config_error}}
+            out["state"] = {"waiting": {"reason": self.config_reason, "message": self.config_error}}
         elif c.running:
             out["state"] = {"running": {"startedAt": _stamp(c.started_at)}}
         elif c.terminated is not None:
@@ -491,6 +506,15 @@ class ProcessPod:
                 self.terminate(0)
             elif exc.status != 409:
                 raise
+
+
+def _pull_policy(spec: dict) -> str:
+    """imagePullPolicy, defaulted as the API server does: Always for `:latest` or no tag, else IfNotPresent."""
+    if spec.get("imagePullPolicy"):
+        return spec["imagePullPolicy"]
+    image = spec.get("image") or ""
+    tag = image.rsplit("/", 1)[-1].partition(":")[2]
+    return "Always" if "@" not in image and tag in ("", "latest") else "IfNotPresent"
 
 
 def _signal_group(proc, sig) -> None:
@@ -558,6 +582,16 @@ class ProcessMode:
         if meta.get("deletionTimestamp"):
             grace = meta.get("deletionGracePeriodSeconds")
             worker.terminate(float(spec.get("terminationGracePeriodSeconds", 30) if grace is None else grace))
+
+    def add_registry(self, host: str, *, tls_verify: bool = True, ca_file: str | None = None, username: str | None = None,
+                     password: str | None = None) -> None:
+        """Make `host` (`127.0.0.1:PORT`) a registry this node pulls process-mode images from (its containers then run in
+        their images), with its TLS settings and, optionally, node-wide credentials (what a node's auth.json gives; a
+        pod's imagePullSecrets are tried first)."""
+        self.images.registries[host] = images.RegistryAccess(tls_verify, ca_file, username, password)
+
+    def remove_registry(self, host: str) -> None:
+        self.images.registries.pop(host, None)
 
     def process_pod(self, namespace: str, name: str):
         """The ProcessPod running namespace/name, or None."""

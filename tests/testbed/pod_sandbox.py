@@ -337,14 +337,17 @@ def _image_root_lines(root: str, rootfs: str, layer: str, mounts: list) -> list:
         lines.append(f"mkdir -p {q(target)} && mount --rbind /{name} {q(target)}")
     lines += _dev_lines(root + resolve_in_root(rootfs, "/dev"))
     for source, path, read_only in mounts:
-        target = root + resolve_in_root(rootfs, path)
-        if os.path.isdir(source):
-            lines.append(f"mkdir -p {q(target)}")
-        else:
-            lines.append(f"mkdir -p {q(os.path.dirname(target))} && touch {q(target)}")
-        lines.append(f"mount --bind {q(source)} {q(target)}")
-        if read_only:
-            lines.append(f"mount -o remount,bind,ro {q(target)}")
+        lines += _bind_lines(source, root + resolve_in_root(rootfs, path), read_only)
+    return lines
+
+
+def _bind_lines(source: str, target: str, read_only: bool) -> list:
+    """A volume bound at `target` (a directory or a file, made first), read-only when its volumeMount says so."""
+    q = shlex.quote
+    lines = [f"mkdir -p {q(target)}" if os.path.isdir(source) else f"mkdir -p {q(os.path.dirname(target))} && touch {q(target)}",
+             f"mount --bind {q(source)} {q(target)}"]
+    if read_only:
+        lines.append(f"mount -o remount,bind,ro {q(target)}")
     return lines
 
 
@@ -394,14 +397,7 @@ def _root_lines(root: str, mounts: list, pod_tmp: str, working_dir: str = "/") -
     for ancestor in covered:
         lines.append(f"mount -t tmpfs -o mode=755 pod-dir {q(root + ancestor)}")
     for source, path, read_only in resolved:
-        target = root + path
-        if os.path.isdir(source):
-            lines.append(f"mkdir -p {q(target)}")
-        else:
-            lines.append(f"mkdir -p {q(os.path.dirname(target))} && touch {q(target)}")
-        lines.append(f"mount --bind {q(source)} {q(target)}")
-        if read_only:
-            lines.append(f"mount -o remount,bind,ro {q(target)}")
+        lines += _bind_lines(source, root + path, read_only)
     return lines
 
 

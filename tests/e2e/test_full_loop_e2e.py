@@ -88,6 +88,19 @@ def _spec_counters(text):
     return out
 
 
+def _rolled_back_pod(api, namespace, name, old):
+    """The one pod serving after the rollback: a new pod, whose own engine line says speculative_config=None on the target
+    and whose command is the old pod's without the flag and its value, nothing else."""
+    new = _pods(api, namespace, name)
+    assert [p["metadata"]["name"] for p in new] != [old["metadata"]["name"]] and len(new) == 1, new
+    line = _engine_line(_log(api, namespace, new[0]["metadata"]["name"]))
+    assert "speculative_config=None" in line and "model='/mnt/models/target'" in line, line
+    before, after = _words(old), _words(new[0])
+    at = before.index("--speculative-config")
+    assert after == before[:at] + before[at + 2:], (before, after)
+    return new[0]
+
+
 def _run(tmp_path, playbook, extra, kubeconfig, timings):  # noqa: F811
     started = time.monotonic()
     run = run_playbook(tmp_path, playbook, extra_vars=extra, kubeconfig=kubeconfig, timeout=900)
@@ -162,14 +175,7 @@ def test_deploy_eagle3_verify_benchmark_rollback_in_process_pods(
         generation = api.get(ISVC % (namespace, NAME))["metadata"]["generation"]
         _run(tmp_path, "playbooks/rollback.yml", common, kubeconfig, timings)
         assert api.get(ISVC % (namespace, NAME))["metadata"]["generation"] > generation
-        new = _pods(api, namespace, NAME)
-        assert [p["metadata"]["name"] for p in new] != [old["metadata"]["name"]] and len(new) == 1, new
-        line = _engine_line(_log(api, namespace, new[0]["metadata"]["name"]))
-        assert "speculative_config=None" in line and "model='/mnt/models/target'" in line, line
-        # the new pod's command is the old one without the flag and its value, nothing else
-        before, after = _words(old), _words(new[0])
-        at = before.index("--speculative-config")
-        assert after == before[:at] + before[at + 2:], (before, after)
+        _rolled_back_pod(api, namespace, NAME, old)
     finally:
         for name in (NAME, NAME + "-baseline"):  # the twin is gone already when the benchmark finished
             try:
@@ -253,15 +259,9 @@ def test_deploy_ngram_modelcar_verify_rollback_in_process_pods(
             assert drafted <= K_NGRAM * counters["vllm:spec_decode_num_drafts"], counters
 
             _run(tmp_path, "playbooks/rollback.yml", common, kubeconfig, timings)
-            new = _pods(api, namespace, NGRAM)
-            assert [p["metadata"]["name"] for p in new] != [old["metadata"]["name"]] and len(new) == 1, new
-            _assert_served_from_the_image(api, kubelet, new[0], uri)
-            line = _engine_line(_log(api, namespace, new[0]["metadata"]["name"]))
-            assert "speculative_config=None" in line and "model='/mnt/models/target'" in line, line
-            before, after = _words(old), _words(new[0])
-            at = before.index("--speculative-config")
-            assert after == before[:at] + before[at + 2:], (before, after)
-            starts.update(zip(("rollback_pod_script_s", "rollback_pod_ready_s"), _start_seconds(api, namespace, new[0])))
+            new = _rolled_back_pod(api, namespace, NGRAM, old)
+            _assert_served_from_the_image(api, kubelet, new, uri)
+            starts.update(zip(("rollback_pod_script_s", "rollback_pod_ready_s"), _start_seconds(api, namespace, new)))
         finally:
             kubelet.remove_registry(registry.host)
             try:

@@ -236,8 +236,9 @@ class ImageStore:
         work = tempfile.mkdtemp(prefix="pull-", dir=self.directory)
         try:
             error = None
+            tls = self._tls_args(host)  # the same for every credential tried (the CA copied once)
             for i, auth in enumerate(self._candidates(host, secrets)):
-                args = self._tls_args(host)
+                args = list(tls)
                 if auth is not None:
                     authfile = os.path.join(work, f"auth-{i}.json")
                     with open(os.open(authfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as fh:

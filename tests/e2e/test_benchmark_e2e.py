@@ -406,6 +406,16 @@ class PacedSSE(BaseHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
+def bench_serve(vllm_python, e2e_workdir):
+    """One ``vllm bench serve`` driver for the module (the paced check and the A/B): its start imports vLLM (6-8 s)."""
+    workdir = os.path.join(e2e_workdir, "bench-serve")
+    os.makedirs(workdir, exist_ok=True)
+    bench = BenchServe(vllm_python, workdir)
+    yield bench
+    bench.close()
+
+
+@pytest.fixture(scope="module")
 def paced_server():
     with serving(PacedSSE) as url:
         yield url
@@ -427,7 +437,7 @@ def write_datasets(workdir, runs_per_prompt):
 
 
 @pytest.fixture(scope="module")
-def paced(paced_server, tiny_checkpoints, vllm_python, vllm_version, e2e_workdir):
+def paced(paced_server, bench_serve, tiny_checkpoints, vllm_version, e2e_workdir):
     """Both clients on the paced stream, one after the other (bench, then module): {"module", "bench"} pooled medians,
     "sent" (per tool, what the server's own clock says it did during that tool's requests), "tokens", "lines"
     (the equivalence checks), "workdir". Module-scoped: the live test uses each client's TTFT overhead measured here."""
@@ -445,22 +455,18 @@ def paced(paced_server, tiny_checkpoints, vllm_python, vllm_version, e2e_workdir
             "extra_body": {"ignore_eos": True}, "report_dir": os.path.join(workdir, "report"), "report_context": context,
             "plots": False}
     argv = bench_argv(paced_server, "paced", tiny_checkpoints, bench_dataset, NUM_PROMPTS * runs, output_len=tokens)
-    bench = BenchServe(vllm_python, workdir)
     module_runs, bench_runs, truth = [], [], {"module": [], "bench": []}
-    try:
-        for index in range(PACED_ROUNDS):
-            PacedSSE.served = []
-            bench_runs.append(bench.run("paced-%d" % index, argv))
-            truth["bench"] += PacedSSE.served[-NUM_PROMPTS * runs:]  # the measured requests (after the warmups)
-            PacedSSE.served = []
-            result = vllm_harness.run_module("alauda.spec_decoding.spec_benchmark", dict(args, report_dir=os.path.join(workdir, "report-%d" % index)),
-                                             workdir, timeout=600)
-            assert not result.get("failed"), result.get("msg")
-            assert len(PacedSSE.served) == 2 * (WARMUPS + NUM_PROMPTS * runs)  # two sides, WARMUPS each
-            truth["module"] += PacedSSE.served[WARMUPS:WARMUPS + NUM_PROMPTS * runs] + PacedSSE.served[-NUM_PROMPTS * runs:]
-            module_runs.append(module_records(result["requests_file"], "baseline") + module_records(result["requests_file"], "candidate"))
-    finally:
-        bench.close()
+    for index in range(PACED_ROUNDS):
+        PacedSSE.served = []
+        bench_runs.append(bench_serve.run("paced-%d" % index, argv))
+        truth["bench"] += PacedSSE.served[-NUM_PROMPTS * runs:]  # the measured requests (after the warmups)
+        PacedSSE.served = []
+        result = vllm_harness.run_module_process("alauda.spec_decoding.spec_benchmark",
+                                                 dict(args, report_dir=os.path.join(workdir, "report-%d" % index)), workdir, timeout=600)
+        assert not result.get("failed"), result.get("msg")
+        assert len(PacedSSE.served) == 2 * (WARMUPS + NUM_PROMPTS * runs)  # two sides, WARMUPS each
+        truth["module"] += PacedSSE.served[WARMUPS:WARMUPS + NUM_PROMPTS * runs] + PacedSSE.served[-NUM_PROMPTS * runs:]
+        module_runs.append(module_records(result["requests_file"], "baseline") + module_records(result["requests_file"], "candidate"))
     lines = []
     for index, ref in enumerate(bench_runs):
         check_equivalence(ref, "paced bench run %d" % index, lines)
@@ -541,7 +547,7 @@ def write_block_files(workdir):
     return files
 
 
-def test_ab_report_and_agreement_with_vllm_bench_serve(servers, paced, tiny_checkpoints, vllm_python, vllm_version, e2e_workdir):
+def test_ab_report_and_agreement_with_vllm_bench_serve(servers, paced, bench_serve, tiny_checkpoints, vllm_version, e2e_workdir):
     """Live engines, module and ``vllm bench serve`` interleaved in short blocks; the pooled medians agree within 5%.
 
     One block = one prompt, each tool running its full protocol on it (WARMUPS warmups, RUNS_PER_PROMPT measured requests)
@@ -549,10 +555,10 @@ def test_ab_report_and_agreement_with_vllm_bench_serve(servers, paced, tiny_chec
     in odd ones; the candidate in the opposite order), so slow drift of the engine's speed falls on both tools alike.
     The prompts rotate, so both tools measure every prompt equally often (ngram's acceptance, and so the candidate's
     speed, differs by prompt). Each engine has its core to itself and both clients run on the other one
-    (tests/e2e/vllm_harness.py says why: without that a client gets most streams in one burst at the end, whichever
-    client it is, starved by the EngineCore's busy wait). Around every block the
-    servers' own latency histograms are read and printed beside the comparison. Each module block is a real module
-    run (phase baseline, then phase candidate: the candidate run's report is the one checked below)."""
+    (tests/e2e/vllm_harness.py says why). Around every block the servers' own latency histograms are read and printed
+    beside the comparison. Each module block is a real module run in its own process, as Ansible runs it on a host but
+    without a controller beside it (``vllm_harness.run_module_process``; the playbook test above runs benchmark.yml):
+    phase baseline, then phase candidate, the candidate run's report is the one checked below."""
     workdir = os.path.join(e2e_workdir, "benchmark-ab")
     os.makedirs(workdir, exist_ok=True)
     block_files = write_block_files(workdir)
@@ -568,45 +574,41 @@ def test_ab_report_and_agreement_with_vllm_bench_serve(servers, paced, tiny_chec
         for side in ("baseline", "candidate"):
             for text in prompts():
                 servers[side].chat([{"role": "user", "content": [{"type": "text", "text": text}]}], max_tokens=MAX_TOKENS, ignore_eos=True)
-        bench = BenchServe(vllm_python, workdir)
-        try:
-            block = 0
-            while block < MAX_BLOCKS:
-                if block >= MIN_BLOCKS and (block - MIN_BLOCKS) % MORE_BLOCKS == 0:  # more only while outside
-                    outside = agreement(ours, ref, server_seen, client_cpus, paced)[1]
-                    if not outside:
-                        break
-                    print("after %d blocks, outside the bar: %s; %d more blocks" % (block, outside, MORE_BLOCKS))
-                module_file, bench_file = block_files[block % NUM_PROMPTS]
-                report_dir = os.path.join(workdir, "report-%d" % block)
-                first, second = ("module", "bench") if block % 2 == 0 else ("bench", "module")
-                for side, tools in (("baseline", (first, second)), ("candidate", (second, first))):
-                    for tool in tools:
-                        before = histogram_totals(servers[side])
-                        if tool == "bench":
-                            argv = bench_argv(servers[side].base_url, servers[side].served_model_name, tiny_checkpoints, bench_file,
-                                              RUNS_PER_PROMPT)
-                            out = bench.run("%s-%d" % (side, block), argv)
-                            assert out["completed"] == RUNS_PER_PROMPT and not out["failed"], out["errors"]
-                            check_equivalence(out, "bench %s block %d" % (side, block), equivalence_lines)
-                            ref[side].append(bench_records(out))
-                        else:
-                            # plots only where this block may be the last (the report checked below is the last block's)
-                            args = dict(module_args(servers, module_file, report_dir, context), phase=side,
-                                        plots=side == "candidate" and block + 1 >= MIN_BLOCKS and (block + 1 - MIN_BLOCKS) % MORE_BLOCKS == 0)
-                            result = vllm_harness.run_module("alauda.spec_decoding.spec_benchmark", args, workdir, timeout=900)
-                            assert not result.get("failed"), result.get("msg")
-                            assert result["changed"] is False
-                            ours[side].append(module_records(result["requests_file"], side))
-                            if side == "candidate":
-                                results.append(result)
-                        after = histogram_totals(servers[side])
-                        for metric in SERVER_HISTOGRAMS:
-                            for i in (0, 1):
-                                server_seen[(side, tool)][metric][i] += after[metric][i] - before[metric][i]
-                block += 1
-        finally:
-            bench.close()
+        block = 0
+        while block < MAX_BLOCKS:
+            if block >= MIN_BLOCKS and (block - MIN_BLOCKS) % MORE_BLOCKS == 0:  # more only while outside
+                outside = agreement(ours, ref, server_seen, client_cpus, paced)[1]
+                if not outside:
+                    break
+                print("after %d blocks, outside the bar: %s; %d more blocks" % (block, outside, MORE_BLOCKS))
+            module_file, bench_file = block_files[block % NUM_PROMPTS]
+            report_dir = os.path.join(workdir, "report-%d" % block)
+            first, second = ("module", "bench") if block % 2 == 0 else ("bench", "module")
+            for side, tools in (("baseline", (first, second)), ("candidate", (second, first))):
+                for tool in tools:
+                    before = histogram_totals(servers[side])
+                    if tool == "bench":
+                        argv = bench_argv(servers[side].base_url, servers[side].served_model_name, tiny_checkpoints, bench_file,
+                                          RUNS_PER_PROMPT)
+                        out = bench_serve.run("%s-%d" % (side, block), argv)
+                        assert out["completed"] == RUNS_PER_PROMPT and not out["failed"], out["errors"]
+                        check_equivalence(out, "bench %s block %d" % (side, block), equivalence_lines)
+                        ref[side].append(bench_records(out))
+                    else:
+                        # plots only where this block may be the last (the report checked below is the last block's)
+                        args = dict(module_args(servers, module_file, report_dir, context), phase=side,
+                                    plots=side == "candidate" and block + 1 >= MIN_BLOCKS and (block + 1 - MIN_BLOCKS) % MORE_BLOCKS == 0)
+                        result = vllm_harness.run_module_process("alauda.spec_decoding.spec_benchmark", args, workdir, timeout=900)
+                        assert not result.get("failed"), result.get("msg")
+                        assert result["changed"] is False
+                        ours[side].append(module_records(result["requests_file"], side))
+                        if side == "candidate":
+                            results.append(result)
+                    after = histogram_totals(servers[side])
+                    for metric in SERVER_HISTOGRAMS:
+                        for i in (0, 1):
+                            server_seen[(side, tool)][metric][i] += after[metric][i] - before[metric][i]
+            block += 1
 
     # The agreement table first, so every failure below comes with it (the bar is checked at the end).
     text, outside = agreement(ours, ref, server_seen, client_cpus, paced)

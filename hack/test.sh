@@ -65,7 +65,7 @@ tier_units() {
 }
 
 tier_integration() {
-  banner "integration tests (real kube-apiserver + KServe CRDs)"
+  banner "integration tests (real kube-apiserver + KServe CRDs, real registry)"
   # Workers run whole files side by side, each with its own control plane. Two, on two cores: since the stand-ins
   # reconcile from a work queue and waits are watches, tests wait less and a third control plane only costs CPU
   # (measured: 2 workers 759 s, 3 workers 820 s; see docs/DEVELOPING.md).

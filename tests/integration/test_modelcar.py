@@ -1,4 +1,5 @@
-"""End to end: the modelcar_image module against Debian's docker-registry on loopback.
+"""The modelcar_image module against Debian's docker-registry on loopback (integration tier: a real registry and skopeo, no
+vLLM).
 
 What is asserted comes from outside the module: `skopeo inspect --raw`, a `skopeo copy` pull-back whose files
 are hashed and compared with the sources, the registry's own access log (uploads counted), the token server's
@@ -21,7 +22,7 @@ import pytest
 from tests.testbed import images
 from tests.testbed.registry import Registry, ensure_tools
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.integration
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COLLECTIONS = os.path.join(ROOT, ".build", "collections")

@@ -1,4 +1,5 @@
-"""End to end: the draft removal on a Modelcar image another tool built, against Debian's docker-registry on loopback.
+"""The draft removal on a Modelcar image another tool built, against Debian's docker-registry on loopback (integration tier: a
+real registry and skopeo, no vLLM).
 
 The image is written with plain ``tarfile`` (target and draft in ONE layer, no annotations) and pushed with
 ``skopeo copy``, which gzips the layer: nothing of the collection made it. The registry uses token auth, so the
@@ -23,7 +24,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import dr
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal_modelcar
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as oci_registry
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.integration
 
 USER, PASSWORD = "alice", "s3cret-Pa55"
 

@@ -15,7 +15,7 @@ say: TLS, CA, credentials). Any other image name is a label only, and the contai
   what the layers below put there. Entries are extracted with tarfile's `tar` filter (nothing lands outside the root).
 - The image config's `Entrypoint`, `Cmd`, `Env` and `WorkingDir` are returned for the kubelet's command rules.
 
-`pull()` and `unpack()` are also the Modelcar tests' way to read an image back (tests/e2e/test_modelcar.py).
+`pull()` and `unpack()` are also the Modelcar tests' way to read an image back (tests/integration/test_modelcar.py).
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ fresh machine and CI need nothing installed by hand. A failed install fails the 
 it never skips them: a tier that silently tests nothing proves nothing.
 
 Servers are started by the test modules themselves, one at a time (module-scoped, parametrized fixtures),
-because each costs 40+ s and 1.5-3 GB on 2 cores. See tests/e2e/vllm_harness.py. The one exception is the A/B pair
+because each costs 16-18 s and about 2.5 GB on 2 cores. See tests/e2e/vllm_harness.py. The one exception is the A/B pair
 (`ab_servers`: baseline and ngram k=5, prefix caching off) that the benchmark, tune and verify tests read (verify's
 baseline and ngram scenarios): started once, the tests that use it run one after another, and it stops after the last
 of them.
@@ -63,7 +63,7 @@ def ab_servers(vllm_python, tiny_checkpoints, e2e_workdir):
     """{'baseline', 'candidate', 'dir'}: one baseline and one ngram k=5 server on the tiny target, prefix caching off.
 
     Shared by every test that compares the two (benchmark, tune) and by verify's baseline and ngram scenarios: each
-    start costs 40+ s of the tier. Their counters
+    start costs 16-18 s of the tier. Their counters
     and logs accumulate across tests, so a test reads deltas of /metrics and the engine line of the start-up log,
     never totals. pytest_runtest_teardown stops them after their last user; the finalizer is the safety net."""
     log_dir = os.path.join(e2e_workdir, "ab-servers")

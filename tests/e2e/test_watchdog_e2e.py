@@ -8,9 +8,9 @@ background threads, while the watchdog measures short windows with the product's
   PVC and the custom proposer with k=3, no difference from the InferenceService's flag;
 - the baseline is recorded (a ConfigMap; the InferenceService's generation does not move);
 - the healthy curve (conditional 0.9/0.8/0.7) stays `healthy` over 2 windows;
-- a window in which /metrics cannot be read, for real: the pod's whole vLLM process group (API server, EngineCore,
-  worker) is stopped with SIGSTOP, so every scrape through the pod proxy times out; the window is `unknown` and the
-  InferenceService is unchanged; SIGCONT resumes the server;
+- a window in which /metrics cannot be read, for real: the pod's whole vLLM process group (API server and EngineCore
+  with the model) is stopped with SIGSTOP, so every scrape through the pod proxy times out; the window is `unknown`
+  and the InferenceService is unchanged; SIGCONT resumes the server;
 - the proposer's acceptance collapses (every draft token wrong), `playbooks/watch.yml` finds `collapsed`, strips the
   flag with the rollback role, and the new pod's own engine line (engine_config_info) says `speculative_config=None`.
 One vLLM start for the speculative pod, one for the rolled-back pod.

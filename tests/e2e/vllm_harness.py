@@ -258,7 +258,7 @@ class VllmServer:
 
     # -- processes ---------------------------------------------------------------------------------
     def processes(self):
-        """{pid: comm} of the server's process group (API server, EngineCore, worker, helpers)."""
+        """{pid: comm} of the server's process group (API server, EngineCore, a worker under the "mp" executor, helpers)."""
         if self.proc is None:
             return {}
         out = {}

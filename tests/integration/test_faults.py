@@ -27,6 +27,7 @@ import urllib.request
 import pytest
 
 from tests.ansible_run import REPO, run_playbook
+from tests.digests import sha256_file
 from tests.testbed.registry import Registry, ensure_tools
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
@@ -173,14 +174,6 @@ def sha256_bytes(data):
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_path(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(MIB), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def files_under(root, skip=()):
     """{relpath: sha256} of regular files under `root`; names starting with one of `skip` (at any depth) left out."""
     out = {}
@@ -191,7 +184,7 @@ def files_under(root, skip=()):
             if skip and fname.startswith(skip):
                 continue
             full = os.path.join(dirpath, fname)
-            out[os.path.relpath(full, root).replace(os.sep, "/")] = sha256_path(full)
+            out[os.path.relpath(full, root).replace(os.sep, "/")] = sha256_file(full)
     return out
 
 

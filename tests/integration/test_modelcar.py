@@ -21,6 +21,7 @@ import pytest
 
 from tests.testbed import images
 from tests.testbed.registry import Registry, ensure_tools
+from tests.digests import sha256_file
 
 pytestmark = pytest.mark.integration
 
@@ -75,14 +76,6 @@ def model(workdir):
         with open(path, "wb") as fh:
             fh.write(data)
     return {"target": os.path.join(base, "target"), "draft": os.path.join(base, "draft"), "base": base}
-
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def source_hashes(model):

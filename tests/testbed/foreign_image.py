@@ -12,17 +12,11 @@ import json
 import os
 import tarfile
 
+from tests.digests import sha256_file
+
 MT_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 MT_CONFIG = "application/vnd.oci.image.config.v1+json"
 MT_LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
-
-
-def _sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return "sha256:" + h.hexdigest()
 
 
 def _put_blob(layout, data):
@@ -39,7 +33,7 @@ def write_foreign_layout(layout, model_root, tag="v1", image_dir="models"):
     tmp = os.path.join(layout, "layer.tar.part")
     with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
         tar.add(model_root, arcname="./" + image_dir)
-    digest = _sha256_file(tmp)
+    digest = "sha256:" + sha256_file(tmp)
     size = os.path.getsize(tmp)
     os.replace(tmp, os.path.join(blobs, digest.split(":")[1]))
     config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin"]},

@@ -21,17 +21,10 @@ import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import artifact_sync as sync
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from tests.digests import sha256_file
 
 SCRIPT = sync.__file__
 MIB = 1 << 20
-
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def tree(root):

@@ -24,9 +24,9 @@ process). Where a difference could come from, and which test settles it:
   whole request, chunk gaps of microseconds), in a different share of each tool's requests. The harness runs the model
   in the EngineCore ("uni" executor), gives each engine its core to itself and runs the API servers and both clients on
   the other (tests/e2e/vllm_harness.py); the engine's speed still drifts by up to 10% between blocks seconds apart on
-  this VM, so there are at least 6 blocks (up to 24 while a metric is outside the bar). A metric also agrees when it is within 5% once two things measured in the same
-  run are taken out: each client's own TTFT overhead (paced server) and the engine's own speed during each tool's
-  requests (vLLM's histograms); there is no allowance for noise. The table printed (agreement.txt) shows both.
+  this VM, so there are at least 6 blocks (up to 24 while a metric is outside the bar). A metric also agrees when it
+  is within 5% once two things measured in the same run are taken out: each client's own TTFT overhead (paced server)
+  and the engine's own speed during each tool's requests (vLLM's histograms); there is no allowance for noise. The table printed (agreement.txt) shows both.
 
 The playbook test also checks the report (every required field, the acceptance block from the candidate's
 /metrics, prefix-cache hit rates, a decision with reasons) and the PNG plots. Everything measured is real; the

@@ -98,7 +98,8 @@ AB_SERVER_ARGS = ("--no-enable-prefix-caching",)
 # `SpecDecoding metrics:` lines appear quickly. VLLM_ENABLE_V1_MULTIPROCESSING=0 runs the model in the EngineCore
 # process (the "uni" executor, as on one GPU) instead of a third spawned process: the API server still starts its
 # EngineCore apart (AsyncLLM always does), so the engine line, /metrics and the log prefixes are unchanged, and each
-# start imports vllm and torch twice instead of three times (start-to-ready 24 s -> 16 s measured here, stop 44).
+# start imports vllm and torch twice instead of three times (start-to-ready 24 s -> 16 s measured here, stop 44). It is
+# the layout vLLM picks itself for one GPU (world size 1 -> "uni"); only its CPU platform forces "mp".
 # vLLM's CPU thread binding belongs to the "mp" executor, so the thread count it would have set is set here: every
 # core but one (its "auto" reserve), one on this 2-core machine, for OpenMP and for numba (ngram's proposer). Without
 # them a second OpenMP thread spin-waits in a barrier: pinned to the engine's one core beside the model's thread, a

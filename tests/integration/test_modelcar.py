@@ -19,9 +19,9 @@ import time
 
 import pytest
 
+from tests.digests import sha256_file
 from tests.testbed import images
 from tests.testbed.registry import Registry, ensure_tools
-from tests.digests import sha256_file
 
 pytestmark = pytest.mark.integration
 

@@ -63,8 +63,8 @@ MAX_BLOCKS = 24
 # Warmup requests per tool, side and block (both tools alike): the guide's minimum, which the module enforces.
 WARMUPS = 3
 RUNS_PER_PROMPT = 5
-# Long outputs: each TPOT averages 127 gaps, and ITL pools thousands of gaps per side. A block takes about 22 s on a quiet
-# machine. 64 tokens (blocks of 14 s) was tried: 6 and 18 blocks in two runs, then a run in which the candidate's TPOT
+# Long outputs: each TPOT averages 127 gaps, and ITL pools thousands of gaps per side. A block takes about 8-10 s on a quiet
+# machine (22 s under vLLM's "mp" executor and through ansible-playbook). 64 tokens (blocks of 14 s) was tried: 6 and 18 blocks in two runs, then a run in which the candidate's TPOT
 # stayed 19% apart after 24 blocks, the engine itself 13% slower during the module's requests than during bench's.
 MAX_TOKENS = 128
 NUM_PROMPTS = 3
@@ -166,19 +166,22 @@ class BenchServe:
 
 
 def prompts():
-    """Three prompts of 300-450 tokens each, of one size so that TTFT has one mode (the first two are the module's
+    """Three prompts of 600-900 tokens each, of one size so that TTFT has one mode (the first two are the module's
     built-in workloads' kind), written as a custom dataset for both tools.
 
     Chat API, one user message per prompt: the module and ``vllm bench serve --backend openai-chat
     --skip-chat-template`` both send ``[{"role": "user", "content": [{"type": "text", "text": prompt}]}]``. The
-    servers run without prefix caching (AB_SERVER_ARGS), so every request prefills its whole prompt: TTFT is 30-45 ms
-    of real work, not the 10 ms of a cache hit, most of which would be the two clients' own request paths.
+    servers run without prefix caching (AB_SERVER_ARGS), so every request prefills its whole prompt: TTFT is about
+    40 ms of real work, not the 10 ms of a cache hit, most of which would be the two clients' own request paths. Why
+    not half as long (20 ms): bench's own request path takes about 1 ms more than the module's on the live servers
+    (1.5 against 0.4 ms over vLLM's own TTFT histogram, in one run with both clients on the same core), 5% of 20 ms,
+    so TTFT sat at the bar and decided how many blocks the test ran; at 40 ms it is 2.6%, for about 0.6 s a block.
     """
     return [
         "Refactor this Python function, add type hints and a docstring, and return it whole:\n\n"
-        "def area(w, h):\n    return w * h\n" * 8,
-        "Explain how a hash map works, with an example. " * 14,
-        "The quick brown fox jumps over the lazy dog. " * 28,
+        "def area(w, h):\n    return w * h\n" * 16,
+        "Explain how a hash map works, with an example. " * 28,
+        "The quick brown fox jumps over the lazy dog. " * 56,
     ][:NUM_PROMPTS]
 
 
@@ -415,12 +418,6 @@ def bench_serve(vllm_python, e2e_workdir):
     bench.close()
 
 
-@pytest.fixture(scope="module")
-def paced_server():
-    with serving(PacedSSE) as url:
-        yield url
-
-
 def write_datasets(workdir, runs_per_prompt):
     """(module prompts file, bench dataset): the prompts once for the module, which runs ``runs_per_prompt`` rounds
     in file order; the same rounds spelled out for the reference tool (its oversampling would pick at random)."""
@@ -437,10 +434,19 @@ def write_datasets(workdir, runs_per_prompt):
 
 
 @pytest.fixture(scope="module")
-def paced(paced_server, bench_serve, tiny_checkpoints, vllm_version, e2e_workdir):
+def paced(ab_servers, bench_serve, tiny_checkpoints, vllm_version, e2e_workdir):
     """Both clients on the paced stream, one after the other (bench, then module): {"module", "bench"} pooled medians,
     "sent" (per tool, what the server's own clock says it did during that tool's requests), "tokens", "lines"
-    (the equivalence checks), "workdir". Module-scoped: the live test uses each client's TTFT overhead measured here."""
+    (the equivalence checks), "workdir". Module-scoped: the live test uses each client's TTFT overhead measured here,
+    so both are measured where the live test has them: on the clients' CPUs, beside the server (there the vLLM API
+    servers, here the paced one), whose request path waits for any CPU a client keeps using after it sent."""
+    with vllm_harness.clients_off_engine_cpus([ab_servers["baseline"], ab_servers["candidate"]], [bench_serve.proc.pid]):
+        with serving(PacedSSE) as paced_server:  # its threads start here, on the clients' CPUs
+            return measure_paced(paced_server, bench_serve, tiny_checkpoints, vllm_version, e2e_workdir)
+
+
+def measure_paced(paced_server, bench_serve, tiny_checkpoints, vllm_version, e2e_workdir):
+    """The ``paced`` fixture's measurements."""
     workdir = os.path.join(e2e_workdir, "benchmark-paced")
     os.makedirs(workdir, exist_ok=True)
     # No engine: the pacing is fixed, only sleep overshoot and each client's own path vary (well under a millisecond), so
@@ -569,7 +575,7 @@ def test_ab_report_and_agreement_with_vllm_bench_serve(servers, paced, bench_ser
     server_seen = {(side, tool): {m: [0.0, 0.0] for m in SERVER_HISTOGRAMS} for side in ours for tool in ("module", "bench")}
     equivalence_lines = []
     results = []
-    with vllm_harness.clients_off_engine_cpus([servers["baseline"], servers["candidate"]]) as client_cpus:
+    with vllm_harness.clients_off_engine_cpus([servers["baseline"], servers["candidate"]], [bench_serve.proc.pid]) as client_cpus:
         # Every prompt once on each server before the first block: the first requests after start-up are slow and
         # would land in whichever tool's block came first.
         for side in ("baseline", "candidate"):

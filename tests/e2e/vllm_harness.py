@@ -72,7 +72,7 @@ from tests.e2e.vllm_install import CACHE_ROOT, VllmInstallError, ensure_vllm, in
 __all__ = ["AB_K", "AB_NGRAM_CONFIG", "AB_SERVER_ARGS", "CACHE_ROOT", "NGRAM_CONFIG", "REPETITIVE_PROMPTS", "SERVER_ENV", "TIMINGS", "TINY_DTYPE",
            "VllmInstallError", "VllmServer",
            "VllmServerError", "clients_off_engine_cpus", "ensure_checkpoints", "ensure_vllm", "free_port", "http_request", "installed_version", "log_tail",
-           "run_module", "run_module_process", "run_modules"]
+           "pin_threads", "run_module", "run_module_process", "run_modules"]
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHECKPOINT_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "make_tiny_checkpoints.py")
@@ -309,11 +309,7 @@ class VllmServer:
         if not others:
             return engine
         for pid, comm in processes.items():
-            cpus = engine if comm in (ENGINE_CORE_COMM, WORKER_COMM) else others
-            with contextlib.suppress(FileNotFoundError):
-                for tid in os.listdir("/proc/%d/task" % pid):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.sched_setaffinity(int(tid), cpus)
+            pin_threads(pid, engine if comm in (ENGINE_CORE_COMM, WORKER_COMM) else others)
         return engine
 
     def command(self):
@@ -458,12 +454,26 @@ def _group_alive(pgid):
     return True
 
 
+def pin_threads(pid, cpus):
+    """Every thread of process ``pid`` onto ``cpus`` (``sched_setaffinity`` on a pid moves one thread only); returns
+    {thread id: its CPUs before}. Threads that end meanwhile are skipped."""
+    before = {}
+    with contextlib.suppress(FileNotFoundError):
+        for tid in map(int, os.listdir("/proc/%d/task" % pid)):
+            with contextlib.suppress(ProcessLookupError):
+                before[tid] = os.sched_getaffinity(tid)
+                os.sched_setaffinity(tid, cpus)
+    return before
+
+
 @contextlib.contextmanager
-def clients_off_engine_cpus(servers):
-    """Within the block, this thread and every process it starts run only on the CPUs no server's model worker is
-    bound to (restored afterwards). Yields that CPU set; on a machine where the workers hold every CPU nothing
-    changes. A client process on the worker's core would slow the engine during its own requests only, which is
-    a difference between clients that no client measured."""
+def clients_off_engine_cpus(servers, client_pids=()):
+    """Within the block, this thread, every process it starts and every thread of ``client_pids`` (client processes
+    started earlier, such as a long-lived benchmark driver) run only on the CPUs no server's model worker is bound
+    to (restored afterwards). Yields that CPU set; on a machine where the workers hold every CPU nothing changes. A
+    client process on the worker's core would slow the engine during its own requests only, and leave its own
+    request path uncontended while the other client shares its core with the API servers: differences between
+    clients that no client measured."""
     before = os.sched_getaffinity(0)
     engine = set()
     for server in servers:
@@ -473,10 +483,15 @@ def clients_off_engine_cpus(servers):
         yield before
         return
     os.sched_setaffinity(0, clients)
+    moved = [pin_threads(pid, clients) for pid in client_pids]
     try:
         yield clients
     finally:
         os.sched_setaffinity(0, before)
+        for threads in moved:
+            for tid, cpus in threads.items():
+                with contextlib.suppress(ProcessLookupError):
+                    os.sched_setaffinity(tid, cpus)
 
 
 def run_module(fqcn, args, workdir, python=None, timeout=300):

@@ -63,9 +63,10 @@ MAX_BLOCKS = 24
 # Warmup requests per tool, side and block (both tools alike): the guide's minimum, which the module enforces.
 WARMUPS = 3
 RUNS_PER_PROMPT = 5
-# Long outputs: each TPOT averages 127 gaps, and ITL pools thousands of gaps per side. A block takes about 8-10 s on a quiet
-# machine (22 s under vLLM's "mp" executor and through ansible-playbook). 64 tokens (blocks of 14 s) was tried: 6 and 18 blocks in two runs, then a run in which the candidate's TPOT
-# stayed 19% apart after 24 blocks, the engine itself 13% slower during the module's requests than during bench's.
+# Long outputs: each TPOT averages 127 gaps, and ITL pools thousands of gaps per side. A block takes about 8-10 s on a
+# quiet machine (22 s under vLLM's "mp" executor and through ansible-playbook). 64 tokens (blocks of 14 s then) was
+# tried: 6 and 18 blocks in two runs, then a run in which the candidate's TPOT stayed 19% apart after 24 blocks, the
+# engine itself 13% slower during the module's requests than during bench's.
 MAX_TOKENS = 128
 NUM_PROMPTS = 3
 # Rounds of the paced-client check (bench, then module, per round). One: with no engine there is no drift for

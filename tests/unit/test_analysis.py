@@ -61,7 +61,7 @@ def test_each_verdict():
     assert any(r.startswith("acceptance:") for r in collapsed["reasons"])
     short = analysis.window_verdict([ACCEPTANCE], window(requests=3), base, min_requests=20)
     assert short["verdict"] == analysis.INCONCLUSIVE and "too little traffic" in short["reasons"][0]
-    # 10 drafted tokens: 4 of 10 accepted is below the limit 0.48, but a two-proportion test cannot be 95% sure of it
+    # 10 drafted tokens: 4 of 10 accepted is below the limit 0.48, but a z-test with the draft as the unit cannot be sure of it
     noise = analysis.window_verdict([ACCEPTANCE], window(accepted=4, drafted=10, drafts=4), base)
     assert noise["verdict"] == analysis.INCONCLUSIVE and "inside the noise" in noise["reasons"][0]
     unread = analysis.window_verdict([ACCEPTANCE], error="GET /metrics on pod p failed: 503")
@@ -141,19 +141,27 @@ def test_bad_budgets_are_refused(budgets, field):
         analysis.Budgets.from_params(budgets)
 
 
+def _keep_rule_window(tpot_values):
+    fig = window(requests=len(tpot_values))
+    fig["buckets"] = {"tpot": _buckets(tpot_values), "ttft": _buckets([0.05] * len(tpot_values))}
+    median = canary_window.histogram_quantile(0.5, [(float("inf") if b == "+Inf" else b, c) for b, c in fig["buckets"]["tpot"]])
+    fig["tpot_ms"] = {"median": median * 1000, "p99": None, "mean": None}
+    fig["ttft_ms"] = {"median": 50.0, "p99": None, "mean": None}
+    return fig
+
+
 def test_the_canary_keep_rule_becomes_rows_and_a_difference_in_the_noise_is_inconclusive():
-    stable, canary = window(tpot=0.015), window(tpot=0.03)
-    stable["ttft_ms"] = canary["ttft_ms"] = {"median": 50.0}
-    decided = {"decision": "roll_back", "reasons": ["median TPOT (per-token latency) got worse"],
-               "checks": [{"metric": "tpot", "label": "median TPOT", "baseline": stable["tpot_ms"]["median"],
-                           "candidate": canary["tpot_ms"]["median"], "better": "lower", "tolerance": 0.0, "passed": False}]}
+    # the keep rule (canary_window.decide) tests each check for noise; the rows carry its confidence
+    stable, canary = _keep_rule_window([0.015] * 100), _keep_rule_window([0.03] * 100)
+    decided = canary_window.decide(stable, canary, min_requests=20)
     out = analysis.canary_window_verdict(stable, canary, decided)
+    assert decided["decision"] == "roll_back" and decided["reasons"][0].startswith("median TPOT (per-token latency) got worse")
     assert out["verdict"] == analysis.FAIL and out["reasons"] == decided["reasons"] and out["confidence"] > 0.999
-    # the same medians from 4 requests a side, the slower ones overlapping: not sure enough
-    few = dict(canary, buckets={"tpot": _buckets([0.015, 0.015, 0.03, 0.03])})
-    base = dict(stable, buckets={"tpot": _buckets([0.015, 0.015, 0.015, 0.03])})
+    # 4 requests a side, the slower ones overlapping: neither sure it is worse nor that it gained
+    few, base = _keep_rule_window([0.015, 0.015, 0.03, 0.03]), _keep_rule_window([0.015, 0.015, 0.015, 0.03])
+    decided = canary_window.decide(base, few, min_requests=1)
     out = analysis.canary_window_verdict(base, few, decided)
-    assert out["verdict"] == analysis.INCONCLUSIVE and "inside the noise" in out["reasons"][0]
+    assert out["verdict"] == analysis.INCONCLUSIVE and "no gain beyond the noise" in out["reasons"][0]
     missing = analysis.canary_window_verdict(stable, canary, {"decision": "none", "reasons": ["no /metrics"], "checks": []},
                                              missing={"canary": ["p"]})
     assert missing["verdict"] == analysis.ERROR

@@ -10,24 +10,25 @@ across windows the way Argo Rollouts' AnalysisRun has them.
 - A check (``check_spec``) is a condition on one figure: absolute (``min`` / ``max``) or against a baseline (``better``
   ``lower``/``higher`` with a ``tolerance`` fraction); ``dry_run`` checks are evaluated and reported, never decide.
 - A window's verdict (``window_verdict``): ``error`` when a scrape or read failed (never a failure), ``inconclusive`` on
-  too little traffic or when a check cannot be measured or its measured difference is inside the noise (a one-sided
-  Mann-Whitney rank test on the histograms' buckets, or a two-proportion test on the acceptance counters, below
-  ``confidence``), ``fail`` when a deciding check failed, else ``pass``.
+  too little traffic, when a check cannot be measured, or when its noise test (bench/noise.py: ranks on the histograms
+  for latency medians, exceedances for tails, the draft as the unit for acceptance, E2E latency for the output rate)
+  is sure neither that the figure is beyond its limit nor that it is within; ``fail`` when a deciding check is sure to
+  be beyond (its share of ``1 - confidence``), ``pass`` when every deciding check is sure to be within.
 - Budgets (``Budgets``, ``AnalysisRun``): the run is ``failed`` when failures exceed ``failure_limit``,
   ``inconclusive`` when inconclusives exceed ``inconclusive_limit``, ``error`` when consecutive errors exceed
   ``consecutive_error_limit`` (Argo's ``failureLimit``, ``inconclusiveLimit``, ``consecutiveErrorLimit``), else
   ``successful`` after ``count`` windows with at least one ``pass``. ``initial_delay`` seconds pass before the first
   scrape (warm-up).
 
-Plain Python, no Ansible imports, no API calls; the rank test is closed-form (deterministic, no sampling).
+The error rates these give, measured by a seeded simulation on vLLM's bucket bounds (tests/unit/test_noise_calibration.py),
+are in docs/rollback.md. Plain Python, no Ansible imports, no API calls; every test is closed-form (deterministic).
 """
 
 from __future__ import annotations
 
-import math
-
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import canary_window
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import noise
 
 PASS, FAIL, INCONCLUSIVE, ERROR = "pass", "fail", "inconclusive", "error"
 VERDICTS = (PASS, FAIL, INCONCLUSIVE, ERROR)
@@ -102,82 +103,37 @@ def check_spec(check, field="checks"):
     return out
 
 
-def _phi(z):
-    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
-
-
-def _bucket_counts(buckets):
-    """Cumulative ``[[le, count]...]`` ("+Inf" allowed) as {upper: cumulative}."""
-    return {float("inf") if le in ("+Inf", "Inf", float("inf")) else float(le): float(count) for le, count in buckets or []}
-
-
 def rank_test(baseline_buckets, candidate_buckets, better="lower"):
-    """One-sided Mann-Whitney U on two histograms (each bucket a tie group): how sure (0..1) we are that the candidate
-    is worse than the baseline. None when a side is empty."""
-    base, cand = _bucket_counts(baseline_buckets), _bucket_counts(candidate_buckets)
-    bounds = sorted(set(base) | set(cand))
-
-    def per_bucket(cum):
-        out, prev = [], 0.0
-        for upper in bounds:
-            known = [u for u in cum if u <= upper]
-            now = cum[max(known)] if known else 0.0
-            out.append(max(now - prev, 0.0))
-            prev = max(now, prev)
-        return out
-    b_n, c_n = per_bucket(base), per_bucket(cand)
-    n1, n2 = sum(c_n), sum(b_n)
-    if n1 <= 0 or n2 <= 0:
-        return None
-    total, rank_start, r_cand, ties = n1 + n2, 0.0, 0.0, 0.0
-    for c_k, b_k in zip(c_n, b_n):
-        t = c_k + b_k
-        if t:
-            r_cand += c_k * (rank_start + (t + 1) / 2.0)
-            ties += t ** 3 - t
-            rank_start += t
-    u_cand = r_cand - n1 * (n1 + 1) / 2.0   # large: the candidate's values rank high (slower)
-    mean = n1 * n2 / 2.0
-    var = n1 * n2 / 12.0 * ((total + 1) - ties / (total * (total - 1))) if total > 1 else 0.0
-    if var <= 0:
-        return 0.5  # every value in one bucket: no difference the histograms can show
-    z = (u_cand - mean) / math.sqrt(var)
-    return _phi(z if better == "lower" else -z)
+    """One-sided Mann-Whitney U on two histograms (each bucket a tie group, on the bounds both sides have): how sure
+    (0..1) we are that the candidate is worse than the baseline. None when a side is empty; BoundsMismatch
+    (bench/noise.py) when they share no bound."""
+    out = noise.rank_pvalues(baseline_buckets, candidate_buckets, better)
+    return None if out is None else 1.0 - out["worse"]
 
 
 def proportion_test(base_hits, base_n, cand_hits, cand_n, better="higher"):
     """One-sided two-proportion z-test: how sure (0..1) we are that the candidate's proportion is worse."""
-    if not base_n or not cand_n or base_hits is None or cand_hits is None:
-        return None
-    p1, p2 = base_hits / float(base_n), cand_hits / float(cand_n)
-    pooled = (base_hits + cand_hits) / float(base_n + cand_n)
-    var = pooled * (1 - pooled) * (1.0 / base_n + 1.0 / cand_n)
-    if var <= 0:
-        return 1.0 if (p2 < p1 if better == "higher" else p2 > p1) else 0.5
-    z = (p1 - p2) / math.sqrt(var)
-    return _phi(z if better == "higher" else -z)
+    try:
+        return noise.proportion_pvalue(base_hits, base_n, cand_hits, cand_n, better)
+    except ValueError as exc:
+        raise ValidationError(str(exc), field="checks", hint="hits are counted among the trials: a count above them is a scrape error") from exc
 
 
-def confidence_worse(name, baseline, candidate, better):
-    """How sure the candidate's figure ``name`` is worse than the baseline's, from what the window's counts give; None
-    when no test applies (the figure is then taken as measured)."""
-    key = name.split("_")[0]
-    if key in canary_window.HISTOGRAMS and name.rsplit("_", 1)[-1] in ("median", "p99", "mean"):
-        return rank_test(((baseline or {}).get("buckets") or {}).get(key), ((candidate or {}).get("buckets") or {}).get(key), better)
-    b_acc, c_acc = (baseline or {}).get("acceptance") or {}, (candidate or {}).get("acceptance") or {}
-    if name in ("acceptance_rate", "mean_acceptance_length"):
-        return proportion_test(b_acc.get("num_accepted_tokens"), b_acc.get("num_draft_tokens"),
-                               c_acc.get("num_accepted_tokens"), c_acc.get("num_draft_tokens"), better)
-    if name.startswith("position_"):
-        pos = int(name[len("position_"):-len("_rate")]) - 1
-        b_pos, c_pos = b_acc.get("accepted_tokens_per_position") or [], c_acc.get("accepted_tokens_per_position") or []
-        if pos < len(b_pos) and pos < len(c_pos):
-            return proportion_test(b_pos[pos], b_acc.get("num_drafts"), c_pos[pos], c_acc.get("num_drafts"), better)
-    return None
+def noise_pvalues(name, baseline, candidate, better, tolerance=0.0, confidence=DEFAULT_CONFIDENCE):
+    """The figure's noise test (bench/noise.py) on two windows' figures: ``{"worse", "within", "test"}``, None when
+    no test applies (the figure is then taken as measured)."""
+    return noise.pvalues(name, baseline, candidate, better, tolerance, confidence)
 
 
-def evaluate_check(check, figures, baseline=None, confidence=DEFAULT_CONFIDENCE):
-    """One check on a window: ``passed`` True / False / None (not measurable, or a difference inside the noise)."""
+def evaluate_check(check, figures, baseline=None, confidence=DEFAULT_CONFIDENCE, fail_alpha=None):
+    """One check on a window: ``passed`` True / False / None.
+
+    Against the baseline (``better`` + ``tolerance``) the figure's noise test decides, never the side of the limit a
+    point estimate falls on: ``False`` when it is sure the figure is beyond the limit (p below ``fail_alpha``, default
+    ``1 - confidence``; the window splits its rate over its checks), ``True`` when it is sure (``confidence``) the
+    figure is within it, else ``None``, inside the noise. A figure without a test (counts) and the bounds
+    (``min``/``max``) are compared as measured."""
+    fail_alpha = 1.0 - confidence if fail_alpha is None else fail_alpha
     value = figure(figures, check["figure"])
     row = {"name": check["name"], "figure": check["figure"], "value": value, "dry_run": check["dry_run"], "passed": None,
            "confidence": None}
@@ -192,17 +148,28 @@ def evaluate_check(check, figures, baseline=None, confidence=DEFAULT_CONFIDENCE)
             return row
         limit = base * (1 + check["tolerance"]) if check["better"] == "lower" else base * (1 - check["tolerance"])
         row["limit"] = limit
-        row["passed"] = value <= limit if check["better"] == "lower" else value >= limit
-        if not row["passed"]:
-            sure = confidence_worse(check["figure"], baseline, figures, check["better"])
-            row["confidence"] = sure
-            if sure is not None and sure < confidence:
-                row["passed"] = None
-                row["why"] = (f"{check['figure']} {value:.4g} vs baseline {base:.4g} is outside the tolerance, but inside the noise "
-                              f"({100 * sure:.0f}% sure, {100 * confidence:.0f}% needed)")
-                return row
-        sure_text = "" if row["confidence"] is None else f", {100 * row['confidence']:.1f}% sure it is worse"
-        row["why"] = f"{check['figure']} {value:.4g} vs baseline {base:.4g} (limit {limit:.4g}){sure_text}"
+        beyond = value > limit if check["better"] == "lower" else value < limit
+        measured = f"{check['figure']} {value:.4g} vs baseline {base:.4g} (limit {limit:.4g})"
+        try:
+            test = noise_pvalues(check["figure"], baseline, figures, check["better"], check["tolerance"], confidence)
+        except noise.BoundsMismatch as exc:
+            row["why"] = f"{measured}: {exc}; scrape both sides with the same buckets"
+            return row
+        if test is None:
+            row["passed"] = not beyond
+            row["why"] = measured + ", as measured (a count: no noise test)"
+            return row
+        row.update(confidence=1.0 - test["worse"], noise_test=test["test"])
+        if beyond and test["worse"] < fail_alpha:
+            row["passed"] = False
+            row["why"] = f"{measured}, {100 * (1 - test['worse']):.1f}% sure it is beyond the limit ({test['test']})"
+        elif test["within"] < 1.0 - confidence:
+            row["passed"] = True
+            row["why"] = f"{measured}, {100 * (1 - test['within']):.1f}% sure it is within ({test['test']})"
+        else:
+            row["why"] = (f"{measured} is inside the noise: {100 * (1 - test['worse']):.0f}% sure it is beyond the limit "
+                          f"({100 * (1 - fail_alpha):.1f}% needed to fail), {100 * (1 - test['within']):.0f}% sure it is within "
+                          f"({100 * confidence:.0f}% needed to pass; {test['test']})")
         return row
     row.update({k: check[k] for k in ("min", "max") if k in check})
     row["passed"] = ("min" not in check or value >= check["min"]) and ("max" not in check or value <= check["max"])
@@ -213,8 +180,10 @@ def evaluate_check(check, figures, baseline=None, confidence=DEFAULT_CONFIDENCE)
 def window_verdict(checks, figures=None, baseline=None, min_requests=1, error=None, confidence=DEFAULT_CONFIDENCE, extra=None):
     """A window's verdict: ``{"verdict", "reasons", "checks", "confidence"}``.
 
-    ``error``: why a scrape or read failed (the verdict is then ``error`` and no check is evaluated). ``extra``: rows
-    already evaluated elsewhere (the canary's keep rule) with the same keys as ``evaluate_check``'s.
+    ``confidence`` is the window's: its deciding checks share ``1 - confidence`` as their false-fail rate (Bonferroni),
+    so an identical pair fails the window at most that often. ``error``: why a scrape or read failed (the verdict is
+    then ``error`` and no check is evaluated). ``extra``: rows already evaluated elsewhere (the canary's keep rule) with
+    the same keys as ``evaluate_check``'s.
     """
     if error:
         return {"verdict": ERROR, "reasons": list(error) if isinstance(error, (list, tuple)) else [error], "checks": [], "confidence": None}
@@ -225,7 +194,8 @@ def window_verdict(checks, figures=None, baseline=None, min_requests=1, error=No
     if short:
         return {"verdict": INCONCLUSIVE, "reasons": ["too little traffic: " + s for s in short], "checks": [], "confidence": None,
                 "requests": requests}
-    rows = list(extra or []) + [evaluate_check(c, figures, baseline, confidence) for c in checks]
+    fail_alpha = (1.0 - confidence) / max(1, sum(1 for c in checks if not c["dry_run"]))
+    rows = list(extra or []) + [evaluate_check(c, figures, baseline, confidence, fail_alpha) for c in checks]
     deciding = [r for r in rows if not r.get("dry_run")]
     failed = [r for r in deciding if r["passed"] is False]
     unsure = [r for r in deciding if r["passed"] is None]
@@ -276,6 +246,11 @@ class Budgets:
             raise ValidationError("must be more than 0 seconds", field=prefix + "interval", hint="measure windows of a few minutes")
         if self.initial_delay < 0:
             raise ValidationError("must be 0 or more seconds", field=prefix + "initial_delay", hint="0 starts measuring at once")
+
+    def window_confidence(self, confidence):
+        """The confidence one window decides with so that the whole run (``count`` windows, failed past
+        ``failure_limit``) fails an identical pair at most ``1 - confidence`` of the time."""
+        return 1.0 - noise.window_alpha(1.0 - confidence, self.count, self.failure_limit)
 
     def to_dict(self):
         return dict(vars(self))
@@ -349,25 +324,18 @@ _KEEP_RULE_FIGURES = {"ttft": "ttft_median", "tpot": "tpot_median", "throughput"
                       "tpot_p99": "tpot_p99"}
 
 
-def keep_rule_rows(decided_checks, stable, canary, confidence=DEFAULT_CONFIDENCE):
-    """``canary_window.decide``'s checks (the benchmark's keep rule and the p99 guard) as rows of this engine, the stable
-    revision being the baseline: a failed one whose difference the histograms cannot tell from noise is ``passed=None``;
-    a p99 not decided on (too few requests) is a dry-run row."""
+def keep_rule_rows(decided_checks):
+    """``canary_window.decide``'s checks (the benchmark's keep rule and the p99 guard, each already noise-tested) as rows
+    of this engine, the stable revision being the baseline; a p99 not decided on (too few requests) is a dry-run row."""
     rows = []
     for check in decided_checks:
         name = _KEEP_RULE_FIGURES.get(check["metric"], check["metric"])
         row = {"name": check.get("label") or name, "figure": name, "value": check.get("candidate"), "baseline": check.get("baseline"),
                "limit": check.get("limit"), "better": check.get("better"), "tolerance": check.get("tolerance"),
-               "passed": check.get("passed"), "dry_run": check.get("decided") is False, "confidence": None}
-        if row["passed"] is False and row["value"] is not None and row["baseline"] is not None:
-            sure = confidence_worse(name, stable, canary, check.get("better") or "lower")
-            row["confidence"] = sure
-            if sure is not None and sure < confidence:
-                row["passed"] = None
-                row["why"] = "canary %.4g vs stable %.4g is outside the tolerance, but inside the noise (%.0f%% sure, %.0f%% needed)" % (
-                    row["value"], row["baseline"], 100 * sure, 100 * confidence)
-        if "why" not in row:
-            row["why"] = "canary %s vs stable %s" % (_num(row["value"]), _num(row["baseline"]))
+               "passed": check.get("passed"), "dry_run": check.get("decided") is False, "confidence": check.get("confidence"),
+               "noise_test": check.get("noise_test")}
+        sure = "" if row["confidence"] is None else ", %.1f%% sure it is worse (%s)" % (100 * row["confidence"], row["noise_test"])
+        row["why"] = "canary %s vs stable %s%s" % (_num(row["value"]), _num(row["baseline"]), sure)
         rows.append(row)
     return rows
 
@@ -377,22 +345,29 @@ def _num(value):
 
 
 def canary_window_verdict(stable, canary, decided, missing=None, checks=(), confidence=DEFAULT_CONFIDENCE):
-    """One canary window: ``decided`` is ``canary_window.decide``'s result on it. Missing /metrics -> ``error``; too few
-    requests -> ``inconclusive``; else the keep rule's rows and the extra ``checks`` (stable as the baseline) decide."""
-    if decided["decision"] == "none":
+    """One canary window: ``decided`` is ``canary_window.decide``'s result on it (with ``extra_checks`` the number of
+    deciding ``checks``, so they share the window's false-fail rate). Missing /metrics -> ``error``; too few requests
+    -> ``inconclusive``; a keep-rule guard or a check sure to be worse -> ``fail``; the keep rule's gain shown and every
+    check passed -> ``pass``; else ``inconclusive`` (inside the noise)."""
+    if decided["decision"] == "none" and not decided.get("checks"):
         verdict = ERROR if any((missing or {}).values()) else INCONCLUSIVE
         return {"verdict": verdict, "reasons": list(decided["reasons"]), "checks": [], "confidence": None, "decision": "none"}
-    rows = keep_rule_rows(decided["checks"], stable, canary, confidence)
-    out = window_verdict(checks, canary, stable, min_requests=0, extra=rows, confidence=confidence)
-    natural = PASS if decided["decision"] == "promote" else FAIL
-    if natural == FAIL and out["verdict"] == PASS:
-        out["verdict"] = FAIL  # a keep-rule refusal that is no check row (e.g. failed requests)
-    own = [r for r in out["checks"][len(rows):] if r["passed"] is not True]
-    if out["verdict"] == natural:
-        out["reasons"] = list(decided["reasons"]) + ["%s%s: %s" % ("dry run, not deciding - " if r["dry_run"] else "", r["name"], r.get("why", ""))
-                                                     for r in own]
-    out["decision"] = decided["decision"]
-    return out
+    rows = keep_rule_rows(decided["checks"])
+    fail_alpha = decided.get("fail_alpha") or (1.0 - confidence)
+    own = [evaluate_check(c, canary, stable, confidence, fail_alpha) for c in checks]
+    deciding = [r for r in rows + own if not r.get("dry_run")]
+    failed = [r for r in deciding if r["passed"] is False]
+    if decided["decision"] == "roll_back" or failed:
+        verdict = FAIL
+    elif decided["decision"] == "promote" and all(r["passed"] is True for r in own if not r.get("dry_run")):
+        verdict = PASS
+    else:
+        verdict = INCONCLUSIVE
+    sure = [r["confidence"] for r in failed if r.get("confidence") is not None]
+    reasons = list(decided["reasons"]) + ["%s%s: %s" % ("dry run, not deciding - " if r["dry_run"] else "", r["name"], r.get("why", ""))
+                                          for r in own if r["passed"] is not True]
+    return {"verdict": verdict, "reasons": reasons, "checks": rows + own, "confidence": min(sure) if sure else None,
+            "requests": (canary or {}).get("requests"), "decision": decided["decision"]}
 
 
 # a run's phase -> the window verdict that ended it

@@ -78,9 +78,11 @@ def histogram_delta(later, earlier):
 def add_histograms(first, second):
     if first is None:
         return copy.deepcopy(second)
-    merged = dict(first["buckets"])
-    for upper, cum in second["buckets"]:
-        merged[upper] = merged.get(upper, 0.0) + cum
+    # Pods scraped with other bucket bounds (custom_histogram_buckets) add up on the bounds they share: a cumulative count
+    # is exact there, and a bound only one pod has would count the others' requests as not yet below it.
+    ones, twos = dict(first["buckets"]), dict(second["buckets"])
+    shared = set(ones) & set(twos) if ones and twos else set(ones) | set(twos)
+    merged = {upper: ones.get(upper, 0.0) + twos.get(upper, 0.0) for upper in shared}
     return {"buckets": sorted(merged.items()), "count": first["count"] + second["count"], "sum": first["sum"] + second["sum"],
             "found": first["found"] or second["found"], "reset": first.get("reset") or second.get("reset")}
 
@@ -167,7 +169,7 @@ def revision_figures(pod_deltas, window_s, percentiles=(50, 99)):
 def as_bench_summary(figures):
     """A revision's figures in the shape bench_decision.decide reads (medians in ms, output throughput, completed)."""
     return {"ttft_ms": figures["ttft_ms"], "tpot_ms": figures["tpot_ms"], "output_throughput": figures["output_rate_per_request"],
-            "completed": figures["requests"], "failed": 0}
+            "completed": figures["requests"], "failed": 0, "buckets": figures.get("buckets") or {}}
 
 
 DEFAULT_P99_TOLERANCE = 0.5
@@ -191,8 +193,9 @@ def check_p99_tolerance(value, field="p99_tolerance"):
     return value
 
 
-def _p99_checks(stable, canary, tolerance):
-    """The tail checks: the canary's p99 TTFT and p99 TPOT at most ``tolerance`` worse than the stable revision's. A p99
+def _p99_checks(stable, canary, tolerance, fail_alpha, confidence):
+    """The tail checks: the canary's p99 TTFT and p99 TPOT at most ``tolerance`` worse than the stable revision's, failed
+    only when the exceedance test (bench/noise.py: the canary's requests above the stable p99's bound) is sure of it. A p99
     that one side's histogram cannot give (no requests in the window) is not a check: the medians already refuse that."""
     checks, reasons = [], []
     for key, label in P99_CHECKS:
@@ -200,25 +203,37 @@ def _p99_checks(stable, canary, tolerance):
         if s_val is None or c_val is None:
             continue
         limit = s_val * (1.0 + tolerance)
+        test = bench_decision.figure_test("%s_p99" % key, bench_decision.evidence(stable), bench_decision.evidence(canary), "lower",
+                                          tolerance, confidence) or {}
+        sure = None if "worse" not in test else 1.0 - test["worse"]
+        if test.get("error"):
+            passed = False
+        else:
+            passed = c_val <= limit if sure is None else not (c_val > limit and test["worse"] < fail_alpha)
         check = {"metric": "%s_p99" % key, "label": label, "baseline": s_val, "candidate": c_val, "better": "lower",
-                 "tolerance": tolerance, "limit": limit, "passed": c_val <= limit,
-                 "change": (c_val - s_val) / s_val if s_val else None}
+                 "tolerance": tolerance, "limit": limit, "passed": passed, "confidence": sure,
+                 "noise_test": test.get("test") or "none", "change": (c_val - s_val) / s_val if s_val else None}
         checks.append(check)
         if not check["passed"]:
-            reasons.append("%s got worse: canary %.2f ms vs stable %.2f ms (%s, tail tolerance %.0f%%)" % (
+            reasons.append("%s got worse: canary %.2f ms vs stable %.2f ms (%s, tail tolerance %.0f%%%s)" % (
                 label, c_val, s_val, "%+.1f%%" % (100.0 * check["change"]) if check["change"] is not None else "from 0",
-                100.0 * tolerance))
+                100.0 * tolerance, "; " + test["error"] if test.get("error") else
+                "" if sure is None else "; %.1f%% sure by %s" % (100.0 * sure, check["noise_test"])))
     return checks, reasons
 
 
-def decide(stable, canary, min_requests=20, tolerances=None, missing=None, p99_tolerance=DEFAULT_P99_TOLERANCE):
+def decide(stable, canary, min_requests=20, tolerances=None, missing=None, p99_tolerance=DEFAULT_P99_TOLERANCE,
+           confidence=bench_decision.DEFAULT_CONFIDENCE, extra_checks=0):
     """``promote`` | ``roll_back`` | ``none`` (not enough evidence), with the reasons.
 
-    The keep rule is the benchmark's (``bench_decision.decide``: median TTFT, median TPOT and the output rate all at least as
-    good within the tolerances), on the medians of the window's histogram deltas. Live traffic adds a tail guard: the
-    canary's p99 TTFT and p99 TPOT may be at most ``p99_tolerance`` worse (None: tails not checked), since a median
-    win can hide a tail that users feel. No decision when a side's pods had no metrics (``missing``:
-    ``{side: [pod, ...]}``) or fewer than ``min_requests`` requests finished on either side.
+    The keep rule is the benchmark's (``bench_decision.decide``: median TPOT or the output rate better beyond the noise,
+    median TTFT, median TPOT and the output rate not worse beyond their tolerances), on the window's histogram buckets.
+    Live traffic adds a tail guard: the canary's p99 TTFT and p99 TPOT may be at most ``p99_tolerance`` worse (None:
+    tails not checked), since a median win can hide a tail that users feel. ``confidence`` is the window's: a guard,
+    tail or one of ``extra_checks`` more checks the caller decides with fails an identical pair at most ``1 -
+    confidence`` of the time together (Bonferroni). No decision when a side's pods had no metrics (``missing``: ``{side:
+    [pod, ...]}``), fewer than ``min_requests`` requests finished on either side, or nothing is worse and no gain shows
+    beyond the noise (``checks`` then say how close).
     """
     missing = {side: pods for side, pods in (missing or {}).items() if pods}
     if missing:
@@ -228,19 +243,24 @@ def decide(stable, canary, min_requests=20, tolerances=None, missing=None, p99_t
              for side, fig in (("stable", stable), ("canary", canary)) if fig["requests"] < min_requests]
     if short:
         return {"decision": "none", "reasons": short, "checks": []}
-    verdict = bench_decision.decide(as_bench_summary(stable), as_bench_summary(canary), tolerances=tolerances)
     tolerance = check_p99_tolerance(p99_tolerance)
-    tail_checks, tail_reasons = _p99_checks(stable, canary, tolerance) if tolerance is not None else ([], [])
     fewest = min(stable["requests"], canary["requests"])
-    if tail_checks and fewest < P99_MIN_REQUESTS:
+    tails_decide = tolerance is not None and fewest >= P99_MIN_REQUESTS
+    fail_alpha = (1.0 - confidence) / (3 + (len(P99_CHECKS) if tails_decide else 0) + extra_checks)
+    verdict = bench_decision.decide(as_bench_summary(stable), as_bench_summary(canary), tolerances=tolerances, confidence=confidence,
+                                    fail_alpha=fail_alpha)
+    tail_checks, tail_reasons = _p99_checks(stable, canary, tolerance, fail_alpha, confidence) if tolerance is not None else ([], [])
+    if tail_checks and not tails_decide:
         for check in tail_checks:
             check.update(passed=None, decided=False)
         tail_reasons = []
         verdict["reasons"] = verdict["reasons"] + ["p99 TTFT/TPOT reported, not decided on: a side finished %d requests in the window, "
                                                    "fewer than the %d a p99 needs (lengthen the window)" % (fewest, P99_MIN_REQUESTS)]
-    if verdict["decision"] == "keep" and not tail_reasons:
-        return {"decision": "promote", "reasons": verdict["reasons"], "checks": verdict["checks"] + tail_checks,
-                "tolerances": dict(verdict["tolerances"], p99=tolerance)}
-    reasons = (verdict["reasons"] if verdict["decision"] != "keep" else []) + tail_reasons
-    return {"decision": "roll_back", "reasons": reasons, "checks": verdict["checks"] + tail_checks,
-            "tolerances": dict(verdict["tolerances"], p99=tolerance)}
+    out = {"checks": verdict["checks"] + tail_checks, "tolerances": dict(verdict["tolerances"], p99=tolerance), "fail_alpha": fail_alpha,
+           "confidence": confidence}
+    if verdict["outcome"] == "keep" and not tail_reasons:
+        return dict(out, decision="promote", reasons=verdict["reasons"])
+    if verdict["outcome"] == "no_gain" and not tail_reasons:
+        return dict(out, decision="none", reasons=verdict["reasons"])
+    reasons = (verdict["reasons"] if verdict["outcome"] == "worse" else []) + tail_reasons
+    return dict(out, decision="roll_back", reasons=reasons)

@@ -18,6 +18,7 @@ import json
 import os
 import shlex
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench.decision import LATENCY_ROWS, burst_notes, compare, decide
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench.plots import (
     plot_acceptance, plot_k_curve, plot_k_schedule, plot_latency, plot_sweep_load,
@@ -177,7 +178,7 @@ def build_report(baseline, candidate, context, tolerances=None, acceptance=None,
     all_notes += burst_notes(b_sum, c_sum)
     sides = {}
     for name, side in (("baseline", baseline), ("candidate", candidate)):
-        sides[name] = {k: v for k, v in side.items() if k != "records"}
+        sides[name] = bench_stats.without_samples({k: v for k, v in side.items() if k != "records"})
     return {
         "schema": SCHEMA,
         "title": title or "Speculative decoding A/B benchmark",
@@ -298,11 +299,19 @@ def render_markdown(report):
             _fmt(cache.get("hit_rate"), pct=True)))
     lines.append("")
 
-    lines += ["## Decision checks", "", "| Check | Baseline | Candidate | Change | Tolerance | Passed |", "|---|---|---|---|---|---|"]
+    lines += ["## Decision checks", "", "| Check | Baseline | Candidate | Change | Tolerance | Not worse | Sure it is better | Noise test |",
+              "|---|---|---|---|---|---|---|---|"]
     for check in dec["checks"]:
-        lines.append("| %s | %s | %s | %s | %s | %s |" % (
+        gain = check.get("gain_confidence")
+        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
             check["label"], _fmt(check["baseline"]), _fmt(check["candidate"]), _fmt(check["change"], pct=True, signed=True),
-            _fmt(check["tolerance"], pct=True), "yes" if check["passed"] else "**no**"))
+            _fmt(check["tolerance"], pct=True), "yes" if check["passed"] else "**no**",
+            "" if gain is None else _fmt(gain, pct=True), check.get("noise_test") or "none"))
+    if dec.get("untested"):
+        lines += ["", "Not noise-tested: %s." % dec["untested"]]
+    elif dec.get("confidence") is not None:
+        lines += ["", "Keep needs median TPOT or the output rate better at %s sure, and no check worse beyond its tolerance at %s "
+                  "sure (bench/noise.py)." % (_fmt(1 - (1 - dec["confidence"]) / 2, pct=True), _fmt(1 - dec["fail_alpha"], pct=True))]
     load = dec.get("load") or {}
     lines += ["", "Target load: concurrency %s, request rate %s." % (
         _fmt(load.get("concurrency")), _fmt(load.get("request_rate"), 3) if load.get("request_rate") else "inf"), ""]

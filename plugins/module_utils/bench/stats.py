@@ -144,7 +144,8 @@ def summarize_run(records, duration, percentiles=DEFAULT_PERCENTILES):
     ``records``: dicts with ``success``, ``ttft``, ``itl`` (list), ``latency`` (E2EL), ``output_tokens``,
     ``prompt_tokens`` (seconds for times). ``duration``: wall time of the measured phase in seconds.
 
-    Beyond the reference tool's numbers: ``burst_delivered``, how many completed requests arrived in bursts
+    Beyond the reference tool's numbers: ``samples``, the per-request TTFT, TPOT and output rate the keep rule's noise
+    tests rank; ``burst_delivered``, how many completed requests arrived in bursts
     (``burst_delivered(record)``), and ``burst_delivered_median_gap_ms``, the median gap between those requests'
     chunks (pooled; ``None`` when there are none). They are counted in the statistics like every other request.
     """
@@ -175,6 +176,10 @@ def summarize_run(records, duration, percentiles=DEFAULT_PERCENTILES):
         "mean_output_tokens": mean([r.get("output_tokens") or 0 for r in ok]),
         "burst_delivered": len(bursts),
         "burst_delivered_median_gap_ms": median(burst_gaps) * 1000.0 if burst_gaps else None,
+        # the per-request values the keep rule's noise tests rank (bench/noise.py): seconds, and tokens per second of
+        # request time
+        "samples": {"ttft": ttfts, "tpot": tpots,
+                    "output_rate": [int(r.get("output_tokens") or 0) / r["latency"] for r in ok if r.get("latency")]},
     }
 
 
@@ -188,6 +193,15 @@ def side_summary(side):
     (``{"summary": {...}, ...}``)."""
     side = side or {}
     return side["summary"] if isinstance(side.get("summary"), dict) else side
+
+
+def without_samples(side):
+    """A side (or a summary) without the per-request samples: what module results and reports show."""
+    side = dict(side or {})
+    if isinstance(side.get("summary"), dict):
+        side["summary"] = {k: v for k, v in side["summary"].items() if k != "samples"}
+    side.pop("samples", None)
+    return side
 
 
 def relative_change(baseline, candidate):

@@ -438,7 +438,8 @@ def _observe_window(api_client, namespace, targets, selectors, window, max_windo
             figures[side] = analysis.window_figures(deltas, elapsed)
             figures[side]["pod_names"] = sorted(pages)
         decided = canary_window.decide(figures["stable"], figures["canary"], min_requests=min_requests, tolerances=tolerances,
-                                       missing=later_missing, p99_tolerance=p99_tolerance)
+                                       missing=later_missing, p99_tolerance=p99_tolerance, confidence=confidence,
+                                       extra_checks=sum(1 for c in checks if not c["dry_run"]))
         short = decided["decision"] == "none" and not any(later_missing.values())
         remaining = max_window - elapsed
         if not short or remaining <= 0.05:
@@ -478,7 +479,7 @@ def observe(api_client, namespace, name, selectors, window, max_window=None, min
     def measure(_index):
         try:
             out = _observe_window(api_client, namespace, targets, selectors, window, max_window, min_requests, tolerances, model_name,
-                                  timeout, clock, sleep, p99_tolerance, checks, confidence)
+                                  timeout, clock, sleep, p99_tolerance, checks, budgets.window_confidence(confidence))
         except (k8s_pods.PodAccessError, ValidationError) as exc:
             out = dict(analysis.window_verdict((), error=str(exc)), decision="none", stable={}, canary={}, window_s=0.0,
                        missing={}, extended=0, keep_rule_checks=[])
@@ -529,7 +530,7 @@ def render_markdown(report):
         lines.append("- Analysis: %s (%s); windows: %s" % (run["phase"], run["message"], ", ".join(
             "%d %s" % (run["counts"][v], v) for v in analysis.VERDICTS if run["counts"].get(v))))
     if report.get("confidence") is not None:
-        lines.append("- Confidence that the canary is worse: %.1f%% (one-sided rank test on the histograms' buckets)" % (100 * report["confidence"]))
+        lines.append("- Confidence that the canary is worse: %.1f%% (bench/noise.py's test of the figure that failed)" % (100 * report["confidence"]))
     lines += ["- Next: %s" % report["next_step"]] if report.get("next_step") else []
     lines.append("")
     lines += ["| | stable (%s) | canary (%s) |" % (report["selectors"]["stable"], report["selectors"]["canary"]), "|---|---|---|"]

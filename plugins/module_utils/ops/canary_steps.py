@@ -28,7 +28,7 @@ def check_confidence(value, field="confidence"):
     value = analysis.DEFAULT_CONFIDENCE if value is None else value
     if not 0.5 <= value < 1:
         raise ValidationError("must be at least 0.5 and below 1, got %r" % (value,), field=field,
-                              hint="e.g. 0.95: a difference the rank test is less than 95% sure of is inconclusive")
+                              hint="e.g. 0.95: an unchanged engine fails the decision at most 5% of the time")
     return value
 
 

@@ -163,7 +163,7 @@ def measure_window(api_client, namespace, name, params, sleep, clock):
     return figures, None
 
 
-def judge_window(figures, error, checks, baseline, params):
+def judge_window(figures, error, checks, baseline, params, confidence=None):
     """The engine's verdict on one window, with ``no_traffic`` marked and no spec_decode series an error."""
     if error is None and not figures.get("spec_found"):
         error = "no spec_decode series on the serving pods: they do not run speculative decoding"
@@ -171,7 +171,7 @@ def judge_window(figures, error, checks, baseline, params):
         # requests finished, but no draft was made: the proposer is off (or every prompt skipped it)
         figures["acceptance"] = dict(figures["acceptance"], draft_acceptance_rate=0.0, mean_acceptance_length=1.0)
     out = analysis.window_verdict(checks, figures, baseline, min_requests=params["min_requests"], error=error,
-                                  confidence=params["confidence"])
+                                  confidence=params["confidence"] if confidence is None else confidence)
     out["no_traffic"] = out["verdict"] == analysis.INCONCLUSIVE and any(r.startswith("too little traffic: the window") for r in out["reasons"])
     out["figures"] = {k: (figures or {}).get(k) for k in ("requests", "tpot_ms", "ttft_ms", "acceptance")} if figures else None
     return out
@@ -211,7 +211,7 @@ def watch(api_client, params, check_mode=False, sleep=None, clock=None):
             figures, error = measure_window(api_client, ns, name, params, sleep, clock)
         except SpecDecodingError as exc:
             figures, error = None, str(exc)
-        return judge_window(figures, error, checks, base, params)
+        return judge_window(figures, error, checks, base, params, budgets.window_confidence(params["confidence"]))
     run = analysis.run(measure, budgets, sleep=sleep)
     state = state_of(run)
     last = run["windows"][-1]

@@ -477,6 +477,163 @@ def _normalise_rules(rules, names):
     return rules
 
 
+# --- allowed values of Literal / Enum fields, the repr, the method vLLM runs (0.32+ rules) ------------------------
+
+def _imports(tree, root):
+    """alias -> (module file, name or None) for every import of a vLLM module in `tree` (also under TYPE_CHECKING)."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vllm"):
+            for alias in node.names:
+                out[alias.asname or alias.name] = (_module_file(root, node.module), alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("vllm") and alias.asname:
+                    out[alias.asname] = (_module_file(root, alias.name), None)
+    return out
+
+
+def _module_file(root, module):
+    base = os.path.join(root, *module.split("."))
+    return base + ".py" if os.path.isfile(base + ".py") else os.path.join(base, "__init__.py")
+
+
+def _reexported_class(root, tree, name):
+    """`class name` of the module a package's __init__ imports it from (``from vllm.config.load import LoadConfig``)."""
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and any(a.name == name for a in node.names):
+            path = _module_file(root, node.module)
+            if os.path.isfile(path):
+                return _class(_parse(path)[0], name)
+    return None
+
+
+def _enum_members(tree, name):
+    """The member names of `class name(Enum)` in `tree`, or None when it is no such class."""
+    cls = _class(tree, name)
+    if cls is None or not any(_dotted(b).split(".")[-1].endswith("Enum") for b in cls.bases):
+        return None
+    return [t.id for node in cls.body if isinstance(node, ast.Assign) for t in node.targets
+            if isinstance(t, ast.Name) and not t.id.startswith("_")]
+
+
+def _before_validators(cls):
+    """key -> source of its @field_validator(key, mode="before") (vLLM parses some strings there first)."""
+    out = {}
+    for node in cls.body:
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        for deco in node.decorator_list:
+            if isinstance(deco, ast.Call) and _dotted(deco.func).endswith("field_validator") and "before" in ast.unparse(deco):
+                for arg in deco.args:
+                    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                        out[arg.value] = ast.unparse(node)
+    return out
+
+
+def _field_values(root, spec_tree, cls, fields, names):
+    """key -> {"values": [...], "open": bool, ...} for every field whose type names a Literal alias or an Enum.
+
+    "open": the type also admits any str (``QuantizationMethods | str``), so pydantic passes other names on. An Enum
+    field parsed by a before-validator that upper-cases the name (AttentionBackendEnum[value.upper()]) has
+    "by_name_any_case"; the strings that validator turns into None are "none_aliases"."""
+    imports = _imports(spec_tree, root)
+    validators = _before_validators(cls)
+    out = {}
+    for key, spec in fields.items():
+        if key == "method":
+            continue  # the methods are the table's own list
+        parts = [p.strip() for p in re.split(r"[|\[\],]", spec["type"]) if p.strip()]
+        values, enum = [], None
+        for part in parts:
+            name = part.split(".")[-1]
+            if name in names:
+                values.extend(_strings(names[name], names))
+                continue
+            where = imports.get(part.split(".")[0]) if "." in part else imports.get(name)
+            if where is None or not os.path.isfile(where[0]):
+                continue
+            tree = _parse(where[0])[0]
+            nested = _class(tree, name) or _reexported_class(root, tree, name)
+            if nested is not None and "config" in [_dotted(d).split(".")[-1] for d in nested.decorator_list]:
+                # a nested vLLM config (draft_load_config: LoadConfig): pydantic builds it from a mapping of its fields
+                out[key] = {"object": name, "keys": sorted(_fields(nested)[0])}
+                break
+            found = _strings(_module_assignments([tree]).get(name, ast.Tuple(elts=[])), _module_assignments([tree]))
+            members = _enum_members(tree, name)
+            if found:
+                values.extend(found)
+            elif members:
+                values.extend(members)
+                enum = name
+        if not values or key in out:
+            continue
+        entry = {"values": sorted(set(values)), "open": "str" in parts}
+        if enum:
+            entry["enum"] = enum
+            source = validators.get(key, "")
+            entry["by_name_any_case"] = ".upper()" in source
+            entry["none_aliases"] = sorted(set(re.findall(r"\.lower\(\)\s*==\s*['\"]([^'\"]+)['\"]", source)))
+        out[key] = entry
+    return out
+
+
+def _repr_model_none(cls, names):
+    """The methods SpeculativeConfig.__repr__ prints with model=None (``model = None if method in (...) else ...``)."""
+    func = _method(cls, "__repr__")
+    for node in ast.walk(func) if func is not None else []:
+        if isinstance(node, ast.IfExp) and isinstance(node.body, ast.Constant) and node.body.value is None:
+            test = node.test
+            if isinstance(test, ast.Compare) and isinstance(test.ops[0], (ast.In, ast.Eq)):
+                return sorted(set(_strings(test.comparators[0], names)))
+    return []
+
+
+def _method_from_model(post_init, names):
+    """What __post_init__ makes of an omitted method from `model` before it looks at the draft: names that select a
+    method (``self.model in ("ngram", "[ngram]")``) and whether a dotted class path selects custom_class
+    (``SpeculativeConfig._is_custom_proposer_path``)."""
+    by_name, custom_path = {}, False
+    for node in ast.walk(post_init):
+        if not isinstance(node, ast.If):
+            continue
+        for test, body in _if_chain(node):
+            method = _assigned_method(body)
+            if test is None or method in (None, "keep"):
+                continue
+            text = ast.unparse(test)
+            if "_is_custom_proposer_path" in text:
+                custom_path = True
+            if isinstance(test, ast.Compare) and isinstance(test.ops[0], ast.In) and ast.unparse(test.left).endswith(".model"):
+                for value in _strings(test.comparators[0], names):
+                    by_name.setdefault(value, method)
+    return {"names": dict(sorted(by_name.items())), "custom_class_path": custom_path}
+
+
+def _detect_scope(post_init, chain, names):
+    """(methods the draft-path rules never override: the chain's own `pass` branch before its first name rule,
+    methods handled by the branches before the one that holds the chain)."""
+    keeps = []
+    for test, body in chain:
+        conds = _conditions(test, names) if test is not None else []
+        if any(c[0] == "name_contains" for c in conds):
+            break
+        if _assigned_method(body) == "keep":
+            keeps.extend(v for c in conds if c[0] == "method" for v in c[1])
+    first = chain[0][0]
+    handled = []
+    for node in ast.walk(post_init):
+        if not isinstance(node, ast.If):
+            continue
+        outer = _if_chain(node)
+        if outer[-1][0] is None and any(sub is first for stmt in outer[-1][1] for sub in ast.walk(stmt)):
+            for test, _body in outer[:-1]:
+                handled.extend(v for c in _conditions(test, names) if c[0] == "method" for v in c[1])
+            if handled:
+                break
+    return sorted(set(keeps)), sorted(set(handled))
+
+
 # --- one release -------------------------------------------------------------------------------------------
 
 def read_release(src, version=None, commit=None, source=None):
@@ -509,6 +666,7 @@ def read_release(src, version=None, commit=None, source=None):
     reg = _registry(root, names)
     if reg is not None:
         rules, draft_supported, model_defaults, rule_trees = _registry_facts(reg, names)
+        detect_keeps, detect_skips = None, None  # 0.34+: each speculator config's own matches(); not read here
     else:
         chain = _detection_chain(post_init, names)
         if chain is None:
@@ -516,6 +674,7 @@ def read_release(src, version=None, commit=None, source=None):
         rules, draft_supported = _chain_rules(chain, names)
         model_defaults = _model_defaults_chain(post_init, names)
         rule_trees = []
+        detect_keeps, detect_skips = _detect_scope(post_init, chain, names)
     lookup_defaults, lookup_copies = _lookup_defaults([spec_tree] + rule_trees)
     mtp_types = sorted(set(_strings(names["MTPModelTypes"], names))) if "MTPModelTypes" in names else \
         sorted(set(_strings(names["MTP_MODEL_TYPES"], names))) if "MTP_MODEL_TYPES" in names else []
@@ -540,6 +699,13 @@ def read_release(src, version=None, commit=None, source=None):
         "draft_model_supported": draft_supported,
         "detect_rules": _normalise_rules(rules, names),
         "detect_fallback": "draft_model",
+        # Read since the 0.32 table (issue #49): a table without them is from an older run of this script.
+        "field_values": _field_values(root, spec_tree, cls, {k: v for k, v in fields.items() if k not in engine}, names),
+        "repr_model_none": _repr_model_none(cls, names),
+        # 0.34+ choose the method in per-method speculator configs (their matches()), not read for this: None
+        "method_from_model": _method_from_model(post_init, names) if reg is None else None,
+        "detect_keeps": detect_keeps,
+        "detect_skips": detect_skips,
     }
     facts = command_line_facts(root)
     if facts is None:

@@ -40,7 +40,7 @@ def check_one(result, expected):
         # A vLLM that stops printing the field must not pass for one that runs without speculative decoding.
         return ["the engine line (vLLM %s) prints no speculative_config field, so what the engine runs cannot be compared "
                 "(see not_understood)" % result["vllm_version"]], []
-    return engine_log.compare_expected(result["speculative_config"], expected)
+    return engine_log.compare_expected(result["speculative_config"], expected, result.get("vllm_version"))
 
 
 def run_local(params):

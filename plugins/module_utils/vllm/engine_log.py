@@ -29,6 +29,9 @@ import re
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import not_understood as unknown
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as spec_core
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_rules
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.speculative_releases import RELEASES
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.speculative_repr import (
     normalize_method,
     normalize_model,
@@ -360,8 +363,39 @@ def iter_text_chunks(text, chunk_size=DEFAULT_CHUNK):
 # ----------------------------------------------------------------------------------------------------
 # Comparing with what was requested
 
-def expected_from_flag(config):
-    """Map a parsed ``--speculative-config`` dict (keys as the user wrote them) to an ``expected`` dict."""
+# The tables that carry the name rules of SpeculativeConfig.__post_init__ and its __repr__ (read since the 0.32 table).
+_RULE_TABLES = [t for _minor, t in sorted(RELEASES.items(), key=lambda kv: tuple(int(p) for p in kv[0].split(".")))
+                if t.get("method_from_model") is not None]
+# Methods some release prints with model=None; ngram in every release (facts.md section 1).
+_REPR_MODEL_NONE = frozenset(["ngram"] + [m for t in RELEASES.values() for m in t.get("repr_model_none") or ()])
+
+
+def _rule_table(vllm_version):
+    """The release's table when it carries the method rules, else the newest table that does (None: no table does)."""
+    table = spec_core.printed_table(vllm_version)[0] if vllm_version else None
+    if table is not None and table.get("method_from_model") is not None:
+        return table
+    return _RULE_TABLES[-1] if _RULE_TABLES else None
+
+
+def prints_no_model(method, vllm_version=None):
+    """Whether vLLM's engine line prints ``model=None`` for ``method`` (SpeculativeConfig.__repr__: the proposers
+    without a draft, ngram, suffix, extract_hidden_states and custom_class in 0.32), so a requested model cannot show."""
+    table = spec_core.printed_table(vllm_version)[0] if vllm_version else None
+    if table is not None and table.get("repr_model_none"):
+        return method in table["repr_model_none"]
+    return method in _REPR_MODEL_NONE
+
+
+def expected_from_flag(config, vllm_version=None):
+    """Map a parsed ``--speculative-config`` dict (keys as the user wrote them) to an ``expected`` dict.
+
+    Without a written method, ``method`` is the one vLLM picks from the names (a dotted class path or "ngram" as
+    ``model``, a draft path containing 'eagle3'; speculative_rules.method_vllm_runs) and ``method_rule`` says why: the
+    flag asked for no method, so that is no difference. For a draft path naming no method it is vLLM's fallback,
+    draft_model, and ``method_from_files`` lists the methods the draft's config.json may still give. A written method vLLM overrides (a draft path containing
+    'eagle3' under method draft_model) stays the expected one and ``method_rule`` explains the difference: the engine
+    does not run what the flag asks (issue #49: a method vLLM overrides is a mismatch, never a match)."""
     if config is None:
         return {"enabled": False}
     cfg = {str(k).replace("-", "_"): v for k, v in dict(config).items()}
@@ -371,17 +405,35 @@ def expected_from_flag(config):
     if cfg.get("model") is not None:
         expected["model"] = cfg["model"]
     if cfg.get("num_speculative_tokens") is not None:
-        expected["num_speculative_tokens"] = cfg["num_speculative_tokens"]
+        # as vLLM's pydantic reads it ("3", 3.0 -> 3); a value it refuses is compared as written
+        number = speculative_rules.as_int(cfg["num_speculative_tokens"])[0]
+        expected["num_speculative_tokens"] = cfg["num_speculative_tokens"] if number is None else number
     expected["method_given"] = cfg.get("method") is not None
+    table = _rule_table(vllm_version)
+    method = cfg.get("method") if isinstance(cfg.get("method"), str) else None
+    model = cfg.get("model") if isinstance(cfg.get("model"), str) else None
+    if table is not None and (method is not None or model is not None):
+        runs, rule = speculative_rules.method_vllm_runs(method, model, table)
+        if method is None and runs is not None:
+            # the flag names no method: the one vLLM picks for it from the names is the one it asks for
+            expected["method"] = runs
+            from_files = speculative_rules.methods_from_draft_files(table) if rule is None and model is not None else []
+            if from_files:
+                # a draft path naming no method: draft_model, unless the draft's config.json names one of these
+                expected["method_from_files"] = from_files
+        if rule:
+            expected["method_rule"] = rule
     return expected
 
 
-def compare_expected(found, expected):
+def compare_expected(found, expected, vllm_version=None):
     """Compare a parsed speculative_config (or None) with an ``expected`` dict.
 
     expected keys (all optional): ``enabled`` (False: the engine must run without speculative decoding),
     ``method``, ``model``, ``num_speculative_tokens``, ``method_given`` (False when the request omitted
-    ``method``, so a vLLM guess is explained rather than blamed).
+    ``method``, so a vLLM guess is explained rather than blamed), ``method_rule`` (from expected_from_flag: why vLLM
+    picks the method, or overrides the one written), ``method_from_files`` (the methods the draft's config.json may
+    still give where the flag names no method). ``vllm_version``: the release that printed ``found``.
     Returns a list of human-readable differences (empty: it matches) and a list of notes.
     """
     diffs, notes = [], []
@@ -402,16 +454,29 @@ def compare_expected(found, expected):
         diffs.append("expected %s, engine runs without speculative decoding (speculative_config=None)" % format_expected(expected))
         return diffs, notes
     got_method = normalize_method(found.get("method"))
-    if want_method is not None and got_method != want_method:
+    if want_method is not None and got_method != want_method and got_method in expected.get("method_from_files", ()):
+        notes.append("the request omitted \"method\" and vLLM chose %r, from the draft's config.json (vLLM reads its "
+                     "model_type and architectures; the path alone gives %r)" % (got_method, want_method))
+    elif want_method is not None and got_method != want_method:
         msg = "method: expected %r, engine runs %r" % (want_method, got_method)
-        if got_method in ("draft_model", "eagle", "eagle3") and expected.get("method_given") is False:
-            msg += " (%s)" % METHOD_GUESS_HINT
+        if expected.get("method_given") is False:
+            if got_method in ("draft_model", "eagle", "eagle3"):
+                msg += " (%s)" % METHOD_GUESS_HINT
+        elif expected.get("method_rule"):
+            msg += " (vLLM overrides the method written: %s)" % expected["method_rule"]
         diffs.append(msg)
-    elif (want_method is None and expected.get("method_given") is False and got_method in ("draft_model", "eagle", "eagle3")):
+    elif expected.get("method_given") is False and got_method in ("draft_model", "eagle", "eagle3"):
         notes.append("the request omitted \"method\" and vLLM chose %r: %s" % (got_method, METHOD_GUESS_HINT))
     if expected.get("method") is not None and want_method != str(expected.get("method")).strip().lower():
         notes.append("method %r is an alias that vLLM normalises to %r" % (expected.get("method"), want_method))
-    if want_model is not None and normalize_model(found.get("model")) != want_model:
+    if expected.get("method_rule") and got_method == want_method:
+        notes.append("vLLM runs %r, a method the flag does not name: %s" % (want_method, expected["method_rule"]))
+    if want_model is not None and found.get("model") is None and prints_no_model(
+            got_method if want_method is None else want_method, vllm_version):
+        # SpeculativeConfig.__repr__ prints model=None for these methods: the requested model cannot show in the line.
+        # The method asked decides: a draft asked for and an engine running ngram (model=None) is a difference.
+        notes.append("model %r is not compared: vLLM prints model=None for method %r" % (want_model, got_method))
+    elif want_model is not None and normalize_model(found.get("model")) != want_model:
         diffs.append("model: expected %r, engine runs %r" % (want_model, found.get("model")))
     if want_num is not None:
         try:

@@ -16,6 +16,7 @@ import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_releases
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_rules as rules
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_schedule
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
@@ -51,50 +52,19 @@ DRAFT_WEIGHT_METHODS = frozenset(("eagle", "eagle3", "draft_model", "medusa", "m
 MODEL_FREE_METHODS = frozenset(("ngram", "ngram_gpu", "suffix"))
 NGRAM_METHODS = frozenset(("ngram", "ngram_gpu"))
 
-# Type checks, named after the kinds of vLLM field types.
-_INT = "int"
-_POS_INT = "positive int"
-_NONNEG_INT = "non-negative int"
-_STR = "str"
-_NUM = "number"
-_BOOL = "bool"
-_ANY = "any"
-# Bounds vLLM checks in code rather than on the field in some releases (0.10-0.15 carry no Field bound for these).
+# Type checks, named after the kinds of vLLM field types (speculative_rules.coerce applies them).
+_INT, _POS_INT, _NONNEG_INT, _STR, _NUM, _BOOL, _ANY = rules.INT, rules.POS_INT, rules.NONNEG_INT, rules.STR, rules.NUM, rules.BOOL, rules.ANY
+# Bounds vLLM checks in code rather than on the field in some releases (0.10-0.15 carry no Field bound for these). The
+# suffix_decoding_* limits are checked only under method 'suffix' (speculative_rules.suffix_limits), as vLLM does.
 _CODE_BOUNDS = {
     "num_speculative_tokens": _POS_INT, "draft_tensor_parallel_size": _POS_INT, "max_model_len": _POS_INT,
     "prompt_lookup_max": _POS_INT, "prompt_lookup_min": _POS_INT,
-    "suffix_decoding_max_tree_depth": _POS_INT, "suffix_decoding_max_cached_requests": _NONNEG_INT,
 }
 # Keys that are fields of SpeculativeConfig only so that vLLM can refuse them with a pointer to the right key.
 _REFUSED_FIELDS = frozenset(("tensor_parallel_size",))
 
-# Keys people copy from old guides; each gets a precise fix instead of "unknown key".
-_KEY_HINTS = {
-    "tensor_parallel_size": "'tensor_parallel_size' is not a valid argument in the speculative_config; "
-                            "use 'draft_tensor_parallel_size' (1 or the target's tensor parallel size)",
-    "speculative_model": "use 'model' inside --speculative-config",
-    "num_spec_tokens": "use 'num_speculative_tokens'",
-    "ngram_prompt_lookup_max": "use 'prompt_lookup_max'",
-    "ngram_prompt_lookup_min": "use 'prompt_lookup_min'",
-    "acceptance_method": "removed with the V0 engine; drop it",
-    "typical_acceptance_sampler_posterior_threshold": "removed with the V0 engine; drop it",
-    "typical_acceptance_sampler_posterior_alpha": "removed with the V0 engine; drop it",
-    "posterior_threshold": "removed with the V0 engine; drop it",
-    "posterior_alpha": "removed with the V0 engine; drop it",
-    "disable_mqa_scorer": "removed with the V0 engine; drop it",
-    "disable_logprobs": "removed with the V0 engine; drop it",
-    "disable_log_stats": "set --disable-log-stats on the server instead; drop it here",
-}
-# What to write instead of a key or method a vLLM release removed (the release itself comes from the tables).
-_REMOVED_HINTS = {
-    "disable_by_batch_size": "drop it (vLLM no longer switches speculation off by batch size from this key)",
-    "speculative_token_tree": "drop it (tree drafting is no longer configured here)",
-    "disable_logprobs": "drop it",
-    "synthetic_acceptance_rate": "use 'synthetic_acceptance_rates' (one rate per position) or 'synthetic_acceptance_length'",
-    "medusa": "use eagle3 or draft_model",
-    "mlp_speculator": "use eagle3 or draft_model",
-    "custom_class": "register the proposer as a custom speculative method (a vLLM plugin) and name it in 'method'",
-}
+# Keys people copy from old guides, and what to write instead of a key or method a release removed (speculative_rules).
+_KEY_HINTS, _REMOVED_HINTS = rules.KEY_HINTS, rules.REMOVED_HINTS
 
 # Separate flags that older vLLM had and that no longer exist; they make the server refuse to start.
 # Derived from vllm_command.SPECULATIVE_FLAGS (the one registry of speculative flags): flag -> what to write instead.
@@ -169,10 +139,11 @@ def path_guess(model_path, vllm_version=None):
 class SpeculativeConfig:
     """A validated speculative config: canonical JSON, normalised dict and warnings."""
 
-    def __init__(self, config, warnings, vllm_version):
+    def __init__(self, config, warnings, vllm_version, method=None):
         self.config = config
         self.warnings = warnings
         self.vllm_version = vllm_version
+        self._method = method
 
     @property
     def json(self):
@@ -180,7 +151,8 @@ class SpeculativeConfig:
 
     @property
     def method(self):
-        return self.config.get("method") or guessed_method(self.config.get("model"), self.vllm_version)
+        """The method vLLM runs (speculative_rules.method_vllm_runs), which may differ from the one written."""
+        return self._method or self.config.get("method") or guessed_method(self.config.get("model"), self.vllm_version)
 
     @property
     def has_draft_weights(self):
@@ -239,10 +211,11 @@ def _since(has):
     return since
 
 
-def _normalise_keys(raw, field, table, version):
+def _normalise_keys(raw, field, table, version, warnings_out=None):
     """Keys as the release of `table` reads them. vLLM turns hyphens in keys into underscores from the release whose
     table says hyphen_keys (its create_speculative_config); before that a hyphenated key reaches SpeculativeConfig as
-    written. Two spellings of one key are ambiguous."""
+    written. Two spellings of one key: where vLLM rewrites them its dict keeps the later one, which `warnings_out` notes
+    (without it, e.g. for preset overrides, they are refused). Spaces are kept, as vLLM keeps them."""
     out = {}
     for key, value in raw.items():
         if not isinstance(key, str):
@@ -256,38 +229,18 @@ def _normalise_keys(raw, field, table, version):
                 "key '%s' is written with hyphens: vLLM %s reads the keys as written and %s (vLLM turns '-' into '_' in "
                 "these keys from %s)" % (key, vtxt, does, _vtxt(since)), field="%s.%s" % (field, key),
                 hint="write it with underscores: '%s'" % key.strip().replace("-", "_"))
-        norm = key.strip().replace("-", "_")
+        norm = key.replace("-", "_")  # vLLM keeps spaces: ' method' is an unknown key there (_check_key)
         if norm in out:
-            raise ValidationError("key '%s' is given twice (as '%s' and another spelling)" % (norm, key),
-                                  field="%s.%s" % (field, norm), hint="keep one of them")
+            if warnings_out is not None:
+                # vLLM's create_speculative_config rebuilds the dict: the later spelling's value is the one it uses
+                warnings_out.append("%s.%s is given twice (the later spelling '%s' wins in vLLM, as here: %r); keep one"
+                                    % (field, norm, key, value))
+                out.pop(norm)
+            else:
+                raise ValidationError("key '%s' is given twice (as '%s' and another spelling)" % (norm, key),
+                                      field="%s.%s" % (field, norm), hint="keep one of them")
         out[norm] = value
     return out
-
-
-def _check_type(key, value, kind, field):
-    where = "%s.%s" % (field, key)
-    if kind in (_INT, _POS_INT, _NONNEG_INT):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValidationError("must be an integer, got %r" % (value,), field=where,
-                                  hint="write a bare number such as 3 (not a string or a float)")
-        if kind == _POS_INT and value <= 0:
-            if key == "num_speculative_tokens":
-                raise ValidationError("must be greater than zero, got %d (vLLM: 'Expected num_speculative_tokens to be "
-                                      "greater than zero')" % value, field=where,
-                                      hint="start with 3 for EAGLE-3 or draft models, 5 for ngram, 1 for mtp")
-            raise ValidationError("must be at least 1, got %d" % value, field=where, hint="use a positive integer")
-        if kind == _NONNEG_INT and value < 0:
-            raise ValidationError("must not be negative, got %d" % value, field=where, hint="use 0 or more")
-    elif kind == _STR:
-        if not isinstance(value, str) or not value.strip():
-            raise ValidationError("must be a non-empty string, got %r" % (value,), field=where,
-                                  hint="give the value as text")
-    elif kind == _NUM:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValidationError("must be a number, got %r" % (value,), field=where, hint="write a bare number")
-    elif kind == _BOOL:
-        if not isinstance(value, bool):
-            raise ValidationError("must be true or false, got %r" % (value,), field=where, hint="write true or false")
 
 
 def _resolve_version(vllm_version, warnings):
@@ -381,17 +334,40 @@ def _kind(key, spec):
         return bound or _INT
     if parts == ["float"]:
         return _NUM
+    if parts == ["list[float]"]:
+        return rules.LIST_NUM
     if "str" in parts:
         return _STR
     return bound or _ANY
 
 
 def _check_key(key, cfg, table, version, field, warnings):
+    """Checks one key and leaves in cfg[key] the value vLLM uses (speculative_rules.coerce); a null it treats as unset
+    is dropped."""
     where = "%s.%s" % (field, key)
     vtxt = format_version(version)
     if key in table["keys"] and key not in _REFUSED_FIELDS:
-        _check_type(key, cfg[key], _kind(key, table["keys"][key]), field)
+        spec, value = table["keys"][key], cfg[key]
+        if value is None and rules.admits_none(spec):
+            warnings.append("%s is null: vLLM %s treats it as unset (default %r); dropped from the canonical JSON" % (where, vtxt, spec.get("default")))
+            del cfg[key]
+            return
+        if value is None:
+            raise ValidationError("must not be null: vLLM %s's type for it (%s) takes no None" % (vtxt, spec["type"]), field=where,
+                                  hint="drop the key to get vLLM's default (%r)" % (spec.get("default"),))
+        allowed = table.get("field_values", {}).get(key)
+        if allowed:
+            cfg[key] = rules.check_field_value(key, value, allowed, field, vtxt)
+            if cfg[key] is None:
+                del cfg[key]
+            return
+        cfg[key], note = rules.coerce(key, value, _kind(key, spec), field)
+        if note:
+            warnings.append(note)
         return
+    if key != key.strip() and key.strip().replace("-", "_") in table["keys"]:
+        raise ValidationError("key %r has spaces around it: vLLM %s reads keys as written, so it is not '%s' there" % (key, vtxt, key.strip()),
+                              field=where, hint="write it as '%s'" % key.strip())
     if key in _REFUSED_FIELDS:
         raise ValidationError(_KEY_HINTS[key], field=where, hint="rename it to draft_tensor_parallel_size")
     if key in table["engine_keys"]:
@@ -452,25 +428,34 @@ def validate(config, vllm_version=None, field="config"):
     warnings = []
     version, table = _resolve_version(vllm_version, warnings)
     vtxt = format_version(version)
-    cfg = _normalise_keys(_load(config, field), field, table, version)
+    cfg = _normalise_keys(_load(config, field), field, table, version, warnings if table["hyphen_keys"] else None)
 
     # Keys first: a misspelt key explains most other failures.
     for key in list(cfg):
         _check_key(key, cfg, table, version, field, warnings)
-    if speculative_schedule.KEY in cfg:  # the release has the key (checked above); its entries are vLLM's rules
+    if cfg.get(speculative_schedule.KEY) is not None:  # the release has the key (checked above); its entries are vLLM's rules
         cfg[speculative_schedule.KEY], notes = speculative_schedule.check(
             cfg[speculative_schedule.KEY], cfg.get("num_speculative_tokens"), "%s.%s" % (field, speculative_schedule.KEY))
         warnings += notes
 
     method = cfg.get("method")
     model = cfg.get("model")
+    # 0.32+ tables carry the name rules of SpeculativeConfig.__post_init__ (custom_class / ngram from `model`, the draft
+    # path overriding `method`); rules.method_vllm_runs applies them. Older tables keep the path guess for an omitted method.
+    runs, rule = rules.method_vllm_runs(method, model, table)
     if method is not None:
         effective = _check_method(method, table, version, field, warnings)
+        if runs is not None and runs != effective:
+            warnings.append("%s.method is '%s' but vLLM %s runs '%s': %s; write method: %s" % (field, method, vtxt, runs, rule, runs))
+            effective = runs
+    elif model is None:
+        raise ValidationError("neither 'method' nor 'model' is set (vLLM: 'num_speculative_tokens was provided but "
+                              "without speculative model.')", field="%s.method" % field,
+                              hint="set method, e.g. 'ngram' with prompt_lookup_min/max, or 'eagle3' with the draft 'model' path")
+    elif rule and runs in ("custom_class", "ngram"):
+        effective = runs
+        warnings.append("%s.method is omitted: vLLM %s runs '%s' because %s; write method: %s" % (field, vtxt, runs, rule, runs))
     else:
-        if model is None:
-            raise ValidationError("neither 'method' nor 'model' is set (vLLM: 'num_speculative_tokens was provided but "
-                                  "without speculative model.')", field="%s.method" % field,
-                                  hint="set method, e.g. 'ngram' with prompt_lookup_min/max, or 'eagle3' with the draft 'model' path")
         effective, from_config = path_guess(model, version)
         also = (" unless the draft's config.json makes it %s" % " or ".join("'%s'" % m for m in from_config)) if from_config and \
             effective == table["detect_fallback"] else ""
@@ -481,12 +466,22 @@ def validate(config, vllm_version=None, field="config"):
 
     omitted = table["model_omitted"].get(effective)
     if "num_speculative_tokens" not in cfg:
-        if model is None:
+        # vLLM 0.32 SpeculativeConfig._verify_args: only a draft's config (n_predict, block_size) or suffix's tree depth fills k
+        if runs is not None and effective in ("ngram", "ngram_gpu", "custom_class", "extract_hidden_states"):
+            raise ValidationError("is missing: method '%s' has no draft config to take it from (vLLM %s: 'num_speculative_tokens "
+                                  "must be provided with speculative model unless the draft model config contains an n_predict "
+                                  "parameter')" % (effective, vtxt), field="%s.num_speculative_tokens" % field,
+                                  hint="set it explicitly: 5 for ngram, 3 for a custom proposer")
+        if runs is not None and effective == "suffix":
+            warnings.append("%s.num_speculative_tokens is not set: vLLM %s uses suffix_decoding_max_tree_depth (%s) as the limit"
+                            % (field, vtxt, cfg.get("suffix_decoding_max_tree_depth", 24)))
+        elif model is None:
             raise ValidationError("is missing (vLLM: 'num_speculative_tokens must be provided with speculative model unless the "
                                   "draft model config contains an n_predict parameter')", field="%s.num_speculative_tokens" % field,
                                   hint="set it explicitly: 3 for eagle3/draft_model, 5 for ngram, 1 for mtp")
-        warnings.append("%s.num_speculative_tokens is not set: vLLM %s takes it from the draft model's config (%s) and refuses "
-                        "to start when that has none; set it explicitly" % (field, vtxt, ", ".join(table["num_speculative_tokens_from"])))
+        else:
+            warnings.append("%s.num_speculative_tokens is not set: vLLM %s takes it from the draft model's config (%s) and refuses "
+                            "to start when that has none; set it explicitly" % (field, vtxt, ", ".join(table["num_speculative_tokens_from"])))
 
     if model is None and omitted == "required":
         raise ValidationError("method '%s' needs 'model' in vLLM %s" % (effective, vtxt), field="%s.model" % field,
@@ -496,7 +491,7 @@ def validate(config, vllm_version=None, field="config"):
             raise ValidationError("method '%s' needs the draft 'model' (a path under the mounted artifacts)" % effective,
                                   field="%s.model" % field, hint="set model, e.g. /mnt/models/draft")
         warnings.append("%s.model is omitted: vLLM %s loads the %s draft from the target model's checkpoint" % (field, vtxt, effective))
-    if effective in MODEL_FREE_METHODS and model is not None:
+    if effective in MODEL_FREE_METHODS and model is not None and model not in (effective, "[%s]" % effective):
         warnings.append("%s.model is ignored by method '%s' (it has no draft weights)" % (field, effective))
 
     if effective in NGRAM_METHODS:
@@ -516,14 +511,7 @@ def validate(config, vllm_version=None, field="config"):
         warnings.append("%s.prompt_lookup_min/max only apply to ngram; method '%s' ignores them" % (field, effective))
 
     if effective == "suffix":
-        prob = cfg.get("suffix_decoding_min_token_prob")
-        if prob is not None and not 0 <= prob <= 1:
-            raise ValidationError("must be between 0 and 1, got %r" % prob, field="%s.suffix_decoding_min_token_prob" % field,
-                                  hint="the default is 0.1")
-        factor = cfg.get("suffix_decoding_max_spec_factor")
-        if factor is not None and factor <= 0:
-            raise ValidationError("must be greater than 0, got %r" % factor, field="%s.suffix_decoding_max_spec_factor" % field,
-                                  hint="the default is 1.0")
+        rules.suffix_limits(cfg, field)
         warnings.append("method 'suffix' needs the 'arctic-inference' package in the runtime image")
     elif any(k.startswith("suffix_decoding_") for k in cfg):
         warnings.append("%s.suffix_decoding_* keys only apply to method 'suffix'" % field)
@@ -545,7 +533,10 @@ def validate(config, vllm_version=None, field="config"):
     else:
         warnings.append("min_p and logit_bias are ignored under speculative decoding in vLLM %s" % format_version(version))
 
-    return SpeculativeConfig(cfg, warnings, version)
+    if runs is not None:  # the cross-field rules read from vLLM 0.32 / 0.33 (speculative_rules)
+        rules.post_init_rules(cfg, effective, table, vtxt, field)
+        warnings += rules.verify_args(cfg, effective, version, table, vtxt, field)
+    return SpeculativeConfig(cfg, warnings, version, method=effective)
 
 
 def from_preset(preset, overrides=None, vllm_version=None):

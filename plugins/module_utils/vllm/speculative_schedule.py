@@ -40,7 +40,10 @@ def normalise(schedule, field=KEY):
         raise ValidationError("must be a list of [range_start, range_end, num_speculative_tokens] entries, got %s"
                               % type(schedule).__name__, field=field, hint="write it as vLLM does, e.g. %s" % EXAMPLE)
     if not schedule:
-        raise ValidationError("is empty (vLLM: 'must not be empty')", field=field,
+        # Refused although vLLM 0.32 builds its engine config with []: its scheduler then drafts the fixed k, but the GPU
+        # model runner V2 (vllm/v1/worker/gpu/cudagraph_utils.py) calls build_dynamic_sd_schedule_lookup, which raises.
+        raise ValidationError("is empty (vLLM: 'must not be empty' where its GPU model runner reads the schedule; elsewhere "
+                              "it drafts the fixed num_speculative_tokens)", field=field,
                               hint="give at least [[1, <largest batch size>, k]], or drop the key for a fixed k")
     entries = []
     for index, entry in enumerate(schedule):

@@ -286,6 +286,67 @@ def test_compare_enabled_flags():
     assert el.compare_expected(NGRAM, {}) == ([], [])
 
 
+# vLLM 0.32 SpeculativeConfig.__repr__ (vllm/config/speculative.py) prints model=None for ngram, suffix,
+# extract_hidden_states and custom_class; the release table's repr_model_none is read from that source.
+CUSTOM_PRINTED = {"method": "custom_class", "model": None, "num_spec_tokens": 3}
+
+
+@pytest.mark.parametrize("flag,printed", [
+    ({"method": "custom_class", "model": "my_pkg.proposers.Mine", "num_speculative_tokens": 3}, CUSTOM_PRINTED),
+    ({"model": "my_pkg.proposers.Mine", "num_speculative_tokens": 3}, CUSTOM_PRINTED),
+    ({"model": "ngram", "num_speculative_tokens": 5}, NGRAM),
+    ({"method": "ngram", "model": "ngram", "num_speculative_tokens": 5}, NGRAM),
+    ({"method": "suffix", "model": "suffix", "num_speculative_tokens": 8}, {"method": "suffix", "model": None, "num_spec_tokens": 8}),
+    ({"method": "extract_hidden_states", "model": "extract_hidden_states", "num_speculative_tokens": 1},
+     {"method": "extract_hidden_states", "model": None, "num_spec_tokens": 1}),
+], ids=["custom-class", "custom-class-by-path", "ngram-by-model", "ngram-with-model", "suffix", "extract-hidden-states"])
+def test_no_false_alarm_for_methods_vllm_prints_without_a_model(flag, printed):
+    diffs, notes = el.compare_expected(printed, el.expected_from_flag(flag), "0.32.0")
+    assert diffs == []
+    assert any("vLLM prints model=None for method %r" % printed["method"] in n for n in notes), notes
+    # the version may be unknown (no engine line version): the same
+    assert el.compare_expected(printed, el.expected_from_flag(flag))[0] == []
+
+
+def test_a_model_vllm_prints_is_still_compared():
+    # eagle3 prints its draft path: another path is a difference, and model=None for eagle3 is one too
+    assert el.compare_expected(EAGLE3, {"method": "eagle3", "model": "/mnt/models/other"})[0] == [
+        "model: expected '/mnt/models/other', engine runs '/mnt/models/tiny-eagle3'"]
+    assert el.compare_expected(dict(EAGLE3, model=None), {"method": "eagle3", "model": "/mnt/models/tiny-eagle3"}, "0.32.0")[0] == [
+        "model: expected '/mnt/models/tiny-eagle3', engine runs None"]
+
+
+def test_a_method_vllm_overrides_is_a_mismatch_that_names_the_rule():
+    # issue #49 (tests/e2e/test_engine_line_differential.py): a draft path containing 'eagle3' makes vLLM 0.32 run EAGLE-3
+    # although the flag says draft_model (SpeculativeConfig.__post_init__); verify used to call that a match
+    expected = el.expected_from_flag({"method": "draft_model", "model": "/mnt/models/tiny-eagle3", "num_speculative_tokens": 3})
+    assert expected["method"] == "draft_model" and "contains 'eagle3'" in expected["method_rule"]
+    diffs, notes = el.compare_expected(EAGLE3, expected, "0.32.0")
+    assert len(diffs) == 1 and diffs[0].startswith("method: expected 'draft_model', engine runs 'eagle3' (vLLM overrides the method "
+                                                   "written: the draft path '/mnt/models/tiny-eagle3' contains 'eagle3'"), diffs
+    assert notes == []
+    # an mtp alias is no override, but the draft path still overrides it
+    diffs = el.compare_expected(EAGLE3, el.expected_from_flag({"method": "deepseek_mtp", "model": "/mnt/models/tiny-eagle3"}), "0.32.0")[0]
+    assert len(diffs) == 1 and diffs[0].startswith("method: expected 'mtp', engine runs 'eagle3' (vLLM overrides"), diffs
+    # a method the path rule keeps (eagle, eagle3, dflash, dspark) is what runs: no rule, no difference
+    assert el.expected_from_flag({"method": "eagle3", "model": "/mnt/models/tiny-eagle3"}) == {
+        "enabled": True, "method": "eagle3", "model": "/mnt/models/tiny-eagle3", "method_given": True}
+
+
+def test_a_method_vllm_picks_for_a_flag_without_one_is_no_mismatch():
+    # no method written: vLLM's pick from the names is what the flag asks for, explained in a note
+    expected = el.expected_from_flag({"model": "my_pkg.Mine", "num_speculative_tokens": 3})
+    assert expected["method"] == "custom_class" and "dotted class path" in expected["method_rule"]
+    diffs, notes = el.compare_expected(CUSTOM_PRINTED, expected, "0.32.0")
+    assert diffs == [] and any("vLLM runs 'custom_class', a method the flag does not name" in n for n in notes), notes
+    expected = el.expected_from_flag({"model": "/mnt/models/tiny-eagle3", "num_speculative_tokens": 3})
+    assert expected["method"] == "eagle3"
+    assert el.compare_expected(EAGLE3, expected, "0.32.0")[0] == []
+    # and another method in the line is still a difference, explained as vLLM's guess (no method was written)
+    diffs = el.compare_expected(dict(EAGLE3, method="draft_model"), expected, "0.32.0")[0]
+    assert len(diffs) == 1 and diffs[0].startswith("method: expected 'eagle3', engine runs 'draft_model' (vLLM guesses"), diffs
+
+
 def test_expected_from_flag_hyphen_keys():
     assert el.expected_from_flag({"method": "ngram", "num-speculative-tokens": 5}) == {
         "enabled": True, "method": "ngram", "num_speculative_tokens": 5, "method_given": True}
@@ -347,3 +408,30 @@ def test_the_schedule_dropped_for_data_parallelism_is_its_own_warning():
             "deadlocks. Disabling num_speculative_tokens_per_batch_size and falling back to static num_speculative_tokens=4.")
     kind, level, message = el.classify_warning(line)
     assert (kind, level) == ("schedule_disabled_data_parallel", "WARNING") and message.startswith("Dynamic speculative decoding")
+
+
+def test_a_flag_naming_no_method_asks_for_the_method_vllm_picks_from_the_draft_path():
+    # issue #49 (tests/e2e/test_engine_line_differential.py): {"model": "/mnt/models/draft"} used to expect no method,
+    # so a line running ngram, eagle or custom_class passed for it. vLLM 0.32 SpeculativeConfig.__post_init__ runs
+    # draft_model for such a path, unless the draft's config.json names dflash, dspark, medusa, mlp_speculator or mtp.
+    expected = el.expected_from_flag({"model": "/mnt/models/draft", "num_speculative_tokens": 3}, "0.32.0")
+    assert expected["method"] == "draft_model"
+    assert expected["method_from_files"] == ["dflash", "dspark", "medusa", "mlp_speculator", "mtp"]
+    # vLLM 0.33 removed medusa and mlp_speculator (the newest table read, used when the version is not known)
+    assert el.expected_from_flag({"model": "/mnt/models/draft"})["method_from_files"] == ["dflash", "dspark", "mtp"]
+    draft = {"method": "draft_model", "model": "/mnt/models/draft", "num_spec_tokens": 3}
+    assert el.compare_expected(draft, expected, "0.32.0")[0] == []
+    diffs, notes = el.compare_expected(dict(draft, method="medusa"), expected, "0.32.0")
+    assert diffs == [] and any("vLLM chose 'medusa', from the draft's config.json" in n for n in notes), notes
+    diffs = el.compare_expected(dict(draft, method="eagle"), expected, "0.32.0")[0]
+    assert len(diffs) == 1 and diffs[0].startswith("method: expected 'draft_model', engine runs 'eagle' (vLLM guesses"), diffs
+
+
+def test_a_draft_asked_for_and_an_engine_printing_model_none_is_a_mismatch():
+    # the draft is skipped only when the method asked prints model=None (SpeculativeConfig.__repr__), not when the
+    # engine runs such a method: a draft_model flag against an ngram engine used to pass on the model
+    expected = el.expected_from_flag({"model": "/mnt/models/draft", "num_speculative_tokens": 5})
+    diffs, _notes = el.compare_expected(NGRAM, expected, "0.32.0")
+    assert diffs == ["method: expected 'draft_model', engine runs 'ngram'", "model: expected '/mnt/models/draft', engine runs None"]
+    # an expectation with a model and no method still skips it for a method printing model=None (as before)
+    assert el.compare_expected(NGRAM, {"model": "ngram", "num_speculative_tokens": 5}, "0.32.0")[0] == []

@@ -199,13 +199,10 @@ BAD = [
     ("k-missing", {"method": "mtp"}, "0.32.0", "config.num_speculative_tokens", "set it"),
     ("k-zero", dict(EAGLE3, num_speculative_tokens=0), "0.32.0", "config.num_speculative_tokens", "greater than zero"),
     ("k-negative", dict(EAGLE3, num_speculative_tokens=-2), "0.32.0", "config.num_speculative_tokens", "greater than zero"),
-    ("k-string", dict(EAGLE3, num_speculative_tokens="3"), "0.32.0", "config.num_speculative_tokens", "bare number"),
     ("k-float", dict(EAGLE3, num_speculative_tokens=2.5), "0.32.0", "config.num_speculative_tokens", "bare number"),
-    ("k-bool", dict(EAGLE3, num_speculative_tokens=True), "0.32.0", "config.num_speculative_tokens", "bare number"),
-    ("k-null", dict(EAGLE3, num_speculative_tokens=None), "0.32.0", "config.num_speculative_tokens", "bare number"),
+    ("k-null", dict(EAGLE3, num_speculative_tokens=None), "0.32.0", "config.num_speculative_tokens", "drop the key"),
     ("ngram-min-gt-max", dict(NGRAM, prompt_lookup_min=5, prompt_lookup_max=2), "0.32.0", "config.prompt_lookup_min", "swap"),
     ("ngram-min-zero", dict(NGRAM, prompt_lookup_min=0), "0.32.0", "config.prompt_lookup_min", "positive"),
-    ("ngram-max-string", dict(NGRAM, prompt_lookup_max="4"), "0.32.0", "config.prompt_lookup_max", "bare number"),
     ("eagle3-no-model", {"method": "eagle3", "num_speculative_tokens": 3}, "0.32.0", "config.model", "/mnt/models/draft"),
     ("eagle-no-model", {"method": "eagle", "num_speculative_tokens": 3}, "0.32.0", "config.model", "set model"),
     ("draft-model-no-model", {"method": "draft_model", "num_speculative_tokens": 3}, "0.32.0", "config.model", "set model"),
@@ -213,16 +210,61 @@ BAD = [
     ("model-not-string", dict(EAGLE3, model=7), "0.32.0", "config.model", "as text"),
     ("draft-tp-zero", dict(EAGLE3, draft_tensor_parallel_size=0), "0.32.0", "config.draft_tensor_parallel_size", "positive"),
     ("max-model-len-str", dict(EAGLE3, max_model_len="4k"), "0.32.0", "config.max_model_len", "bare number"),
-    ("enforce-eager-string", dict(EAGLE3, enforce_eager="yes"), "0.32.0", "config.enforce_eager", "true or false"),
     ("enforce-eager-010", dict(EAGLE3, enforce_eager=True), "0.10.2", "config.enforce_eager", "added in vLLM 0.11"),
     ("suffix-prob", {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_min_token_prob": 2}, "0.32.0",
      "config.suffix_decoding_min_token_prob", "0.1"),
-    ("suffix-factor", {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_spec_factor": 0}, "0.32.0",
+    ("suffix-factor", {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_spec_factor": -0.5}, "0.32.0",
      "config.suffix_decoding_max_spec_factor", "1.0"),
     ("suffix-cached-negative", {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_cached_requests": -1},
-     "0.32.0", "config.suffix_decoding_max_cached_requests", "0 or more"),
-    ("duplicate-spelling", {"method": "ngram", "num_speculative_tokens": 5, "num-speculative-tokens": 4,
-                            "prompt_lookup_min": 2, "prompt_lookup_max": 4}, "0.32.0", "config.num_speculative_tokens", "keep one"),
+     "0.32.0", "config.suffix_decoding_max_cached_requests", "0 turns"),
+    ("duplicate-spelling-011", {"method": "ngram", "num_speculative_tokens": 5, "num-speculative-tokens": 4},
+     "0.11.0", "config.num-speculative-tokens", "underscores"),
+    # Literal / Enum values (speculative_releases field_values, read from each release's source)
+    ("rejection-unknown", dict(EAGLE3, rejection_sample_method="greedy"), "0.32.0", "config.rejection_sample_method", "block, standard, synthetic"),
+    ("rejection-fly-032", dict(EAGLE3, rejection_sample_method="fly"), "0.32.0", "config.rejection_sample_method", "use one of"),
+    ("draft-sample-unknown", dict(EAGLE3, draft_sample_method="topk"), "0.32.0", "config.draft_sample_method", "greedy, probabilistic"),
+    ("moe-backend-unknown", dict(EAGLE3, moe_backend="fast"), "0.32.0", "config.moe_backend", "triton"),
+    ("kv-cache-dtype-unknown", dict(EAGLE3, kv_cache_dtype="int3"), "0.32.0", "config.kv_cache_dtype", "fp8"),
+    ("attention-backend-unknown", dict(EAGLE3, attention_backend="fastest"), "0.32.0", "config.attention_backend", "FLASH_ATTN"),
+    ("attention-backend-class-path", dict(EAGLE3, attention_backend="vllm.v1.attention.backends.flash_attn.FlashAttentionBackend"),
+     "0.32.0", "config.attention_backend", "CPU_ATTN"),
+    ("draft-load-config-string", dict(EAGLE3, draft_load_config="auto"), "0.32.0", "config.draft_load_config", "load_format"),
+    ("draft-load-config-field", dict(EAGLE3, draft_load_config={"format": "auto"}), "0.32.0", "config.draft_load_config", "load_format"),
+    # synthetic acceptance (vLLM 0.32 SpeculativeConfig._resolve_synthetic_acceptance_rates / _verify_args)
+    ("synthetic-neither", dict(EAGLE3, rejection_sample_method="synthetic"), "0.32.0", "config.rejection_sample_method", "one rate per"),
+    ("synthetic-both", dict(EAGLE3, rejection_sample_method="synthetic", synthetic_acceptance_rates=[0.5, 0.4, 0.3],
+                            synthetic_acceptance_length=2.0), "0.32.0", "config.rejection_sample_method", "one rate per"),
+    ("synthetic-rates-length", dict(EAGLE3, rejection_sample_method="synthetic", synthetic_acceptance_rates=[0.5, 0.4]), "0.32.0",
+     "config.synthetic_acceptance_rates", "one rate per drafted position"),
+    ("synthetic-rates-range", dict(EAGLE3, rejection_sample_method="synthetic", synthetic_acceptance_rates=[1.5, 0.4, 0.3]), "0.32.0",
+     "config.synthetic_acceptance_rates", "probabilities"),
+    ("synthetic-rates-order", dict(EAGLE3, rejection_sample_method="synthetic", synthetic_acceptance_rates=[0.3, 0.4, 0.2]), "0.32.0",
+     "config.synthetic_acceptance_rates", "cannot grow"),
+    ("synthetic-length-range", dict(EAGLE3, rejection_sample_method="synthetic", synthetic_acceptance_length=4.5), "0.32.0",
+     "config.synthetic_acceptance_length", "num_speculative_tokens + 1"),
+    ("synthetic-rates-without-synthetic", dict(EAGLE3, synthetic_acceptance_rates=[0.5, 0.4, 0.3]), "0.32.0",
+     "config.synthetic_acceptance_rates", "rejection_sample_method: synthetic"),
+    ("synthetic-length-without-synthetic", dict(EAGLE3, synthetic_acceptance_length=2.0), "0.33.0",
+     "config.synthetic_acceptance_length", "rejection_sample_method: synthetic"),
+    # cross-field rules of SpeculativeConfig.__post_init__ / _verify_args
+    ("adaptive-with-local-argmax", dict(EAGLE3, enable_adaptive_verification=True, use_local_argmax_reduction=True), "0.32.0",
+     "config.enable_adaptive_verification", "disable one"),
+    ("heterogeneous-vocab-eagle3", dict(EAGLE3, use_heterogeneous_vocab=True), "0.32.0", "config.use_heterogeneous_vocab", "draft_model"),
+    ("heterogeneous-vocab-probabilistic", {"method": "draft_model", "model": "/d", "num_speculative_tokens": 3,
+                                           "use_heterogeneous_vocab": True, "draft_sample_method": "probabilistic"}, "0.32.0",
+     "config.draft_sample_method", "greedy"),
+    ("heterogeneous-vocab-local-argmax-033", {"method": "draft_model", "model": "/d", "num_speculative_tokens": 3,
+                                              "use_heterogeneous_vocab": True, "use_local_argmax_reduction": True}, "0.33.0",
+     "config.use_local_argmax_reduction", "disable one"),
+    ("mtp-only-key-under-ngram", dict(NGRAM, index_share_for_mtp_iteration=True), "0.32.0", "config.index_share_for_mtp_iteration", "drop it"),
+    ("dspark-only-key-under-eagle3", dict(EAGLE3, dspark_draft_topk=8), "0.32.0", "config.dspark_draft_topk", "drop it"),
+    ("fly-one-token-033", dict(EAGLE3, num_speculative_tokens=1, rejection_sample_method="fly"), "0.33.0",
+     "config.num_speculative_tokens", "2 or more"),
+    # no draft config can supply k (vLLM 0.32 SpeculativeConfig._verify_args)
+    ("ngram-no-k", {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}, "0.32.0", "config.num_speculative_tokens", "set it"),
+    ("ngram-by-model-no-k", {"model": "ngram"}, "0.32.0", "config.num_speculative_tokens", "set it"),
+    ("custom-class-no-k", {"model": "my_pkg.MyProposer"}, "0.32.0", "config.num_speculative_tokens", "custom proposer"),
+    ("key-with-spaces", {" method": "ngram", "num_speculative_tokens": 5}, "0.32.0", "config. method", "write it as 'method'"),
     ("not-json", '{"method": "ngram", num_speculative_tokens: 5}', "0.32.0", "config", "double quotes"),
     ("json-list", '["ngram", 5]', "0.32.0", "config", "{...}"),
     ("empty-string", "  ", "0.32.0", "config", "JSON object"),
@@ -245,6 +287,94 @@ def test_bad_input_names_the_field_and_the_fix(config, version, field, fix):
 
 def test_bad_input_corpus_is_large_enough():
     assert len(BAD) >= 40
+
+
+# --- the coercion policy (docs/speculative-config-validation.md): what pydantic converts is accepted, written as what
+# vLLM uses, with a warning naming it; the values below are what vLLM 0.32's pydantic 2 makes of them ---------------
+
+LOOSE = [
+    # (id, key, value written, value vLLM uses, a fragment of the warning)
+    ("k-string", "num_speculative_tokens", "3", 3, "'3' is a string; vLLM reads it as 3"),
+    ("k-whole-float", "num_speculative_tokens", 3.0, 3, "3.0 is a float; vLLM reads it as 3"),
+    ("k-bool", "num_speculative_tokens", True, 1, "True is a boolean; vLLM reads it as 1"),
+    ("max-model-len-string", "max_model_len", " 2048 ", 2048, "vLLM reads it as 2048"),
+    ("enforce-eager-string", "enforce_eager", "true", True, "vLLM reads it as true"),
+    ("enforce-eager-yes", "enforce_eager", "yes", True, "vLLM reads it as true"),
+    ("enforce-eager-zero", "enforce_eager", 0, False, "vLLM reads it as false"),
+]
+
+
+@pytest.mark.parametrize("key,written,used,note", [c[1:] for c in LOOSE], ids=[c[0] for c in LOOSE])
+def test_loose_types_vllm_coerces_are_accepted_with_a_warning_naming_the_value(key, written, used, note):
+    result = core.validate(dict(EAGLE3, **{key: written}), vllm_version="0.32.0")
+    assert result.config[key] == used and type(result.config[key]) is type(used)
+    assert any(note in w and ("config.%s" % key) in w for w in result.warnings), result.warnings
+    assert ('"%s":%s' % (key, json.dumps(used))) in result.json
+
+
+def test_null_for_an_optional_key_is_unset_and_dropped():
+    result = core.validate(dict(EAGLE3, draft_tensor_parallel_size=None, quantization=None), vllm_version="0.32.0")
+    assert "draft_tensor_parallel_size" not in result.config and "quantization" not in result.config
+    assert any("config.quantization is null" in w for w in result.warnings)
+    # a key whose vLLM type takes no None stays refused (test_bad_input: k-null)
+    with pytest.raises(ValidationError, match="config.parallel_drafting: must not be null"):
+        core.validate(dict(EAGLE3, parallel_drafting=None), vllm_version="0.32.0")
+
+
+def test_two_spellings_of_one_key_the_later_wins_as_in_vllm():
+    text = '{"method": "ngram", "num_speculative_tokens": 5, "num-speculative-tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
+    result = core.validate(text, vllm_version="0.32.0")
+    assert result.config["num_speculative_tokens"] == 4
+    assert any("given twice" in w and "'num-speculative-tokens' wins" in w for w in result.warnings), result.warnings
+
+
+def test_suffix_limits_are_checked_only_under_suffix():
+    # vLLM 0.32 checks them in _validate_suffix_decoding, which only method 'suffix' reaches
+    result = core.validate(dict(NGRAM, suffix_decoding_max_tree_depth=0, suffix_decoding_min_token_prob=3.0), vllm_version="0.32.0")
+    assert result.config["suffix_decoding_max_tree_depth"] == 0
+    assert core.validate({"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_spec_factor": 0},
+                         vllm_version="0.32.0").config["suffix_decoding_max_spec_factor"] == 0
+
+
+def test_literal_values_follow_each_release():
+    assert core.validate(dict(EAGLE3, rejection_sample_method="fly", num_speculative_tokens=3), vllm_version="0.33.0").config[
+        "rejection_sample_method"] == "fly"
+    # quantization is `QuantizationMethods | str`: vLLM passes any name on (the draft's ModelConfig checks it)
+    assert core.validate(dict(EAGLE3, quantization="my_quant"), vllm_version="0.32.0").config["quantization"] == "my_quant"
+    # attention_backend: any case of a member name; 'auto' means unset
+    assert core.validate(dict(EAGLE3, attention_backend="cpu_attn"), vllm_version="0.32.0").config["attention_backend"] == "cpu_attn"
+    assert "attention_backend" not in core.validate(dict(EAGLE3, attention_backend="auto"), vllm_version="0.32.0").config
+
+
+# --- the method vLLM runs (vLLM 0.32 SpeculativeConfig.__post_init__) -------------------------------------------------
+
+RUNS = [
+    # (id, config, the method vLLM runs, a fragment of the warning naming the rule)
+    ("ngram-by-model", {"model": "ngram", "num_speculative_tokens": 5}, "ngram", "'model' is 'ngram'"),
+    ("ngram-by-bracket-model", {"model": "[ngram]", "num_speculative_tokens": 5}, "ngram", "'model' is '[ngram]'"),
+    ("custom-class-by-path", {"model": "my_pkg.proposers.Mine", "num_speculative_tokens": 3}, "custom_class", "dotted class path"),
+    ("eagle3-path-over-draft-model", {"method": "draft_model", "model": "/mnt/models/llama-eagle3-head", "num_speculative_tokens": 3},
+     "eagle3", "contains 'eagle3'"),
+    ("eagle3-path-over-mtp", {"method": "mtp", "model": "/mnt/models/eagle3", "num_speculative_tokens": 1}, "eagle3", "contains 'eagle3'"),
+    ("eagle-path-over-draft-model", {"method": "draft_model", "model": "/m/EAGLE-LLaMA3", "num_speculative_tokens": 3}, "eagle",
+     "contains 'eagle-'"),
+]
+
+
+@pytest.mark.parametrize("config,runs,rule", [r[1:] for r in RUNS], ids=[r[0] for r in RUNS])
+def test_the_method_vllm_runs_is_reported_with_the_rule(config, runs, rule):
+    result = core.validate(config, vllm_version="0.32.0")
+    assert result.method == runs
+    assert any(rule in w and "'%s'" % runs in w for w in result.warnings), result.warnings
+
+
+def test_the_written_method_stays_where_vllm_keeps_it():
+    # eagle, eagle3, dflash and dspark are kept whatever the path says; a path without a rule keeps draft_model
+    assert core.validate({"method": "eagle", "model": "/m/eagle3-head", "num_speculative_tokens": 3}, "0.32.0").method == "eagle"
+    result = core.validate({"method": "draft_model", "model": "/mnt/models/draft", "num_speculative_tokens": 3}, "0.32.0")
+    assert result.method == "draft_model" and not any("runs" in w for w in result.warnings)
+    # a path with a slash is not a class path
+    assert core.validate({"model": "org/My.Model", "num_speculative_tokens": 3}, "0.32.0").method == "draft_model"
 
 
 @pytest.mark.parametrize("preset,overrides,field", [

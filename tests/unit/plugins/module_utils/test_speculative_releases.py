@@ -39,15 +39,38 @@ def _config_for(method, table):
     return config
 
 
-def _value_for(key, spec):
-    """A value of the type vLLM declares for `key` (its default when it has one)."""
+# Keys a release refuses without their partners (speculative_rules: vLLM's cross-field rules): the config they need.
+PARTNERS = {
+    "synthetic_acceptance_rates": {"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": [0.5]},
+    "synthetic_acceptance_length": {"rejection_sample_method": "synthetic", "synthetic_acceptance_length": 1.5},
+    "index_share_for_mtp_iteration": {"method": "mtp", "model": None},
+    "use_heterogeneous_vocab": {"method": "draft_model"},
+    "dspark_draft_topk": {"method": "dspark"},
+}
+
+
+def _config_with(base, key, spec, table):
+    """`base` with `key` set to a value the release accepts, and the partners the key needs there."""
+    config = dict(base, **{key: _value_for(key, spec, table)})
+    if table.get("method_from_model") is not None and key in PARTNERS:
+        config.update(PARTNERS[key])
+    return {k: v for k, v in config.items() if v is not None}
+
+
+def _value_for(key, spec, table=None):
+    """A value of the type vLLM declares for `key` (its default when it has one, else one of its allowed values)."""
+    allowed = (table or {}).get("field_values", {}).get(key)
+    if allowed and "object" in allowed:
+        return {}
+    if allowed:
+        return allowed["values"][0]
     default = spec.get("default")
     if default is not None and not isinstance(default, dict):
         return default
     if spec["type"].startswith("list[tuple[int, int, int]]"):
         return [[1, 1, 1]]  # a batch-size schedule: its rules (vllm/speculative_schedule.py) refuse a bare number
     kind = core._kind(key, spec)  # pylint: disable=protected-access
-    return {core._BOOL: True, core._NUM: 0.5, core._STR: "x"}.get(kind, 1)  # pylint: disable=protected-access
+    return {core._BOOL: True, core._NUM: 0.5, core._STR: "x", core.rules.LIST_NUM: [0.5]}.get(kind, 1)  # pylint: disable=protected-access
 
 
 def _history(name, what):
@@ -124,7 +147,7 @@ def test_every_key_of_a_release_is_accepted_for_it(minor):
     for key, spec in table["keys"].items():
         if key in base or key == "tensor_parallel_size":
             continue  # base keys are in every config; tensor_parallel_size is a field only for vLLM to refuse it
-        config = dict(base, **{key: _value_for(key, spec)})
+        config = _config_with(base, key, spec, table)
         assert core.validate(config, version).config == config, key
 
 
@@ -311,6 +334,7 @@ from typing import Literal, get_args
 from pydantic import Field
 MTPModelTypes = Literal["foo_mtp", "mtp"]
 SpeculativeMethod = Literal["ngram", "eagle", "eagle3", "draft_model", MTPModelTypes]
+SampleMethod = Literal["greedy", "probabilistic"]
 
 
 @config
@@ -321,9 +345,17 @@ class SpeculativeConfig:
     prompt_lookup_max: int | None = Field(default=None, ge=1)
     prompt_lookup_min: int | None = Field(default=None, ge=1)
     new_knob: bool = False
+    sample_method: SampleMethod = "greedy"
     target_model_config: SkipValidation[ModelConfig] = None
 
     def __post_init__(self):
+        if self.method is None and SpeculativeConfig._is_custom_proposer_path(self.model):
+            self.method = "custom_class"
+        elif self.method is None:
+            if self.model in ("ngram", "[ngram]"):
+                self.method = "ngram"
+            else:
+                self.method = "draft_model"
         if self.method in get_args(MTPModelTypes) and self.method != "mtp":
             self.method = "mtp"
         if self.model is None and self.num_speculative_tokens is not None:
@@ -352,6 +384,10 @@ class SpeculativeConfig:
                 raise NotImplementedError("unsupported")
             if self.num_speculative_tokens is None:
                 self.num_speculative_tokens = n_predict
+
+    def __repr__(self):
+        model = None if self.method in ("ngram", "custom_class") else self.draft_model_config.model
+        return f"SpeculativeConfig({model=})"
 '''
 
 TINY_ARG_UTILS = '''
@@ -384,7 +420,8 @@ def test_generator_reads_a_release_from_source(tmp_path):
     assert entry["version"] == "0.99.0" and entry["commit_id"] == "gabc1234" and entry["commit"] is None
     assert entry["methods"] == ["draft_model", "eagle", "eagle3", "foo_mtp", "mtp", "ngram"]
     assert entry["mtp_aliases"] == ["foo_mtp"]
-    assert sorted(entry["keys"]) == ["method", "model", "new_knob", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"]
+    assert sorted(entry["keys"]) == ["method", "model", "new_knob", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
+                                     "sample_method"]
     assert entry["keys"]["new_knob"] == {"type": "bool", "default": False}
     assert entry["keys"]["num_speculative_tokens"]["gt"] == 0
     assert entry["engine_keys"] == ["target_model_config"]
@@ -395,6 +432,11 @@ def test_generator_reads_a_release_from_source(tmp_path):
     assert entry["detect_rules"] == [{"method": "eagle", "when": [["name_contains", "eagle-"]]},
                                      {"method": "mtp", "when": [["model_type", ["foo_mtp", "mtp"]]]}]
     assert entry["hyphen_keys"] is True and entry["shorthand_flags"] == {"--spec-tokens": "num_speculative_tokens"}
+    # issue #49: Literal values, the method from the names, what the draft path may override, the repr's model=None
+    assert entry["field_values"] == {"sample_method": {"values": ["greedy", "probabilistic"], "open": False}}
+    assert entry["method_from_model"] == {"names": {"[ngram]": "ngram", "ngram": "ngram"}, "custom_class_path": True}
+    assert entry["detect_keeps"] == ["eagle", "eagle3"] and entry["detect_skips"] == ["ngram"]
+    assert entry["repr_model_none"] == ["custom_class", "ngram"]
     assert entry["engine_file"] == "vllm/engine/arg_utils.py"
     # a release that passes the dict on as written, and has no shorthand flags
     (pkg / "engine" / "arg_utils.py").write_text(TINY_ARG_UTILS.replace("self.speculative_config.items()", "x.items()")
@@ -411,4 +453,4 @@ def test_generator_reads_a_release_from_source(tmp_path):
     data = tmp_path / "releases.py"
     tables.write({"0.98": dict(RELEASES[MINORS[-1]], version="0.98.0"), "0.99": entry}, str(data))
     merged = tables.load(str(data))
-    assert merged["0.99"]["keys_added"] == ["new_knob"] and "rejection_sample_method" in merged["0.99"]["keys_removed"]
+    assert merged["0.99"]["keys_added"] == ["new_knob", "sample_method"] and "rejection_sample_method" in merged["0.99"]["keys_removed"]

@@ -18,6 +18,14 @@ description:
   - Inside a C(bash -c)/C(sh -c) script the flag and its value are cut out at the byte level, with the
     whitespace or the C(\) line continuation that held them, so the script stays valid; every other byte
     is unchanged.
+  - Words are read as vLLM's own parser reads them (vLLM 0.32's option table), with abbreviations such as
+    C(--speculative) or C(--spec-tok), C(-sc) with dotted keys (C(-sc.method ngram)); only the vLLM
+    invocation's words are touched (an C(echo) or a prefetch script beside it keeps its words), and a flag's
+    name inside another option's JSON value is text, not a flag.
+  - Fails, naming the construct, when the command holds what the strip cannot resolve instead of returning a
+    list that still runs speculative decoding - a flag inside an C(eval) string, C(${VAR:+...}), a variable whose
+    value is not in O(env) where vLLM may read it as an option, a multi-value option that would take the
+    positional model once the flag is gone.
   - A list without the flag comes back unchanged.
 author:
   - Alauda Platform Team (@alauda)
@@ -27,6 +35,12 @@ options:
     type: list
     elements: str
     required: true
+  env:
+    description:
+      - The container's C(env) (Kubernetes' list of C(name)/C(value), or a dict), so that variables the script
+        expands are read with the values the pod spec gives them.
+    type: raw
+    required: false
 """
 
 EXAMPLES = r"""
@@ -36,6 +50,12 @@ EXAMPLES = r"""
 
 # ['bash', '-c', "vllm serve /mnt/models --port 8080 --speculative-config '{\"method\":\"ngram\"}'"]
 # becomes ['bash', '-c', 'vllm serve /mnt/models --port 8080']
+
+- name: A script that expands container variables
+  ansible.builtin.set_fact:
+    rolled_back_command: >-
+      {{ isvc.spec.predictor.model.command
+         | alauda.spec_decoding.strip_speculative_config(env=isvc.spec.predictor.model.env | default([])) }}
 """
 
 RETURN = r"""
@@ -51,8 +71,8 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_edit as vllm_edit
 
 
-def strip_speculative_config(items):
-    """list of str -> the same list without any speculative flag."""
+def strip_speculative_config(items, env=None):
+    """list of str -> the same list without any speculative flag (refused when that cannot be vouched for)."""
     if items is None:
         return []
     if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)):
@@ -65,7 +85,7 @@ def strip_speculative_config(items):
             "strip_speculative_config: element %d is %s, not a string; quote numbers in command/args lists"
             % (bad[0], type(items[bad[0]]).__name__))
     try:
-        return vllm_edit.strip_speculative_config([str(i) for i in items])
+        return vllm_edit.strip_checked([str(i) for i in items], env)
     except SpecDecodingError as exc:
         raise AnsibleFilterError("strip_speculative_config: %s" % exc) from exc
 

@@ -19,8 +19,9 @@ import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.command_line import (
-    config_from_occurrences, find_occurrences, invokes_vllm, is_shell_script, looks_like_script, script_occurrences,
+    config_from_occurrences, container_env, find_occurrences, invokes_vllm, is_shell_script, looks_like_script, strip_problems,
 )
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.command_scan import scan_script
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.shell_lexer import ShellSyntaxError, simple_commands, tokenize
 
 # --------------------------------------------------------------------------------------------------
@@ -76,15 +77,15 @@ def _escaped_newline(text, nl_index):
     return count % 2 == 1
 
 
-def strip_script(text, keep_anchor=False):
-    """Remove every speculative flag (and its value) from a shell script. Returns the new text.
+def strip_script(text, keep_anchor=False, env=None):
+    """Remove every speculative flag (and its value) of the vLLM invocation from a shell script. Returns the new text.
 
-    With keep_anchor, the first ``--speculative-config <value>`` stays (set_speculative_config replaces it).
+    With keep_anchor, the first ``--speculative-config <value>`` stays (set_speculative_config replaces it). ``env``: the
+    container's env (a word such as ``"$SPEC_ARGS"`` whose value from the pod spec is a flag goes too).
     """
+    env = container_env(env) if env is not None else None
     for _attempt in range(10000):
-        occ = script_occurrences(text)
-        if occ is None:
-            return text
+        occ = scan_script(text, env)
         if keep_anchor:
             anchor = _anchor(occ)
             occ = [o for o in occ if o is not anchor]
@@ -102,12 +103,13 @@ def _anchor(occurrences):
     return next((o for o in occurrences if o.kind == "json" and o.has_value), None)
 
 
-def strip_speculative_config(items, keep_anchor=False):
-    """Return a copy of a command/args list without any speculative flag; a no-op when there is none."""
+def strip_speculative_config(items, keep_anchor=False, env=None):
+    """Return a copy of a command/args list without any speculative flag of the vLLM invocation; a no-op when there is
+    none. ``env``: the container's env, for words whose value the pod spec gives."""
     if items is None:
         return None
     items = list(items)
-    occ = find_occurrences(items)
+    occ = find_occurrences(items, env)
     anchor = _anchor(occ) if keep_anchor else None
     if not occ or occ == [anchor]:
         return items
@@ -118,25 +120,57 @@ def strip_speculative_config(items, keep_anchor=False):
             scripts.add(o.index)
         elif o is anchor:
             continue
-        elif o.form == "argv":
-            drop.add(o.index)
-            if o.has_value:
-                drop.add(o.index + 1)
         else:
             drop.add(o.index)
+            if o.value_index is not None:
+                drop.add(o.value_index)
     result = []
     for i, word in enumerate(items):
         if i in drop:
             continue
         if i in scripts:
             keep_here = anchor is not None and anchor.index == i
-            new = strip_script(word, keep_anchor=keep_here)
+            new = strip_script(word, keep_anchor=keep_here, env=env)
             if not new.strip() and not is_shell_script(items, i):
                 continue  # the element held nothing but the flag and its value
             result.append(new)
             continue
         result.append(word)
     return result
+
+
+_REFUSAL_HINTS = {
+    "eval": "move the vLLM command out of the eval string (or its flags into literal words of the command), then rerun the rollback",
+    "multi-value option": "put the positional model right after `vllm serve` (before any option that takes several values), then "
+                          "rerun the rollback",
+    "variable": "write the vLLM flags literally in the command, or give the variable its value in the container's env, then rerun "
+                "the rollback",
+    "parameter expansion": "write the vLLM flags literally in the command instead of the ${VAR:+...} expansion, then rerun the rollback",
+    "command substitution": "write the vLLM flags literally in the command instead of the $(...) substitution, then rerun the rollback",
+    "script syntax": "fix the script (bash -n shows where), then rerun the rollback",
+}
+
+
+def strip_checked(items, env=None, field="command"):
+    """strip_speculative_config for a rollback that must not claim a clean command that is not: refuses (ValidationError
+    naming each construct) when the vLLM invocation holds what the strip cannot resolve (an eval string, a run-time
+    expansion where vLLM may read an option, a pod-spec variable carrying a flag, a multi-value option that would take
+    the positional model once the flag is gone; see vllm/command_scan.py), and checks its own result: no flag left."""
+    if items is None:
+        return None
+    env = env if env is not None else {}  # no env: the pod spec sets no variable, every expansion is unknown
+    problems = strip_problems(items, env)
+    if problems:
+        raise ValidationError(
+            "cannot strip the speculative flags word-exact: %s" % "; ".join(
+                "%s %r (%s)" % (p["construct"], p["text"][:120], p["why"]) for p in problems[:5]),
+            field=field, hint=_REFUSAL_HINTS.get(problems[0]["construct"], _REFUSAL_HINTS["variable"]))
+    new = strip_speculative_config(items, env=env)
+    left = find_occurrences(new, env)
+    if left:  # pragma: no cover - a defect of the editor, never a user error
+        raise ValidationError("the strip left %s in place" % ", ".join(o.flag for o in left), field=field,
+                              hint="report this command to the collection's maintainers")
+    return new
 
 
 # --------------------------------------------------------------------------------------------------

@@ -15,19 +15,21 @@ bash-compatible lexer (vllm/shell_lexer.py): only the flag and its value go, plu
 the script stays valid (no dangling ``\\``, no blank line that ends the command early) and every other
 byte is unchanged.
 
-Forms recognised (vLLM 0.10 to 0.33):
+Which word is which option is decided as vLLM's own parser decides it (vllm/cli_parser.py on vLLM 0.32's option table;
+vllm/command_scan.py finds the flags in lists and scripts, only among the vLLM invocation's words):
 
-* ``--speculative-config <json>`` / ``--speculative-config=<json>`` (also ``--speculative_config``),
-  the short alias ``-sc <json>`` / ``-sc=<json>``;
-* dotted keys ``--speculative-config.<key> <value>`` / ``--speculative-config.<key>=<value>``;
-* 0.22+ ``--spec-method``, ``--spec-model``, ``--spec-tokens`` (space or ``=`` form, ``_`` spelling too; which release has
-  them is each table's shorthand_flags in speculative_releases);
+* ``--speculative-config <json>`` / ``=<json>`` / ``--speculative_config``, its alias ``-sc`` (``-sc=<json>``, ``-s``), and
+  every unique prefix argparse accepts (``--speculative``, ``--speculative-c``);
+* dotted keys ``--speculative-config.<key> <value>``, ``-sc.<key>=<value>``, ``--speculative.<key>``: vLLM gathers them per
+  option into one JSON that replaces, not merges with, a ``--speculative-config`` JSON (config_from_occurrences does too);
+* 0.22+ ``--spec-method``, ``--spec-model``, ``--spec-tokens`` and their prefixes (``--spec-tok``);
 * the legacy flags of vLLM before 0.10 (``--speculative-model``, ``--num-speculative-tokens``,
-  ``--ngram-prompt-lookup-max``... see SPECULATIVE_FLAGS), still in published manifests: older images run
-  speculative decoding with them, so a rollback must remove them too.
+  ``--ngram-prompt-lookup-max``... see SPECULATIVE_FLAGS, exact spellings: vLLM 0.32's parser has no such options), still in
+  published manifests: older images run speculative decoding with them, so a rollback must remove them too.
 
-SPECULATIVE_FLAGS is the one list of these flags (spellings, value arity); speculative_config.REMOVED_FLAGS and SHORTHAND_FLAGS
-are derived from it.
+SPECULATIVE_FLAGS (vllm/speculative_flags.py) names these flags; speculative_config.REMOVED_FLAGS and SHORTHAND_FLAGS are
+derived from it. Releases other than 0.32 are read with 0.32's option table until theirs is taken
+(hack/vllm_cli_registry.py).
 
 Plain Python, no Ansible imports.
 """
@@ -38,253 +40,41 @@ import json
 import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.command_scan import scan, scan_script
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.shell_lexer import ShellSyntaxError, simple_commands, tokenize
-
-_SCRIPT_SHELLS = ("bash", "sh", "dash", "zsh", "ksh", "ash")
-
-# --------------------------------------------------------------------------------------------------
-# The one registry of vLLM's speculative-decoding flags
-# --------------------------------------------------------------------------------------------------
-
-# What a flag takes after it: a value (the next argv word or ``=value``), nothing (argparse store_true),
-# or an optional true/false (vLLM's StoreBoolean with nargs='?': the next word only when it is a boolean).
-VALUE = "value"
-NO_VALUE = "none"
-OPTIONAL_BOOL = "optional bool"
-_BOOL_WORDS = ("true", "false")
-
-
-class FlagSpec:
-    """One speculative flag of vLLM's command line.
-
-    ``kind``: ``json`` (the whole config), ``split`` (0.22+ shorthand for one key) or ``legacy`` (the separate
-    flags of vLLM before 0.10, V0 engine; vLLM 0.10+ exits on them as unrecognized arguments, older images run
-    speculative decoding with them). ``key``: the ``--speculative-config`` key it sets or maps to (None: none);
-    ``value``: VALUE, NO_VALUE or OPTIONAL_BOOL; ``replacement``: what to write instead (legacy flags);
-    ``aliases``: other spellings argparse maps to it. Every ``--`` spelling also matches with ``_`` for ``-``
-    (vLLM's FlexibleArgumentParser turns ``--speculative_model`` into ``--speculative-model``).
-    """
-
-    __slots__ = ("name", "kind", "key", "value", "replacement", "aliases")
-
-    def __init__(self, name, kind, key, value=VALUE, replacement=None, aliases=()):
-        self.name = name
-        self.kind = kind
-        self.key = key
-        self.value = value
-        self.replacement = replacement
-        self.aliases = tuple(aliases)
-
-    def spellings(self):
-        out = []
-        for name in (self.name,) + self.aliases:
-            out.append(name)
-            if name.startswith("--"):
-                out.append("--" + name[2:].replace("-", "_"))
-        return out
-
-
-_V0 = "nothing (removed with the V0 engine)"
-# vLLM 0.6-0.7 vllm/engine/arg_utils.py (add_cli_args) for the legacy flags; 0.10-0.33 for the others.
-# Not here: --num-lookahead-slots (a scheduler setting that exists without speculative decoding and alone enables none).
-SPECULATIVE_FLAGS = (
-    FlagSpec("--speculative-config", "json", None, aliases=("-sc",)),
-    FlagSpec("--spec-method", "split", "method"),
-    FlagSpec("--spec-model", "split", "model"),
-    FlagSpec("--spec-tokens", "split", "num_speculative_tokens"),
-    FlagSpec("--speculative-model", "legacy", "model", replacement="'model' inside --speculative-config"),
-    FlagSpec("--num-speculative-tokens", "legacy", "num_speculative_tokens",
-             replacement="'num_speculative_tokens' inside --speculative-config"),
-    FlagSpec("--ngram-prompt-lookup-max", "legacy", "prompt_lookup_max", replacement="'prompt_lookup_max' inside --speculative-config"),
-    FlagSpec("--ngram-prompt-lookup-min", "legacy", "prompt_lookup_min", replacement="'prompt_lookup_min' inside --speculative-config"),
-    FlagSpec("--speculative-draft-tensor-parallel-size", "legacy", "draft_tensor_parallel_size",
-             replacement="'draft_tensor_parallel_size' inside --speculative-config", aliases=("-spec-draft-tp",)),
-    FlagSpec("--speculative-max-model-len", "legacy", "max_model_len", replacement="'max_model_len' inside --speculative-config"),
-    FlagSpec("--speculative-disable-by-batch-size", "legacy", "disable_by_batch_size",
-             replacement="'disable_by_batch_size' inside --speculative-config"),
-    FlagSpec("--speculative-model-quantization", "legacy", "quantization", replacement="'quantization' inside --speculative-config"),
-    FlagSpec("--speculative-disable-mqa-scorer", "legacy", None, NO_VALUE, replacement=_V0),
-    FlagSpec("--spec-decoding-acceptance-method", "legacy", None, replacement=_V0),
-    FlagSpec("--typical-acceptance-sampler-posterior-threshold", "legacy", None, replacement=_V0),
-    FlagSpec("--typical-acceptance-sampler-posterior-alpha", "legacy", None, replacement=_V0),
-    FlagSpec("--disable-logprobs-during-spec-decoding", "legacy", None, OPTIONAL_BOOL, replacement=_V0),
+# The flag registry and the word predicates live in vllm/speculative_flags.py; their names stay importable from here, where
+# the readers always found them.
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.speculative_flags import (  # noqa: F401  pylint: disable=unused-import
+    DOTTED, LEGACY_FLAGS, NO_VALUE, OPTION_RE, OPTIONAL_BOOL, SPECULATIVE_FLAGS, VALUE, FlagSpec, Occurrence, classify_flag,
+    flag_spellings, invocation_end, invokes_vllm, is_shell_script, looks_like_script, script_shell_index,
 )
-_DOTTED = FlagSpec("--speculative-config.<key>", "dotted", None)
-_SPELLINGS = {spelling: spec for spec in SPECULATIVE_FLAGS for spelling in spec.spellings()}
-LEGACY_FLAGS = {spec.name: spec for spec in SPECULATIVE_FLAGS if spec.kind == "legacy"}
-_DOTTED_PREFIXES = ("--speculative-config.", "--speculative_config.")
-# Substrings that make an argv element worth lexing as a script (a flag as one of its shell words).
-_FLAG_HINTS = ("--spec", "-sc") + tuple(s for s in _SPELLINGS if "--spec" not in s and "-sc" not in s)
+
+_OPTION_RE = OPTION_RE
 
 
-def flag_spellings():
-    """Every spelling of every speculative flag (for leftover searches after a strip)."""
-    return tuple(_SPELLINGS)
-
-
-def classify_flag(word):
-    """Return (kind, key, inline_value, spec) for an argv word that is a speculative flag, else None.
-
-    kind is ``json`` (whole config), ``dotted`` (one key of the config), ``split`` (0.22+ flags) or ``legacy``
-    (pre-0.10 separate flags); inline_value is the text after ``=`` or None when the value (if any) is the next word.
-    """
-    if not isinstance(word, str) or not word.startswith("-"):
-        return None
-    name, sep, value = word.partition("=")
-    inline = value if sep else None
-    spec = _SPELLINGS.get(name)
-    if spec is not None:
-        return (spec.kind, spec.key, inline, spec)
-    for prefix in _DOTTED_PREFIXES:
-        if name.startswith(prefix) and len(name) > len(prefix):
-            return ("dotted", name[len(prefix):].replace("-", "_"), inline, _DOTTED)
-    return None
-
-
-# A word argparse takes for an option, not for the value of the option before it.
-_OPTION_RE = re.compile(r"--?[A-Za-z]")
-
-
-def _takes_next(spec, word):
-    """Does ``spec`` (written without ``=``) take ``word``, the next argv word, as its value?"""
-    if spec.value == NO_VALUE:
-        return False
-    if spec.value == OPTIONAL_BOOL:
-        return str(word).strip().lower() in _BOOL_WORDS
-    if spec.kind == "legacy" and _OPTION_RE.match(str(word)):
-        return False  # argparse refuses an option as the value: the next word is the next option, not ours
-    return True
-
-
-# --------------------------------------------------------------------------------------------------
-# Occurrences
-# --------------------------------------------------------------------------------------------------
-
-class Occurrence:
-    """One speculative flag found in a list: where it is and what it says."""
-
-    __slots__ = ("index", "kind", "key", "raw", "form", "flag_token", "value_token", "has_value", "literal", "flag")
-
-    def __init__(self, index, kind, key, raw, form, flag_token=None, value_token=None, has_value=True, literal=True, flag=None):
-        self.index = index  # list element holding the flag
-        self.kind = kind  # json | dotted | split | legacy
-        self.key = key
-        self.raw = raw  # the value text as vLLM receives it (None: no value)
-        self.form = form  # argv | argv_inline | script | script_inline
-        self.flag_token = flag_token
-        self.value_token = value_token
-        self.has_value = has_value
-        self.literal = literal  # False: the value is a shell expansion ($VAR, $(...)) known only at run time
-        self.flag = flag  # the flag's registry name (``--speculative-model`` for ``--speculative_model=x`` too)
-
-    def as_dict(self):
-        return {"index": self.index, "kind": self.kind, "key": self.key, "value": self.raw, "form": self.form, "flag": self.flag}
-
-
-# ``-c`` alone or in a cluster of the shell's one-letter options (``sh -ec``, ``bash -lc``).
-_SHELL_C_RE = re.compile(r"-[A-Za-z]*c[A-Za-z]*")
-
-
-def _script_shell_index(items, index):
-    """The index of the shell when items[index] is the script of ``<shell> [options] -c`` in the same list, else None."""
-    if index < 2 or not _SHELL_C_RE.fullmatch(str(items[index - 1])):
-        return None
-    shell = index - 2
-    while shell > 0 and str(items[shell]).startswith("-"):
-        shell -= 1
-    name = str(items[shell]).rsplit("/", 1)[-1]
-    return shell if name in _SCRIPT_SHELLS or name.startswith("bash") else None
-
-
-def is_shell_script(items, index):
-    """True when items[index] is the script of ``<shell> -c`` (``bash -c``, ``sh -ec``, ``/bin/bash -lc``) in the same list."""
-    return _script_shell_index(items, index) is not None
-
-
-def looks_like_script(text):
-    """A string with shell separators in it: worth lexing as a script."""
-    return isinstance(text, str) and any(c in text for c in " \t\n;&|")
-
-
-def _script_occurrences(text, index):
-    try:
-        tokens = tokenize(text)
-    except ShellSyntaxError:
-        return None
-    found = []
-    for cmd in simple_commands(tokens):
-        words = list(cmd)
-        i = 0
-        while i < len(words):
-            tok, is_arg = words[i]
-            info = classify_flag(tok.value) if (tok.kind == "word" and is_arg) else None
-            if info and not tok.literal:
-                # `--speculative-config="$SPEC"`: fine when the expansion is only in the value
-                rawtok = text[tok.start:tok.end]
-                if info[2] is None or "=" not in rawtok or any(c in rawtok[:rawtok.index("=")] for c in "$`"):
-                    info = None
-            if info:
-                kind, key, inline, spec = info
-                if inline is not None:
-                    if not tok.literal:
-                        rawtok = text[tok.start:tok.end]
-                        inline = rawtok[rawtok.index("=") + 1:]
-                    found.append(Occurrence(index, kind, key, inline, "script_inline", tok, None, literal=tok.literal, flag=spec.name))
-                    i += 1
-                    continue
-                nxt = words[i + 1] if i + 1 < len(words) else None
-                if nxt is not None and nxt[1] and nxt[0].kind == "word" and _takes_next(spec, nxt[0].value):
-                    raw = nxt[0].value if nxt[0].literal else _expansion_text(text, nxt[0])
-                    found.append(Occurrence(index, kind, key, raw, "script", tok, nxt[0], literal=nxt[0].literal, flag=spec.name))
-                    i += 2
-                    continue
-                found.append(Occurrence(index, kind, key, None, "script", tok, None, has_value=False, flag=spec.name))
-            i += 1
-    return found
-
-
-def _expansion_text(text, tok):
-    return text[tok.start:tok.end]
-
-
-def find_occurrences(items):
-    """Every speculative flag in a command/args list, in order."""
+def find_occurrences(items, env=None):
+    """Every speculative flag of the vLLM invocation in a command/args list, in order, word by word as vLLM 0.32's parser
+    reads it (vllm/command_scan.py)."""
     if not items:
         return []
-    found = []
-    i = 0
-    items = list(items)
-    while i < len(items):
-        word = items[i]
-        if not isinstance(word, str):
-            i += 1
-            continue
-        if is_shell_script(items, i) or (classify_flag(word) is None and _FLAG_HINT_IN(word) and looks_like_script(word)):
-            occ = _script_occurrences(word, i)
-            if occ:
-                found.extend(occ)
-            i += 1
-            continue
-        info = classify_flag(word)
-        if info:
-            kind, key, inline, spec = info
-            if inline is not None:
-                found.append(Occurrence(i, kind, key, inline, "argv_inline", flag=spec.name))
-                i += 1
-                continue
-            if i + 1 < len(items) and _takes_next(spec, items[i + 1]):
-                found.append(Occurrence(i, kind, key, str(items[i + 1]), "argv", flag=spec.name))
-                i += 2
-                continue
-            found.append(Occurrence(i, kind, key, None, "argv", has_value=False, flag=spec.name))
-        i += 1
-    return found
+    return scan(items, container_env(env) if env is not None else None)[0]
 
 
 def script_occurrences(text):
     """Every speculative flag in one shell text (a script, or an env value such as VLLM_ADDITIONAL_ARGS that a script
     splices into the vLLM invocation); [] when it does not lex."""
-    return _script_occurrences(text, 0) or []
+    return scan_script(text) if isinstance(text, str) else []
+
+
+def strip_problems(items, env=None):
+    """What a strip of ``items`` cannot vouch for (``[{construct, text, where, why}]``, see vllm/command_scan.py):
+    eval strings, run-time expansions where vLLM may read an option, pod-spec variables carrying a flag, a removal after
+    which another option takes the positional model. ``env``: the container's env (see container_env)."""
+    out = []
+    for problem in scan(items or [], container_env(env), with_problems=True)[1]:
+        if problem not in out:  # the pieces of one split variable say the same thing
+            out.append(problem)
+    return out
 
 
 def script_errors(items):
@@ -303,10 +93,6 @@ def script_errors(items):
     return out
 
 
-def _FLAG_HINT_IN(word):  # pylint: disable=invalid-name
-    return any(hint in word for hint in _FLAG_HINTS)
-
-
 def has_speculative_config(items):
     return bool(find_occurrences(items))
 
@@ -318,8 +104,38 @@ def _parse_value(raw):
         return raw
 
 
+_HUMAN_INT_RE = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+_DECIMAL = {"k": 10 ** 3, "m": 10 ** 6, "g": 10 ** 9, "t": 10 ** 12}
+
+
+def _dotted_value(raw):
+    """A dotted key's value as FlexibleArgumentParser.parse_args reads it (vLLM 0.32): JSON, else a human-readable integer
+    (``2k`` 2000, ``1K`` 1024; vllm/utils/argparse_utils.py human_readable_int), else the text."""
+    try:
+        return json.loads(raw)
+    except (TypeError, ValueError):
+        pass
+    text = str(raw).strip()
+    match = _HUMAN_INT_RE.fullmatch(text)
+    if match:
+        number, suffix = match.groups()
+        if suffix in _DECIMAL:
+            return int(float(number) * _DECIMAL[suffix])
+        if "." not in number:
+            return int(number) * 2 ** (10 * "KMGT".index(suffix) + 10)
+        return raw
+    try:
+        return int(text)
+    except ValueError:
+        return raw
+
+
 def config_from_occurrences(occurrences, field="command"):
-    """Merge occurrences the way vLLM does (JSON object, then dotted keys and split flags override)."""
+    """The speculative config these occurrences give vLLM, combined as vLLM 0.32 combines them: the last
+    ``--speculative-config`` JSON, replaced as a whole by the dotted keys (FlexibleArgumentParser gathers each option's
+    dotted keys into one JSON appended after every other word, so argparse keeps it over any explicit JSON: the two are
+    not merged; of two groups, ``-sc.x`` and ``--speculative-config.y``, the one whose first word comes later wins), then
+    the ``--spec-*`` shorthand flags set their keys."""
     if not occurrences:
         return None
     legacy = legacy_flags(occurrences)
@@ -331,6 +147,8 @@ def config_from_occurrences(occurrences, field="command"):
             hint="roll back (isvc_speculative state=absent removes them), or replace them with --speculative-config %s"
             % legacy_replacement_json(legacy))
     config = {}
+    groups = {}
+    split = {}
     for occ in occurrences:
         if occ.raw is None:
             raise ValidationError("%s has no value" % _describe(occ), field=field,
@@ -353,14 +171,31 @@ def config_from_occurrences(occurrences, field="command"):
             config = dict(value)
         elif occ.kind == "split" and occ.key == "num_speculative_tokens":
             try:
-                config[occ.key] = int(occ.raw)
+                split[occ.key] = int(occ.raw)
             except ValueError:
-                config[occ.key] = occ.raw
+                split[occ.key] = occ.raw
         elif occ.kind == "split":
-            config[occ.key] = occ.raw
+            split[occ.key] = occ.raw
         else:
-            config[occ.key] = _parse_value(occ.raw)
+            _set_path(groups.setdefault(occ.group or "--speculative-config", {}), occ.key, _dotted_value(occ.raw))
+    if groups:
+        config = list(groups.values())[-1]
+    both = sorted(key for key in split if key in config)
+    if both:  # vLLM 0.32 EngineArgs.create_speculative_config raises ValueError on these
+        raise ValidationError("the --spec-* flag for %s and the same key of --speculative-config are mutually exclusive: vLLM refuses "
+                              "the command" % ", ".join(both), field=field, hint="give each key once, in the JSON or as a --spec-* flag")
+    config.update(split)
     return {str(k).replace("-", "_"): v for k, v in config.items()}
+
+
+def _set_path(node, path, value):
+    """``--speculative-config.a.b 1`` -> ``{"a": {"b": 1}}`` (FlexibleArgumentParser's create_nested_dict)."""
+    keys = path.split(".")
+    for key in keys[:-1]:
+        if not isinstance(node.get(key), dict):
+            node[key] = {}
+        node = node[key]
+    node[keys[-1]] = value
 
 
 def _describe(occ):
@@ -472,7 +307,7 @@ def _open_scripts(argv, env, lines):
     """
     groups = [[word] for word in argv]
     for index, word in enumerate(argv):
-        shell = _script_shell_index(argv, index)
+        shell = script_shell_index(argv, index)
         if shell is None and not (lines and looks_like_script(word) and not _awaits_value(argv, index)):
             continue
         words = _shell_words(word, env)
@@ -549,18 +384,3 @@ def option_value(items, flags, env=None):
     (or KServe's model server) runs with, e.g. ``option_value(command + args, "--port", container["env"])``."""
     found = find_option(items, flags, env)
     return None if found is None else found[1]
-
-
-def invokes_vllm(words):
-    """True when argv words (strings) run vLLM's OpenAI server: ``-m vllm.entrypoints...``, ``[path/]vllm serve`` or an
-    entrypoints ``.py`` file."""
-    words = [str(w) for w in words]
-    for i, val in enumerate(words):
-        nxt = words[i + 1] if i + 1 < len(words) else ""
-        if val == "-m" and nxt.startswith("vllm.entrypoints"):
-            return True
-        if val.rsplit("/", 1)[-1] == "vllm" and nxt == "serve":
-            return True
-        if ("vllm.entrypoints" in val or "vllm/entrypoints/" in val) and val.endswith(".py"):
-            return True
-    return False

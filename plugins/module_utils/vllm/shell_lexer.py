@@ -27,15 +27,16 @@ _META = set(" \t\n;&|()<>")
 class Token:
     """A lexed shell token with its byte span in the script."""
 
-    __slots__ = ("kind", "start", "end", "value", "literal", "quote")
+    __slots__ = ("kind", "start", "end", "value", "literal", "quote", "split")
 
-    def __init__(self, kind, start, end, value=None, literal=True, quote=""):
+    def __init__(self, kind, start, end, value=None, literal=True, quote="", split=False):
         self.kind = kind  # "word", "op", "comment"
         self.start = start
         self.end = end
         self.value = value  # unquoted value for words, operator text for ops
         self.literal = literal  # False when the word holds an expansion ($x, $(..), `..`)
         self.quote = quote  # first quoting style used in the word: "'", '"', "$'", "\\" or ""
+        self.split = split  # True when an expansion stands outside double quotes: bash splits its value into words
 
     def __repr__(self):  # pragma: no cover - debugging aid
         return "Token(%s, %d, %d, %r)" % (self.kind, self.start, self.end, self.value)
@@ -240,6 +241,7 @@ def _lex_word(text, pos, tokens, env=None):
     out = []
     literal = True
     quote = ""
+    split = False
     n = len(text)
     while pos < n:
         ch = text[pos]
@@ -282,12 +284,14 @@ def _lex_word(text, pos, tokens, env=None):
             quote = quote or "$'"
             continue
         if ch in "$`":
+            before = pos
             pos, lit = _skip_substitution(text, pos, out, env)
             literal = literal and lit
+            split = split or pos - before > 1  # a lone `$` is text
             continue
         out.append(ch)
         pos += 1
-    tokens.append(Token("word", start, pos, "".join(out), literal, quote))
+    tokens.append(Token("word", start, pos, "".join(out), literal, quote, split))
     return pos
 
 

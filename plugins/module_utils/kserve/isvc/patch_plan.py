@@ -31,13 +31,14 @@ def escape_pointer(token):
 class Container:
     """One predictor container: where it lives in the object and its command/args."""
 
-    __slots__ = ("path", "name", "command", "args")
+    __slots__ = ("path", "name", "command", "args", "env")
 
-    def __init__(self, path, name, command, args):
+    def __init__(self, path, name, command, args, env=None):
         self.path = path  # JSON pointer of the container object
         self.name = name
         self.command = command
         self.args = args
+        self.env = env  # the container's env list: the strip resolves variables the pod spec gives
 
 
 def predictor_containers(isvc):
@@ -46,11 +47,11 @@ def predictor_containers(isvc):
     found = []
     model = predictor.get("model")
     if isinstance(model, dict):
-        found.append(Container("/spec/predictor/model", "model", model.get("command"), model.get("args")))
+        found.append(Container("/spec/predictor/model", "model", model.get("command"), model.get("args"), model.get("env")))
     for i, container in enumerate(predictor.get("containers") or []):
         if isinstance(container, dict):
             found.append(Container("/spec/predictor/containers/%d" % i, container.get("name") or "containers[%d]" % i,
-                                   container.get("command"), container.get("args")))
+                                   container.get("command"), container.get("args"), container.get("env")))
     return found
 
 
@@ -129,7 +130,7 @@ def plan_strip(isvc, container_name=None):
             if not old:
                 continue
             _check_list(old, "%s.%s" % (container.name, field))
-            new = vllm_edit.strip_speculative_config(old)
+            new = vllm_edit.strip_checked(old, container.env, field="%s.%s" % (container.name, field))
             if new != old:
                 changes.append(Change("%s/%s" % (container.path, field), old, new))
                 touched = True

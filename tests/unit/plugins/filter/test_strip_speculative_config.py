@@ -34,6 +34,18 @@ def test_strip(items, expected):
     assert strip_speculative_config(items) == expected
 
 
+def test_env_resolves_variables_and_unresolvable_constructs_fail_naming_them():
+    script = "exec vllm serve /m $EXTRA -sc '%s'" % EAGLE3
+    env = [{"name": "EXTRA", "value": "--seed 0 --max-num-seqs 8"}]
+    assert strip_speculative_config(["bash", "-c", script], env=env) == ["bash", "-c", "exec vllm serve /m $EXTRA"]
+    with pytest.raises(AnsibleFilterError) as exc:
+        strip_speculative_config(["bash", "-c", script])  # $EXTRA unknown: it may carry a flag
+    assert "variable '$EXTRA'" in str(exc.value)
+    with pytest.raises(AnsibleFilterError) as exc:
+        strip_speculative_config(["bash", "-c", "eval \"vllm serve /m -sc '%s'\"" % EAGLE3])
+    assert ": eval " in str(exc.value)
+
+
 @pytest.mark.parametrize("bad, fragment", [
     ("vllm serve m --speculative-config '{}'", "expects a list of strings"),
     ({"command": []}, "expects a list of strings"),

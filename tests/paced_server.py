@@ -7,94 +7,54 @@ With ``spec_rates`` (vLLM's cumulative per-position acceptance, one value per pr
 carries ``vllm:spec_decode_*`` counters that advance by one draft per chunk, the way a speculative engine's would;
 without them /metrics has none, like a baseline's.
 """
-import json
-import socket
 import threading
-import time
-from http.server import BaseHTTPRequestHandler
+
+from tests.loopback_http import OpenAIStream
 
 
 def paced_handler(name, ttft_s, gap_s, slowdown=lambda n: 1.0, spec_rates=None, tokens_per_chunk=1):
-    """A BaseHTTPRequestHandler class for ``tests.loopback_http.serving``; ``.state`` counts what it served."""
+    """A handler class (tests/loopback_http.py's OpenAIStream) for ``tests.loopback_http.serving``; ``.state`` counts
+    what it served."""
     state = {"in_flight": 0, "posts": 0, "drafts": 0, "accepted_per_pos": [0.0] * len(spec_rates or ()), "max_in_flight": 0}
     lock = threading.Lock()
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    class Handler(OpenAIStream):
+        model = name
+        nodelay = True
 
-        def log_message(self, *args):
-            pass
-
-        def setup(self):
-            super().setup()
-            # each chunk leaves at once (no Nagle wait for the client's delayed ACK), as from vLLM's server
-            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-        def _send(self, status, payload, ctype="application/json"):
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def do_GET(self):
+        def do_GET(self):  # pylint: disable=invalid-name
             if self.path.endswith("/v1/models"):
-                self._send(200, json.dumps({"object": "list", "data": [{"id": name, "object": "model"}]}).encode())
+                self.send_payload(200, self.models_payload(), "application/json")
             elif self.path.endswith("/metrics"):
-                self._send(200, metrics_text().encode(), "text/plain; version=0.0.4")
+                self.send_payload(200, metrics_text().encode(), "text/plain; version=0.0.4")
             else:
-                self._send(200, b"", "text/plain")
+                self.send_payload(200, b"", "text/plain")
 
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        def do_POST(self):  # pylint: disable=invalid-name
+            body = self.read_json()
             tokens = int(body.get("max_completion_tokens") or body.get("max_tokens"))
             with lock:
                 state["in_flight"] += 1
                 state["posts"] += 1
                 state["max_in_flight"] = max(state["max_in_flight"], state["in_flight"])
             try:
-                self._stream(tokens)
+                self.stream_chat(tokens, ttft_s, self._gap, (tokens_per_chunk,))
             finally:
                 with lock:
                     state["in_flight"] -= 1
 
-        def _stream(self, tokens):
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
+        @staticmethod
+        def _gap():
+            with lock:
+                load = state["in_flight"]
+            return gap_s * slowdown(load)
 
-            def event(obj):
-                data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-                self.wfile.flush()
-
-            def chunk(delta, finish=None):
-                return {"id": "x", "object": "chat.completion.chunk", "model": name,
-                        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-
-            time.sleep(ttft_s)
-            event(chunk({"role": "assistant", "content": ""}))
-            sent, index = 0, 0
-            while sent < tokens:
-                if index:
-                    with lock:
-                        load = state["in_flight"]
-                    time.sleep(gap_s * slowdown(load))
-                count = min(tokens_per_chunk, tokens - sent)
-                sent += count
-                if spec_rates:
-                    with lock:
-                        state["drafts"] += 1
-                        for slot, rate in enumerate(spec_rates):
-                            state["accepted_per_pos"][slot] += rate
-                event(chunk({"content": " tok" * count}, "length" if sent == tokens else None))
-                index += 1
-            event({"id": "x", "object": "chat.completion.chunk", "model": name, "choices": [],
-                   "usage": {"prompt_tokens": 12, "completion_tokens": tokens, "total_tokens": tokens + 12}})
-            event(b"[DONE]")
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
+        def token_chunk_ready(self, count):
+            if spec_rates:
+                with lock:
+                    state["drafts"] += 1
+                    for slot, rate in enumerate(spec_rates):
+                        state["accepted_per_pos"][slot] += rate
 
     def metrics_text():
         if not spec_rates:

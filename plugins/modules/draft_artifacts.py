@@ -70,7 +70,7 @@ options:
     description: Name of the remover Job (recorded on the PVC with O(remover_log)).
     type: str
   script_sha256:
-    description: sha256 of the shipped C(artifact_sync.py), so a new script gives a new Job name.
+    description: sha256 of the shipped stager (the base64 text of C(artifact_sync.pyz)), so a new stager gives a new Job name.
     type: str
   tag:
     description: Tag for the Modelcar image without the draft.

@@ -20,7 +20,8 @@ description:
     not set, or an air-gapped inventory would reach a public hub.
   - Returns the stager's JSON plan for the ConfigMap. With O(stager_log) it instead checks the stager's
     last log line (the engine's JSON summary) against the items.
-  - Used by the C(alauda.spec_decoding.stage_pvc) role; the copy itself is C(artifact_sync.py) in a Job.
+  - Used by the C(alauda.spec_decoding.stage_pvc) role; the copy itself is the stager (C(artifact_sync.pyz), lookup
+    P(alauda.spec_decoding.stager_zipapp#lookup)) in a Job.
 author:
   - Alauda Platform Team (@alauda)
 options:

@@ -51,7 +51,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "roles", "stage_pvc", "files", "artifact_sync.py")
+PLUGINS = os.path.join(ROOT, "plugins")
+SCRIPT = None  # the stager's zip application, written into the work directory by main() (write_stager)
 CACHE = os.path.join(os.path.expanduser("~"), ".cache", "alauda-spec-decoding")
 MIB = 1 << 20
 SIDES = (("cp", "cp -r"), ("engine_nofsync", "engine --no-fsync"), ("cp_sync", "cp -r && sync"), ("engine", "engine (fsync)"))
@@ -154,6 +155,16 @@ def timed(cmd):
     if proc.returncode != 0:
         raise SystemExit("command failed (%d): %s\n%s%s" % (proc.returncode, " ".join(cmd), stdout, err))
     return wall, usage.ru_utime + usage.ru_stime, stdout
+
+
+def write_stager(directory):
+    """The stager as its Job runs it: the zip application built from plugins/module_utils/artifacts/artifact_sync."""
+    sys.path.insert(0, PLUGINS)
+    from module_utils.artifacts.artifact_sync import bundle  # pylint: disable=import-outside-toplevel
+    path = os.path.join(directory, bundle.NAME)
+    with open(path, "wb") as fh:
+        fh.write(bundle.zipapp())
+    return path
 
 
 def engine_cmd(src, dest, *extra):
@@ -279,6 +290,7 @@ def kill_and_resume(src, work, total, extra):
 
 
 def main():  # pylint: disable=too-many-locals
+    global SCRIPT  # pylint: disable=global-statement
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--gib", type=float, default=float(os.environ.get("BENCH_SYNC_GIB", "2.5")))
     parser.add_argument("--reps", type=int, default=int(os.environ.get("BENCH_SYNC_REPS", "3")))
@@ -291,6 +303,7 @@ def main():  # pylint: disable=too-many-locals
 
     os.makedirs(args.dir, exist_ok=True)
     work = tempfile.mkdtemp(prefix="artifact-sync-", dir=args.dir)
+    SCRIPT = write_stager(work)
     src = os.path.join(args.dir, "source-%.2fGiB" % args.gib)
     try:
         want = int(args.gib * (1 << 30))

@@ -35,20 +35,18 @@ reference numbers come from vLLM's own benchmark code, not from this collection.
 import json
 import os
 import re
-import struct
 import subprocess
 import sys
 import time
-import zlib
-from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import decision as bench_decision
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
 from tests.e2e import vllm_harness
-from tests.loopback_http import serving
+from tests.loopback_http import OpenAIStream, serving
 from tests.e2e.vllm_harness import AB_NGRAM_CONFIG
+from tests.png_file import check_png
 
 pytestmark = pytest.mark.e2e
 
@@ -193,19 +191,8 @@ def request_success(server):
 
 
 def png_check(path):
-    with open(path, "rb") as handle:
-        data = handle.read()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", path
-    pos, kinds = 8, []
-    while pos < len(data):
-        length = struct.unpack(">I", data[pos:pos + 4])[0]
-        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
-        assert struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])[0] == zlib.crc32(kind + body) & 0xFFFFFFFF
-        kinds.append(kind)
-        pos += 12 + length
-    width, height = struct.unpack(">II", data[16:24])
-    assert kinds[0] == b"IHDR" and kinds[-1] == b"IEND"
-    assert width >= 400 and height >= 250 and len(data) > 8000, (path, width, height, len(data))
+    width, height, size = check_png(path)  # signature, CRCs, IHDR first and IEND last (tests/png_file.py)
+    assert width >= 400 and height >= 250 and size > 8000, (path, width, height, size)
 
 
 @pytest.fixture
@@ -330,11 +317,12 @@ def test_playbook_refuses_incomplete_report_before_sending_requests(servers, e2e
     assert (request_success(servers["baseline"]), request_success(servers["candidate"])) == before
 
 
-class PacedSSE(BaseHTTPRequestHandler):
-    """A paced OpenAI chat stream like vLLM's: after TTFT_S the role chunk and the first token chunk, then a chunk
-    every GAP_S carrying 1, 1, 2, 1, 1, 2, ... tokens (several tokens per chunk, as with speculative decoding), the
-    last with finish_reason, then the usage chunk (choices: []) and [DONE]. No engine: timing is fixed by the test."""
-    protocol_version = "HTTP/1.1"
+class PacedSSE(OpenAIStream):
+    """A paced OpenAI chat stream like vLLM's (tests/loopback_http.py's OpenAIStream.stream_chat): after TTFT_S the role
+    chunk and the first token chunk, then a chunk every GAP_S carrying 1, 1, 2, 1, 1, 2, ... tokens (several tokens per
+    chunk, as with speculative decoding), the last with finish_reason, then the usage chunk (choices: []) and [DONE]. No
+    engine: timing is fixed by the test."""
+    model = "paced"
     TTFT_S = 0.06
     GAP_S = 0.02
     PATTERN = (1, 1, 2)
@@ -343,58 +331,22 @@ class PacedSSE(BaseHTTPRequestHandler):
     # so each client is compared with what it was really sent, not with the nominal pacing.
     served = []
 
-    def log_message(self, *args):
-        pass
-
-    def _send(self, status, payload, ctype="application/json"):
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def do_GET(self):
+    def do_GET(self):  # pylint: disable=invalid-name
         if self.path.endswith("/v1/models"):
-            self._send(200, json.dumps({"object": "list", "data": [{"id": "paced", "object": "model"}]}).encode())
+            self.send_payload(200, self.models_payload(), "application/json")
         else:
-            self._send(200, b"", "text/plain")
+            self.send_payload(200, b"", "text/plain")
 
-    def do_POST(self):
+    def choice_written(self):
+        self.writes.append(time.perf_counter())
+
+    def do_POST(self):  # pylint: disable=invalid-name
         arrival = time.perf_counter()
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body = self.read_json()
         tokens = int(body.get("max_completion_tokens") or body.get("max_tokens"))
-        writes = []
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-
-        def event(obj):
-            data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-            self.wfile.flush()
-            if isinstance(obj, dict) and obj.get("choices"):
-                writes.append(time.perf_counter())
-
-        def chunk(delta, finish=None):
-            return {"id": "x", "object": "chat.completion.chunk", "model": "paced",
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-
-        time.sleep(self.TTFT_S)
-        event(chunk({"role": "assistant", "content": ""}))
-        sent, index = 0, 0
-        while sent < tokens:
-            if index:
-                time.sleep(self.GAP_S)
-            count = min(self.PATTERN[index % len(self.PATTERN)], tokens - sent)
-            sent += count
-            event(chunk({"content": " tok" * count}, "length" if sent == tokens else None))
-            index += 1
-        event({"id": "x", "object": "chat.completion.chunk", "model": "paced", "choices": [],
-               "usage": {"prompt_tokens": 12, "completion_tokens": tokens, "total_tokens": tokens + 12}})
-        event(b"[DONE]")
-        self.wfile.write(b"0\r\n\r\n")
-        self.wfile.flush()
+        self.writes = []  # pylint: disable=attribute-defined-outside-init
+        self.stream_chat(tokens, self.TTFT_S, self.GAP_S, self.PATTERN)
+        writes = self.writes
         if body.get("seed") is not None:  # measured and warmup requests, not bench's ready check
             PacedSSE.served.append({"success": True, "ttft": writes[0] - arrival, "latency": writes[-1] - arrival,
                                     "itl": [b - a for a, b in zip(writes, writes[1:])], "output_tokens": tokens})

@@ -3,7 +3,7 @@
 -> `verify.yml` -> `rollback.yml`.
 
 Every pod of the test's namespace is a process-mode pod (tests/testbed/pod_process.py): the stager Job of the
-stage_pvc role runs the role's own artifact_sync.py and copies the tiny target and EAGLE-3 head from a source volume
+stage_pvc role runs the collection's stager (artifact_sync.pyz) and copies the tiny target and EAGLE-3 head from a source volume
 (a hostPath, `volume:` sources) onto the PVC; the predictor runs the `bash -c` script the collection rendered, which
 starts vLLM 0.32 (CPU) on the staged files under /mnt/models; the benchmark's baseline twin is a second vLLM pod; the
 benchmark's load is the collection's load client in a Job next to them, which reaches both predictors by their Service

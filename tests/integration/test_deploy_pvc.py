@@ -101,7 +101,7 @@ def test_pvc_mode_stages_first_then_applies_with_the_staged_paths(tmp_path, kube
     assert job_name.startswith(PVC + "-stage-")
     assert [c.type for c in job.status.conditions if c.status == "True"] == ["Complete"]
     container = job.spec.template.spec.containers[0]
-    assert container.command == ["python3", "/opt/spec-decoding/artifact_sync.py", "--config", "/opt/spec-decoding/plan.json"]
+    assert container.command == ["python3", "/opt/spec-decoding/artifact_sync.pyz", "--config", "/opt/spec-decoding/plan.json"]
     assert container.image == "registry.internal.example/vllm/vllm-openai:v0.32.0"
     assert {v.name: v.persistent_volume_claim.claim_name for v in job.spec.template.spec.volumes if v.persistent_volume_claim} == {"models": PVC}
 

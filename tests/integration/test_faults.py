@@ -26,12 +26,12 @@ import urllib.request
 
 import pytest
 
+from tests import stager
 from tests.ansible_run import REPO, run_playbook
 from tests.digests import sha256_file
 from tests.testbed.registry import Registry, ensure_tools
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
-SYNC_SCRIPT = os.path.join(REPO, "roles", "stage_pvc", "files", "artifact_sync.py")
 MODELCAR_MODULE = os.path.join(REPO, "plugins", "modules", "modelcar_image.py")
 COLLECTIONS = os.path.join(REPO, ".build", "collections")
 MANIFEST = ".spec-decoding-manifest.json"
@@ -241,7 +241,7 @@ def test_pvc_sync_killed_at_random_byte_counts_converges(tmp_path, table):
         "model-00001-of-00003.safetensors": 5 * MIB, "model-00002-of-00003.safetensors": 4 * MIB + 123,
         "model-00003-of-00003.safetensors": 3 * MIB, "original/params.json": 200, "original/consolidated.00.pth": 2 * MIB + 7,
     })
-    base = [sys.executable, SYNC_SCRIPT, "--quiet", "--source", src, "--dest", dest, "--name", "meta-llama/Llama-3.1-8B-Instruct"]
+    base = stager.command("--quiet", "--source", src, "--dest", dest, "--name", "meta-llama/Llama-3.1-8B-Instruct")
     for step in kill_steps(table, "pvc_sync", 12):
         want = _mutate_source(src, rng, step) if step else files_under(src)
         # Bytes this run has to write: files that are new or differ from what the destination holds now.

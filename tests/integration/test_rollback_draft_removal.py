@@ -101,8 +101,7 @@ def test_pvc_draft_subdirectory_removed_by_a_job_after_the_proof_then_rerun_is_a
     spec = jobs[0].spec.template.spec
     container = spec.containers[0]
     assert container.image == JOB_IMAGE
-    assert container.command == ["python3", "-c", artifact_sync.REMOVE_LAUNCHER, "/opt/spec-decoding/artifact_sync.py",
-                                 "--config", "/opt/spec-decoding/plan.json"]
+    assert container.command == ["python3", "/opt/spec-decoding/artifact_sync.pyz", "remove", "--config", "/opt/spec-decoding/plan.json"]
     volumes = {v.name: v for v in spec.volumes}
     assert volumes["models"].persistent_volume_claim.claim_name == PVC
     assert {m.name: m.mount_path for m in container.volume_mounts} == {"models": "/mnt/pvc", "stager": "/opt/spec-decoding"}

@@ -8,6 +8,7 @@ Job's status to Complete or Failed from the script's exit code.
 """
 from __future__ import annotations
 
+import base64
 import functools
 import http.server
 import json
@@ -24,9 +25,10 @@ import pytest
 from tests.ansible_run import run_playbook
 from tests.testbed import ports
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.artifact_sync import bundle
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-SCRIPT = os.path.join(REPO, "roles", "stage_pvc", "files", "artifact_sync.py")
 STAGED = "spec-decoding.alauda.io/staged"
 TARGET = "meta-llama/Llama-3.1-8B-Instruct"
 DRAFT = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
@@ -148,8 +150,10 @@ class StagerPod:
         cm = _core(self.k8s_client).read_namespaced_config_map(cm_name, self.namespace)
         work = os.path.join(os.path.dirname(self.pvc_dir), "stager-" + name)
         os.makedirs(work, exist_ok=True)
-        with open(os.path.join(work, "artifact_sync.py"), "w", encoding="utf-8") as fh:
-            fh.write(cm.data["artifact_sync.py"])
+        # The ConfigMap's files as the kubelet mounts them: binaryData (the stager's zip application) as bytes.
+        for key, value in (cm.binary_data or {}).items():
+            with open(os.path.join(work, key), "wb") as fh:
+                fh.write(base64.b64decode(value))
         plan = json.loads(cm.data["plan.json"])
         plan["root"] = self.pvc_dir
         for item in plan["items"]:
@@ -254,10 +258,10 @@ def test_stage_target_and_draft_then_rerun_is_idempotent(tmp_path, kubeconfig, k
     assert staged["Meta-Llama-3.1-8B-Instruct"]["name"] == TARGET and staged["EAGLE3-LLaMA3.1-Instruct-8B"]["name"] == DRAFT
     assert staged["Meta-Llama-3.1-8B-Instruct"]["tree_sha256"] == manifest["tree_sha256"]
 
-    # ConfigMap: the collection's sync script, byte for byte, and the plan; owned by the PVC.
+    # ConfigMap: the collection's stager (the zip application built from the package), byte for byte, and the plan;
+    # owned by the PVC.
     cm = _core(k8s_client).read_namespaced_config_map("llama-models-stager", namespace)
-    with open(SCRIPT, encoding="utf-8") as fh:
-        assert cm.data["artifact_sync.py"] == fh.read()
+    assert base64.b64decode(cm.binary_data["artifact_sync.pyz"]) == bundle.zipapp()
     plan = json.loads(cm.data["plan.json"])
     assert [(i["name"], i["dest"]) for i in plan["items"]] == [
         (TARGET, "/mnt/pvc/Meta-Llama-3.1-8B-Instruct"), (DRAFT, "/mnt/pvc/EAGLE3-LLaMA3.1-Instruct-8B")]
@@ -270,7 +274,7 @@ def test_stage_target_and_draft_then_rerun_is_idempotent(tmp_path, kubeconfig, k
     spec = job.spec.template.spec
     c = spec.containers[0]
     assert c.image == "registry.internal.example/vllm/vllm-openai:v0.11.0"
-    assert c.command == ["python3", "/opt/spec-decoding/artifact_sync.py", "--config", "/opt/spec-decoding/plan.json"]
+    assert c.command == ["python3", "/opt/spec-decoding/artifact_sync.pyz", "--config", "/opt/spec-decoding/plan.json"]
     assert {m.name: m.mount_path for m in c.volume_mounts} == {"models": "/mnt/pvc", "stager": "/opt/spec-decoding"}
     assert {v.name: (v.persistent_volume_claim.claim_name if v.persistent_volume_claim else v.config_map.name) for v in spec.volumes} == {
         "models": "llama-models", "stager": "llama-models-stager"}

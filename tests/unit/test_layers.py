@@ -2,7 +2,9 @@
 
 Every import of every file under plugins/ is read (ast, also imports inside functions) and checked:
 - a district imports only from itself and from the districts below it
-  (errors < kube < vllm < kserve < artifacts < bench < ops < modules, filters and other plugins);
+  (errors < kube < vllm < artifacts < kserve < bench < ops < modules, filters and other plugins);
+- a relative import (the stager package's, which runs as a zip application outside the collection) is read as the
+  module it names and checked like any other;
 - the ``kubernetes`` client package is imported in module_utils/kube/ only (kube/client.py hands it to the rest);
 - a module_utils file stays under MAX_LINES lines, unless BIG_FILES says why not.
 An exception to the first rule is named in UPWARD_IMPORTS with its reason, and the test fails when one is no longer needed.
@@ -19,17 +21,15 @@ PLUGINS = os.path.join(REPO, "plugins")
 MODULE_UTILS = os.path.join(PLUGINS, "module_utils")
 PREFIX = "ansible_collections.alauda.spec_decoding.plugins."
 
-# Bottom to top. A district imports only from itself and from the districts before it in this list.
-LAYERS = ("errors", "kube", "vllm", "kserve", "artifacts", "bench", "ops")
+# Bottom to top. A district imports only from itself and from the districts before it in this list. artifacts/ imports
+# only errors; kserve/ checks a Modelcar image reference with artifacts.registry.ImageRef, so artifacts sits below it.
+LAYERS = ("errors", "kube", "vllm", "artifacts", "kserve", "bench", "ops")
 TOP = len(LAYERS)  # modules, filters, doc fragments and any other plugin: above every district
 
 MAX_LINES = 600
 
 # module_utils files allowed over MAX_LINES, and why. Split a file instead of adding it here when it has two concerns.
 BIG_FILES = {
-    # The stager Job's script (roles/stage_pvc/files/artifact_sync.py, linked here so modules can import its sources and
-    # checks): the Job runs it as one standalone file, so it cannot be split into modules.
-    "artifacts/artifact_sync.py": "the stager Job's single-file script",
     # Generated data, not code: one table of --speculative-config facts per vLLM release (hack/vllm_speculative_tables.py
     # writes it from each release's source); a release per file would only spread one dict literal over 25 files.
     "vllm/speculative_releases.py": "generated data: one table per vLLM release",
@@ -39,12 +39,7 @@ BIG_FILES = {
 }
 
 # Imports that run up a layer, (importing file, imported module) -> why. Each is a known debt, not a pattern.
-UPWARD_IMPORTS = {
-    # Rendering an InferenceService checks the Modelcar image reference with the registry's own parser (ImageRef.parse),
-    # so a reference the push would refuse is refused at render time. Moving ImageRef below kserve (or artifacts below
-    # kserve: nothing in artifacts/ imports kserve/) removes this.
-    ("kserve/isvc/render.py", "artifacts.registry"): "ImageRef.parse for artifacts.modelcar_image",
-}
+UPWARD_IMPORTS = {}
 
 
 def _rel(path):
@@ -72,8 +67,20 @@ def rank(district):
     return TOP if district is None else LAYERS.index(district)
 
 
-def imports(path):
-    """``[(line, imported dotted name)]`` of one file; ``from X import Y`` gives ``X.Y`` (Y may be a module or a name)."""
+def _absolute(rel, level, module):
+    """The dotted name a relative ``from <level dots><module> import`` in ``rel`` (a plugins/-relative file) reaches, or
+    None when it climbs out of plugins/."""
+    package = rel.split("/")[:-1]
+    if not package or package[0] == ".." or level > len(package):
+        return None
+    base = package[:len(package) - level + 1]
+    return PREFIX + ".".join(base + ([module] if module else []))
+
+
+def imports(path, rel=None):
+    """``[(line, imported dotted name)]`` of one file; ``from X import Y`` gives ``X.Y`` (Y may be a module or a name). A
+    relative import gives the absolute name it reaches from ``rel`` (the file's plugins/-relative path, by default where it
+    is), its dots and name unchanged when it climbs out of plugins/."""
     with open(path, encoding="utf-8") as fh:
         tree = ast.parse(fh.read(), path)
     out = []
@@ -81,10 +88,13 @@ def imports(path):
         if isinstance(node, ast.Import):
             out.extend((node.lineno, alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
+            module = node.module
             if node.level:
-                out.append((node.lineno, "." * node.level + (node.module or "")))
-                continue
-            out.extend((node.lineno, "%s.%s" % (node.module, alias.name)) for alias in node.names)
+                module = _absolute(rel or _rel(path), node.level, node.module)
+                if module is None:
+                    out.append((node.lineno, "." * node.level + (node.module or "")))
+                    continue
+            out.extend((node.lineno, "%s.%s" % (module, alias.name)) for alias in node.names)
     return out
 
 
@@ -131,9 +141,9 @@ def layer_problems(rel, path):
     """What is wrong with the imports of one file (plugins/-relative ``rel``), one line per import."""
     here = district_of(rel)
     problems = []
-    for line, dotted in imports(path):
+    for line, dotted in imports(path, rel):
         if dotted.startswith("."):
-            problems.append("%s:%d imports %s: relative imports hide the district, use the ansible_collections path" % (rel, line, dotted))
+            problems.append("%s:%d imports %s: a relative import out of plugins/ names no module of this collection" % (rel, line, dotted))
             continue
         if dotted == "kubernetes" or dotted.startswith("kubernetes."):
             if here != "kube":
@@ -179,6 +189,17 @@ def test_the_exceptions_are_still_needed():
         assert lines > MAX_LINES, "BIG_FILES lists %s, now %d lines (at most %d): remove the entry" % (rel, lines, MAX_LINES)
 
 
+def test_no_file_of_the_collection_is_a_link():
+    """A symlink is an import no reader of the code sees (the stager Job's script once lived in roles/stage_pvc/files/ and
+    was linked into module_utils/artifacts/): plugins/, roles/ and playbooks/ hold files, not links."""
+    links = []
+    for top in ("plugins", "roles", "playbooks"):
+        for dirpath, dirnames, filenames in os.walk(os.path.join(REPO, top)):
+            links += [os.path.relpath(os.path.join(dirpath, name), REPO) for name in dirnames + filenames
+                      if os.path.islink(os.path.join(dirpath, name))]
+    assert not links, "links in the collection (move the file where it is used, or import it): %s" % links
+
+
 def test_module_utils_files_stay_small():
     big = []
     for rel, path in FILES:
@@ -202,9 +223,25 @@ def test_the_rule_catches_an_upward_import_and_kubernetes_outside_kube(tmp_path)
     problems = layer_problems("module_utils/vllm/bad.py", str(bad))
     assert problems == [
         "module_utils/vllm/bad.py:1 imports ansible_collections.alauda.spec_decoding.plugins.module_utils.ops.canary: ops runs up a "
-        "layer from vllm (order: errors < kube < vllm < kserve < artifacts < bench < ops)",
+        "layer from vllm (order: errors < kube < vllm < artifacts < kserve < bench < ops)",
         "module_utils/vllm/bad.py:4 imports kubernetes.client.CoreV1Api: the kubernetes client package is imported in "
         "module_utils/kube/ only (take it from module_utils.kube.client)",
     ]
     assert len(layer_problems("modules/bad.py", str(bad))) == 1  # a module may import any district, not kubernetes
     assert layer_problems("module_utils/kube/bad.py", str(bad))[0].endswith("ops runs up a layer from kube (order: %s)" % " < ".join(LAYERS))
+
+
+def test_relative_imports_are_checked_as_the_modules_they_name(tmp_path):
+    """The stager package imports relatively (it also runs as a zip application outside the collection): such an import
+    is read as the module it reaches, so one that runs up a layer or climbs out of plugins/ is reported like any other,
+    and the package's own (errors, its siblings) pass."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from ..ops import canary\nfrom .. import errors\nfrom ...... import elsewhere\n")
+    assert layer_problems("module_utils/vllm/bad.py", str(bad)) == [
+        "module_utils/vllm/bad.py:1 imports ansible_collections.alauda.spec_decoding.plugins.module_utils.ops.canary: ops runs up a "
+        "layer from vllm (order: errors < kube < vllm < artifacts < kserve < bench < ops)",
+        "module_utils/vllm/bad.py:3 imports ......: a relative import out of plugins/ names no module of this collection",
+    ]
+    common = os.path.join(MODULE_UTILS, "artifacts", "artifact_sync", "common.py")
+    assert (PREFIX + "module_utils.errors.ValidationError") in [dotted for _line, dotted in imports(common)]
+    assert layer_problems("module_utils/artifacts/artifact_sync/common.py", common) == []

@@ -361,7 +361,7 @@ def parse_stager_log(text, expected_subdirs=None, expected_names=None):
             break
     if summary is None:
         raise ValidationError("the stager's log has no summary line", field="stager log",
-                              hint="the Job did not run artifact_sync.py to the end; read its pod log")
+                              hint="the Job did not run artifact_sync.pyz to the end; read its pod log")
     if not summary.get("ok"):
         errors = [it.get("error") for it in summary.get("items") or [] if it.get("error")]
         raise ValidationError("the stager failed: %s" % "; ".join(errors or ["unknown error"]), field="stager log")

@@ -8,7 +8,7 @@ remove it, ``execute`` finds where the draft lives (ops/draft_location.py) and r
 
 - ``storage_uris``: a ``spec.predictor.storageUris`` entry of its own -> drop the entry (a guarded JSON patch).
 - ``pvc``: a subdirectory of the PVC behind ``storageUri: pvc://<claim>/<prefix>`` -> the rollback role runs a
-  short Job (the stager's image and script, ``artifact_sync.remove_subdir_main``) that removes the
+  short Job (the stager's image and zip application, ``artifact_sync.pyz remove``) that removes the
   subdirectory and every manifest's claim on it; the PVC's ``spec-decoding.alauda.io/staged`` record loses it.
 - ``modelcar``: ``/models/<rel>`` inside the ``oci://`` image -> the image without the draft's layers
   (ops/draft_removal_modelcar.py), pushed under ``<tag>-nodraft`` (manifest last), and ``storageUri`` moves to
@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import artifact_sync
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.artifact_sync import bundle as stager_bundle
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import patch_plan as isvc_patch
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import status as llmisvc_status
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import pvc_plan as pvc_stage
@@ -61,7 +61,7 @@ def pvc_job(location, pvc=None, script_sha256="", job_root=PVC_JOB_ROOT):
     stem = claim[:40].rstrip("-.")
     return {"pvc": claim, "subdir": subdir, "keep": item["keep"], "plan": plan, "plan_json": plan_json, "plan_sha256": digest,
             "job": "%s-rmdraft-%s" % (stem, digest[:10]), "configmap": "%s-rmdraft" % stem, "staged_record": record or None,
-            "command": ["python3", "-c", artifact_sync.REMOVE_LAUNCHER, "%s/artifact_sync.py" % SCRIPT_DIR, "--config", "%s/plan.json" % SCRIPT_DIR]}
+            "command": ["python3", "%s/%s" % (SCRIPT_DIR, stager_bundle.NAME), "remove", "--config", "%s/plan.json" % SCRIPT_DIR]}
 
 
 def parse_remover_log(text, subdir):

@@ -20,10 +20,14 @@ import urllib.parse
 import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import artifact_sync as sync
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.artifact_sync import reads as sync_reads
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.artifact_sync import sources as sync_sources
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from tests import stager
 from tests.digests import sha256_file
 
-SCRIPT = sync.__file__
+# The CLI runs as the Job runs it: the zip application built from the package.
+SCRIPT = stager.zipapp_path()
 MIB = 1 << 20
 
 
@@ -209,7 +213,7 @@ def test_copies_never_truncate_a_file_to_zero(tmp_path, monkeypatch):
         lengths.append(length)
         return real_ftruncate(fd, length)
 
-    monkeypatch.setattr(sync.os, "ftruncate", recording_ftruncate)
+    monkeypatch.setattr(os, "ftruncate", recording_ftruncate)
     item = syncer.run()
     assert item["copied_files"] == len(tree(src)) and item["resumed_bytes"] == 0
     assert tree(dest) == tree(src)
@@ -374,7 +378,7 @@ def test_not_enough_space_fails_before_writing(model, tmp_path, monkeypatch):
         f_bavail = 10
         f_frsize = 4096
 
-    monkeypatch.setattr(sync.os, "statvfs", lambda p: Tiny() if str(p).startswith(str(tmp_path / "d")) else real(p))
+    monkeypatch.setattr(os, "statvfs", lambda p: Tiny() if str(p).startswith(str(tmp_path / "d")) else real(p))
     with pytest.raises(ValidationError, match="needs .* more but only 40.0 KiB is free"):
         run(model, str(tmp_path / "d"))
     assert tree(str(tmp_path / "d")) == {}
@@ -625,9 +629,9 @@ def test_serve_mode_feeds_a_stager(model, tmp_path):
 
 def test_unsafe_paths_in_an_index_are_rejected():
     with pytest.raises(ValidationError, match="unsafe file path"):
-        sync._files_from_index({"files": [{"path": "../../etc/passwd", "size": 1}]}, "http://127.0.0.1/", "index")  # pylint: disable=protected-access
+        sync_sources._files_from_index({"files": [{"path": "../../etc/passwd", "size": 1}]}, "http://127.0.0.1/", "index")  # pylint: disable=protected-access
     with pytest.raises(ValidationError, match="unsafe file path"):
-        sync._files_from_index({"files": ["/abs"]}, "http://127.0.0.1/", "index")  # pylint: disable=protected-access
+        sync_sources._files_from_index({"files": ["/abs"]}, "http://127.0.0.1/", "index")  # pylint: disable=protected-access
 
 
 def test_public_hub_host_matching():
@@ -731,7 +735,7 @@ def test_read_ahead_errors_reach_the_copying_thread_and_the_reader_stops():
         view[:4] = b"abcd"
         return 4
 
-    chunks = sync._read_ahead(failing_readinto, 16, 2)  # pylint: disable=protected-access
+    chunks = sync_reads._read_ahead(failing_readinto, 16, 2)  # pylint: disable=protected-access
     got = []
     with pytest.raises(OSError, match="Input/output error"):
         for chunk in chunks:
@@ -740,7 +744,7 @@ def test_read_ahead_errors_reach_the_copying_thread_and_the_reader_stops():
     assert not [t for t in threading.enumerate() if t.name == "artifact-sync-reader"]
 
     # A consumer that stops early (an exception while writing) closes the generator: the reader is joined.
-    endless = sync._read_ahead(len, 8, 3)  # pylint: disable=protected-access
+    endless = sync_reads._read_ahead(len, 8, 3)  # pylint: disable=protected-access
     assert len(next(endless)) == 8
     endless.close()
     assert not [t for t in threading.enumerate() if t.name == "artifact-sync-reader"]
@@ -931,29 +935,29 @@ def test_page_cache_probe_tells_a_cold_file_from_a_warm_one(tmp_path, monkeypatc
     RWF_NOWAIT read was tried (that probe starts readahead, and a fast disk can make a cold file pass for warm)."""
     path = write_cold(str(tmp_path / "f"), 4 * MIB)
     nowait = []
-    real_preadv = sync.os.preadv
+    real_preadv = os.preadv
 
     def preadv(fd, buffers, offset, *flags):
         nowait.append(offset)
         return real_preadv(fd, buffers, offset, *flags)
 
-    monkeypatch.setattr(sync.os, "preadv", preadv)
+    monkeypatch.setattr(os, "preadv", preadv)
     fd = os.open(path, os.O_RDONLY)
     try:
-        assert sync._page_cached(fd, 0, 4 * MIB) is False  # pylint: disable=protected-access
+        assert sync_reads._page_cached(fd, 0, 4 * MIB) is False  # pylint: disable=protected-access
         assert resident_bytes(path) in (0, None) and nowait == []
         while os.read(fd, MIB):
             pass
-        assert sync._page_cached(fd, 0, 4 * MIB) is True  # pylint: disable=protected-access
+        assert sync_reads._page_cached(fd, 0, 4 * MIB) is True  # pylint: disable=protected-access
         os.posix_fadvise(fd, 2 * MIB, 0, os.POSIX_FADV_DONTNEED)  # the second half cold again: the end page says so
-        assert sync._page_cached(fd, 0, 4 * MIB) is False  # pylint: disable=protected-access
+        assert sync_reads._page_cached(fd, 0, 4 * MIB) is False  # pylint: disable=protected-access
     finally:
         os.close(fd)
 
 
 def test_without_mincore_a_warm_file_is_found_by_a_nowait_read(tmp_path, monkeypatch):
     """Where ctypes cannot call mincore, the RWF_NOWAIT read answers (a warm file: the read succeeds at once)."""
-    monkeypatch.setattr(sync, "_libc", lambda: None)
+    monkeypatch.setattr(sync_reads, "_libc", lambda: None)
     path = str(tmp_path / "f")
     with open(path, "wb") as fh:
         fh.write(b"x" * MIB)
@@ -961,7 +965,7 @@ def test_without_mincore_a_warm_file_is_found_by_a_nowait_read(tmp_path, monkeyp
     try:
         while os.read(fd, MIB):
             pass
-        assert sync._page_cached(fd, 0, MIB) is True  # pylint: disable=protected-access
+        assert sync_reads._page_cached(fd, 0, MIB) is True  # pylint: disable=protected-access
     finally:
         os.close(fd)
 
@@ -1023,8 +1027,8 @@ def test_a_file_system_that_refuses_o_direct_falls_back_to_the_page_cache(cold_m
             raise OSError(22, "Invalid argument")
         return real_preadv(fd, buffers, offset, *flags)
 
-    monkeypatch.setattr(sync.os, "open", fake_open)
-    monkeypatch.setattr(sync.os, "preadv", fake_preadv)
+    monkeypatch.setattr(os, "open", fake_open)
+    monkeypatch.setattr(os, "preadv", fake_preadv)
     dest = str(tmp_path / "d")
     summary = run(cold_model, dest, fsync=False)
     assert len(refused) == 2  # once per shard, then the page cache for the rest of that file
@@ -1048,11 +1052,11 @@ def test_a_read_error_on_the_direct_path_fails_the_file_and_the_rerun_completes(
                 raise OSError(5, "Input/output error")
         return real_preadv(fd, buffers, offset, *flags)
 
-    monkeypatch.setattr(sync.os, "preadv", failing_preadv)
+    monkeypatch.setattr(os, "preadv", failing_preadv)
     dest = str(tmp_path / "d")
     with pytest.raises(OSError, match="Input/output error"):
         run(cold_model, dest, fsync=False, workers=1)
     assert not os.path.exists(os.path.join(dest, sync.MANIFEST_NAME))
-    monkeypatch.setattr(sync.os, "preadv", real_preadv)
+    monkeypatch.setattr(os, "preadv", real_preadv)
     run(cold_model, dest, fsync=False)
     assert tree(dest) == tree(cold_model)

@@ -2,51 +2,39 @@
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import client as bench_client
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import workloads as bench_workloads
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
-from tests.loopback_http import serving
+from tests.loopback_http import OpenAIStream, serving
 from tests.paths import read_capture
 
 GAP = 0.05
 
 
-class ScriptedSSE(BaseHTTPRequestHandler):
+class ScriptedSSE(OpenAIStream):
     """Streams: role chunk, 3 content chunks GAP apart (the 2nd carries 3 tokens), finish, usage, [DONE]."""
-    protocol_version = "HTTP/1.1"
     gap = GAP
     bodies = []
     active = 0
     max_active = 0
     lock = threading.Lock()
 
-    def log_message(self, *args):  # keep pytest output clean
-        pass
-
-    def do_GET(self):
+    def do_GET(self):  # pylint: disable=invalid-name
         if self.path == "/v1/models":
             payload = json.dumps({"data": [{"id": "tiny"}]}).encode()
         else:
             payload = b"vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"tiny\"} 100.0\n" \
                       b"vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"tiny\"} 25.0\n"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+        self.send_payload(200, payload)
 
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+    def do_POST(self):  # pylint: disable=invalid-name
+        body = self.read_json()
         ScriptedSSE.bodies.append((self.path, body, self.headers.get("Authorization")))
         if body.get("max_completion_tokens", body.get("max_tokens")) == 400:
-            payload = b'{"error": "min_p is not supported with speculative decoding"}'
-            self.send_response(400)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            self.send_payload(400, b'{"error": "min_p is not supported with speculative decoding"}')
             return
         chat = self.path.endswith("/chat/completions")
         with ScriptedSSE.lock:
@@ -59,33 +47,22 @@ class ScriptedSSE(BaseHTTPRequestHandler):
                 ScriptedSSE.active -= 1
 
     def _stream(self, chat):
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-
-        def event(obj):
-            data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-            self.wfile.flush()
+        self.start_stream()
 
         def choice(text):
             return {"choices": [{"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}]}
 
         time.sleep(self.gap)
         if chat:
-            event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+            self.event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
         else:
-            event(choice("a"))
+            self.event(choice("a"))
         for text in ("b", "cde", "f"):
             time.sleep(self.gap)
-            event(choice(text))
-        ping = b": ping\n\n"  # an SSE comment (keep-alive): not a chunk
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(ping), ping))
-        event({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 6}})
-        event(b"[DONE]")
-        self.wfile.write(b"0\r\n\r\n")
-        self.wfile.flush()
+            self.event(choice(text))
+        self.write_chunk(b": ping\n\n")  # an SSE comment (keep-alive): not a chunk
+        self.event({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 6}})
+        self.end_stream()
 
 
 @pytest.fixture(scope="module")

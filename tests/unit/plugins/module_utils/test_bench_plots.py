@@ -9,10 +9,8 @@ import importlib.util
 import json
 import os
 import statistics
-import struct
 import subprocess
 import sys
-import zlib
 
 import pytest
 from PIL import Image
@@ -23,6 +21,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import sweep_analysis
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
 from tests.paths import REPO
+from tests.png_file import check_png
 
 
 def records(ttft, gap, chunks, tokens_per_chunk=1, n=10):
@@ -75,19 +74,8 @@ def hex_rgb(color):
 
 
 def read_png(path):
-    """(width, height, {rgb: pixel count}) of a PNG whose chunks all carry a correct CRC."""
-    with open(path, "rb") as handle:
-        data = handle.read()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, kinds = 8, []
-    while pos < len(data):
-        length = struct.unpack(">I", data[pos:pos + 4])[0]
-        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
-        assert struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])[0] == zlib.crc32(kind + body) & 0xFFFFFFFF
-        kinds.append(kind)
-        pos += 12 + length
-    assert kinds[0] == b"IHDR" and kinds[-1] == b"IEND" and b"IDAT" in kinds
-    width, height = struct.unpack(">II", data[16:24])
+    """(width, height, {rgb: pixel count}) of a PNG whose chunks all carry a correct CRC (tests/png_file.py)."""
+    width, height, _size = check_png(path)
     with Image.open(path) as image:
         image.load()
         colors = {rgb: count for count, rgb in image.convert("RGB").getcolors(maxcolors=width * height)}

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import artifact_sync as S
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.artifact_sync import bundle
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal as D
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_location
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal_modelcar
@@ -19,10 +20,10 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts imp
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import oci_blobs
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import oci_layout
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from tests import stager
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "data", "rollback")
-SCRIPT = S.__file__
 
 
 def _guide(name="guide_example2_eagle3.rolled_back.yaml"):
@@ -187,11 +188,14 @@ def test_remove_staged_refuses_kept_symlinked_and_other_models(pvc, tmp_path):
 
 
 def _run_launcher(tmp_path, plan):
-    """The remover exactly as the Job runs it: python3 -c LAUNCHER artifact_sync.py --config plan.json."""
+    """The remover exactly as the Job runs it: the Job's command (python3 artifact_sync.pyz remove --config plan.json) with
+    the zip application the roles ship and the plan where the ConfigMap would mount them."""
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan))
-    proc = subprocess.run([sys.executable, "-c", S.REMOVE_LAUNCHER, SCRIPT, "--config", str(path)], capture_output=True, text=True,
-                          check=False, env=dict(os.environ, PYTHONPATH=""))
+    mounted = {D.SCRIPT_DIR + "/" + bundle.NAME: stager.zipapp_path(), D.SCRIPT_DIR + "/plan.json": str(path)}
+    command = D.pvc_job(draft_location.locate(_single("pvc://models-pvc/"), "/mnt/models/draft"))["command"]
+    argv = [sys.executable if arg == "python3" else mounted.get(arg, arg) for arg in command]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=dict(os.environ, PYTHONPATH=""))
     return proc
 
 
@@ -214,8 +218,7 @@ def test_pvc_job_plan_is_stable_and_staged_record_is_dropped():
     job = D.pvc_job(loc, pvc, "abc")
     assert job == D.pvc_job(loc, copy.deepcopy(pvc), "abc") and job["job"] != D.pvc_job(loc, pvc, "abd")["job"]
     assert job["plan"] == {"root": "/mnt/pvc", "items": [], "remove": [{"subdir": "draft", "keep": ["target"], "name": "d"}]}
-    assert job["command"][:2] == ["python3", "-c"] and job["command"][3:] == ["/opt/spec-decoding/artifact_sync.py", "--config",
-                                                                              "/opt/spec-decoding/plan.json"]
+    assert job["command"] == ["python3", "/opt/spec-decoding/artifact_sync.pyz", "remove", "--config", "/opt/spec-decoding/plan.json"]
     assert len(job["job"]) <= 63
     text, changed = D.staged_without(pvc, "draft")
     assert changed and json.loads(text) == {"target": {"name": "t"}}

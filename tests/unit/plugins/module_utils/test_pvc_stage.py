@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import artifact_sync
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import pvc_plan as pvc_stage
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from tests import stager
 
 GI = 1 << 30
 
@@ -153,7 +153,7 @@ def test_stager_summary_from_a_real_engine_run(tmp_path):
     cfg = tmp_path / "plan.json"
     cfg.write_text(json.dumps({"root": str(root), "items": [
         {"name": "a/t", "source": t, "dest": str(root / "T")}, {"name": "a/d", "source": d, "dest": str(root / "D")}]}))
-    proc = subprocess.run([sys.executable, artifact_sync.__file__, "--config", str(cfg)], capture_output=True, text=True, check=True)
+    proc = subprocess.run(stager.command("--config", str(cfg)), capture_output=True, text=True, check=True)
     log = proc.stderr + proc.stdout
     summary = pvc_stage.parse_stager_log(log, ["T", "D"], ["a/t", "a/d"])
     assert summary["layout"] == ["D", "T"] and all(i["verified_layout"] for i in summary["items"])

@@ -3,11 +3,9 @@
 import json
 import os
 import subprocess
-import sys
 
+from tests import stager
 from tests.ansible_run import run_playbook
-
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import artifact_sync
 
 
 def _model(root):
@@ -24,7 +22,7 @@ def test_plan_then_check_a_real_stager_log(tmp_path):
     cfg = tmp_path / "plan.json"
     cfg.write_text(json.dumps({"root": str(pvc), "items": [{"name": "org/t", "source": target, "dest": str(pvc / "T")},
                                                            {"name": "org/d", "source": draft, "dest": str(pvc / "D")}]}))
-    proc = subprocess.run([sys.executable, artifact_sync.__file__, "--config", str(cfg)], capture_output=True, text=True, check=True)
+    proc = subprocess.run(stager.command("--config", str(cfg)), capture_output=True, text=True, check=True)
     items = [{"name": "org/t", "subdir": "T", "source": target}, {"name": "org/d", "subdir": "D", "source": draft}]
     run = run_playbook(tmp_path, tasks="""
     - name: Plan

@@ -85,10 +85,7 @@ class BufferedSSE(ScriptedSSE):
     chunks, usage) goes out in one write and the client reads its chunks microseconds apart."""
 
     def _stream(self, chat):
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
+        self.start_stream()
         events = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}]
         events += [{"choices": [{"index": 0, "delta": {"content": "t%d " % i}}]} for i in range(40)]
         events.append({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 40}})
@@ -140,10 +137,7 @@ def _pages_handler(pages):
                 return
             payload = pages[min(len(served), len(pages) - 1)].encode()
             served.append(self.path)
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            self.send_payload(200, payload)
 
     return Pages, served
 

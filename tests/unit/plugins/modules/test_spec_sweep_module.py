@@ -7,9 +7,7 @@ load, and its throughput crosses later than its TPOT (its TTFT is shorter), so T
 """
 import json
 import os
-import struct
 import sys
-import zlib
 
 import pytest
 
@@ -17,6 +15,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import s
 from tests.loopback_http import serving
 from tests.module_run import run_module
 from tests.paced_server import paced_handler
+from tests.png_file import check_png
 from tests.unit.plugins.module_utils.test_spec_sweep_run import engine_line
 
 GAP = 0.010
@@ -70,18 +69,8 @@ def posts(servers):
 
 
 def png_size(path):
-    with open(path, "rb") as handle:
-        data = handle.read()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    width, height = struct.unpack(">II", data[16:24])
-    pos, idat = 8, b""
-    while pos < len(data):  # the image data may span several IDAT chunks
-        length = struct.unpack(">I", data[pos:pos + 4])[0]
-        if data[pos + 4:pos + 8] == b"IDAT":
-            idat += data[pos + 8:pos + 8 + length]
-        pos += 12 + length
-    assert zlib.decompress(idat)
-    return width, height
+    """(width, height) of a valid PNG: its image data, which may span several IDAT chunks, inflates (tests/png_file.py)."""
+    return check_png(path)[:2]
 
 
 def test_concurrency_sweep_finds_the_built_in_break_even_and_resumes(servers, tmp_path):

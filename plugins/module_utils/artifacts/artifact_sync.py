@@ -1,1 +1,0 @@
-../../../roles/stage_pvc/files/artifact_sync.py

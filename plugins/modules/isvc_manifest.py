@@ -191,11 +191,17 @@ options:
     description: C(predictor.serviceAccountName), for private artifact sources.
     type: str
   annotations:
-    description: More annotations.
+    description:
+      - More C(metadata.annotations) (strings), merged with the collection's own (C(serving.kserve.io/deploymentMode),
+        C(aml-model-repo), C(serving.knative.dev/progress-deadline) in Knative mode).
+      - A key the collection sets with another value is refused, naming the option that sets it (for example
+        O(deployment_mode)); the same value is accepted. Keys and the total size follow Kubernetes' annotation rules.
     type: dict
     default: {}
   labels:
-    description: More labels.
+    description:
+      - More C(metadata.labels), merged with the collection's C(aml.cpaas.io/runtime-type=vllm) (a different value for it
+        is refused). Keys and values follow Kubernetes' label rules (values at most 63 characters).
     type: dict
     default: {}
   existing:

@@ -83,6 +83,12 @@ reason:
   description: The API server's reason of a failure (C(Conflict), C(Forbidden), ...).
   returned: failure, when the API server answered
   type: str
+missing_namespace:
+  description: The namespace that does not exist, when the API server refused the apply for that (404); the failure message is then one
+    line with the fix instead of the API server's JSON Status.
+  returned: failure, when the object's namespace does not exist
+  type: str
+  sample: models
 """
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError

@@ -35,103 +35,59 @@ description:
     sweep without measuring finished points again. At the end it writes the Markdown report and PNG plots
     (speedup and TPOT against load with the break-even and target QPS, the per-position curve with the k prediction).
   - A module cannot stream output. Progress (the point, the side, requests done of total) goes to O(progress_file).
+  - "Options by group: each option's description starts with its group (ansible-doc lists options alphabetically).
+    B(Endpoints): the five servers O(baseline_url), O(candidate_url), O(confirm_url) (the predicted k), O(fixed_url) (the best
+    fixed k) and O(schedule_url) (a k schedule), their C(*_model) names, what each engine runs (C(*_engine_config)), and the
+    HTTP settings (O(bearer_token), O(headers), O(timeout), O(validate_certs), O(ca_path)).
+    B(Load): what is sent and how hard: O(request_rates) and/or O(concurrencies), O(target_qps), the prompts and the protocol
+    (O(temperature), O(max_tokens), O(seed)), and where the requests come from (O(load_from), O(load_job): a Job next to the
+    service). B(k): the C(num_speculative_tokens) prediction (O(method), O(k_candidates)), its confirmation (O(confirm_k)) and
+    the k schedule (O(k_schedule), O(schedule), O(fixed_k)). B(Report): O(report_dir), O(report_name), O(report_context),
+    O(resume_from), the decision's O(tolerances), O(plots), O(title) and O(progress_file)."
+  - "Modes, each with an example in EXAMPLES: a sweep by request rate (with the k prediction) or by concurrency; from this
+    host or from a Job in the cluster (O(load_from=cluster)); the predicted k confirmed on O(confirm_url); a k schedule
+    derived (O(k_schedule=true)) and then measured against the best fixed k (O(schedule_url) with O(fixed_url))."
 author:
   - Alauda Platform Team (@alauda)
 options:
   baseline_url:
-    description: Base URL of the baseline server (no speculative decoding).
-    type: str
-    required: true
-  candidate_url:
-    description: Base URL of the speculative-decoding server with the current k.
+    description:
+      - 'Endpoints: Base URL of the baseline server (no speculative decoding).'
     type: str
     required: true
   baseline_model:
-    description: Served model name of the baseline. Defaults to the first id of C(GET /v1/models).
+    description:
+      - 'Endpoints: Served model name of the baseline. Defaults to the first id of C(GET /v1/models).'
     type: str
+  candidate_url:
+    description:
+      - 'Endpoints: Base URL of the speculative-decoding server with the current k.'
+    type: str
+    required: true
   candidate_model:
-    description: Served model name of the candidate. Defaults to the first id of C(GET /v1/models).
+    description:
+      - 'Endpoints: Served model name of the candidate. Defaults to the first id of C(GET /v1/models).'
     type: str
-  request_rates:
-    description: Request rates to sweep (requests/s), strictly increasing, each above 0.
-    type: list
-    elements: float
-  concurrencies:
-    description: Concurrencies to sweep (requests in flight), strictly increasing, each at least 1.
-    type: list
-    elements: int
-  max_concurrency:
-    description: Upper bound of requests in flight at the request-rate points.
-    type: int
-    default: 64
-  target_qps:
-    description:
-      - The request rate the service really runs. The decision uses the sweep point at or above it. Needs
-        O(request_rates) reaching it.
-    type: float
-  method:
-    description:
-      - Speculative method of the candidate (for the range of O(k_candidates)), for example V(ngram).
-    type: str
-  k_candidates:
-    description:
-      - The C(num_speculative_tokens) values to predict among, within 1 and the method's limit (10 for ngram,
-        draft_model, eagle and eagle3, 5 for mtp, 24 for suffix). Only slots measured by the candidate are predicted,
-        so run the candidate with the largest k. Defaults to the candidate's own k. Needs O(method).
-    type: list
-    elements: int
-  current_k:
-    description: The candidate's C(num_speculative_tokens). Defaults to the number of per-position series on its C(/metrics).
-    type: int
-  verify_cost_ratio:
-    description:
-      - Cost of one proposed token as a fraction of a baseline decode step, for the k model. By default it is
-        measured at the lowest load, from both sides' TPOT and the candidate's mean acceptance length.
-    type: float
-  baseline_engine_config:
-    description:
-      - What the baseline's engine logged at start-up. Either the registered result of M(alauda.spec_decoding.engine_config_info)
-        (or M(alauda.spec_decoding.llmisvc_engine_config_info)) for it, of which C(found) and C(speculative_config) are read,
-        or a dict whose C(line) is the "Initializing a V1 LLM engine" line.
-      - Refused when the line shows a speculative config. With C(found=false) the check falls back to C(/metrics), with a note.
-    type: dict
-  candidate_engine_config:
-    description:
-      - As O(baseline_engine_config), for the candidate. Refused when the line shows C(speculative_config=None), or a
-        method other than O(method), or a k other than O(current_k) or than its C(/metrics) shows.
-    type: dict
-  confirm_engine_config:
-    description: As O(candidate_engine_config), for O(confirm_url); its k must be O(confirm_k).
-    type: dict
   confirm_url:
-    description: Base URL of a server that runs the predicted k (O(confirm_k)), for the confirmation A/B.
+    description:
+      - 'Endpoints: Base URL of a server that runs the predicted k (O(confirm_k)), for the confirmation A/B.'
     type: str
   confirm_model:
-    description: Served model name of O(confirm_url).
+    description:
+      - 'Endpoints: Served model name of O(confirm_url).'
     type: str
-  confirm_k:
-    description: The C(num_speculative_tokens) O(confirm_url) serves. Required with O(confirm_url).
-    type: int
-  confirm_load:
-    description: Load of the confirmation A/B. Defaults to the sweep point at or above O(target_qps), else the lowest load.
-    type: float
-  k_schedule:
+  fixed_url:
     description:
-      - Derive a C(num_speculative_tokens_per_batch_size) schedule (vLLM 0.24 and newer) from the best k at each load,
-        returned in C(k.schedule) of RV(k), drawn in the report beside the measured curve. A prediction, to confirm with an A/B.
-      - The best k at each load (C(k.per_load)) is returned either way when the candidate's k is known.
-    type: bool
-    default: false
-  k_schedule_min_gain:
+      - 'Endpoints: Base URL of a server running the best fixed C(num_speculative_tokens), the baseline side of the schedule''s A/B.'
+    type: str
+  fixed_model:
     description:
-      - Hysteresis of the schedule. Going up in batch size, k changes only where the new k's expected gain beats the
-        held k's by more than this fraction at that load; k never rises with batch size.
-    type: float
-    default: 0.05
+      - 'Endpoints: Served model name of O(fixed_url).'
+    type: str
   schedule_url:
     description:
-      - Base URL of a server running a C(num_speculative_tokens_per_batch_size) schedule, for its A/B against O(fixed_url)
-        (the best fixed k) at two loads. Needs O(fixed_url).
+      - 'Endpoints: Base URL of a server running a C(num_speculative_tokens_per_batch_size) schedule, for its A/B against O(fixed_url)
+        (the best fixed k) at two loads. Needs O(fixed_url).'
       - The two loads are O(schedule_loads), else the lowest swept load and the highest swept load whose scheduled k differs
         (the k the schedule runs at each load's batch size, which is the concurrency, or the mean requests in flight at a request rate).
       - Per load, the fixed side then the schedule side are measured with the sweep's protocol, after the sweep (resumed like
@@ -140,97 +96,186 @@ options:
         verdict per load, V(confirmed), V(not_confirmed) or V(inconclusive) (within the noise), and overall.
     type: str
   schedule_model:
-    description: Served model name of O(schedule_url).
-    type: str
-  schedule:
     description:
-      - The schedule O(schedule_url) runs (vLLM's C([[range_start, range_end, k], ...])). Defaults to the one the sweep
-        derives with O(k_schedule).
-    type: list
-    elements: raw
-  fixed_url:
-    description: Base URL of a server running the best fixed C(num_speculative_tokens), the baseline side of the schedule's A/B.
+      - 'Endpoints: Served model name of O(schedule_url).'
     type: str
-  fixed_model:
-    description: Served model name of O(fixed_url).
-    type: str
-  fixed_k:
+  baseline_engine_config:
     description:
-      - The C(num_speculative_tokens) O(fixed_url) serves; checked against its C(/metrics) (per-position series). Defaults to
-        what its C(/metrics) shows.
-    type: int
-  schedule_loads:
-    description: The two swept loads of the schedule's A/B (default as described in O(schedule_url)).
+      - 'Endpoints: What the baseline''s engine logged at start-up. Either the registered result of M(alauda.spec_decoding.engine_config_info)
+        (or M(alauda.spec_decoding.llmisvc_engine_config_info)) for it, of which C(found) and C(speculative_config) are read,
+        or a dict whose C(line) is the "Initializing a V1 LLM engine" line.'
+      - Refused when the line shows a speculative config. With C(found=false) the check falls back to C(/metrics), with a note.
+    type: dict
+  candidate_engine_config:
+    description:
+      - 'Endpoints: As O(baseline_engine_config), for the candidate. Refused when the line shows C(speculative_config=None), or a
+        method other than O(method), or a k other than O(current_k) or than its C(/metrics) shows.'
+    type: dict
+  confirm_engine_config:
+    description:
+      - 'Endpoints: As O(candidate_engine_config), for O(confirm_url); its k must be O(confirm_k).'
+    type: dict
+  bearer_token:
+    description:
+      - 'Endpoints: Bearer token for every endpoint.'
+    type: str
+  headers:
+    description:
+      - 'Endpoints: Extra HTTP headers for every endpoint.'
+    type: dict
+    default: {}
+  timeout:
+    description:
+      - 'Endpoints: Seconds to wait for each response chunk.'
+    type: float
+    default: 600
+  request_rates:
+    description:
+      - 'Load: Request rates to sweep (requests/s), strictly increasing, each above 0.'
     type: list
     elements: float
-  resume_from:
-    description: A previous run's JSON (C(<report_dir>/<report_name>.json)); its finished measurements are reused.
-    type: path
+  concurrencies:
+    description:
+      - 'Load: Concurrencies to sweep (requests in flight), strictly increasing, each at least 1.'
+    type: list
+    elements: int
+  max_concurrency:
+    description:
+      - 'Load: Upper bound of requests in flight at the request-rate points.'
+    type: int
+    default: 64
+  target_qps:
+    description:
+      - 'Load: The request rate the service really runs. The decision uses the sweep point at or above it. Needs
+        O(request_rates) reaching it.'
+    type: float
+  arrival:
+    description:
+      - 'Load: Arrival process at the request-rate points, seeded by O(seed).'
+    type: str
+    choices: [poisson, fixed]
+    default: poisson
   api:
-    description: OpenAI API to call (see M(alauda.spec_decoding.spec_benchmark)).
+    description:
+      - 'Load: OpenAI API to call (see M(alauda.spec_decoding.spec_benchmark)).'
     type: str
     choices: [chat, completions]
     default: chat
   workload:
-    description: Built-in workload, ignored with O(prompts_file).
+    description:
+      - 'Load: Built-in workload, ignored with O(prompts_file).'
     type: str
     choices: [code_refactor, general_chat]
     default: code_refactor
   prompts_file:
-    description: JSONL prompts, one per line (a JSON string, or an object with C(prompt) or C(messages)).
+    description:
+      - 'Load: JSONL prompts, one per line (a JSON string, or an object with C(prompt) or C(messages)).'
     type: path
   num_prompts:
-    description: Use only the first N prompts.
+    description:
+      - 'Load: Use only the first N prompts.'
     type: int
   runs_per_prompt:
-    description: Measured runs of each prompt per side and load (5 to 10).
+    description:
+      - 'Load: Measured runs of each prompt per side and load (5 to 10).'
     type: int
     default: 5
   warmup:
-    description: Warmup requests per side and load, discarded (at least 3).
+    description:
+      - 'Load: Warmup requests per side and load, discarded (at least 3).'
     type: int
     default: 3
-  arrival:
-    description: Arrival process at the request-rate points, seeded by O(seed).
-    type: str
-    choices: [poisson, fixed]
-    default: poisson
   extra_body:
-    description: Further request fields sent to every side, for example C(ignore_eos).
+    description:
+      - 'Load: Further request fields sent to every side, for example C(ignore_eos).'
     type: dict
     default: {}
-  bearer_token:
-    description: Bearer token for every endpoint.
-    type: str
-  headers:
-    description: Extra HTTP headers for every endpoint.
-    type: dict
-    default: {}
-  timeout:
-    description: Seconds to wait for each response chunk.
-    type: float
-    default: 600
   scrape_metrics:
-    description: Read C(/metrics) before and after each measurement (acceptance, prefix cache).
+    description:
+      - 'Load: Read C(/metrics) before and after each measurement (acceptance, prefix cache).'
     type: bool
     default: true
+  method:
+    description:
+      - 'k: Speculative method of the candidate (for the range of O(k_candidates)), for example V(ngram).'
+    type: str
+  current_k:
+    description:
+      - 'k: The candidate''s C(num_speculative_tokens). Defaults to the number of per-position series on its C(/metrics).'
+    type: int
+  k_candidates:
+    description:
+      - 'k: The C(num_speculative_tokens) values to predict among, within 1 and the method''s limit (10 for ngram,
+        draft_model, eagle and eagle3, 5 for mtp, 24 for suffix). Only slots measured by the candidate are predicted,
+        so run the candidate with the largest k. Defaults to the candidate''s own k. Needs O(method).'
+    type: list
+    elements: int
+  verify_cost_ratio:
+    description:
+      - 'k: Cost of one proposed token as a fraction of a baseline decode step, for the k model. By default it is
+        measured at the lowest load, from both sides'' TPOT and the candidate''s mean acceptance length.'
+    type: float
+  confirm_k:
+    description:
+      - 'k: The C(num_speculative_tokens) O(confirm_url) serves. Required with O(confirm_url).'
+    type: int
+  confirm_load:
+    description:
+      - 'k: Load of the confirmation A/B. Defaults to the sweep point at or above O(target_qps), else the lowest load.'
+    type: float
+  k_schedule:
+    description:
+      - 'k: Derive a C(num_speculative_tokens_per_batch_size) schedule (vLLM 0.24 and newer) from the best k at each load,
+        returned in C(k.schedule) of RV(k), drawn in the report beside the measured curve. A prediction, to confirm with an A/B.'
+      - The best k at each load (C(k.per_load)) is returned either way when the candidate's k is known.
+    type: bool
+    default: false
+  k_schedule_min_gain:
+    description:
+      - 'k: Hysteresis of the schedule. Going up in batch size, k changes only where the new k''s expected gain beats the
+        held k''s by more than this fraction at that load; k never rises with batch size.'
+    type: float
+    default: 0.05
+  schedule:
+    description:
+      - 'k: The schedule O(schedule_url) runs (vLLM''s C([[range_start, range_end, k], ...])). Defaults to the one the sweep
+        derives with O(k_schedule).'
+    type: list
+    elements: raw
+  schedule_loads:
+    description:
+      - 'k: The two swept loads of the schedule''s A/B (default as described in O(schedule_url)).'
+    type: list
+    elements: float
+  fixed_k:
+    description:
+      - 'k: The C(num_speculative_tokens) O(fixed_url) serves; checked against its C(/metrics) (per-position series). Defaults to
+        what its C(/metrics) shows.'
+    type: int
   report_dir:
-    description: Folder for the JSON, the report, the plots and the progress log.
+    description:
+      - 'Report: Folder for the JSON, the report, the plots and the progress log.'
     type: path
     required: true
   report_name:
-    description: Base name of the report files.
+    description:
+      - 'Report: Base name of the report files.'
     type: str
     default: sweep
   report_context:
     description:
-      - The report's context, as for M(alauda.spec_decoding.spec_benchmark) (C(gpu_model), C(gpu_count), C(model),
+      - 'Report: The report''s context, as for M(alauda.spec_decoding.spec_benchmark) (C(gpu_model), C(gpu_count), C(model),
         C(dtype), C(vllm_version), C(image), C(baseline_command), C(candidate_command); optional C(hardware_notes),
-        C(candidate_env), C(speculative_config), C(notes)). The report is refused without the required ones.
+        C(candidate_env), C(speculative_config), C(notes)). The report is refused without the required ones.'
     type: dict
     default: {}
+  resume_from:
+    description:
+      - 'Report: A previous run''s JSON (C(<report_dir>/<report_name>.json)); its finished measurements are reused.'
+    type: path
   tolerances:
-    description: How much worse C(ttft), C(tpot) (higher) or C(throughput) (lower) may be and still count, as fractions.
+    description:
+      - 'Report: How much worse C(ttft), C(tpot) (higher) or C(throughput) (lower) may be and still count, as fractions.'
     type: dict
     default: {}
 requirements:
@@ -289,6 +334,58 @@ EXAMPLES = r"""
     resume_from: /tmp/tune/sweep.json
     report_dir: /tmp/tune
     report_context: "{{ my_context }}"
+
+# Load: a concurrency sweep whose requests come from a Job next to the services (cluster-internal URLs), so the
+# controller's network is not in the timings; one Job per measurement, so a rerun with resume_from goes on from there.
+- name: Concurrency sweep from inside the cluster
+  alauda.spec_decoding.spec_sweep:
+    baseline_url: http://llama-baseline-predictor.models.svc.cluster.local
+    candidate_url: http://llama-eagle3-predictor.models.svc.cluster.local
+    concurrencies: [1, 4, 16, 32]
+    method: eagle3
+    load_from: cluster
+    load_job:
+      namespace: models
+      image: vllm/vllm-openai:v0.32.0  # the runtime image the nodes already have; it needs only python3
+      node_selector:
+        node-role.kubernetes.io/worker: ""
+    report_dir: /tmp/tune-cluster
+    report_context: "{{ my_context }}"
+
+# k: derive a num_speculative_tokens_per_batch_size schedule (vLLM 0.24 and newer) from the best k at each load. The
+# candidate runs the largest k, so every slot is measured.
+- name: Sweep and derive a k schedule
+  alauda.spec_decoding.spec_sweep:
+    baseline_url: http://llama-baseline.models.svc
+    candidate_url: http://llama-ngram-k5.models.svc
+    concurrencies: [1, 2, 4, 8, 16, 32]
+    method: ngram
+    k_candidates: [1, 2, 3, 4, 5]
+    k_schedule: true
+    k_schedule_min_gain: 0.05
+    report_dir: /tmp/tune-schedule
+    report_context: "{{ my_context }}"
+  register: schedule_sweep
+
+# Endpoints: the schedule (deployed on schedule_url) against the best fixed k (fixed_url), at two of the swept loads;
+# resume_from reuses the sweep, so only the schedule's A/B is measured. k.schedule_confirmation has the verdicts.
+- name: Confirm the schedule against the best fixed k
+  alauda.spec_decoding.spec_sweep:
+    baseline_url: http://llama-baseline.models.svc
+    candidate_url: http://llama-ngram-k5.models.svc
+    concurrencies: [1, 2, 4, 8, 16, 32]
+    method: ngram
+    k_candidates: [1, 2, 3, 4, 5]
+    k_schedule: true
+    schedule_url: http://llama-ngram-schedule.models.svc
+    schedule: "{{ schedule_sweep.k.schedule.schedule }}"
+    fixed_url: http://llama-ngram-k3.models.svc
+    fixed_k: 3
+    schedule_loads: [1, 16]
+    resume_from: /tmp/tune-schedule/sweep.json
+    report_dir: /tmp/tune-schedule
+    report_context: "{{ my_context }}"
+  register: schedule_ab
 """
 
 RETURN = r"""

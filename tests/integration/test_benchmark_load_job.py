@@ -21,6 +21,10 @@ pytestmark = pytest.mark.integration
 
 PROCESS = {"testbed.alauda.io/run": "process"}
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The paced server's modules reach the pod as a ConfigMap volume, as a cluster gives a pod files (not through the host's
+# path to the checkout: a pod has its own /tmp, and many checkouts live under /tmp).
+SERVER_MODULES = ("paced_server.py", "loopback_http.py")
+SERVER_DIR = "/opt/paced"
 # A paced OpenAI server on :8080 (the predictor's containerPort), in the pod's own network namespace.
 SERVER = """
 import sys
@@ -29,10 +33,20 @@ from http.server import ThreadingHTTPServer
 from tests.paced_server import paced_handler
 name, gap, rates = sys.argv[1], float(sys.argv[2]), [float(r) for r in sys.argv[3:]]
 ThreadingHTTPServer(("", 8080), paced_handler(name, 0.004, gap, spec_rates=rates or None)).serve_forever()
-""" % REPO
+""" % SERVER_DIR
 CONTEXT = {"gpu_model": "none (test bed)", "gpu_count": 0, "model": "paced", "dtype": "float32", "vllm_version": "0.32.0",
            "image": "testbed/python", "baseline_command": "paced baseline", "candidate_command": "paced candidate"}
 TOKEN = "load-job-s3cr3t-token"
+
+
+def _server_modules(api, namespace):
+    """The ConfigMap holding the paced server's modules (tests/paced_server.py and what it imports) as a package."""
+    data = {"__init__.py": ""}
+    for module in SERVER_MODULES:
+        with open(os.path.join(REPO, "tests", module), encoding="utf-8") as handle:
+            data[module] = handle.read()
+    api.post(f"/api/v1/namespaces/{namespace}/configmaps", {"apiVersion": "v1", "kind": "ConfigMap",
+                                                           "metadata": {"name": "paced-server"}, "data": data})
 
 
 def _isvc(api, namespace, name, gap, rates=()):
@@ -43,7 +57,9 @@ def _isvc(api, namespace, name, gap, rates=()):
             "name": "kserve-container", "image": "testbed/python",
             "command": ["python3", "-c", SERVER, name, str(gap)] + [str(r) for r in rates],
             "ports": [{"containerPort": 8080, "protocol": "TCP"}],
-            "readinessProbe": {"httpGet": {"path": "/v1/models", "port": 8080}, "periodSeconds": 1}}]}}})
+            "volumeMounts": [{"name": "paced-server", "mountPath": SERVER_DIR + "/tests", "readOnly": True}],
+            "readinessProbe": {"httpGet": {"path": "/v1/models", "port": 8080}, "periodSeconds": 1}}],
+            "volumes": [{"name": "paced-server", "configMap": {"name": "paced-server"}}]}}})
 
 
 def _ready_url(api, namespace, name, timeout=60):
@@ -86,6 +102,7 @@ def test_the_ab_runs_from_a_job_next_to_the_services_and_leaves_nothing_behind(
     api = controlplane.rest()
     try:
         kubeconfig = grants.grant("benchmark.yaml", "bench")
+        _server_modules(api, namespace)
         _isvc(api, namespace, "base", 0.004)
         _isvc(api, namespace, "cand", 0.002, rates=(0.8, 0.4))
         urls = [_ready_url(api, namespace, name) for name in ("base", "cand")]
@@ -160,6 +177,7 @@ def test_the_sweep_reads_and_measures_each_load_from_jobs(controlplane, kubeconf
     inference request, then one Job per measurement (2 loads x 2 sides)."""
     api = controlplane.rest()
     try:
+        _server_modules(api, namespace)
         _isvc(api, namespace, "base", 0.004)
         _isvc(api, namespace, "cand", 0.002, rates=(0.8, 0.4))
         urls = [_ready_url(api, namespace, name) for name in ("base", "cand")]

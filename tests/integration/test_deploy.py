@@ -178,7 +178,10 @@ def test_auto_mode_reads_kserve_features_from_the_crd(tmp_path, kubeconfig, k8s_
     run = run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", extra_vars=more, kubeconfig=kubeconfig)
     assert run.rc == 0, run.output
     assert run.result("Render the InferenceService")["artifact_mode"] == "storage_uris"
-    assert any("KServe 0.20" in w for w in run.result("Render the InferenceService")["warnings"])
+    warnings = run.result("Render the InferenceService")["warnings"]
+    # the release the CRD shows reaches the render (it used to warn that there was no cluster to read it from: issue #48)
+    assert run.result("Read what the cluster's KServe supports")["kserve_version"].startswith("0.20")
+    assert any("KServe 0.20" in w for w in warnings) and not [w for w in warnings if "no cluster to read it from" in w], warnings
 
 
 def test_stale_ready_from_the_previous_generation_does_not_pass(tmp_path, kubeconfig, k8s_client, kserve, namespace):
@@ -290,3 +293,31 @@ def test_redeploy_after_rollback_works(tmp_path, kubeconfig, k8s_client, kserve,
     isvc = _get(k8s_client, namespace, name)
     assert _script(isvc) == first and "--speculative-config '{\"method\":\"eagle3\"" in first
     assert isvc["status"]["observedGeneration"] == isvc["metadata"]["generation"]
+
+
+def test_a_missing_namespace_fails_once_in_one_line_with_the_fix(tmp_path, kubeconfig, kserve, namespace):  # pylint: disable=unused-argument
+    """The apply's 404 is reported once (not by the apply and again by its conflict rescue), as one line naming the
+    namespace, the variable and the fix, not the API server's JSON Status (issue #48)."""
+    missing = namespace + "-absent"
+    run = run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", kubeconfig=kubeconfig, extra_vars=_vars(missing, "llama-eagle3"))
+    assert run.rc != 0
+    messages = [res.get("msg") for res in run.failed]
+    assert messages == ["Namespace %s does not exist, so InferenceService llama-eagle3 was not applied (nothing was written). Fix: "
+                        "create it (kubectl create namespace %s) or set spec_decoding_namespace to an existing namespace." % (missing, missing)
+                        ], messages
+    assert run.result("Apply the InferenceService")["missing_namespace"] == missing
+
+
+def test_spec_decoding_wait_false_applies_and_returns_without_waiting(tmp_path, kubeconfig, k8s_client, kserve, namespace):
+    """spec_decoding_wait: false reaches the role (its default had hard-coded true): the object is applied and the play ends
+    without the wait, and without the verify that would wait for the pods (issue #48)."""
+    kserve.set_behaviour(namespace, "nowait", never_ready=True)
+    run = run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", kubeconfig=kubeconfig,
+                       extra_vars=_vars(namespace, "nowait", spec_decoding_wait=False, spec_decoding_verify=True,
+                                        spec_decoding_wait_timeout=30))
+    assert run.rc == 0, run.output
+    assert run.result("Apply the InferenceService")["changed"] is True
+    assert run.result("Wait for Ready at the new generation").get("skipped") is True
+    assert not [name for name, _h, res in run.tasks if "Check the engine-config line" in name and not res.get("skipped")]
+    isvc = _get(k8s_client, namespace, "nowait")
+    assert "--speculative-config" in _script(isvc)

@@ -240,6 +240,10 @@ def test_playbooks_deploy_verify_and_rollback_an_llminferenceservice(tmp_path, k
     assert strip["changed"] and strip["previous_config"]["decode"]["method"] == "eagle3"
     proved = rollback.result("Prove no pool's engine runs a proposer")
     assert all(pool["speculative_config"] is None for pool in proved["pools"].values())
+    # the summary carries the proof: every pool's pods, whose engine line reads speculative_config=None (issue #48)
+    pods = [pod["name"] for pool in proved["pools"].values() for pod in pool["pods"]]
+    assert pods and rollback.result("Summary")["msg"][1] == "%s/%s: the engine of %s prints speculative_config=None" % (
+        namespace, name, ", ".join(pods)), rollback.result("Summary")["msg"]
     live = _get(k8s_client, namespace, name)
     assert live["metadata"]["generation"] == 2
     assert vllm_command.find_speculative_config(live["spec"]["template"]["containers"][0]["command"]) is None

@@ -209,4 +209,6 @@ def test_deploy_without_the_crd_reader_warns_and_assumes_the_release(tmp_path, g
     assert "403 Forbidden" in warning and "spec-decoding-kserve-crd-reader" in warning and "spec_decoding_kserve_version" in warning
     rendered = run.result("Render the InferenceService")
     assert rendered["artifact_mode"] == "storage_uris"  # auto mode on the assumed KServe 0.20
+    # the warning above names the assumption; the render does not add that there was no cluster to read (issue #48)
+    assert not [w for w in rendered.get("warnings", []) if "no cluster to read it from" in w], rendered.get("warnings")
     assert _get(k8s_client, namespace, NAME)["spec"]["predictor"]["storageUris"][0]["uri"] == "pvc://m/llama"

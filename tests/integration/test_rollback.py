@@ -89,6 +89,11 @@ def test_rollback_of_deployed_eagle3_then_rerun_is_a_noop(tmp_path, kubeconfig, 
     engine = run.result("Prove the engine runs without a proposer")
     assert engine["speculative_config"] is None and engine["found"] is True
     assert engine["pods"] and all(p["speculative_config"] is None for p in engine["pods"])
+    # the summary carries the proof: the engine line of the new pods (issue #48)
+    summary = run.result("Summary")["msg"]
+    assert summary[0].startswith("1 InferenceService(s) selected; rolled back: %s/%s" % (namespace, NAME)), summary
+    assert summary[1].startswith("%s/%s: the engine of %s prints " % (namespace, NAME, engine["pods"][0]["name"])), summary
+    assert summary[1].endswith("speculative_config=None") and "Initializing a V1 LLM engine" in summary[1], summary
 
     rerun = run_playbook(tmp_path, "playbooks/rollback.yml", extra_vars=_rollback_vars(namespace), kubeconfig=kubeconfig)
     assert rerun.rc == 0, rerun.output

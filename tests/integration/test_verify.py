@@ -246,8 +246,17 @@ def test_verify_playbook_fails_without_the_flag_and_checks_a_rollback(tmp_path, 
     extra = {"verify_name": "base", "verify_namespace": namespace, "verify_wait_timeout": 60, "verify_wait_interval": 1}
     run = run_playbook(tmp_path, playbook="playbooks/verify.yml", kubeconfig=kubeconfig, extra_vars=extra)
     assert run.rc != 0
-    assert "carries no --speculative-config" in run.result("Check the speculative flag")["msg"]
+    message = run.result("Check the speculative flag")["msg"]
+    # the way to check a rolled-back service is named in the refusal (issue #48)
+    assert "carries no --speculative-config" in message and "-e verify_speculative=false" in message, message
     run = run_playbook(tmp_path, playbook="playbooks/verify.yml", kubeconfig=kubeconfig, extra_vars=dict(extra, verify_speculative=False))
     assert run.rc == 0, run.output
     assert "speculative_config=None" in run.result("Summary")["msg"][1]
     assert json.dumps(run.result("Register the full verification data")["ansible_facts"]["verify_result"]["metrics"]) == "{}"
+    # a rollback check of a service that still has the flag names the flag's container and the variable
+    deploy(k8s_client, kserve, namespace, "spec", ["--speculative-config", EAGLE3_JSON], capture("eagle3"))
+    run = run_playbook(tmp_path, playbook="playbooks/verify.yml", kubeconfig=kubeconfig,
+                       extra_vars=dict(extra, verify_name="spec", verify_speculative=False))
+    assert run.rc != 0
+    message = run.result("Check the speculative flag")["msg"]
+    assert "still carries a speculative flag" in message and "verify_speculative=false asks for none" in message, message

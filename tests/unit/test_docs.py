@@ -18,6 +18,9 @@ DOCS = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "
 FENCE = re.compile(r"^```([\w+-]*)[^\n]*\n(.*?)^```", re.S | re.M)
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 DEFAULT_INVENTORY = "inventories/local"
+# Inventories a guide's own commands write before they use them: not in the checkout, so not syntax-checked here;
+# tests/unit/test_first_inventory_guide.py runs those commands (and so the playbooks with that inventory) on a clean copy.
+WRITTEN_BY_GUIDE = {"inventories/first": "docs/first-inventory.md"}
 
 
 def _read(path):
@@ -58,7 +61,8 @@ def playbook_examples():
                         inventory = words[i + 1]
                     elif word.startswith("--inventory="):
                         inventory = word.split("=", 1)[1]
-                found.append((_rel(path), lineno, inventory, books[0]))
+                if WRITTEN_BY_GUIDE.get(inventory) != _rel(path):
+                    found.append((_rel(path), lineno, inventory, books[0]))
     return found
 
 

@@ -15,6 +15,7 @@ the result keys (``result``, ``method``, ``diff``, ``changed``) and the failure 
 from __future__ import annotations
 
 import copy
+import json
 
 from ansible.module_utils.common.text.converters import to_native
 
@@ -66,5 +67,32 @@ def server_side_apply(module, k8s_client=None):
         if reason is not None:
             error["reason"] = reason
         error["msg"] = to_native(exc)
+        error.update(missing_namespace_failure(exc.__cause__, params["definition"]))
         module.fail_json(**error)
     return None  # unreachable: fail_json exits (or raises in the task's process)
+
+
+def _api_status(api_error):
+    """The API server's Status object (a dict) in an ApiException's body, or {}."""
+    body = getattr(api_error, "body", None)
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    try:
+        status = json.loads(body) if body else {}
+    except ValueError:
+        return {}
+    return status if isinstance(status, dict) else {}
+
+
+def missing_namespace_failure(api_error, definition):
+    """``{msg, missing_namespace}`` when the API server answered the apply with 404 because the object's namespace does not
+    exist, else {}. kubernetes.core's message is the whole JSON Status, escaped; this is one line with the fix."""
+    status = _api_status(api_error)
+    details = status.get("details") or {}
+    if status.get("code") != 404 or status.get("reason") != "NotFound" or details.get("kind") != "namespaces":
+        return {}
+    namespace = details.get("name") or (definition.get("metadata") or {}).get("namespace")
+    what = "%s %s" % (definition.get("kind") or "the object", (definition.get("metadata") or {}).get("name") or "")
+    return {"missing_namespace": namespace,
+            "msg": "Namespace %s does not exist, so %s was not applied (nothing was written). Fix: create it (kubectl create "
+                   "namespace %s) or apply into an existing namespace." % (namespace, what.strip(), namespace)}

@@ -47,6 +47,9 @@ DEPLOYMENT_MODES = ("Standard", "Knative")
 METHODS = ("none", "ngram", "eagle3", "eagle", "draft_model", "mtp", "suffix", "custom_class")
 ARTIFACT_MODES = ("auto", "storage_uris", "modelcar", "pvc", "single")
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# k8s.io/apimachinery pkg/util/validation/validation.go: dns1123SubdomainFmt and qualifiedNameFmt.
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 
 
 def normalise_deployment_mode(mode):
@@ -194,6 +197,68 @@ def resolve_artifacts(mode, art, needs_draft, kserve_version=(0, 20, 0), oci_mod
                                   field="artifacts.target_path", hint="point it under one of the mounted paths or drop it")
         result.target_path = target_path
     return result
+
+
+def _qualified_name_problem(key):
+    """Kubernetes' IsQualifiedName (k8s.io/apimachinery pkg/util/validation/validation.go): `[prefix/]name`, the name at
+    most 63 characters of alphanumerics, '-', '_', '.' starting and ending alphanumeric, the prefix a DNS-1123 subdomain."""
+    parts = key.split("/")
+    if len(parts) > 2:
+        return "has more than one '/'"
+    name = parts[-1]
+    if len(parts) == 2 and (not parts[0] or len(parts[0]) > 253 or not _DNS1123_SUBDOMAIN.match(parts[0])):
+        return "prefix '%s' is not a DNS-1123 subdomain (lowercase letters, digits, '-' and '.')" % parts[0]
+    if not name or len(name) > 63 or not _QUALIFIED_NAME.match(name):
+        return ("name part '%s' must be 1-63 characters of letters, digits, '-', '_' or '.', starting and ending with a letter "
+                "or digit" % name)
+    return None
+
+
+def metadata_maps(own_annotations, user_annotations, user_labels):
+    """metadata.annotations and metadata.labels: the collection's own keys plus the inventory's (``annotations``,
+    ``labels``; role variables spec_decoding_annotations / spec_decoding_labels).
+
+    ``own_annotations`` maps each annotation the collection sets to (value, the option that sets it). A user key that
+    names one of them with another value is refused, naming that option: the collection's value wins because the rest of
+    the loop reads it (the deploymentMode check against the cluster, the Knative progress deadline from the startup
+    window); the same value is accepted. The same holds for the runtime-type label, which the collection always sets.
+    Keys and values follow Kubernetes' ValidateAnnotations (k8s.io/apimachinery pkg/api/validation/objectmeta.go: the key
+    lower-cased is a qualified name, 256 KiB in all) and ValidateLabels (pkg/apis/meta/v1/validation/validation.go: a
+    qualified-name key, IsValidLabelValue), so a GitOps render never holds an object the API server refuses."""
+    own_labels = {RUNTIME_TYPE_LABEL: ("vllm", "the collection (its runtime-type label, always 'vllm')")}
+    maps = []
+    for option, own, given in (("annotations", own_annotations, user_annotations), ("labels", own_labels, user_labels)):
+        if given is not None and not isinstance(given, dict):
+            raise ValidationError("must be a mapping of %s, got %r" % (option[:-1] + " keys to strings", given), field=option,
+                                  hint="write e.g. {example.com/team: search}")
+        merged = {key: value for key, (value, _source) in own.items()}
+        for key in sorted(given or {}, key=str):
+            value = given[key]
+            field = "%s[%s]" % (option, key)
+            if not isinstance(key, str):
+                raise ValidationError("key %r is not a string" % (key,), field=field, hint="quote the key")
+            problem = _qualified_name_problem(key.lower() if option == "annotations" else key)
+            if problem:
+                raise ValidationError("'%s' is not a Kubernetes %s key: %s" % (key, option[:-1], problem), field=field,
+                                      hint="use a key such as example.com/team")
+            if isinstance(value, bool) or not isinstance(value, str):
+                raise ValidationError("value %r is not a string (Kubernetes %s are strings)" % (value, option), field=field,
+                                      hint="quote the value in the inventory: %s: \"%s\"" % (key, str(value).lower() if isinstance(value, bool) else value))
+            if option == "labels" and (len(value) > 63 or (value and not _QUALIFIED_NAME.match(value))):
+                raise ValidationError("label value '%s' must be at most 63 characters of letters, digits, '-', '_' or '.', starting "
+                                      "and ending with a letter or digit (or empty)" % value, field=field,
+                                      hint="shorten it, or put free text in spec_decoding_annotations instead")
+            if key in own and own[key][0] != value:
+                raise ValidationError("'%s' is set by the collection to '%s' (from %s); the inventory's '%s' would differ from "
+                                      "what the deploy checks and reads" % (key, own[key][0], own[key][1], value), field=field,
+                                      hint="drop %s from spec_decoding_%s%s" % (key, option, "" if own[key][1].startswith("the collection")
+                                                                                else " and set spec_decoding_%s" % own[key][1]))
+            merged[key] = value
+        maps.append(merged)
+    if sum(len(k) + len(v) for k, v in maps[0].items()) > 256 * 1024:
+        raise ValidationError("the annotations total more than 256 KiB (Kubernetes' TotalAnnotationSizeLimitB)", field="annotations",
+                              hint="keep large data out of annotations (a ConfigMap)")
+    return maps[0], maps[1]
 
 
 def speculative_for(method, speculative, draft_path, vllm_version):
@@ -373,14 +438,12 @@ def render(p, existing=None):
         predictor["storageUris"] = artifacts.storage_uris
     if p.get("service_account_name"):
         predictor["serviceAccountName"] = p["service_account_name"]
-    annotations = {DEPLOYMENT_MODE_ANNOTATION: mode}
+    own_annotations = {DEPLOYMENT_MODE_ANNOTATION: (mode, "deployment_mode")}
     if p.get("model_repo"):
-        annotations[MODEL_REPO_ANNOTATION] = p["model_repo"]
+        own_annotations[MODEL_REPO_ANNOTATION] = (p["model_repo"], "model_repo")
     if mode == "Knative":
-        annotations[PROGRESS_DEADLINE_ANNOTATION] = "%ds" % startup_seconds
-    annotations.update(p.get("annotations") or {})
-    labels = {RUNTIME_TYPE_LABEL: "vllm"}
-    labels.update(p.get("labels") or {})
+        own_annotations[PROGRESS_DEADLINE_ANNOTATION] = ("%ds" % startup_seconds, "startup_timeout_seconds")
+    annotations, labels = metadata_maps(own_annotations, p.get("annotations"), p.get("labels"))
     manifest = {"apiVersion": API_VERSION, "kind": KIND,
                 "metadata": {"name": p["name"], "namespace": p["namespace"], "annotations": annotations, "labels": labels},
                 "spec": {"predictor": predictor}}

@@ -200,11 +200,8 @@ def render(p, existing=None):
         if prefill.get("parallelism"):
             body["parallelism"] = _parallelism(prefill.get("parallelism"), "llmisvc.prefill.parallelism")
         spec_body["prefill"] = body
-    annotations = dict(p.get("annotations") or {})
-    if p.get("model_repo"):
-        annotations[isvc.MODEL_REPO_ANNOTATION] = p["model_repo"]
-    labels = {isvc.RUNTIME_TYPE_LABEL: "vllm"}
-    labels.update(p.get("labels") or {})
+    annotations, labels = isvc.metadata_maps({isvc.MODEL_REPO_ANNOTATION: (p["model_repo"], "model_repo")} if p.get("model_repo") else {},
+                                             p.get("annotations"), p.get("labels"))
     metadata = {"name": p["name"], "namespace": p["namespace"], "labels": labels}
     if annotations:
         metadata["annotations"] = annotations

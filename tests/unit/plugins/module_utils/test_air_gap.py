@@ -1,7 +1,12 @@
 """Air-gap checks: every internet source is named with its field and a fix; internal ones pass."""
+import os
+import re
+
 import pytest
+import yaml
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import air_gap
+from tests.ansible_run import REPO
 
 REFUSED = [
     ({"artifacts": {"target_uri": "hf://meta-llama/Llama-3.1-8B-Instruct"}}, "artifacts.target_uri", "hf://"),
@@ -58,3 +63,70 @@ def test_every_problem_is_reported_at_once():
                                       ("127.0.0.1:5000/b@sha256:00", "127.0.0.1:5000"), ("oci://Reg.Local:443/b", "reg.local:443")])
 def test_image_registry(ref, host):
     assert air_gap.image_registry(ref) == host
+
+
+# Issue 48: every image the collection renders or runs is checked, not only the model's.
+IMAGES_REFUSED = [
+    ({"llmisvc": {"image": "docker.io/vllm/vllm-openai:v0.30.0"}}, "spec_decoding_llmisvc.image", "LLMInferenceService's main container"),
+    ({"llmisvc": {"image": "vllm/vllm-openai:v0.30.0"}}, "spec_decoding_llmisvc.image", "Docker Hub"),
+    # no image and no preset of the user's own: KServe's well-known presets give the public llm-d image
+    ({"llmisvc": {}}, "spec_decoding_llmisvc.image", "well-known presets"),
+    ({"stage_items": [{"source": "/srv/models/llama"}], "stage_image": ""}, "stage_pvc_image", "docker.io/vllm/vllm-openai:latest"),
+    ({"images": {"rollback_schedule_image": "ghcr.io/acme/spec-decoding-ee:0.1.0"}}, "rollback_schedule_image", "CronJob"),
+    ({"images": {"benchmark_load_image": "quay.io/acme/vllm:0.32"}}, "benchmark_load_image", "load Job"),
+    ({"images": {"tune_load_job.image": "vllm/vllm-openai:v0.32.0"}}, "tune_load_job.image", "tune.yml's sweep"),
+    ({"runtimes": {"get": {"ServingRuntime/models/aml-vllm": {"spec": {"containers": [
+        {"name": "kserve-container", "image": "docker.io/vllm/vllm-openai:v0.32.0"}]}}}}, "namespace": "models", "runtime": "aml-vllm"},
+     "spec_decoding_runtime", "ServingRuntime aml-vllm"),
+    ({"runtimes": {"get": {"ServingRuntime/models/aml-vllm": None, "ClusterServingRuntime/aml-vllm": {"spec": {"containers": [
+        {"name": "kserve-container", "image": "vllm/vllm-openai:v0.32.0"}]}}}}, "namespace": "models", "runtime": "aml-vllm"},
+     "spec_decoding_runtime", "ClusterServingRuntime aml-vllm"),
+]
+
+
+@pytest.mark.parametrize("spec,field,mentions", IMAGES_REFUSED, ids=[c[1] + "-" + c[2].split()[0] for c in IMAGES_REFUSED])
+def test_every_image_on_a_public_registry_is_refused_with_the_variable_to_set(spec, field, mentions):
+    found = air_gap.messages(spec)
+    assert len(found) == 1, found
+    message = found[0]
+    assert message.startswith(field + ": spec_decoding_air_gapped: true") and mentions in message, message
+    fix = message.split(". Fix: ", 1)[1]
+    # the fix names what to set and an internal reference to set it to
+    assert ("spec_decoding_llmisvc.image" in fix or field in fix or "kubectl edit" in fix) and "registry.internal.example" in fix, fix
+
+
+def test_internal_images_and_a_preset_of_ones_own_pass():
+    assert air_gap.messages({"llmisvc": {"image": "registry.internal.example:5000/vllm/vllm-openai:v0.32.0"}}) == []
+    assert air_gap.messages({"llmisvc": {"base_refs": ["internal-vllm-preset"]}}) == []
+    assert air_gap.messages({"llmisvc": None}) == []  # an InferenceService: no LLMInferenceService image to check
+    assert air_gap.messages({"stage_items": [{"source": "/srv/m"}], "stage_image": "registry.internal.example/vllm:0.32"}) == []
+    assert air_gap.messages({"images": {"benchmark_image": "", "rollback_schedule_image": "registry.example.com/ee:0.1.0"}}) == []
+    internal = {"get": {"ServingRuntime/models/aml-vllm": {"spec": {"containers": [{"name": "kserve-container",
+                                                                                   "image": "registry.internal.example/vllm:0.32"}]}}}}
+    assert air_gap.messages({"runtimes": internal, "namespace": "models", "runtime": "aml-vllm"}) == []
+    # a snapshot of another namespace says nothing about this one's runtime
+    assert air_gap.messages({"runtimes": internal, "namespace": "other", "runtime": "aml-vllm"}) == []
+
+
+def test_the_stager_default_is_the_stage_pvc_roles_default():
+    with open(os.path.join(REPO, "roles", "stage_pvc", "defaults", "main.yml")) as handle:
+        assert yaml.safe_load(handle)["stage_pvc_image"] == air_gap.STAGER_DEFAULT_IMAGE
+
+
+def test_the_inventory_check_role_passes_every_role_image():
+    """roles/inventory_check checks the images the inventory sets: the names in its task are air_gap.ROLE_IMAGES, and each
+    is a variable some role's argument spec declares."""
+    with open(os.path.join(REPO, "roles", "inventory_check", "tasks", "main.yml")) as handle:
+        text = handle.read()
+    passed = set(re.findall(r"'([a-z_.]+)': \(?hostvars\[inventory_hostname\]\.", text))
+    assert passed == set(air_gap.ROLE_IMAGES)
+    for name in passed:
+        variable, _dot, key = name.partition(".")
+        assert "hostvars[inventory_hostname].%s" % variable in text and (not key or ").%s | default('')" % key in text), name
+    declared = set()
+    for role in os.listdir(os.path.join(REPO, "roles")):
+        path = os.path.join(REPO, "roles", role, "meta", "argument_specs.yml")
+        if os.path.exists(path):
+            with open(path) as handle:
+                declared.update((yaml.safe_load(handle)["argument_specs"]["main"].get("options") or {}))
+    assert {name.split(".")[0] for name in air_gap.ROLE_IMAGES} <= declared

@@ -64,3 +64,38 @@ def test_a_failed_apply_fails_with_kubernetes_cores_keys(monkeypatch):
     assert seen["params"]["apply"] is True and seen["params"]["state"] == "present"
     assert seen["params"]["server_side_apply"] == {"field_manager": "deploy", "force_conflicts": False}
     assert seen["dry_run"] is True and seen["definition"] == DEFINITION and seen["definition"] is not DEFINITION
+
+
+class _NotFound(Exception):
+    """The kubernetes client's ApiException for an apply into a namespace that does not exist (kube-apiserver's Status body)."""
+    status, reason = 404, "Not Found"
+    body = (b'{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"namespaces \\"models\\" not found",'
+            b'"reason":"NotFound","details":{"name":"models","kind":"namespaces"},"code":404}')
+
+
+class _ObjectNotFound(_NotFound):
+    body = (b'{"kind":"Status","apiVersion":"v1","status":"Failure","message":"inferenceservices.serving.kserve.io \\"llama\\" not found",'
+            b'"reason":"NotFound","details":{"name":"llama","group":"serving.kserve.io","kind":"inferenceservices"},"code":404}')
+
+
+def _fail_with(monkeypatch, cause):
+    from ansible_collections.kubernetes.core.plugins.module_utils.k8s import runner  # pylint: disable=import-outside-toplevel
+
+    def perform_action(svc, definition, params):  # pylint: disable=unused-argument
+        raise Exception("Failed to apply object: %s" % cause.body) from cause  # pylint: disable=broad-exception-raised
+
+    monkeypatch.setattr(runner, "perform_action", perform_action)
+    module = _Module()
+    with pytest.raises(SystemExit):
+        kube_apply.server_side_apply(module, k8s_client=SimpleNamespace(dry_run=False))
+    return module.failed
+
+
+def test_a_missing_namespace_is_one_line_with_the_fix(monkeypatch):
+    failed = _fail_with(monkeypatch, _NotFound())
+    assert failed["missing_namespace"] == "models" and failed["reason"] == "Not Found"
+    assert failed["msg"] == ("Namespace models does not exist, so InferenceService llama was not applied (nothing was written). "
+                             "Fix: create it (kubectl create namespace models) or apply into an existing namespace."), failed
+    # any other 404 keeps kubernetes.core's message
+    other = _fail_with(monkeypatch, _ObjectNotFound())
+    assert "missing_namespace" not in other and other["msg"].startswith("Failed to apply object: b'{\"kind\":\"Status\""), other

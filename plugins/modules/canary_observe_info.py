@@ -115,9 +115,11 @@ options:
     default: []
   confidence:
     description:
-      - How sure (0.5 to 1) a failed comparison must be, by a one-sided rank test on the two revisions' histogram buckets
-        (or a two-proportion test on the acceptance counters), to count as C(fail); a less certain difference is
-        C(inconclusive).
+      - How sure (0.5 to 1) the decision must be. The window's deciding checks (the keep rule's guards, the p99 guard and
+        O(checks)) share V(1 - confidence) as their false-fail rate, and O(count) windows share it too, so an unchanged
+        engine is rolled back at most that often; each check's noise test is chosen for its figure (ranks on the
+        histogram buckets, exceedances for p99, the draft as the unit for acceptance). A difference no test is sure of
+        is C(inconclusive).
     type: float
     default: 0.95
 extends_documentation_fragment:
@@ -138,6 +140,17 @@ EXAMPLES = r"""
     window: 600
     max_window: 1800
     min_requests: 50
+  register: observed
+
+- name: The same, with checks of the canary's window beside the keep rule (the stable revision is the baseline)
+  alauda.spec_decoding.canary_observe_info:
+    name: llama
+    namespace: models
+    window: 600
+    checks:
+      - {name: acceptance, figure: acceptance_rate, better: higher, tolerance: 0.3}  # up to 30% below stable passes
+      - {name: ttft-p99-bound, figure: ttft_p99, max: 2000}  # a bound, in ms
+      - {name: first-position, figure: position_1_rate, min: 0.5, dry_run: true}  # reported, never decides
   register: observed
 """
 

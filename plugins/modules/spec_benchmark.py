@@ -23,8 +23,10 @@ description:
     acceptance length, acceptance rate and per-position rates, and the ceiling conversion
     (speedup / mean acceptance length). It also reports, for both sides, whether prefix caching is on and the
     prefix cache hit rate, so cache effects are not mistaken for speculative-decoding gains.
-  - Decides V(keep) only if median TTFT, median TPOT (per-token latency) and output throughput all improve at
-    the target load (within O(tolerances)), else V(roll_back) with the reasons.
+  - Decides V(keep) only if median TPOT (per-token latency) or the output rate is better beyond the noise at the
+    target load (a rank test on the per-request samples), and none of median TTFT, median TPOT and the output rate is
+    worse beyond its O(tolerances) by the same test; else V(roll_back) with the reasons. An identical pair is kept
+    at most 5% of the time (the error rates are in docs/rollback.md).
   - Flags requests whose stream reached the benchmark in bursts, that is at least 8 chunks with a median gap
     between chunks under 0.1 ms. No engine streams that fast; buffered bytes are read that fast. The cause is an
     ingress, proxy or service mesh that buffers the response (for example nginx C(proxy_buffering)), or a
@@ -39,126 +41,137 @@ description:
   - One endpoint can be measured in two phases around a rollout. Run O(phase=baseline) before it (this saves
     the measurements to O(baseline_results)), roll out, then run O(phase=candidate).
   - A module cannot stream output. Progress goes to O(progress_file), one line per request (C(tail -f) it).
+  - "Options by group: each option's description starts with its group (ansible-doc lists options alphabetically).
+    B(Endpoints): O(baseline_url) and O(candidate_url), their C(*_model) names, O(phase) (both in one run, or one endpoint
+    before and after a rollout), and the HTTP settings (O(bearer_token), O(headers), O(timeout), O(validate_certs),
+    O(ca_path)). B(Load): what is sent and how hard: O(concurrency) or O(request_rate) with O(arrival), the prompts and the
+    protocol (O(temperature), O(max_tokens), O(seed)), and where the requests come from (O(load_from), O(load_job): a Job
+    next to the services). B(Report): O(report_dir), O(report_name), O(report_context), O(baseline_results), the decision's
+    O(tolerances), O(plots), O(title) and O(progress_file). The k of speculative decoding is chosen with
+    M(alauda.spec_decoding.spec_sweep)."
+  - "Modes, each with an example in EXAMPLES: both endpoints in one run, from a Job in the cluster (O(load_from=cluster)) or
+    from this host at a paced request rate; one endpoint in two phases around a rollout (O(phase))."
 author:
   - Alauda Platform Team (@alauda)
 options:
   baseline_url:
     description:
-      - Base URL of the baseline server (no speculative decoding), for example V(http://llama.ns.svc:8080).
-        A trailing C(/v1) is accepted.
+      - 'Endpoints: Base URL of the baseline server (no speculative decoding), for example V(http://llama.ns.svc:8080).
+        A trailing C(/v1) is accepted.'
       - Required unless O(phase=candidate).
+    type: str
+  baseline_model:
+    description:
+      - 'Endpoints: Served model name of the baseline. Defaults to the first id of the server''s C(GET /v1/models).'
     type: str
   candidate_url:
     description:
-      - Base URL of the speculative-decoding server. Required unless O(phase=baseline).
+      - 'Endpoints: Base URL of the speculative-decoding server. Required unless O(phase=baseline).'
+    type: str
+  candidate_model:
+    description:
+      - 'Endpoints: Served model name of the candidate. Defaults to the first id of the server''s C(GET /v1/models).'
     type: str
   phase:
     description:
-      - V(both) measures O(baseline_url) and then O(candidate_url) and writes the report.
+      - 'Endpoints: V(both) measures O(baseline_url) and then O(candidate_url) and writes the report.'
       - V(baseline) measures O(baseline_url) only and saves the measurements to O(baseline_results).
       - V(candidate) measures O(candidate_url), loads the baseline measurements from O(baseline_results), and
         writes the report. The request parameters must equal those of the baseline phase.
     type: str
     choices: [both, baseline, candidate]
     default: both
-  baseline_results:
+  bearer_token:
     description:
-      - File holding the baseline phase's measurements. Defaults to C(baseline-results.json) in O(report_dir).
-    type: path
-  baseline_model:
-    description:
-      - Served model name of the baseline. Defaults to the first id of the server's C(GET /v1/models).
+      - 'Endpoints: Bearer token for both endpoints (C(Authorization) header).'
     type: str
-  candidate_model:
+  headers:
     description:
-      - Served model name of the candidate. Defaults to the first id of the server's C(GET /v1/models).
+      - 'Endpoints: Extra HTTP headers for both endpoints.'
+    type: dict
+    default: {}
+  timeout:
+    description:
+      - 'Endpoints: Seconds to wait for each response chunk before the request counts as failed.'
+    type: float
+    default: 600
+  concurrency:
+    description:
+      - 'Load: Requests in flight at once (the target load).'
+    type: int
+    default: 1
+  request_rate:
+    description:
+      - 'Load: Target requests per second. Requests are released at this rate and still bounded by O(concurrency).
+        Unset means all at once.'
+    type: float
+  arrival:
+    description:
+      - 'Load: Arrival process for O(request_rate). V(poisson) gives exponential gaps, V(fixed) equal gaps. Both are
+        seeded by O(seed).'
     type: str
+    choices: [poisson, fixed]
+    default: poisson
   api:
     description:
-      - OpenAI API to call. V(chat) sends C(messages) to C(/v1/chat/completions); a plain prompt is one user
+      - 'Load: OpenAI API to call. V(chat) sends C(messages) to C(/v1/chat/completions); a plain prompt is one user
         message with one text part, the request shape of C(vllm bench serve --backend openai-chat).
-        V(completions) sends C(prompt) to C(/v1/completions).
+        V(completions) sends C(prompt) to C(/v1/completions).'
     type: str
     choices: [chat, completions]
     default: chat
   workload:
     description:
-      - Built-in workload. V(code_refactor) asks to add docstrings and type hints to a 30-line Python class and
-        return it whole. V(general_chat) asks to explain a concept in at least 800 words.
+      - 'Load: Built-in workload. V(code_refactor) asks to add docstrings and type hints to a 30-line Python class and
+        return it whole. V(general_chat) asks to explain a concept in at least 800 words.'
       - Ignored when O(prompts_file) is given.
     type: str
     choices: [code_refactor, general_chat]
     default: code_refactor
   prompts_file:
     description:
-      - JSONL file of prompts, one per line. Each line is a JSON string, or an object with C(prompt) or
-        C(messages) and an optional C(id). The file order is kept.
+      - 'Load: JSONL file of prompts, one per line. Each line is a JSON string, or an object with C(prompt) or
+        C(messages) and an optional C(id). The file order is kept.'
     type: path
   num_prompts:
     description:
-      - Use only the first N prompts of the workload or file.
+      - 'Load: Use only the first N prompts of the workload or file.'
     type: int
   runs_per_prompt:
     description:
-      - Measured runs of each prompt (the guide asks for 5 to 10). Rounds go over the prompts in order.
+      - 'Load: Measured runs of each prompt (the guide asks for 5 to 10). Rounds go over the prompts in order.'
     type: int
     default: 5
   warmup:
     description:
-      - Warmup requests per side, discarded (at least 3).
+      - 'Load: Warmup requests per side, discarded (at least 3).'
     type: int
     default: 3
-  concurrency:
-    description:
-      - Requests in flight at once (the target load).
-    type: int
-    default: 1
-  request_rate:
-    description:
-      - Target requests per second. Requests are released at this rate and still bounded by O(concurrency).
-        Unset means all at once.
-    type: float
-  arrival:
-    description:
-      - Arrival process for O(request_rate). V(poisson) gives exponential gaps, V(fixed) equal gaps. Both are
-        seeded by O(seed).
-    type: str
-    choices: [poisson, fixed]
-    default: poisson
   extra_body:
     description:
-      - Further request fields sent to both sides, for example C(ignore_eos) or C(top_p). The report lists them
-        as sampling switches. They cannot override the fields the module sets.
+      - 'Load: Further request fields sent to both sides, for example C(ignore_eos) or C(top_p). The report lists them
+        as sampling switches. They cannot override the fields the module sets.'
     type: dict
     default: {}
-  bearer_token:
-    description: Bearer token for both endpoints (C(Authorization) header).
-    type: str
-  headers:
-    description: Extra HTTP headers for both endpoints.
-    type: dict
-    default: {}
-  timeout:
-    description: Seconds to wait for each response chunk before the request counts as failed.
-    type: float
-    default: 600
   scrape_metrics:
     description:
-      - Read C(/metrics) of both sides before and after the measured requests (acceptance and prefix cache).
+      - 'Load: Read C(/metrics) of both sides before and after the measured requests (acceptance and prefix cache).'
     type: bool
     default: true
   report_dir:
-    description: Folder for the report, plots, raw per-request measurements and the progress log.
+    description:
+      - 'Report: Folder for the report, plots, raw per-request measurements and the progress log.'
     type: path
     required: true
   report_name:
-    description: Base name of the report files.
+    description:
+      - 'Report: Base name of the report files.'
     type: str
     default: report
   report_context:
     description:
-      - The report's context. Fields the module cannot measure are read from the cluster by the
-        C(alauda.spec_decoding.benchmark) role or given by the user.
+      - 'Report: The report''s context. Fields the module cannot measure are read from the cluster by the
+        C(alauda.spec_decoding.benchmark) role or given by the user.'
       - Keys are C(gpu_model), C(gpu_count), C(model) (identifier), C(dtype), C(vllm_version), C(image),
         C(baseline_command) and C(candidate_command) (string or argv list). These are required.
       - Without C(model) or C(dtype), they are read from C(candidate_command) (C(--served-model-name) or C(--model);
@@ -167,11 +180,15 @@ options:
       - Optional keys are C(candidate_env), C(hardware_notes), C(speculative_config) and C(notes).
     type: dict
     default: {}
+  baseline_results:
+    description:
+      - 'Report: File holding the baseline phase''s measurements. Defaults to C(baseline-results.json) in O(report_dir).'
+    type: path
   tolerances:
     description:
-      - How much worse a metric may be and still count as improved, as a fraction. Keys are C(ttft) and
+      - 'Report: How much worse a metric may be and still count as improved, as a fraction. Keys are C(ttft) and
         C(tpot) (median latency may be up to that fraction higher) and C(throughput) (output tokens/s may be up
-        to that fraction lower). Each defaults to 0.
+        to that fraction lower). Each defaults to 0.'
     type: dict
     default: {}
 requirements:
@@ -238,6 +255,19 @@ EXAMPLES = r"""
       node_selector:
         node-role.kubernetes.io/worker: ""
     report_dir: /tmp/spec-bench
+    report_context: "{{ my_context }}"
+
+- name: A/B from this host at a paced request rate (Poisson arrivals, seeded), through the ingress both services share
+  alauda.spec_decoding.spec_benchmark:
+    baseline_url: https://llama-baseline.apps.example.com
+    candidate_url: https://llama-eagle3.apps.example.com
+    load_from: controller
+    request_rate: 2.0
+    arrival: poisson
+    seed: 42
+    bearer_token: "{{ my_token }}"
+    tolerances: {ttft: 0.05, tpot: 0.0, throughput: 0.02}
+    report_dir: /tmp/spec-bench-paced
     report_context: "{{ my_context }}"
 
 - name: One endpoint, two phases - before the rollout (an address this host reaches, so the requests go from here)

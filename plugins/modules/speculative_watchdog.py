@@ -52,6 +52,9 @@ options:
       - The checks per window (default - acceptance rate at most 50% below the baseline, mean acceptance length at most 30%
         below, median TPOT at most 50% above as a dry run). Each C({name, figure, min | max | better + tolerance, dry_run});
         see M(alauda.spec_decoding.canary_observe_info) O(checks) for the figures.
+      - "Against the baseline: C({name: acceptance, figure: acceptance_rate, better: higher, tolerance: 0.3}) (up to 30% below
+        it passes). A bound: C({name: tpot-bound, figure: tpot_median, max: 80}) (ms). Reported, never deciding: add
+        C(dry_run: true). Given checks replace the default ones (see EXAMPLES)."
     type: list
     elements: dict
   interval:
@@ -83,7 +86,11 @@ options:
     type: int
     default: 20
   confidence:
-    description: How sure (rank or two-proportion test) a worse figure must be to fail a window.
+    description:
+      - How sure the decision must be. A window's deciding checks share V(1 - confidence) as their false-fail rate, and
+        the run's O(count) windows share it by the failure budget, so an unchanged engine is called C(collapsed) at most
+        that often (docs/rollback.md gives the measured rates). Each check's noise test is chosen for its figure (ranks
+        on the histogram buckets, exceedances for p99, the draft as the unit for acceptance).
     type: float
     default: 0.95
   model_name:
@@ -126,6 +133,17 @@ EXAMPLES = r"""
   alauda.spec_decoding.speculative_watchdog:
     name: llama
     namespace: models
+  register: watched
+
+- name: Own checks - two against the baseline, a latency bound, and one that is only reported
+  alauda.spec_decoding.speculative_watchdog:
+    name: llama
+    namespace: models
+    checks:
+      - {name: acceptance, figure: acceptance_rate, better: higher, tolerance: 0.3}
+      - {name: acceptance-length, figure: mean_acceptance_length, better: higher, tolerance: 0.2}
+      - {name: tpot-bound, figure: tpot_median, max: 80}  # ms, whatever the baseline was
+      - {name: first-position, figure: position_1_rate, min: 0.5, dry_run: true}
   register: watched
 """
 

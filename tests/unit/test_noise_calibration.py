@@ -98,7 +98,7 @@ def canary_verdicts(seed, n, **shift):
     rng = np.random.default_rng(seed)
     confidence = analysis.Budgets(count=1).window_confidence(analysis.DEFAULT_CONFIDENCE)
     out = {analysis.PASS: 0, analysis.FAIL: 0, analysis.INCONCLUSIVE: 0}
-    for _ in range(REPS):
+    for _rep in range(REPS):
         stable, canary = window(rng, n), window(rng, n, **shift)
         decided = canary_window.decide(stable, canary, min_requests=20, confidence=confidence)
         out[analysis.canary_window_verdict(stable, canary, decided, confidence=confidence)["verdict"]] += 1
@@ -133,9 +133,9 @@ def test_a_p99_only_regression_is_caught_at_n_500():
 def test_benchmark_keep_rule_a_a_keeps_at_most_5_percent_and_finds_a_20_percent_gain():
     rng = np.random.default_rng(5)
     n = 200
-    same = sum(decision.decide(benchmark_side(rng, n), benchmark_side(rng, n))["decision"] == "keep" for _ in range(REPS)) / REPS
+    same = sum(decision.decide(benchmark_side(rng, n), benchmark_side(rng, n))["decision"] == "keep" for _rep in range(REPS)) / REPS
     assert same <= 0.05
-    gain = sum(decision.decide(benchmark_side(rng, n), benchmark_side(rng, n, 0.8))["decision"] == "keep" for _ in range(REPS)) / REPS
+    gain = sum(decision.decide(benchmark_side(rng, n), benchmark_side(rng, n, 0.8))["decision"] == "keep" for _rep in range(REPS)) / REPS
     assert gain >= 0.80
 
 
@@ -167,7 +167,7 @@ def _watchdog(rng, checks, n, rate):
 def test_watchdog_error_rates(checks, rate, n, most_failed, least_failed):
     rng = np.random.default_rng(6)
     specs = [analysis.check_spec(c) for c in checks]
-    runs = [_watchdog(rng, specs, n, rate) for _ in range(REPS // 4)]
+    runs = [_watchdog(rng, specs, n, rate) for _rep in range(REPS // 4)]
     failed_runs = sum(phase == analysis.FAILED for phase, _v in runs) / len(runs)
     windows = [v for _p, verdicts in runs for v in verdicts]
     failed_windows = windows.count(analysis.FAIL) / len(windows)
@@ -183,7 +183,7 @@ def test_unequal_bucket_bounds_never_decide_by_themselves():
     rng = np.random.default_rng(7)
     fails = 0
     confidence = analysis.DEFAULT_CONFIDENCE
-    for _ in range(REPS // 2):
+    for _rep in range(REPS // 2):
         stable, canary = window(rng, 300), window(rng, 300)
         for key in ("ttft", "tpot", "e2el"):   # the canary keeps every other bound and adds its own in between
             cum = canary["buckets"][key]

@@ -44,7 +44,7 @@ def phi(z):
 def phi_inv(p):
     """The standard normal quantile (bisection on ``phi``; plenty for the confidences used here)."""
     low, high = -40.0, 40.0
-    for _ in range(200):
+    for _step in range(200):
         mid = (low + high) / 2.0
         if phi(mid) < p:
             low = mid
@@ -375,7 +375,7 @@ def window_alpha(alpha, count=1, failure_limit=0):
     if need > count:
         return alpha
     low, high = 0.0, alpha
-    for _ in range(60):
+    for _step in range(60):
         mid = (low + high) / 2.0
         if binomial_tail(count, mid, need, upper=True) <= alpha:
             low = mid

@@ -45,8 +45,8 @@ def _server_modules(api, namespace):
     for module in SERVER_MODULES:
         with open(os.path.join(REPO, "tests", module), encoding="utf-8") as handle:
             data[module] = handle.read()
-    api.post(f"/api/v1/namespaces/{namespace}/configmaps", {"apiVersion": "v1", "kind": "ConfigMap",
-                                                           "metadata": {"name": "paced-server"}, "data": data})
+    api.post(f"/api/v1/namespaces/{namespace}/configmaps",
+             {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "paced-server"}, "data": data})
 
 
 def _isvc(api, namespace, name, gap, rates=()):

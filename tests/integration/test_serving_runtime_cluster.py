@@ -329,6 +329,16 @@ def test_single_node_predictor_gets_kserve_huggingfaceserver(kubeconfig, k8s_cli
         assert "supports the model formats huggingface:1" in info.msg
         assert not client.AppsV1Api(k8s_client).list_namespaced_deployment(
             namespace, label_selector="serving.kserve.io/inferenceservice=hf-wrong-format").items
+        # the waiter does not wait out what KServe refused: one line at once, with the fix
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
+        started = time.monotonic()
+        with pytest.raises(isvc_wait.WaitTimeout) as err:
+            isvc_wait.wait_ready(k8s_client, namespace, "hf-wrong-format", timeout=120, interval=0.3)
+        assert time.monotonic() - started < 10
+        assert str(err.value).startswith(
+            "InferenceService %s/hf-wrong-format cannot become Ready: KServe refused the predictor (InvalidSpec, NoSupportingRuntime): "
+            "Specified runtime does not support specified framework/version. Fix: create the ServingRuntime" % namespace)
+        assert "\n" not in str(err.value) and "spec_decoding_runtime" in err.value.hint
     finally:
         for body in runtimes:
             _delete_csr(k8s_client, body["metadata"]["name"])

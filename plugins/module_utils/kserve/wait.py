@@ -27,6 +27,11 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisv
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import status as llmisvc_status
 
 
+# A predictor KServe refused (readers.readiness' ``failed``): the runtime it names is missing, disabled or does not fit.
+RUNTIME_FIX = ("create the ServingRuntime that spec.predictor.model.runtime names in this namespace (or a ClusterServingRuntime), "
+               "enable it, or name one that exists and supports the model format (spec_decoding_runtime in the inventory)")
+
+
 class WaitTimeout(SpecDecodingError):
     """The InferenceService did not become Ready at its generation in time."""
 
@@ -146,7 +151,7 @@ def wait_ready(api_client, namespace, name, timeout=1200, interval=5, clock=time
         look_again = not res.llm and _raise_if_load_failed(api_client, namespace, name, obj, crash_loop_restarts, redact)
         if state.get("failed"):
             raise WaitTimeout("%s %s/%s cannot become Ready: %s" % (res.kind, namespace, name, state["failed"]), obj,
-                              res.pods(api_client, namespace, name))
+                              res.pods(api_client, namespace, name), hint=None if res.llm else RUNTIME_FIX)
         return float(interval) if look_again else False
 
     def on_timeout(obj, elapsed):

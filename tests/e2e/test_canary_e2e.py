@@ -15,6 +15,8 @@ starve each other, and then placement, not the engine, decides which one is slow
   server), the same canary is promoted: on the API server spec.predictor is the canary, the old Deployment is gone.
 The second case checks that the decision follows the measured engines; its pods' engine does not match the spec they
 carry, which only the roll-back path proves (engine line), not this one.
+The two servers start beside the tests before this module (the scripts of the preloaded vLLM: ``start_early``, called by
+the e2e conftest's START_BESIDE); run alone, the module starts them itself.
 """
 from __future__ import annotations
 
@@ -53,9 +55,8 @@ class LivePage(str):
             return resp.read()
 
 
-@pytest.fixture(scope="module")
-def engines(vllm_python, tiny_checkpoints, e2e_workdir):
-    started = time.monotonic()
+def _start_engines(vllm_python, tiny_checkpoints, e2e_workdir):
+    """The two servers, started together (wait=False): {'baseline', 'slow'}."""
     cpus = sorted(os.sched_getaffinity(0))
     servers = {"baseline": VllmServer(tiny_checkpoints["target"], "tiny-canary-base", log_dir=e2e_workdir, python=vllm_python,
                                       engine_cpus={cpus[0]}),
@@ -65,13 +66,45 @@ def engines(vllm_python, tiny_checkpoints, e2e_workdir):
     try:
         for server in servers.values():
             server.start(wait=False)
+    except BaseException:
+        for server in servers.values():
+            server.stop()
+        raise
+    return servers
+
+
+_STARTED_EARLY = {}  # the servers start_early started, and when
+
+
+def start_early(request):
+    """Called by the e2e conftest (START_BESIDE) when the scripts of the preloaded vLLM start: the two engines start beside
+    them (about 20 s of one core; no engine is measured before this module's own tests)."""
+    _STARTED_EARLY.update(servers=_start_engines(request.getfixturevalue("vllm_python"), request.getfixturevalue("tiny_checkpoints"),
+                                                 request.getfixturevalue("e2e_workdir")), started=time.monotonic())
+
+
+def stop_early():
+    """Called by the e2e conftest at the session's end: servers started early whose tests did not run are stopped."""
+    for server in _STARTED_EARLY.pop("servers", {}).values():
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def engines(vllm_python, tiny_checkpoints, e2e_workdir):
+    early = "servers" in _STARTED_EARLY
+    started = _STARTED_EARLY.pop("started", time.monotonic())
+    servers = _STARTED_EARLY.pop("servers", None) or _start_engines(vllm_python, tiny_checkpoints, e2e_workdir)
+    waited_from = time.monotonic()
+    try:
         for server in servers.values():
             server.wait_ready()
         # warm both up (the first requests pay one-off costs that are no engine's steady state)
         for server in servers.values():
             for prompt in REPETITIVE_PROMPTS[:2]:
                 server.complete(prompt, max_tokens=16, ignore_eos=True)
-        vllm_harness.TIMINGS.append({"scenario": "canary engines", "start_to_ready_s": round(time.monotonic() - started, 1)})
+        vllm_harness.TIMINGS.append({"scenario": "canary engines", "start_to_ready_s": round(time.monotonic() - started, 1),
+                                     "started": "beside the scripts of the preloaded vLLM" if early else "here",
+                                     "waited_s": round(time.monotonic() - waited_from, 1)})
         yield servers
     finally:
         for server in servers.values():

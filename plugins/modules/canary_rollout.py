@@ -86,6 +86,7 @@ options:
     type: int
     default: 2
 extends_documentation_fragment:
+  - alauda.spec_decoding.gitops_owner
   - kubernetes.core.k8s_auth_options
   - alauda.spec_decoding.attributes.WRITES
   - alauda.spec_decoding.attributes.ACTION_GROUP
@@ -154,12 +155,14 @@ msg:
 """
 
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops.owner import GITOPS_OWNER_ARG_SPEC
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import canary_steps
 
 
 def argument_spec():
     return argspec(
+        GITOPS_OWNER_ARG_SPEC,
         name=dict(type="str"),
         namespace=dict(type="str"),
         state=dict(type="str", default="present", choices=["present", "promoted", "absent"]),
@@ -181,7 +184,8 @@ def execute(module):
     canary_steps.check_step_params(params)
     if params.get("definition"):
         return canary_steps.render_step(params)
-    return canary_steps.apply_step(module.api_client, params, dry_run=module.check_mode, diff=module._diff)  # pylint: disable=protected-access
+    return canary_steps.apply_step(module.api_client, params, dry_run=module.check_mode, diff=module._diff,  # pylint: disable=protected-access
+                                   warn=module.warn)
 
 
 # The argument spec's constraints and kube.module.run's keys (the action plugin's too).

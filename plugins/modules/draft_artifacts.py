@@ -103,6 +103,7 @@ options:
     type: bool
     default: true
 extends_documentation_fragment:
+  - alauda.spec_decoding.gitops_owner
   - alauda.spec_decoding.inference_service.WAIT
   - kubernetes.core.k8s_auth_options
   - alauda.spec_decoding.attributes.WRITES
@@ -179,6 +180,7 @@ resource:
 """
 
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops.owner import GITOPS_OWNER_ARG_SPEC
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal_cluster
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec, wait_arg_spec
@@ -187,6 +189,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module i
 def argument_spec():
     return argspec(
         wait_arg_spec(wait=True),
+        GITOPS_OWNER_ARG_SPEC,
         name=dict(type="str", required=True),
         namespace=dict(type="str", required=True),
         kind=dict(type="str", default="InferenceService", choices=["InferenceService", "LLMInferenceService"]),
@@ -211,7 +214,7 @@ def execute(module):
     # A password read from auth_file stays out of every output too.
     open_registry = draft_removal_cluster.registry_opener(module.params, hide=module.no_log_values.add)
     result = draft_removal.execute(module.params, draft_removal_cluster.Cluster(module.api_client, module.params), open_registry,
-                                   check_mode=module.check_mode)
+                                   check_mode=module.check_mode, warn=module.warn)
     if module._diff and result.get("patch"):  # pylint: disable=protected-access
         result["diff"] = {"before": {"draft_path": result.get("draft_path"), "mode": result.get("mode")},
                           "after": {"removed": result.get("removed")}}

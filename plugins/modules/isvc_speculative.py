@@ -113,6 +113,7 @@ options:
 extends_documentation_fragment:
   - alauda.spec_decoding.inference_service
   - alauda.spec_decoding.inference_service.WAIT
+  - alauda.spec_decoding.gitops_owner
   - kubernetes.core.k8s_auth_options
   - alauda.spec_decoding.attributes.WRITES
   - alauda.spec_decoding.attributes.ACTION_GROUP
@@ -239,6 +240,7 @@ resource:
 """
 
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops.owner import GITOPS_OWNER_ARG_SPEC
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import rollback
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import INFERENCE_SERVICE_ARG_SPEC, KubeModule, argspec, wait_arg_spec
 
@@ -247,6 +249,7 @@ def argument_spec():
     return argspec(
         INFERENCE_SERVICE_ARG_SPEC,
         wait_arg_spec(),
+        GITOPS_OWNER_ARG_SPEC,
         state=dict(type="str", choices=["absent", "present"], default="absent"),
         config=dict(type="raw"),
         vllm_version=dict(type="str"),

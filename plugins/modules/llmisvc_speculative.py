@@ -70,6 +70,7 @@ options:
     type: bool
     default: false
 extends_documentation_fragment:
+  - alauda.spec_decoding.gitops_owner
   - kubernetes.core.k8s_auth_options
   - alauda.spec_decoding.attributes.WRITES
   - alauda.spec_decoding.attributes.ACTION_GROUP
@@ -126,6 +127,7 @@ resource:
 """
 
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops.owner import GITOPS_OWNER_ARG_SPEC
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import rollback
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import flags as llmisvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
@@ -133,6 +135,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module i
 
 def argument_spec():
     return argspec(
+        GITOPS_OWNER_ARG_SPEC,
         name=dict(type="str", required=True),
         namespace=dict(type="str", required=True),
         api_version=dict(type="str", default="v1alpha2", choices=["v1alpha1", "v1alpha2"]),

@@ -131,8 +131,9 @@ members:
   type: list
   elements: str
 services:
-  description: Per InferenceService C(namespace), C(name), C(likely_cause), C(vllm_version), C(modelcar) and C(findings)
-    (each with C(cause), C(severity), C(title), C(evidence), C(fix)).
+  description: Per InferenceService C(namespace), C(name), C(likely_cause), C(vllm_version), C(modelcar), C(owner) (who manages
+    it - Argo CD, Flux, Helm - as M(alauda.spec_decoding.gitops_owner_info) returns it; null when it could not be read) and
+    C(findings) (each with C(cause), C(severity), C(title), C(evidence), C(fix)).
   returned: always
   type: list
   elements: dict

@@ -2,7 +2,7 @@
 
 Every import of every file under plugins/ is read (ast, also imports inside functions) and checked:
 - a district imports only from itself and from the districts below it
-  (errors < kube < vllm < artifacts < kserve < bench < ops < modules, filters and other plugins);
+  (errors < kube < vllm < artifacts < kserve < gitops < bench < ops < modules, filters and other plugins);
 - a relative import (the stager package's, which runs as a zip application outside the collection) is read as the
   module it names and checked like any other;
 - the ``kubernetes`` client package is imported in module_utils/kube/ only (kube/client.py hands it to the rest);
@@ -23,7 +23,9 @@ PREFIX = "ansible_collections.alauda.spec_decoding.plugins."
 
 # Bottom to top. A district imports only from itself and from the districts before it in this list. artifacts/ imports
 # only errors; kserve/ checks a Modelcar image reference with artifacts.registry.ImageRef, so artifacts sits below it.
-LAYERS = ("errors", "kube", "vllm", "artifacts", "kserve", "bench", "ops")
+# gitops/ reads the owner through kube/, edits the flag in Git with vllm/'s command-line editor and finds the object's
+# containers with kserve/'s readers; ops/ acts through it.
+LAYERS = ("errors", "kube", "vllm", "artifacts", "kserve", "gitops", "bench", "ops")
 TOP = len(LAYERS)  # modules, filters, doc fragments and any other plugin: above every district
 
 MAX_LINES = 600
@@ -223,7 +225,7 @@ def test_the_rule_catches_an_upward_import_and_kubernetes_outside_kube(tmp_path)
     problems = layer_problems("module_utils/vllm/bad.py", str(bad))
     assert problems == [
         "module_utils/vllm/bad.py:1 imports ansible_collections.alauda.spec_decoding.plugins.module_utils.ops.canary: ops runs up a "
-        "layer from vllm (order: errors < kube < vllm < artifacts < kserve < bench < ops)",
+        "layer from vllm (order: errors < kube < vllm < artifacts < kserve < gitops < bench < ops)",
         "module_utils/vllm/bad.py:4 imports kubernetes.client.CoreV1Api: the kubernetes client package is imported in "
         "module_utils/kube/ only (take it from module_utils.kube.client)",
     ]
@@ -239,7 +241,7 @@ def test_relative_imports_are_checked_as_the_modules_they_name(tmp_path):
     bad.write_text("from ..ops import canary\nfrom .. import errors\nfrom ...... import elsewhere\n")
     assert layer_problems("module_utils/vllm/bad.py", str(bad)) == [
         "module_utils/vllm/bad.py:1 imports ansible_collections.alauda.spec_decoding.plugins.module_utils.ops.canary: ops runs up a "
-        "layer from vllm (order: errors < kube < vllm < artifacts < kserve < bench < ops)",
+        "layer from vllm (order: errors < kube < vllm < artifacts < kserve < gitops < bench < ops)",
         "module_utils/vllm/bad.py:3 imports ......: a relative import out of plugins/ names no module of this collection",
     ]
     common = os.path.join(MODULE_UTILS, "artifacts", "artifact_sync", "common.py")

@@ -17,15 +17,32 @@ import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import patch_plan as isvc_patch
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import owner_marks
 
 TWIN_LABEL = "spec-decoding.alauda.io/baseline-twin"
 TWIN_OF_ANNOTATION = "spec-decoding.alauda.io/baseline-twin-of"
 DEFAULT_SUFFIX = "-baseline"
-# Annotations that describe the source object's own history, not its serving behaviour.
-DROPPED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration", isvc_patch.BACKUP_ANNOTATION)
+# Annotations that describe the source object's own history, not its serving behaviour; and the marks of the source's
+# owner (Argo CD, Flux, Helm): the twin is the benchmark's, not the owner's (Argo CD would prune it as part of its app).
+DROPPED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration", isvc_patch.BACKUP_ANNOTATION) + owner_marks.OWNER_ANNOTATIONS
+DROPPED_LABELS = owner_marks.OWNER_LABELS
 # KServe names InferenceServices as DNS-1035 labels (the predictor Service takes the name plus "-predictor").
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 MAX_NAME = 63
+
+
+def twin_metadata(meta, name=None, suffix=DEFAULT_SUFFIX):
+    """The twin's metadata from its source's (an InferenceService's or an LLMInferenceService's): its name, the source's
+    labels and annotations less DROPPED_*, the twin label and the annotation naming its source."""
+    source, namespace = meta.get("name"), meta.get("namespace")
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in DROPPED_ANNOTATIONS}
+    annotations[TWIN_OF_ANNOTATION] = "%s/%s" % (namespace, source) if namespace else source
+    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k not in DROPPED_LABELS}
+    labels[TWIN_LABEL] = "true"
+    out = {"name": twin_name(source, name, suffix or DEFAULT_SUFFIX), "labels": labels, "annotations": annotations}
+    if namespace:
+        out["namespace"] = namespace
+    return out
 
 
 def twin_name(source_name, name=None, suffix=DEFAULT_SUFFIX, field="name"):
@@ -63,17 +80,9 @@ def baseline_twin(isvc, name=None, suffix=DEFAULT_SUFFIX):
                               field="candidate", hint="benchmark it as the baseline (benchmark_baseline_name) instead of "
                                                       "deploying a twin, or name the speculative-decoding InferenceService")
     stripped = isvc_patch.apply_patch(isvc, isvc_patch.build_patch(isvc, plan))
-    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in DROPPED_ANNOTATIONS}
-    namespace = meta.get("namespace")
-    annotations[TWIN_OF_ANNOTATION] = "%s/%s" % (namespace, source) if namespace else source
-    labels = dict(meta.get("labels") or {})
-    labels[TWIN_LABEL] = "true"
-    twin_meta = {"name": twin_name(source, name, suffix), "labels": labels, "annotations": annotations}
-    if namespace:
-        twin_meta["namespace"] = namespace
     return {
         "apiVersion": isvc.get("apiVersion") or "serving.kserve.io/v1beta1",
         "kind": isvc.get("kind") or "InferenceService",
-        "metadata": twin_meta,
+        "metadata": twin_metadata(meta, name, suffix),
         "spec": copy.deepcopy(stripped["spec"]),
     }

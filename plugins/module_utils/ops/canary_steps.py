@@ -13,6 +13,7 @@ import copy
 import json
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import decision as bench_decision
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops import owner as gitops_owner
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import http_target
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as spec_config
@@ -84,9 +85,10 @@ def render_step(params):
     return dict(changed=False, manifest=out, patch=patch, mode=mode, selectors=selectors)
 
 
-def apply_step(api_client, params, dry_run=False, diff=False):
+def apply_step(api_client, params, dry_run=False, diff=False, warn=None):
     """canary_rollout on the cluster: plan the step on the live InferenceService, merge-patch it (a server dry run with
-    `dry_run`) and, with wait, wait until the step has taken effect. Returns the module's result."""
+    `dry_run`) and, with wait, wait until the step has taken effect. Returns the module's result. A step of an object
+    Argo CD or Flux syncs is refused before the write (option gitops_owner); `warn(text)` gets the ignore warning."""
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import facts as kserve_facts  # pylint: disable=import-outside-toplevel
     ns, name = params["namespace"], params["name"]
     isvc = k8s_pods.get_inference_service(api_client, ns, name)
@@ -105,6 +107,7 @@ def apply_step(api_client, params, dry_run=False, diff=False):
     if diff:
         result["diff"] = {"before": before, "after": after}
     if changed:
+        gitops_owner.check_live_write(api_client, isvc, params.get("gitops_owner", "refuse"), "InferenceService %s/%s" % (ns, name), warn=warn)
         isvc = canary.apply_merge_patch(api_client, ns, name, patch, dry_run=dry_run)
     result["resource"] = isvc
     if params["wait"] and not dry_run:

@@ -28,6 +28,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc i
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import status as llmisvc_status
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import pvc_plan as pvc_stage
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops import owner as gitops_owner
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.oci_blobs import sha256_digest
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops.draft_location import FIELD, draft_path_from, is_llmisvc, is_under, locate, other_users
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops.draft_removal_modelcar import RemoteImage, nodraft_tag, plan_image
@@ -115,13 +116,15 @@ def removed_records(pvc):
     return data if isinstance(data, dict) else {}
 
 
-def execute(params, cluster, open_registry=None, check_mode=False):
+def execute(params, cluster, open_registry=None, check_mode=False, warn=None):
     """Plan and (outside check mode) carry out the removal; returns the module result.
 
     ``cluster``: get_isvc(), patch_isvc(ops, dry_run), wait_ready(), get_pvc(name), patch_pvc_annotations(name, dict), and
     optionally list_users() -> (the namespace's InferenceServices and LLMInferenceServices, [kinds it could not list]):
     with it a PVC subdirectory another of them still uses (other_users), or that it could not check, is kept.
     ``open_registry(image_ref, repository=None)`` returns an oci_registry.RegistryClient (modelcar mode only).
+    A removal that patches an object Argo CD, Flux or Helm manages is refused before anything is written or pushed
+    (option gitops_owner); `warn(text)` gets the ignore warning.
     """
     isvc = cluster.get_isvc()
     state = readiness_of(isvc)
@@ -133,6 +136,9 @@ def execute(params, cluster, open_registry=None, check_mode=False):
     loc = locate(isvc, path, source or "draft_path")
     result = {"changed": False, "source": source}
     result.update(loc.as_dict())
+    if loc.mode in ("storage_uris", "modelcar"):  # both patch the serving object (the PVC mode only the PVC's annotations)
+        gitops_owner.check_live_write(getattr(cluster, "api_client", None), isvc, params.get("gitops_owner", "refuse"),
+                                      "%s %s/%s" % (isvc.get("kind") or "InferenceService", params["namespace"], params["name"]), warn=warn)
     if loc.mode == "storage_uris":
         ops = list(loc.details["ops"]) + [_annotation_op(isvc, DRAFT_REMOVED_ANNOTATION, json.dumps(
             {"mode": "storage_uris", "draft_path": loc.draft_path, "entry": loc.details["removed"]}, sort_keys=True))]

@@ -18,6 +18,7 @@ import os
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import patch_plan as isvc_patch
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.releases import refuse_unknown_speculative_fields
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ConflictError, SpecDecodingError, ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops import owner as gitops_owner
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.ssa_conflicts import ROLLBACK_FIELD_MANAGER
 
 GROUP = "serving.kserve.io"
@@ -238,6 +239,12 @@ def run(cluster, params, check_mode=False, diff=False):
         if not plan.changed and runtime_fix is None:
             result.update(resource=isvc, config=_config_after(isvc))
             break
+        if attempts == 0:  # before the first write: an owner that syncs the object would put the flag back (issue 47)
+            gitops_owner.check_live_write(getattr(cluster, "api_client", None), isvc, params.get("gitops_owner", "refuse"),
+                                          "InferenceService %s/%s" % (params["namespace"], params["name"]), warn=warnings.append)
+            if (runtime_fix or {}).get("fix") == "edit":  # edit_runtime patches the shared runtime: its owner counts too
+                gitops_owner.check_live_write(cluster.api_client, runtime_fix["runtime"], params.get("gitops_owner", "refuse"),
+                                              "%s %s" % (runtime_fix["kind"], runtime_fix["name"]), warn=warnings.append)
         ops = isvc_patch.build_patch(isvc, plan, annotation_value=annotation, guard=params["guard"]) if plan.changed else []
         if runtime_fix is not None:
             apply_runtime_fix(cluster, runtime_fix, result, check_mode)
@@ -288,7 +295,7 @@ def plan_runtime(params, cluster, isvc, plan, result, warnings):
     """After the strip, does the runtime still pass a flag to vLLM? Refuse, or plan the copy or the runtime edit.
 
     Returns None (nothing to do in the runtime), {"fix": "copy", "body": ..., "isvc_ops": [...]} or
-    {"fix": "edit", "kind": ..., "name": ..., "ops": [...]}; raises ValidationError (the refusal) otherwise.
+    {"fix": "edit", "kind": ..., "name": ..., "runtime": {...}, "ops": [...]}; raises ValidationError (the refusal) otherwise.
     """
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime as srt  # pylint: disable=import-outside-toplevel
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime_readers  # pylint: disable=import-outside-toplevel
@@ -336,7 +343,7 @@ def plan_runtime(params, cluster, isvc, plan, result, warnings):
         warnings.append("edit_runtime: stripping --speculative-config from the %s %s; every InferenceService using it loses "
                         "speculative decoding: %s" % (after.kind, after.runtime_name, ", ".join(users) or "none found"))
         info["fix"] = "edit"
-        return {"fix": "edit", "kind": after.kind, "name": after.runtime_name,
+        return {"fix": "edit", "kind": after.kind, "name": after.runtime_name, "runtime": after.runtime,
                 "ops": srt.runtime_strip_patch(after.runtime, after.runtime_index)}
     raise ValidationError(srt.rollback_refusal(after, users))
 
@@ -383,6 +390,9 @@ def remove_draft(params, cluster, result, warnings):
         if removed is None and draft_path and "storageUris" not in note:
             warnings.append(note)
         return {"removed": None, "note": note}
+    if not result["changed"]:  # the rollback's own write checked the owner already
+        gitops_owner.check_live_write(cluster.api_client, isvc, params.get("gitops_owner", "refuse"),
+                                      "InferenceService %s/%s" % (params["namespace"], params["name"]), warn=warnings.append)
     try:
         cluster.patch(ops, dry_run=False)
     except Exception as exc:  # pylint: disable=broad-except
@@ -452,6 +462,8 @@ def strip_llmisvc(api_client, params, check_mode=False, diff=False, warn=None):
     result.update(changes=changes, patch=ops)
     if not ops:
         return False, result
+    gitops_owner.check_live_write(api_client, obj, params.get("gitops_owner", "refuse"),
+                                  "LLMInferenceService %s/%s" % (params["namespace"], params["name"]), warn=warn)
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import ApiException  # pylint: disable=import-outside-toplevel
     try:
         after = _patch_llmisvc(api_client, params, ops, check_mode)

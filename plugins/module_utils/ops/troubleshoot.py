@@ -21,6 +21,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import engine_log
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as metrics_mod
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops import owner as gitops_owner
 # The rules' readers over API objects serve the describe text and the summary too.
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops.troubleshoot_rules import (
     _condition, _conditions, _container_statuses, _events_for, _pod_name, diagnose, speculative_config_of, storage_uris,
@@ -99,6 +100,9 @@ def service_summary(snap, findings):
         (isvc.get("status") or {}).get("deploymentMode")))
     lines.append("- Speculative config (flag): %s" % json.dumps(speculative_config_of(isvc) if isvc else None, sort_keys=True))
     lines.append("- vLLM version: %s" % (snap.get("vllm_version") or "unknown (no engine-config line read)"))
+    if snap.get("owner") is not None:
+        # a live fix of a managed object lasts until the owner's next sync: say who that is before anyone patches
+        lines.append("- " + gitops_owner.summary(snap["owner"]))
     eng = snap.get("engine_line_config")
     if eng is not None:
         lines.append("- Engine-config line: speculative_config=%s" % json.dumps(eng, sort_keys=True))
@@ -290,6 +294,8 @@ class Collector:
             snap["isvc_error"] = "InferenceService %s/%s: %s" % (ns, name, k8s_pods.api_error_message(exc))
         if snap.get("isvc"):
             self.runtime(snap)
+            # Argo CD / Flux / Helm: read_owner answers an API refusal itself (readable false); anything else is a note
+            snap["owner"] = self._try("reading the owner of %s/%s" % (ns, name), gitops_owner.read_owner, self.api_client, snap["isvc"])
         selector = "%s=%s" % (ISVC_LABEL, name)
         pods = self._try("listing pods", self.core.list_namespaced_pod, ns, label_selector=selector, _request_timeout=self.params["timeout"])
         snap["pods"] = [self.plain(p) for p in sorted((pods.items if pods else []), key=lambda p: p.metadata.name)]
@@ -377,6 +383,8 @@ def _files_for(snap, findings, secrets):
         if snap.get(key) is not None:
             files[base + fname] = json.dumps(snap[key], sort_keys=True, indent=2, default=str) + "\n"
     files[base + "findings.json"] = json.dumps(findings, sort_keys=True, indent=2) + "\n"
+    if snap.get("owner") is not None:
+        files[base + "owner.json"] = json.dumps(snap["owner"], sort_keys=True, indent=2) + "\n"
     return files
 
 
@@ -432,7 +440,7 @@ def bundle(api_client, params, check_mode=False, diff=False):
                          (findings[0]["cause"] if findings else "none"), "vllm_version": snap["vllm_version"],
                          "modelcar": storage.resolve_oci_mode(snap["storage_initializer"])[0] != storage.OCI_DISABLED
                          if snap["storage_initializer"] is not None else None,
-                         "findings": findings})
+                         "owner": snap.get("owner"), "findings": findings})
         files.update(_files_for(snap, findings, secrets))
     if kserve_cfg is not None:
         files["kserve/inferenceservice-config.yaml"] = dump(credentials.redact_obj(kserve_cfg, secrets))

@@ -64,14 +64,5 @@ def baseline_twin(obj, name=None, suffix=None, found_flags=None):
     patch, _changes = strip(obj)
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import patch_plan as isvc_patch  # pylint: disable=import-outside-toplevel
     stripped = isvc_patch.apply_patch(obj, patch)
-    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in bench_twin.DROPPED_ANNOTATIONS}
-    namespace = meta.get("namespace")
-    annotations[bench_twin.TWIN_OF_ANNOTATION] = "%s/%s" % (namespace, source) if namespace else source
-    labels = dict(meta.get("labels") or {})
-    labels[bench_twin.TWIN_LABEL] = "true"
-    twin_meta = {"name": bench_twin.twin_name(source, name, suffix or bench_twin.DEFAULT_SUFFIX), "labels": labels,
-                 "annotations": annotations}
-    if namespace:
-        twin_meta["namespace"] = namespace
     return {"apiVersion": obj.get("apiVersion") or "%s/%s" % (GROUP, DEFAULT_API_VERSION), "kind": KIND,
-            "metadata": twin_meta, "spec": copy.deepcopy(stripped["spec"])}
+            "metadata": bench_twin.twin_metadata(meta, name, suffix), "spec": copy.deepcopy(stripped["spec"])}

@@ -73,3 +73,18 @@ def test_filter():
         twin_filter(["not", "a", "dict"])
     with pytest.raises(AnsibleFilterError, match="already is a baseline"):
         twin_filter(_load("guide_example1_ngram.rolled_back.yaml"))
+
+
+def test_twin_drops_the_marks_of_the_source_owner():
+    """A twin of an Argo CD / Flux / Helm managed service is the benchmark's: with the owner's tracking annotation Argo CD
+    would count it as part of its Application (and prune it), and the rollback would take it for a managed object."""
+    source = _load("guide_example2_eagle3.yaml")
+    source["metadata"]["annotations"].update({"argocd.argoproj.io/tracking-id": "llm:serving.kserve.io/InferenceService:llm-demo/x",
+                                              "meta.helm.sh/release-name": "llm"})
+    source["metadata"]["labels"].update({"kustomize.toolkit.fluxcd.io/name": "serving", "app.kubernetes.io/instance": "llm",
+                                         "team": "a"})
+    twin = bench_twin.baseline_twin(source)
+    assert twin["metadata"]["labels"] == {"aml.cpaas.io/runtime-type": "vllm", "team": "a", bench_twin.TWIN_LABEL: "true"}
+    assert not {"argocd.argoproj.io/tracking-id", "meta.helm.sh/release-name"} & set(twin["metadata"]["annotations"])
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops import owner  # pylint: disable=import-outside-toplevel
+    assert owner.owner_of(source)["kind"] == "argocd" and owner.owner_of(twin)["kind"] == "none"

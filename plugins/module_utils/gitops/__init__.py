@@ -1,0 +1,1 @@
+"""gitops: who owns a serving object (Argo CD, Flux, Helm), the Git repository that holds its truth, and the owner's sync."""

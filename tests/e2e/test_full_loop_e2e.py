@@ -1,6 +1,11 @@
-"""The guide's whole procedure on the test bed, as users run it, with no line of scripted output (issue #32):
-`deploy-eagle3.yml` -> `verify.yml` -> `benchmark.yml` -> `rollback.yml`, and `deploy-ngram.yml` with the Modelcar option
--> `verify.yml` -> `rollback.yml`.
+"""The guide's whole procedure on the test bed, as users run it, with no line of scripted output (issue #32), where Git is
+the source of truth (issue #47): `deploy-eagle3.yml` commits its render to a repository that an Argo CD Application
+syncs -> `verify.yml` -> `benchmark.yml` -> `rollback.yml` in Git mode (the commit removes the flag's line, Argo CD syncs
+it, a self-heal pass keeps it off); and `deploy-ngram.yml` with the Modelcar option, whose flag a kustomize overlay's
+patch gives the service that Flux applies -> `verify.yml` -> `rollback.yml` in Git mode (the overlay's patch edited,
+Flux applies it, its next reconcile keeps it off). The live rollback on real vLLM is `make try-local`'s
+(tests/e2e/test_try_local_e2e.py). The repositories are on the loopback Git server, the owners are the Argo CD and Flux
+stand-ins (tests/testbed/gitops_fixtures.py, tests/e2e/gitops_loops.py).
 
 Every pod of the test's namespace is a process-mode pod (tests/testbed/pod_process.py): the stager Job of the
 stage_pvc role runs the collection's stager (artifact_sync.pyz) and copies the tiny target and EAGLE-3 head from a source volume
@@ -32,13 +37,16 @@ import shlex
 import time
 
 import pytest
+import yaml
 
 from tests.ansible_run import run_playbook
-from tests.e2e import vllm_harness
+from tests.e2e import gitops_loops, vllm_harness
 from tests.integration.test_process_pods import _bound_claim
 # The test bed's fixtures (the e2e conftest has only vLLM's).
 from tests.testbed.fixtures import controlplane, k8s_binaries, k8s_client, kserve, kserve_crd_dir  # noqa: F401  pylint: disable=unused-import
 from tests.testbed.fixtures import kubeconfig, kubelet, module_namespace, namespace  # noqa: F401  pylint: disable=unused-import
+from tests.testbed.gitops_fixtures import argocd, flux, git_server, gitops_crds, gitops_git_cache  # noqa: F401  pylint: disable=unused-import
+from tests.testbed.gitops_standin import wait_for
 from tests.testbed.kubelet import PodBehaviour
 from tests.testbed.registry import Registry, ensure_tools
 from tests.testbed.rest import ApiError
@@ -74,10 +82,12 @@ def _engine_line(log):
 
 
 def _words(pod):
-    """The words bash runs of the pod's `bash -c` script (a backslash-newline is removed first, as bash does)."""
+    """The words the predictor runs: its `bash -c` script's (a backslash-newline is removed first, as bash does), or its
+    command and args."""
     container = [c for c in pod["spec"]["containers"] if c["name"] == "kserve-container"][0]
-    assert container["command"][:2] == ["bash", "-c"], container["command"]
-    return shlex.split(container["command"][2].replace("\\\n", ""))
+    if container["command"][:2] == ["bash", "-c"]:
+        return shlex.split(container["command"][2].replace("\\\n", ""))
+    return container["command"] + container.get("args", [])
 
 
 def _spec_counters(text):
@@ -112,7 +122,7 @@ def _run(tmp_path, playbook, extra, kubeconfig, timings):  # noqa: F811
 
 
 def test_deploy_eagle3_verify_benchmark_rollback_in_process_pods(
-        modelcar_loop, controlplane, kubeconfig, kserve, kubelet, namespace, tiny_checkpoints, tmp_path):  # noqa: F811
+        modelcar_loop, controlplane, kubeconfig, kserve, kubelet, namespace, tiny_checkpoints, tmp_path, git_server, argocd):  # noqa: F811
     """The EAGLE-3 loop; the Modelcar loop (``modelcar_loop``, its own namespace) runs beside it: two vLLM starts at once
     cost about one here, and neither loop's assertions depend on the other's speed."""
     started = time.monotonic()
@@ -123,9 +133,17 @@ def test_deploy_eagle3_verify_benchmark_rollback_in_process_pods(
     store = tmp_path / "pv"
     store.mkdir()
     pv = _bound_claim(api, namespace, PVC, store, mode="ReadWriteOnce")
+    # Git is the truth: the deploy commits its render into serving/ of this repository, an Argo CD Application
+    # (automated, selfHeal) syncs it into the namespace.
+    repo = "eagle3-" + namespace[-6:]
+    git_server.create_repo(repo, {"README.md": "The serving manifests of %s, synced by Argo CD.\n" % namespace})
+    app = gitops_loops.argo_application(api, git_server, repo, namespace, "serving")
     try:
         common = {"spec_decoding_hosts": "localhost", "spec_decoding_namespace": namespace, "spec_decoding_isvc_name": NAME}
-        deploy = dict(common, **ENGINE, spec_decoding_speculative={"num_speculative_tokens": K},
+        deploy = dict(common, **dict(ENGINE, spec_decoding_target="gitops"), spec_decoding_gitops_dir=str(tmp_path / "render"),
+                      spec_decoding_gitops_repo_url=git_server.git_url(repo), spec_decoding_gitops_repo_path="serving",
+                      spec_decoding_gitops_sync_wait=True,
+                      spec_decoding_speculative={"num_speculative_tokens": K},
                       spec_decoding_artifact_mode="pvc", spec_decoding_artifacts={"pvc_name": PVC},
                       spec_decoding_stage_pvc=True,
                       spec_decoding_stage_pvc_items=[{"name": "tiny/target", "subdir": "target", "source": "volume:target"},
@@ -134,6 +152,12 @@ def test_deploy_eagle3_verify_benchmark_rollback_in_process_pods(
                       stage_pvc_size="1Gi", stage_pvc_air_gapped=True, stage_pvc_poll_interval=1,
                       stage_pvc_image="registry.internal.example/vllm/vllm-openai:v0.32.0")
         _run(tmp_path, "playbooks/deploy-eagle3.yml", deploy, kubeconfig, timings)
+        # the render is the repository's second commit, and what Argo CD synced (its tracking annotation on the service)
+        rendered = "serving/%s-%s.yaml" % (namespace, NAME)  # the render's file name
+        assert set(git_server.changed_files(repo, "main")) == {rendered, "serving/kustomization.yaml"}
+        assert gitops_loops.synced(api, app, git_server.head(repo))
+        tracking = api.get(ISVC % (namespace, NAME))["metadata"]["annotations"]["argocd.argoproj.io/tracking-id"]
+        assert tracking == "%s:serving.kserve.io/InferenceService:%s/%s" % (app.rsplit("/", 1)[1], namespace, NAME)
         # the stager really copied the checkpoints onto the PV
         for subdir in ("target", "eagle3"):
             staged = sorted(n for n in os.listdir(store / subdir) if not n.startswith("."))  # .spec-decoding-manifest.json
@@ -177,10 +201,23 @@ def test_deploy_eagle3_verify_benchmark_rollback_in_process_pods(
         assert api.get("/apis/batch/v1/namespaces/%s/jobs" % namespace, labelSelector="app.kubernetes.io/component=benchmark-load")["items"] == []
 
         generation = api.get(ISVC % (namespace, NAME))["metadata"]["generation"]
-        _run(tmp_path, "playbooks/rollback.yml", common, kubeconfig, timings)
+        deployed = git_server.head(repo)
+        _run(tmp_path, "playbooks/rollback.yml", dict(common, rollback_mode="git"), kubeconfig, timings)
+        # one commit that removes the flag's line from the rendered file, synced by Argo CD, nothing patched live
+        assert git_server.changed_files(repo, "main") == [rendered]
+        before, after = (git_server.show(repo, rev, rendered).splitlines() for rev in (deployed, "main"))
+        at = [i for i, line in enumerate(before) if "--speculative-config" in line]
+        assert len(at) == 1, before
+        expected = before[:at[0]] + before[at[0] + 1:]
+        if not before[at[0]].endswith("\\"):  # the script's last line: the line before it no longer continues
+            expected[at[0] - 1] = expected[at[0] - 1][:-1].rstrip()
+        assert after == expected, (before, after)
+        assert gitops_loops.synced(api, app, git_server.head(repo))
         assert api.get(ISVC % (namespace, NAME))["metadata"]["generation"] > generation
         _rolled_back_pod(api, namespace, NAME, old)
+        gitops_loops.drift_pass_keeps_it_off(argocd, api, namespace, NAME)
     finally:
+        gitops_loops.delete(api, app)  # first: Argo CD would put the service back
         for name in (NAME, NAME + "-baseline"):  # the twin is gone already when the benchmark finished
             try:
                 api.delete(ISVC % (namespace, name))
@@ -190,7 +227,8 @@ def test_deploy_eagle3_verify_benchmark_rollback_in_process_pods(
         api.delete("/api/v1/persistentvolumes/%s" % pv)
         api.close()
     seconds = round(time.monotonic() - started, 1)
-    vllm_harness.TIMINGS.append(dict({"scenario": "full loop: deploy-eagle3 (staged), verify, benchmark (twin, load Job), rollback",
+    vllm_harness.TIMINGS.append(dict({"scenario": "full loop: deploy-eagle3 (staged, committed, Argo CD), verify, benchmark (twin, load Job), "
+                                                  "rollback in Git",
                                       "seconds": seconds}, **{key.replace(".yml", "_s"): value for key, value in timings.items()}))
 
 
@@ -212,13 +250,13 @@ def _start_seconds(api, namespace, pod):
 
 
 @pytest.fixture(scope="module")
-def modelcar_loop(controlplane, kubeconfig, kserve, kubelet, tiny_checkpoints, tmp_path_factory):  # noqa: F811
+def modelcar_loop(controlplane, kubeconfig, kserve, kubelet, tiny_checkpoints, tmp_path_factory, git_server, flux):  # noqa: F811
     """The Modelcar loop started in a thread of its own, in its own namespace, when the module's first test asks for it;
     ``test_deploy_ngram_modelcar_verify_rollback_in_process_pods`` waits for it and fails with its error (assertions
     included). The loops share no object: each has its namespace, InferenceService, pods and playbook runs."""
     with module_namespace(controlplane, "modelcar-loop") as namespace_name, concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         yield pool.submit(_modelcar_loop, controlplane, kubeconfig, kubelet, namespace_name, tiny_checkpoints,
-                          tmp_path_factory.mktemp("modelcar-loop"))
+                          tmp_path_factory.mktemp("modelcar-loop"), git_server, flux)
 
 
 def test_deploy_ngram_modelcar_verify_rollback_in_process_pods(modelcar_loop):
@@ -226,12 +264,14 @@ def test_deploy_ngram_modelcar_verify_rollback_in_process_pods(modelcar_loop):
     modelcar_loop.result(timeout=1800)
 
 
-def _modelcar_loop(controlplane, kubeconfig, kubelet, namespace, tiny_checkpoints, tmp_path):  # noqa: F811
+def _modelcar_loop(controlplane, kubeconfig, kubelet, namespace, tiny_checkpoints, tmp_path, git_server, flux):  # noqa: F811
     """deploy-ngram.yml with the Modelcar option: the role builds the image from the tiny target and pushes it to a
-    password-protected loopback registry; the InferenceService names it by digest; the kubelet pulls it (with the node's
-    credentials for that registry), unpacks it and runs KServe's `modelcar-init` and `modelcar` containers in it, and the
-    predictor's rendered script starts vLLM on /mnt/models/target, the sidecar's /proc/<pid>/root/models. Then verify.yml,
-    real requests through the pod proxy, rollback.yml."""
+    password-protected loopback registry and renders the InferenceService (args style) naming it by digest; the test puts
+    the render into a repository as a user's kustomize tree (the base serves the target alone, an overlay's patch adds
+    the flag) that Flux applies; the kubelet pulls the image (with the node's credentials for that registry), unpacks it
+    and runs KServe's `modelcar-init` and `modelcar` containers in it, and the predictor starts vLLM on
+    /mnt/models/target, the sidecar's /proc/<pid>/root/models. Then verify.yml, real requests through the pod proxy,
+    rollback.yml in Git mode (the overlay's patch edited, with the credentials Flux reads too)."""
     started = time.monotonic()
     timings = {}
     api = controlplane.rest()
@@ -239,10 +279,13 @@ def _modelcar_loop(controlplane, kubeconfig, kubelet, namespace, tiny_checkpoint
     ensure_tools()
     with Registry(str(tmp_path / "registry"), auth="htpasswd", users={"alice": PASSWORD}) as registry:
         kubelet.add_registry(registry.host, tls_verify=False, username="alice", password=PASSWORD)
+        owner = []  # the GitRepository and Kustomization, once made
         try:
             common = {"spec_decoding_hosts": "localhost", "spec_decoding_namespace": namespace,
                       "spec_decoding_isvc_name": NGRAM}
-            deploy = dict(common, **ENGINE, spec_decoding_speculative={"num_speculative_tokens": K_NGRAM},
+            render = tmp_path / "render"
+            deploy = dict(common, **dict(ENGINE, spec_decoding_target="gitops"), spec_decoding_speculative={"num_speculative_tokens": K_NGRAM},
+                          spec_decoding_gitops_dir=str(render), spec_decoding_command_style="args",
                           spec_decoding_artifact_mode="modelcar",
                           spec_decoding_artifacts={"modelcar_image": registry.host + "/models/tiny-ngram:v1"},
                           spec_decoding_modelcar_build={"target_dir": tiny_checkpoints["target"], "username": "alice",
@@ -250,6 +293,10 @@ def _modelcar_loop(controlplane, kubeconfig, kubelet, namespace, tiny_checkpoint
             run = _run(tmp_path, "playbooks/deploy-ngram.yml", deploy, kubeconfig, timings)
             assert PASSWORD not in run.output
             digest = run.result("Build and push the Modelcar image")["digest"]
+            repo = "ngram-" + namespace[-6:]
+            git_server.create_repo(repo, gitops_loops.overlay_files(str(render), NGRAM))
+            owner = gitops_loops.flux_kustomization(api, git_server, repo, namespace, "./overlays/ngram")
+            wait_for(lambda: gitops_loops.ready(api, namespace, NGRAM), timeout=600, what="Flux's apply, Ready")
             uri = api.get(ISVC % (namespace, NGRAM))["spec"]["predictor"]["model"]["storageUri"]
             assert uri == "oci://%s/models/tiny-ngram@%s" % (registry.host, digest), uri
             pods = _pods(api, namespace, NGRAM)
@@ -276,12 +323,20 @@ def _modelcar_loop(controlplane, kubeconfig, kubelet, namespace, tiny_checkpoint
             assert 0 < counters["vllm:spec_decode_num_accepted_tokens"] <= drafted, counters  # ngram does accept some
             assert drafted <= K_NGRAM * counters["vllm:spec_decode_num_drafts"], counters
 
-            _run(tmp_path, "playbooks/rollback.yml", common, kubeconfig, timings)
+            _run(tmp_path, "playbooks/rollback.yml", dict(common, rollback_mode="git", rollback_git_credentials_secret="git-auth"),
+                 kubeconfig, timings)
+            assert git_server.changed_files(repo, "main") == ["overlays/ngram/speculative.yaml"]
+            patch = yaml.safe_load(git_server.show(repo, "main", "overlays/ngram/speculative.yaml"))
+            assert patch["spec"]["predictor"]["model"]["args"] == yaml.safe_load(
+                git_server.show(repo, "main", "base/isvc.yaml"))["spec"]["predictor"]["model"]["args"]
+            assert gitops_loops.synced(api, owner[0], git_server.head(repo))
             new = _rolled_back_pod(api, namespace, NGRAM, old)
+            gitops_loops.drift_pass_keeps_it_off(flux, api, namespace, NGRAM)
             _assert_served_from_the_image(api, kubelet, new, uri)
             starts.update(zip(("rollback_pod_script_s", "rollback_pod_ready_s"), _start_seconds(api, namespace, new)))
         finally:
             kubelet.remove_registry(registry.host)
+            gitops_loops.delete(api, *owner)  # first: Flux would put the service back
             try:
                 api.delete(ISVC % (namespace, NGRAM))
             except ApiError as exc:
@@ -290,8 +345,8 @@ def _modelcar_loop(controlplane, kubeconfig, kubelet, namespace, tiny_checkpoint
             api.close()
     seconds = round(time.monotonic() - started, 1)
     print("\nfull loop, deploy-ngram (Modelcar): %.1f s, %s" % (seconds, dict(timings, **starts)))
-    vllm_harness.TIMINGS.append(dict({"scenario": "full loop: deploy-ngram (Modelcar image from a loopback registry), verify, "
-                                                  "rollback", "seconds": seconds},
+    vllm_harness.TIMINGS.append(dict({"scenario": "full loop: deploy-ngram (Modelcar image from a loopback registry, a Flux "
+                                                  "overlay), verify, rollback in Git", "seconds": seconds},
                                      **starts, **{key.replace(".yml", "_s"): value for key, value in timings.items()}))
 
 

@@ -67,10 +67,34 @@ def test_the_rollback_schedule_description_lists_the_verbs_of_the_role_it_render
     rollback_schedule_remove_draft_artifacts: {draft}
     rollback_schedule_output_dir: {out}
 """.format(kind=kind, draft=str(draft).lower(), out=tmp_path / ("out-%s-%s" % (kind, draft)))
+    # The Git modes' job (issue #47): its credentials Secret by name only, and the owners read (and patched, in emergency mode)
+    # where they live.
+    tasks += """
+- name: Render the emergency mode
+  ansible.builtin.include_role:
+    name: alauda.spec_decoding.rollback_schedule
+  vars:
+    rollback_schedule_namespace: ops
+    rollback_schedule_target_namespaces: [models]
+    rollback_schedule_names: [llama-eagle3]
+    rollback_schedule_mode: emergency
+    rollback_schedule_git_credentials_secret: deploy-key
+    rollback_schedule_gitops_namespaces: [argocd]
+    rollback_schedule_output_dir: {out}
+""".format(out=tmp_path / "out-emergency")
     run = run_playbook(tmp_path, tasks=tasks)
     assert run.rc == 0, run.output
     renders = [res["ansible_facts"]["rollback_schedule_manifests"] for name, _h, res in run.tasks if "Render the CronJob" in name]
-    assert len(renders) == 3, run.output
+    assert len(renders) == 4, run.output
+    emergency = {(m["kind"], m["metadata"]["namespace"], m["metadata"]["name"]): m for m in renders[3]}
+    job_vars = yaml.safe_load(emergency[("ConfigMap", "ops", "spec-decoding-rollback-vars")]["data"]["vars.yml"])
+    assert (job_vars["rollback_mode"], job_vars["rollback_git_credentials_secret"], job_vars["rollback_git_credentials_namespace"]) == (
+        "emergency", "deploy-key", "ops"), job_vars
+    assert emergency[("Role", "ops", "spec-decoding-rollback-git-credentials")]["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["deploy-key"], "verbs": ["get"]}]
+    owner_rules = {r["resources"][0]: r["verbs"] for r in emergency[("Role", "argocd", "spec-decoding-rollback-gitops-owner")]["rules"]}
+    assert owner_rules == {"applications": ["get", "patch"], "kustomizations": ["get", "patch"], "gitrepositories": ["get"],
+                           "helmreleases": ["get"]}, owner_rules
 
     def rules(index):
         role = [m for m in renders[index] if m["kind"] == "Role" and m["metadata"]["namespace"] == "models"]

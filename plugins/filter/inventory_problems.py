@@ -60,26 +60,11 @@ _value:
 import os
 
 from ansible.errors import AnsibleFilterError, AnsibleUndefinedVariable
-from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-from ansible.module_utils.errors import ArgumentValueError
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import inventory_variables
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import inventory_variables, role_arguments
 
 COLLECTION_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _value_problem(name, option, rules, value):
-    """The one-line problem of ``value`` of ``name`` against the rules of role variable ``option``, by Ansible's own
-    validator (the one the role's argument check runs), or None."""
-    errors = ArgumentSpecValidator({option: rules}).validate({option: value}).errors.errors
-    if not errors:
-        return None
-    first = errors[0]
-    detail = str(first)
-    if isinstance(first, ArgumentValueError) and rules.get("choices") and detail.startswith("value of %s must be one of" % option):
-        return inventory_variables.choice_problem(name, value, rules["choices"])
-    return inventory_variables.type_problem(name, value, rules, detail.replace("'%s'" % option, name).replace(option, name))
 
 
 def _get(host_vars, name, default=None):
@@ -102,7 +87,7 @@ def inventory_problems(host_vars, method="", method_source="", roles=None):
             invalid.append(str(ValidationError("cannot be templated (%s)" % str(exc).splitlines()[0], field=name,
                                                hint="define what it refers to, or give a plain value")))
             continue
-        problem = _value_problem(name, option, cat.options[option][1], value)
+        problem = role_arguments.value_problem(name, option, cat.options[option][1], value)
         if problem is not None and str(problem) not in invalid:
             invalid.append(str(problem))
     method = method or _get(host_vars, "spec_decoding_method") or ""

@@ -12,6 +12,7 @@ from tests.ansible_run import DID_NOT_FAIL, REPO, run_cases, run_playbook
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 
 CHECK = "alauda.spec_decoding.inventory_check"
+ARGUMENT_CHECK = "argument_check : Validating arguments against arg spec 'main' of the role, one line per problem"
 FORCED = {"deploy-eagle3.yml": "eagle3", "deploy-ngram.yml": "ngram", "deploy-draft-model.yml": "draft_model"}
 
 
@@ -60,6 +61,12 @@ def test_a_misspelt_variable_is_refused_or_with_the_setting_only_warned_about(tm
     assert warning.startswith("WARNING: spec_decoding_num_speculative_tokens: no role or playbook") and \
         "spec_decoding_speculative: {num_speculative_tokens: 5}" in warning, warning
     assert sorted(os.listdir(out)) == ["kustomization.yaml", "models-warned-eagle3.yaml"]
+    # The roles' own argument check (their dependency argument_check): inventory_check's runs (nothing checked it yet) and
+    # finds nothing; inference_service's is not run again, the playbook's inventory_check having checked it.
+    checks = [res for name, host, res in run.tasks if host == "warned" and name.endswith(ARGUMENT_CHECK)]
+    assert [c.get("skipped") for c in checks] == [True, True], checks
+    assert checks[0]["false_condition"] == "__argument_check_problems | length > 0", checks[0]
+    assert checks[1]["false_condition"].startswith("not (__inventory_check_checked is defined"), checks[1]
     model = yaml.safe_load((out / "models-warned-eagle3.yaml").read_text())["spec"]["predictor"]["model"]
     assert vllm_command.find_speculative_config(model["command"] + model.get("args", []))["num_speculative_tokens"] == 3
     refused = results[("Refuse variables nothing reads (a misspelt name changes nothing)", "misspelt")]

@@ -7,8 +7,8 @@
   reads is refused, naming the nearest known variable (a misspelt ``spec_decoding_num_speculative_tokens`` otherwise
   changes nothing and says nothing).
 * A value outside a role's argument spec is said in one line that names the inventory variable (``spec_decoding_method``,
-  not the role's ``inference_service_method``), the value, what is allowed and the nearest choice; Ansible's own role
-  check prints the whole argument spec instead.
+  not the role's ``inference_service_method``), the value, what is allowed and the nearest choice (role_arguments.py);
+  Ansible's own role check prints the whole argument spec instead.
 * A draft method with a target URI and no draft is refused with the reason and an example in the target's scheme.
 
 The catalog is read from the collection's own files: every name the roles and playbooks mention (so a variable a role
@@ -19,18 +19,14 @@ default('none') }}"``).
 
 from __future__ import annotations
 
-import difflib
 import functools
 import os
 import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import role_arguments
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops.role_arguments import nearest, shown as _shown
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_releases
-
-try:
-    import yaml
-except ImportError:  # pragma: no cover - PyYAML comes with ansible-core on the controller
-    yaml = None
 
 INVENTORY_PREFIX = "spec_decoding"
 SETTING = "spec_decoding_unknown_variables"
@@ -41,11 +37,6 @@ DRAFT_METHODS = {
     "eagle": "EAGLE proposes tokens with a draft head trained for the target, whose own weights vLLM loads beside it",
     "draft_model": "draft_model proposes tokens with a smaller model of the same tokenizer, which vLLM loads beside the target",
 }
-# Keys of an argument spec that are documentation, not rules (ArgumentSpecValidator does not take them).
-_DOC_KEYS = ("description", "short_description", "version_added", "author", "notes", "seealso")
-# A role variable that defaults to exactly one other variable: `name: "{{ other | default(...) }}"` or `name: "{{ other }}"`.
-_SOURCE_RE = re.compile(r"""^([a-z][a-z0-9_]*):\s*["']?\{\{\s*([a-z][a-z0-9_]*)\s*(?:\|\s*default\([^|]*\)\s*)?\}\}["']?\s*$""")
-_MAX_VALUE = 80
 # Every key of vLLM's SpeculativeConfig some known release takes: spec_decoding_<key> is then meant for spec_decoding_speculative.
 SPECULATIVE_KEYS = frozenset(key for table in speculative_releases.RELEASES.values() for key in table["keys"])
 
@@ -69,14 +60,6 @@ def _text_files(root):
 def _read(path):
     with open(path, encoding="utf-8") as handle:
         return handle.read()
-
-
-def _spec_rules(spec):
-    """An option's spec without its documentation, sub-options included (what ArgumentSpecValidator takes)."""
-    rules = {k: v for k, v in (spec or {}).items() if k not in _DOC_KEYS}
-    if isinstance(rules.get("options"), dict):
-        rules["options"] = {name: _spec_rules(sub) for name, sub in rules["options"].items()}
-    return rules
 
 
 class Catalog:
@@ -105,26 +88,12 @@ def catalog(root):
         known.update(mention.findall(_read(path)))
     known.add(SETTING)
     options, sources = {}, {}
-    loader = getattr(yaml, "CSafeLoader", None) or yaml.SafeLoader
     for role in _role_names(root):
-        spec_path = os.path.join(_roles_dir(root), role, "meta", "argument_specs.yml")
-        if os.path.exists(spec_path):
-            specs = (yaml.load(_read(spec_path), Loader=loader) or {}).get("argument_specs") or {}  # nosec - CSafeLoader/SafeLoader
-            for name, spec in ((specs.get("main") or {}).get("options") or {}).items():
-                options[name] = (role, _spec_rules(spec))
-        defaults_path = os.path.join(_roles_dir(root), role, "defaults", "main.yml")
-        if os.path.exists(defaults_path):
-            for line in _read(defaults_path).splitlines():
-                match = _SOURCE_RE.match(line)
-                if match and match.group(1) != match.group(2):
-                    sources.setdefault(match.group(2), []).append(match.group(1))
+        role_options, role_sources = role_arguments.role_spec(root, role)
+        options.update((name, (role, rules)) for name, rules in role_options.items())
+        for name, source in role_sources.items():
+            sources.setdefault(source, []).append(name)
     return Catalog(prefixes, known, options, sources)
-
-
-def nearest(name, candidates):
-    """The candidate closest to ``name`` (difflib), or None when none is close."""
-    found = difflib.get_close_matches(name, sorted(candidates), n=1, cutoff=0.7)
-    return found[0] if found else None
 
 
 def _nearest_variable(name, cat):
@@ -181,42 +150,6 @@ def option_checks(names, cat, roles=None):
     return checks
 
 
-def _shown(value):
-    text = repr(value)
-    return text if len(text) <= _MAX_VALUE else text[:_MAX_VALUE - 3] + "..."
-
-
-def choice_problem(name, value, choices):
-    """One line: the variable, the value, the allowed values and the nearest of them."""
-    allowed = [str(c) for c in choices]
-    guess = nearest(str(value), allowed)
-    return ValidationError("%s must be one of %s" % (_shown(value), ", ".join(allowed)), field=name,
-                           hint="set %s: %s" % (name, guess) if guess else "set %s to one of them" % name)
-
-
-def type_problem(name, value, rules, detail):
-    """One line: the variable, the value, the type (and element type) the role takes, and Ansible's reason."""
-    wanted = rules.get("type") or "str"
-    if rules.get("elements"):
-        wanted = "%s of %s" % (wanted, rules["elements"])
-    example = rules.get("default")
-    return ValidationError("%s is not a valid %s (%s)" % (_shown(value), wanted, detail.replace("\n", " ")), field=name,
-                           hint="give a %s%s" % (wanted, ", e.g. %s: %s" % (name, _shown(example)) if example not in (None, "", [], {}) else ""))
-
-
-def _draft_example(target_uri, method):
-    """The draft's location in the target's scheme: the target's last path segment with ``-<method>-draft``."""
-    uri = target_uri.rstrip("/")
-    scheme, sep, rest = uri.partition("://")
-    if not sep:
-        return None
-    tag = ""
-    if scheme.startswith("oci") and ":" in rest.rsplit("/", 1)[-1]:
-        rest, tag = rest.rsplit(":", 1)
-        tag = ":" + tag
-    return "%s://%s-%s-draft%s" % (scheme, rest, method.replace("_", "-"), tag)
-
-
 def draft_problem(method, method_source, artifacts, artifact_mode="auto", staged=False, built=False, resource_kind="InferenceService"):
     """A ValidationError when a draft method has a target URI and nothing that holds a draft (no draft_uri, no Modelcar
     image, no PVC, nothing staged or built), which the render would refuse without saying why; None otherwise.
@@ -229,7 +162,9 @@ def draft_problem(method, method_source, artifacts, artifact_mode="auto", staged
         return None
     if artifact_mode == "auto" and (art.get("modelcar_image") or art.get("pvc_name")):
         return None
-    example = _draft_example(target, method)
+    # Imported here: the render pulls in the CRD rules, which the argument checks (role_problems) do not need.
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import render as isvc_render  # pylint: disable=import-outside-toplevel
+    example = isvc_render.draft_uri_example(target, method)
     return ValidationError(
         "%s needs a draft (%s), and spec_decoding_artifacts has target_uri %r but no draft_uri" % (method, DRAFT_METHODS[method], target),
         field=method_source,

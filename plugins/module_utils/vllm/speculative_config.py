@@ -385,8 +385,11 @@ def _check_key(key, cfg, table, version, field, warnings):
         raise ValidationError("'%s' is not a speculative-config key" % key, field=where, hint=_KEY_HINTS[key])
     known = ", ".join(sorted(k for k in table["keys"] if k not in _REFUSED_FIELDS))
     if not drops:
+        # A misspelt key gets its nearest known key, not the whole list of ~40 (a 1 KB line).
+        import difflib  # pylint: disable=import-outside-toplevel
+        guess = difflib.get_close_matches(key, sorted(k for k in table["keys"] if k not in _REFUSED_FIELDS), n=1, cutoff=0.7)
         raise ValidationError("unknown key '%s': vLLM %s refuses it ('Unexpected keyword argument')" % (key, vtxt),
-                              field=where, hint="remove it or use one of: %s" % known)
+                              field=where, hint="rename it to '%s'" % guess[0] if guess else "remove it or use one of: %s" % known)
     warnings.append("%s: unknown key; vLLM %s silently drops it, so it has no effect (known keys: %s)" % (where, vtxt, known))
 
 

@@ -97,6 +97,67 @@ def _default_storage_uri_mounts(target_uri, draft_uri):
     return "/mnt/models/target", "/mnt/models/draft"
 
 
+# What a draft method loads beside the target, said when its draft is missing (vLLM's SpeculativeConfig takes the draft's
+# weights from speculative_config.model for eagle, eagle3 and draft_model: vllm/config/speculative.py, __post_init__).
+DRAFT_REASONS = {
+    "eagle3": "EAGLE-3 loads a draft head trained for the target",
+    "eagle": "EAGLE loads a draft head trained for the target",
+    "draft_model": "a smaller model with the target's vocabulary runs beside it",
+}
+# An example URI longer than this is shortened to its scheme and last segment, so the message stays one short line.
+_EXAMPLE_MAX = 64
+
+
+def draft_uri_example(target_uri, method):
+    """A draft location in the target's scheme, for a message: the target's last path segment with ``-<method>-draft``
+    (``s3://m/llama`` -> ``s3://m/llama-eagle3-draft``, an OCI tag kept; ``-draft`` for draft_model); None for a value
+    without a scheme."""
+    uri = str(target_uri or "").rstrip("/")
+    scheme, sep, rest = uri.partition("://")
+    if not sep or not rest:
+        return None
+    tag = ""
+    if scheme.startswith("oci") and ":" in rest.rsplit("/", 1)[-1]:
+        rest, tag = rest.rsplit(":", 1)
+        tag = ":" + tag
+    suffix = "-draft" if method == "draft_model" else "-%s-draft" % method
+    return "%s://%s%s%s" % (scheme, rest, suffix, tag)
+
+
+def _short_example(example):
+    if example is None or len(example) <= _EXAMPLE_MAX:
+        return example
+    scheme, _sep, rest = example.partition("://")
+    return "%s://.../%s" % (scheme, rest.rsplit("/", 1)[-1][-(_EXAMPLE_MAX - len(scheme) - 7):])
+
+
+def missing_draft(method, art, mode, kind=KIND):
+    """A ValidationError when draft ``method`` has nothing in ``art`` that can hold its draft for artifact ``mode`` (auto or
+    storage_uris), in one line under 300 characters naming the method, why it needs a draft and an example in the
+    scheme of the target given; else None. Without it the render says only ``cannot choose an artifact mode`` or
+    ``draft_uri is required``."""
+    if method not in DRAFT_REASONS or mode not in ("auto", "storage_uris") or art.get("draft_uri"):
+        return None
+    if mode == "auto" and (art.get("modelcar_image") or art.get("pvc_name")):
+        return None
+    key = "target_uri" if art.get("target_uri") else "storage_uri" if art.get("storage_uri") else None
+    why = "method %s needs a draft (%s)" % (method, DRAFT_REASONS[method])
+    named = "llama-draft" if method == "draft_model" else "llama-" + method
+    if kind != KIND:
+        # An LLMInferenceService has one spec.model.uri: the draft cannot be a storage URI of its own.
+        return ValidationError("%s and an LLMInferenceService mounts one artifact%s" % (why, ", here %s only" % key if key else ""),
+                               field="artifacts", hint="put target/ and draft/ in one modelcar_image (e.g. oci://registry/models/%s:v1) "
+                                                       "or on one PVC (pvc_name)" % named)
+    if not key:
+        return ValidationError("%s and a target; artifacts sets neither" % why, field="artifacts",
+                               hint="set target_uri and draft_uri (e.g. hf://org/llama and hf://org/%s-draft), or modelcar_image, or "
+                                    "pvc_name" % named)
+    example = _short_example(draft_uri_example(art[key], method))
+    return ValidationError("%s and artifacts has %s only" % (why, key), field="artifacts.draft_uri",
+                           hint="set draft_uri%s, or put both in one modelcar_image or pvc_name"
+                                % (", e.g. " + example if example else " to the draft's location"))
+
+
 def choose_artifact_mode(art, needs_draft, kserve_version, oci_mode=storage.DEFAULT_OCI_MODE):
     """`artifact_mode: auto`: pick A/B/C from what the cluster supports and what the inventory provides; say why."""
     has_uris = bool(art.get("target_uri")) and bool(art.get("draft_uri"))
@@ -124,12 +185,16 @@ def choose_artifact_mode(art, needs_draft, kserve_version, oci_mode=storage.DEFA
                                                   "pvc_name (pvc)")
 
 
-def resolve_artifacts(mode, art, needs_draft, kserve_version=(0, 20, 0), oci_mode=storage.DEFAULT_OCI_MODE, kind=KIND):
+def resolve_artifacts(mode, art, needs_draft, kserve_version=(0, 20, 0), oci_mode=storage.DEFAULT_OCI_MODE, kind=KIND, method=None):
     """Derive storage fields and the --model / draft paths from the artifact mode, so no path is typed twice. ``kind``
-    says whose storage rules the URIs follow (InferenceService or LLMInferenceService), ``oci_mode`` the cluster's."""
+    says whose storage rules the URIs follow (InferenceService or LLMInferenceService), ``oci_mode`` the cluster's;
+    ``method`` (a draft method) is named when nothing holds its draft."""
     art = dict(art or {})
     reason = ""
     storage.check_oci_mode(oci_mode)
+    missing = missing_draft(method, art, mode, kind) if needs_draft else None
+    if missing is not None:
+        raise missing
     if mode == "auto":
         mode, reason = choose_artifact_mode(art, needs_draft, kserve_version, oci_mode)
     if mode not in ARTIFACT_MODES:
@@ -175,7 +240,8 @@ def resolve_artifacts(mode, art, needs_draft, kserve_version=(0, 20, 0), oci_mod
                            storage_uri="pvc://%s/" % pvc, reason=reason)
     else:  # single
         if needs_draft:
-            raise ValidationError("the method needs a draft artifact but artifact_mode is 'single'", field="artifact_mode",
+            raise ValidationError("%s needs a draft artifact but artifact_mode is 'single' (one artifact)"
+                                  % ("method " + method if method else "the method"), field="artifact_mode",
                                   hint="use storage_uris, modelcar or pvc (or auto)")
         if art.get("target_uri") and art.get("storage_uri"):
             raise ValidationError("target_uri and storage_uri are both set", field="artifacts.storage_uri", hint="keep one")
@@ -388,7 +454,7 @@ def render(p, existing=None):
         kserve_version = (0, 20, 0)
         warnings.append("kserve_version not given and no cluster to read it from: rendering for KServe 0.20")
     artifacts = resolve_artifacts(p.get("artifact_mode") or "auto", p.get("artifacts") or {}, needs_draft,
-                                  kserve_version, storage.oci_mode_of(p))
+                                  kserve_version, storage.oci_mode_of(p), method=method)
     if artifacts.reason:
         warnings.append("artifact_mode auto chose %s: %s" % (artifacts.mode, artifacts.reason))
     spec = speculative_for(method, p.get("speculative"), artifacts.draft_path, p.get("vllm_version"))

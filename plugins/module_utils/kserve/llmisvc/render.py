@@ -66,7 +66,7 @@ def _artifacts(p, needs_draft):
     if mode == "auto" and not needs_draft and art.get("target_uri") and not art.get("storage_uri"):
         art["storage_uri"] = art.pop("target_uri")
     # KServe's LLMInferenceService controller takes fewer schemes than the InferenceService's (kserve/storage.py).
-    return isvc.resolve_artifacts(mode, art, needs_draft, (0, 20, 0), storage.oci_mode_of(p), kind=KIND)
+    return isvc.resolve_artifacts(mode, art, needs_draft, (0, 20, 0), storage.oci_mode_of(p), kind=KIND, method=p.get("method"))
 
 
 def _check_version_fields(p, version):

@@ -10,6 +10,7 @@ import yaml
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import inventory_variables as iv
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import role_arguments
 from tests.ansible_run import REPO
 
 SPEC = """---
@@ -89,13 +90,13 @@ def test_each_value_is_checked_under_the_name_it_was_given(small):
 
 
 def test_one_line_messages():
-    choice = str(iv.choice_problem("spec_decoding_method", "eagle-3", ["none", "ngram", "eagle3", "eagle", "draft_model"]))
+    choice = str(role_arguments.choice_problem("spec_decoding_method", "eagle-3", ["none", "ngram", "eagle3", "eagle", "draft_model"]))
     assert choice == ("spec_decoding_method: 'eagle-3' must be one of none, ngram, eagle3, eagle, draft_model. "
                       "Fix: set spec_decoding_method: eagle3")
-    typed = str(iv.type_problem("spec_decoding_max_model_len", "8k", {"type": "int", "default": 8192}, "cannot be converted to an int"))
+    typed = str(role_arguments.type_problem("spec_decoding_max_model_len", "8k", {"type": "int", "default": 8192}, "cannot be converted to an int"))
     assert typed == ("spec_decoding_max_model_len: '8k' is not a valid int (cannot be converted to an int). "
                      "Fix: give a int, e.g. spec_decoding_max_model_len: 8192")
-    long_value = str(iv.choice_problem("spec_decoding_method", "x" * 500, ["none"]))
+    long_value = str(role_arguments.choice_problem("spec_decoding_method", "x" * 500, ["none"]))
     assert len(long_value) < 200 and "..." in long_value
 
 

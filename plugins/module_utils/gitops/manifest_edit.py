@@ -303,30 +303,24 @@ def _kustomization(search, directory, kfile, names, namespace_override):
             elif os.path.isfile(path):
                 _manifest(search, path, names_here, namespace)
     inline = []
-    for i, patch in enumerate(kust.get("patches") or []):
-        if not isinstance(patch, dict) or not _target_matches(patch.get("target"), search, names_here):
-            continue
-        if isinstance(patch.get("patch"), str):
-            inline.append(("patches", i, "patch"))
-        elif isinstance(patch.get("path"), str):
-            path = _local(search, directory, patch["path"])
-            if path and os.path.isfile(path):
-                _patch_file(search, path, names_here)
+    # `patches` and the older `patchesJson6902` are both {target, patch | path}; `patchesStrategicMerge` a list of paths
+    # or inline documents.
+    for key in ("patches", "patchesJson6902"):
+        for i, patch in enumerate(kust.get(key) or []):
+            if not isinstance(patch, dict) or not _target_matches(patch.get("target"), search, names_here):
+                continue
+            if isinstance(patch.get("patch"), str):
+                inline.append((key, i, "patch"))
+            elif isinstance(patch.get("path"), str):
+                path = _local(search, directory, patch["path"])
+                if path and os.path.isfile(path):
+                    _patch_file(search, path, names_here)
     for i, patch in enumerate(kust.get("patchesStrategicMerge") or []):
         path = _local(search, directory, patch) if isinstance(patch, str) and "\n" not in patch else None
         if path and os.path.isfile(path):
             _patch_file(search, path, names_here)
         elif isinstance(patch, str) and "\n" in patch:
             inline.append(("patchesStrategicMerge", i, None))
-    for i, patch in enumerate(kust.get("patchesJson6902") or []):
-        if not isinstance(patch, dict) or not _target_matches(patch.get("target"), search, names_here):
-            continue
-        if isinstance(patch.get("patch"), str):
-            inline.append(("patchesJson6902", i, "patch"))
-        elif isinstance(patch.get("path"), str):
-            path = _local(search, directory, patch["path"])
-            if path and os.path.isfile(path):
-                _patch_file(search, path, names_here)
     if inline:
         def edit(tree, _index):
             found = []

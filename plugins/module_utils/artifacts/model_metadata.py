@@ -198,7 +198,10 @@ def reader_for(location, air_gapped=False, hf_endpoint=None, revision=None, subd
             air_gap.check_uri(endpoint, field)
         return HttpReader("%s/%s/resolve/%s/" % (endpoint, repo, urllib.parse.quote(revision or "main", safe="")), client)
     if kind == "oci":
-        ref = ImageRef.parse(location.split("://", 1)[1], field=field)
+        try:
+            ref = ImageRef.parse(location.split("://", 1)[1], field=field)
+        except ValidationError as exc:  # the render refuses the reference with its own message; the check cannot run
+            raise MetadataUnreadable("%s is no image reference: %s" % (location, _plain(exc)), field=field, hint=exc.hint) from exc
         client = open_client(ref, username=registry.get("username"), password=registry.get("password"),
                              auth_file=registry.get("auth_file"), tls_verify=registry.get("tls_verify", True),
                              ca_file=registry.get("ca_file"), timeout=registry.get("timeout", 60.0), retries=1)

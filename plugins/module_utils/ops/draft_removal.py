@@ -137,8 +137,10 @@ def execute(params, cluster, open_registry=None, check_mode=False, warn=None):
     result = {"changed": False, "source": source}
     result.update(loc.as_dict())
     if loc.mode in ("storage_uris", "modelcar"):  # both patch the serving object (the PVC mode only the PVC's annotations)
+        meta = isvc.get("metadata") or {}
         gitops_owner.check_live_write(getattr(cluster, "api_client", None), isvc, params.get("gitops_owner", "refuse"),
-                                      "%s %s/%s" % (isvc.get("kind") or "InferenceService", params["namespace"], params["name"]), warn=warn)
+                                      "%s %s/%s" % (isvc.get("kind") or "InferenceService", meta.get("namespace"), meta.get("name")),
+                                      warn=warn)
     if loc.mode == "storage_uris":
         ops = list(loc.details["ops"]) + [_annotation_op(isvc, DRAFT_REMOVED_ANNOTATION, json.dumps(
             {"mode": "storage_uris", "draft_path": loc.draft_path, "entry": loc.details["removed"]}, sort_keys=True))]

@@ -16,7 +16,9 @@ metadata step and leaves /tmp/v/pip-download-*/vllm_*/; run this on that directo
 Everything is read with ``ast`` from ``vllm/config/speculative.py`` (``vllm/config.py`` before 0.11),
 ``vllm/config/utils.py``, ``vllm/engine/arg_utils.py`` (the engine-set keys, whether it rewrites hyphens in the keys,
 the ``--spec-*`` shorthand flags) and, from 0.34 on, the per-method speculator configs under
-``vllm/v1/worker/gpu/spec_decode/``. Only facts are kept: names, types as written, defaults, versions.
+``vllm/v1/worker/gpu/spec_decode/``. Only facts are kept: names, types as written, defaults, versions, the allowed
+values of Literal/Enum fields and which of vLLM's cross-field rules (CODE_RULES) the release raises where; what is not
+found stays unknown (None, or ``code_rules_unread``), never guessed. Every table 0.10-0.34 was read with this script.
 """
 
 from __future__ import annotations
@@ -604,10 +606,72 @@ def _method_from_model(post_init, names):
             text = ast.unparse(test)
             if "_is_custom_proposer_path" in text:
                 custom_path = True
-            if isinstance(test, ast.Compare) and isinstance(test.ops[0], ast.In) and ast.unparse(test.left).endswith(".model"):
-                for value in _strings(test.comparators[0], names):
-                    by_name.setdefault(value, method)
+            # 0.32: `if self.model in ("ngram", "[ngram]")`; 0.10-0.16 (vllm/config.py, then vllm/config/speculative.py,
+            # SpeculativeConfig.__post_init__): `if self.method is None and (self.model is not None and self.model in (...))`
+            for part in _and_parts(test):
+                if isinstance(part, ast.Compare) and isinstance(part.ops[0], ast.In) and ast.unparse(part.left).endswith(".model"):
+                    for value in _strings(part.comparators[0], names):
+                        by_name.setdefault(value, method)
     return {"names": dict(sorted(by_name.items())), "custom_class_path": custom_path}
+
+
+def _and_parts(test):
+    """The operands of a chain of `and`s (the test itself when it is none)."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return [part for value in test.values for part in _and_parts(value)]
+    return [test]
+
+
+# The cross-field rules speculative_rules.py applies, each found by the refusal vLLM raises for it inside the
+# SpeculativeConfig method named (0.32/0.33 wording; read per release: a rule is on where its message is in that method).
+CODE_RULES = (
+    ("synthetic_exactly_one", "_resolve_synthetic_acceptance_rates", "requires exactly one of"),
+    ("synthetic_keys_need_synthetic", "_verify_args", "are only valid with rejection_sample_method"),
+    ("heterogeneous_vocab_draft_model", "_verify_args", "use_heterogeneous_vocab only works with"),
+    ("heterogeneous_vocab_greedy", "_verify_args", "use_heterogeneous_vocab currently only supports greedy"),
+    ("heterogeneous_vocab_local_argmax", "_verify_args", "not compatible with use_local_argmax_reduction"),
+    ("fly_not_extract_hidden_states", "_verify_args", "FLy is not compatible with method"),
+    ("fly_min_tokens", "_verify_args", "FLy requires num_speculative_tokens"),
+    ("fly_window_below_k", "_verify_args", "FLy requires fly_window_size"),
+    ("k_required_without_draft_config", "_verify_args", "num_speculative_tokens must be provided with speculative model"),
+    ("index_share_only_mtp", "__post_init__", "index_share_for_mtp_iteration is only supported"),
+    ("adaptive_not_local_argmax", "__post_init__", "Adaptive verification estimates"),
+    ("adaptive_only_dspark", "__post_init__", "Adaptive verification only supported with DSpark"),
+    ("dspark_topk_only_dspark", "__post_init__", "dspark_draft_topk is only supported by DSpark"),
+    ("suffix_limits", "_validate_suffix_decoding", "suffix_decoding_max_tree_depth="),
+)
+
+
+def _code_rules(cls, root):
+    """({rule: "SpeculativeConfig.<method>"} for the CODE_RULES whose refusal this release raises in that method,
+    {rule: file} for those whose message this release raises elsewhere, in code not read here: unknown, not absent)."""
+    found, elsewhere = {}, {}
+    for rule, func_name, message in CODE_RULES:
+        func = _method(cls, func_name)
+        texts = [n.value for n in ast.walk(func) if isinstance(n, ast.Constant) and isinstance(n.value, str)] if func else []
+        if any(message in text for text in texts):
+            found[rule] = "SpeculativeConfig.%s" % func_name
+            continue
+        where = _file_saying(root, message)
+        if where:
+            elsewhere[rule] = where  # 0.34 moved some into the per-method speculator configs (vllm/v1/worker/gpu/spec_decode/)
+    return found, elsewhere
+
+
+def _file_saying(root, message):
+    """The first file under vllm/config, vllm/engine or the spec_decode packages whose text holds `message`."""
+    first_word = message.split()[0].encode()  # a message may be split over literals that the parser joins
+    for top in (os.path.join("vllm", "config"), os.path.join("vllm", "engine"), _REGISTRY_DIR, os.path.join("vllm", "v1", "spec_decode")):
+        for dirpath, _dirs, files in sorted(os.walk(os.path.join(root, top))):
+            for name in sorted(files):
+                path = os.path.join(dirpath, name)
+                if not name.endswith(".py"):
+                    continue
+                tree, data = _parse(path)
+                if first_word in data and any(isinstance(n, ast.Constant) and isinstance(n.value, str) and message in n.value
+                                              for n in ast.walk(tree)):
+                    return os.path.relpath(path, root).replace(os.sep, "/")
+    return None
 
 
 def _detect_scope(post_init, chain, names):
@@ -676,6 +740,7 @@ def read_release(src, version=None, commit=None, source=None):
         rule_trees = []
         detect_keeps, detect_skips = _detect_scope(post_init, chain, names)
     lookup_defaults, lookup_copies = _lookup_defaults([spec_tree] + rule_trees)
+    code_rules, code_rules_unread = _code_rules(cls, root)
     mtp_types = sorted(set(_strings(names["MTPModelTypes"], names))) if "MTPModelTypes" in names else \
         sorted(set(_strings(names["MTP_MODEL_TYPES"], names))) if "MTP_MODEL_TYPES" in names else []
     entry = {
@@ -699,13 +764,17 @@ def read_release(src, version=None, commit=None, source=None):
         "draft_model_supported": draft_supported,
         "detect_rules": _normalise_rules(rules, names),
         "detect_fallback": "draft_model",
-        # Read since the 0.32 table (issue #49): a table without them is from an older run of this script.
+        # Added for issue #49 and read for every release since; a table without them is from an older run of this script.
         "field_values": _field_values(root, spec_tree, cls, {k: v for k, v in fields.items() if k not in engine}, names),
         "repr_model_none": _repr_model_none(cls, names),
         # 0.34+ choose the method in per-method speculator configs (their matches()), not read for this: None
         "method_from_model": _method_from_model(post_init, names) if reg is None else None,
         "detect_keeps": detect_keeps,
         "detect_skips": detect_skips,
+        # the CODE_RULES this release has (absent: it does not refuse that; a table without the key was not read for
+        # them), and those it raises in code this script does not read (speculative_rules treats them as unknown)
+        "code_rules": code_rules,
+        "code_rules_unread": code_rules_unread,
     }
     facts = command_line_facts(root)
     if facts is None:

@@ -536,7 +536,7 @@ def validate(config, vllm_version=None, field="config"):
     else:
         warnings.append("min_p and logit_bias are ignored under speculative decoding in vLLM %s" % format_version(version))
 
-    if runs is not None:  # the cross-field rules read from vLLM 0.32 / 0.33 (speculative_rules)
+    if runs is not None or table.get("code_rules") is not None:  # the cross-field rules each release has (speculative_rules)
         rules.post_init_rules(cfg, effective, table, vtxt, field)
         warnings += rules.verify_args(cfg, effective, version, table, vtxt, field)
     return SpeculativeConfig(cfg, warnings, version, method=effective)

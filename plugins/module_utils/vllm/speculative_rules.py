@@ -7,7 +7,9 @@ policy: what pydantic makes of a loosely typed value, and which method vLLM real
 Each function follows one vLLM function and names it (``vllm/config/speculative.py`` of vLLM 0.32.0, checked against
 0.33.0). What differs between releases is data read from each release's source (speculative_releases.RELEASES, from
 hack/vllm_speculative_tables.py: ``field_values``, ``method_from_model``, ``detect_keeps``, ``detect_skips``,
-``repr_model_none``); a table without those fields (a release read before they were) keeps the older, looser checks.
+``repr_model_none``, ``code_rules``: which of the rules below the release raises); every release 0.10-0.34 carries
+them. What a table leaves unknown (0.34's method choice and the checks it moved into per-method speculator configs) is
+not guessed: the validator leaves it to vLLM and says so in a warning (``unknown_rule_notes``).
 docs/speculative-config-validation.md says what is checked here, what is left to vLLM, and the coercion policy.
 
 Plain Python, no Ansible imports.
@@ -185,7 +187,8 @@ def method_vllm_runs(method, model, table, aliases_to_mtp=True):
     """``(method, rule)``: the method vLLM's ``SpeculativeConfig.__post_init__`` (vllm/config/speculative.py) ends with
     for the ``method`` and ``model`` written, by the rules that read only names; ``rule`` says why when it differs from
     ``method`` (None when it does not). ``(None, None)`` when the release's table has no such data (older run of the
-    generator). Rules that read the draft's config.json (model_type, architectures) are not applied here."""
+    generator, or 0.34, whose per-method speculator configs are not read). Rules that read the draft's config.json
+    (model_type, architectures) are not applied here."""
     from_model = table.get("method_from_model")
     if from_model is None:
         return None, None
@@ -232,61 +235,109 @@ def printed_model_is_none(method, table):
 
 # --- cross-field rules --------------------------------------------------------------------------------------------
 
+def has_rule(table, rule):
+    """Whether the release refuses what ``rule`` refuses (hack/vllm_speculative_tables.py CODE_RULES, read per release
+    from the SpeculativeConfig method it names): True, False, or None when unknown (a table not read for the rules, or
+    a release that raises it in code the generator does not read, such as 0.34's per-method speculator configs)."""
+    found = table.get("code_rules")
+    if found is None or rule in (table.get("code_rules_unread") or {}):
+        return None
+    return rule in found
+
+
+def unknown_rule_notes(cfg, table, vtxt, field):
+    """Warnings for the rules a release has but the tables could not read, where the config sets their key: the
+    validator then leaves that rule to vLLM and says so."""
+    notes = []
+    if table.get("code_rules") is None:
+        return ["%s: the cross-field rules of vLLM %s were not read from its source (its table predates them); vLLM checks "
+                "them at start-up" % (field, vtxt)]
+    for rule, where in sorted((table.get("code_rules_unread") or {}).items()):
+        key = _RULE_KEYS.get(rule)
+        if rule == "suffix_limits":
+            if any(k.startswith("suffix_decoding_") for k in cfg):
+                notes.append("%s: vLLM %s checks the suffix_decoding_* limits in %s, which the release tables do not read; "
+                             "left to vLLM" % (field, vtxt, where))
+        elif key is None or cfg.get(key) is not None:
+            notes.append("%s: vLLM %s checks '%s' in %s, which the release tables do not read; left to vLLM" % (field, vtxt, rule, where))
+    if table.get("method_from_model") is None and cfg.get("model") is not None:
+        notes.append("%s: how vLLM %s picks the method from the names (per-method speculator configs) was not read from its "
+                     "source; the method it runs is not checked against the draft path here" % (field, vtxt))
+    return notes
+
+
+# The key a rule is about: an unknown rule is worth a warning only when the config sets it (None: always).
+_RULE_KEYS = {"index_share_only_mtp": "index_share_for_mtp_iteration",
+              "dspark_topk_only_dspark": "dspark_draft_topk", "adaptive_not_local_argmax": "enable_adaptive_verification",
+              "adaptive_only_dspark": "enable_adaptive_verification", "heterogeneous_vocab_draft_model": "use_heterogeneous_vocab",
+              "heterogeneous_vocab_greedy": "use_heterogeneous_vocab", "heterogeneous_vocab_local_argmax": "use_heterogeneous_vocab",
+              "synthetic_exactly_one": "rejection_sample_method", "synthetic_keys_need_synthetic": "rejection_sample_method",
+              "fly_not_extract_hidden_states": "rejection_sample_method", "fly_min_tokens": "rejection_sample_method",
+              "fly_window_below_k": "rejection_sample_method", "k_required_without_draft_config": None}
+
+
 def post_init_rules(cfg, method, table, vtxt, field):
-    """The cross-field refusals at the end of vLLM 0.32 ``SpeculativeConfig.__post_init__`` that need no model files."""
-    keys = table["keys"]
-    if cfg.get("index_share_for_mtp_iteration") is not None and method != "mtp":
+    """The cross-field refusals at the end of vLLM 0.32 ``SpeculativeConfig.__post_init__`` that need no model files,
+    each applied where the release's table says it has it (``has_rule``)."""
+    if has_rule(table, "index_share_only_mtp") and cfg.get("index_share_for_mtp_iteration") is not None and method != "mtp":
         raise ValidationError("index_share_for_mtp_iteration is only supported with method='mtp' (vLLM %s), not '%s'"
                               % (vtxt, method), field="%s.index_share_for_mtp_iteration" % field, hint="drop it")
-    if "enable_adaptive_verification" in keys and method != "dspark" and cfg.get("enable_adaptive_verification") \
+    # vLLM 0.28-0.29 SpeculativeConfig.__post_init__: 'Adaptive verification only supported with DSpark'
+    if has_rule(table, "adaptive_only_dspark") and method != "dspark" and cfg.get("enable_adaptive_verification"):
+        raise ValidationError("enable_adaptive_verification is only supported with method 'dspark' in vLLM %s, not '%s'"
+                              % (vtxt, method), field="%s.enable_adaptive_verification" % field,
+                              hint="drop it, or use a newer vLLM (0.30+ allows it with other methods)")
+    if has_rule(table, "adaptive_not_local_argmax") and method != "dspark" and cfg.get("enable_adaptive_verification") \
             and cfg.get("use_local_argmax_reduction"):
         raise ValidationError("enable_adaptive_verification and use_local_argmax_reduction cannot both be on (vLLM %s: "
                               "'Adaptive verification estimates per-position acceptance from the draft logits, which "
                               "use_local_argmax_reduction never materializes')" % vtxt,
                               field="%s.enable_adaptive_verification" % field, hint="disable one of them")
     # Inside the branch that builds the draft's ModelConfig (a method with draft weights and a `model`).
-    if cfg.get("dspark_draft_topk") is not None and method != "dspark" and cfg.get("model") is not None \
+    if has_rule(table, "dspark_topk_only_dspark") and cfg.get("dspark_draft_topk") is not None and method != "dspark" \
+            and cfg.get("model") is not None \
             and method not in (table.get("detect_skips") or ()):
         raise ValidationError("dspark_draft_topk is only supported by DSpark (vLLM %s), not '%s'" % (vtxt, method),
                               field="%s.dspark_draft_topk" % field, hint="drop it")
 
 
-def verify_args(cfg, method, version, table, vtxt, field):
+def verify_args(cfg, method, _version, table, vtxt, field):
     """vLLM 0.32 ``SpeculativeConfig._verify_args`` (the model validator after ``__post_init__``) and
-    ``_resolve_synthetic_acceptance_rates``; 0.33 adds the FLy and the vocabulary/argmax rules. Returns warnings."""
-    notes = []
-    keys = table["keys"]
-    if "rejection_sample_method" in keys:
+    ``_resolve_synthetic_acceptance_rates``; 0.33 adds the FLy and the vocabulary/argmax rules. Each is applied where
+    the release's table says it has it (``has_rule``; the version is no longer consulted); the rules it could not read are
+    named in the warnings returned."""
+    notes = unknown_rule_notes(cfg, table, vtxt, field)
+    if "rejection_sample_method" in table["keys"]:
         k = cfg.get("num_speculative_tokens")
         rates, length = cfg.get("synthetic_acceptance_rates"), cfg.get("synthetic_acceptance_length")
         sample = cfg.get("rejection_sample_method", "standard")
-        if sample == "synthetic":
+        if sample == "synthetic" and has_rule(table, "synthetic_exactly_one"):
             _resolve_synthetic_acceptance_rates(k, rates, length, field)
-        elif rates is not None or length is not None:
+        elif sample != "synthetic" and (rates is not None or length is not None) and has_rule(table, "synthetic_keys_need_synthetic"):
             raise ValidationError("synthetic_acceptance_rates / synthetic_acceptance_length are only valid with "
                                   "rejection_sample_method='synthetic' (vLLM %s)" % vtxt,
                                   field="%s.%s" % (field, "synthetic_acceptance_rates" if rates is not None else "synthetic_acceptance_length"),
                                   hint="set rejection_sample_method: synthetic, or drop it")
         if sample == "fly":
-            if method == "extract_hidden_states":
+            if method == "extract_hidden_states" and has_rule(table, "fly_not_extract_hidden_states"):
                 raise ValidationError("FLy is not compatible with method='extract_hidden_states' (vLLM %s)" % vtxt,
                                       field="%s.rejection_sample_method" % field, hint="use 'standard'")
-            if isinstance(k, int) and k < 2:
+            if isinstance(k, int) and k < 2 and has_rule(table, "fly_min_tokens"):
                 raise ValidationError("FLy requires num_speculative_tokens to be at least 2 (vLLM %s)" % vtxt,
                                       field="%s.num_speculative_tokens" % field, hint="raise it to 2 or more")
             window = cfg.get("fly_window_size")
-            if isinstance(window, int) and isinstance(k, int) and window >= k:
+            if isinstance(window, int) and isinstance(k, int) and window >= k and has_rule(table, "fly_window_below_k"):
                 raise ValidationError("FLy requires fly_window_size (%d) to be smaller than num_speculative_tokens (%d) "
                                       "(vLLM %s)" % (window, k, vtxt), field="%s.fly_window_size" % field,
                                       hint="use at most %d" % (k - 1))
     hetero = cfg.get("use_heterogeneous_vocab")
-    if hetero and method != "draft_model":
+    if hetero and method != "draft_model" and has_rule(table, "heterogeneous_vocab_draft_model"):
         raise ValidationError("use_heterogeneous_vocab only works with method='draft_model' (vLLM %s runs '%s')" % (vtxt, method),
                               field="%s.use_heterogeneous_vocab" % field, hint="drop it, or use a draft_model")
-    if hetero and cfg.get("draft_sample_method", "greedy") != "greedy":
+    if hetero and cfg.get("draft_sample_method", "greedy") != "greedy" and has_rule(table, "heterogeneous_vocab_greedy"):
         raise ValidationError("use_heterogeneous_vocab currently only supports greedy draft sampling (vLLM %s)" % vtxt,
                               field="%s.draft_sample_method" % field, hint="set draft_sample_method: greedy (the default) or omit it")
-    if hetero and version >= (0, 33, 0) and cfg.get("use_local_argmax_reduction"):
+    if hetero and cfg.get("use_local_argmax_reduction") and has_rule(table, "heterogeneous_vocab_local_argmax"):
         raise ValidationError("use_heterogeneous_vocab is not compatible with use_local_argmax_reduction (vLLM %s: the "
                               "token-level intersection needs the full draft logits)" % vtxt,
                               field="%s.use_local_argmax_reduction" % field, hint="disable one of them")

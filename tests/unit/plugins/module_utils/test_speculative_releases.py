@@ -52,7 +52,7 @@ PARTNERS = {
 def _config_with(base, key, spec, table):
     """`base` with `key` set to a value the release accepts, and the partners the key needs there."""
     config = dict(base, **{key: _value_for(key, spec, table)})
-    if table.get("method_from_model") is not None and key in PARTNERS:
+    if key in PARTNERS:  # every table carries the release's cross-field rules (code_rules)
         config.update(PARTNERS[key])
     return {k: v for k, v in config.items() if v is not None}
 

@@ -11,6 +11,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops import owner as O
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops import owner_info
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import client as kube_client
+from tests.fake_clock import FakeClock
 
 SHA = "4f1c2d0e9b8a7f6e5d4c3b2a1f0e9d8c7b6a5f4e"
 OLD_SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -315,18 +316,6 @@ def test_refusal_of_plain_helm():
         O.refuse_live_write(O.owner_of(HELM_ISVC), "refuse", "InferenceService models/llama")
 
 
-class Clock:
-    def __init__(self):
-        self.now, self.sleeps = 0.0, []
-
-    def __call__(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-
 def _params(**more):
     out = {"kind": "InferenceService", "namespace": "models", "name": "llama", "api_version": None, "argocd_namespace": "argocd",
            "revision": None, "fetched": False, "wait": False, "wait_timeout": 30, "wait_sleep": 2}
@@ -345,7 +334,7 @@ def test_owner_info_waits_for_argocd_sync(api):
     app = copy.deepcopy(APPLICATION)
     app["status"]["sync"] = {"status": "OutOfSync", "revision": OLD_SHA}
     api.objects.update({ISVC_PATH: ARGO_ISVC, APP_PATH: app})
-    clock = Clock()
+    clock = FakeClock()
     reads = []
 
     def sleep(seconds):
@@ -366,7 +355,7 @@ def test_owner_info_fetched_only_for_a_paused_flux_owner(api):
     ks["spec"]["suspend"] = True
     ks["status"]["lastAppliedRevision"] = "main@sha1:" + OLD_SHA
     api.objects.update({ISVC_PATH: FLUX_ISVC, KS_PATH: ks, GR_PATH: GITREPOSITORY})
-    result = owner_info.owner_info(None, _params(revision=SHA, wait=True, fetched=True), clock=Clock(), sleep=Clock().sleep)
+    result = owner_info.owner_info(None, _params(revision=SHA, wait=True, fetched=True), clock=FakeClock(), sleep=FakeClock().sleep)
     assert result["revision_synced"] is True and result["elapsed"] == 0
     # not applied: the synced wait would not pass
     assert owner_info.has_revision(result["owner"], SHA) is False
@@ -379,7 +368,7 @@ def test_owner_info_timeout_names_the_last_status(api):
     ks["status"]["conditions"] = [{"type": "Ready", "status": "False", "reason": "ReconciliationFailed",
                                    "message": "InferenceService/models/llama dry-run failed: admission webhook denied"}]
     api.objects.update({ISVC_PATH: FLUX_ISVC, KS_PATH: ks, GR_PATH: GITREPOSITORY})
-    clock = Clock()
+    clock = FakeClock()
     with pytest.raises(SpecDecodingError) as err:
         owner_info.owner_info(None, _params(revision=SHA, wait=True, wait_timeout=10), clock=clock, sleep=clock.sleep)
     text = str(err.value)

@@ -17,6 +17,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import
 from tests.testbed import crds
 from tests.testbed.controlplane import _load_crd
 from tests.testbed.llmisvc_standin import schema_errors
+from tests.fake_clock import FakeClock
 
 SPEC_JSON = '{"method":"eagle3","model":"/mnt/models/draft","num_speculative_tokens":3}'
 
@@ -315,18 +316,6 @@ def test_every_deploy_playbook_method_renders_schema_valid(method, mode, artifac
     assert (flag or {}).get("method") == (None if method == "none" else method)
 
 
-class _Clock:
-    def __init__(self):
-        self.now, self.sleeps = 0.0, []
-
-    def __call__(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-
 def test_wait_returns_only_when_ready_at_the_generation_and_the_pools_rolled_out(monkeypatch):
     """KServe marks a pool ready from its Deployment's Available condition (True on the old pods during a rolling
     update): the wait also waits for the rollout, and fails at once when a preset is missing."""
@@ -336,7 +325,7 @@ def test_wait_returns_only_when_ready_at_the_generation_and_the_pools_rolled_out
     rollout = ["pool decode: Deployment m-kserve rolling out (0 of 1 updated, 1 old, 1 available)", None]
     monkeypatch.setattr(isvc_wait._Kind, "get", lambda self, *_a: reads.pop(0))  # pylint: disable=protected-access
     monkeypatch.setattr(llmisvc_cluster, "rollout_pending", lambda _api, _obj: rollout.pop(0))
-    clock = _Clock()
+    clock = FakeClock()
     obj, elapsed = isvc_wait.wait_ready(None, "ns", "m", timeout=60, interval=5, clock=clock, sleep=clock.sleep,
                                         kind="LLMInferenceService")
     assert obj is ready and rollout == [] and clock.sleeps == [1.0] and elapsed == 1.0

@@ -109,7 +109,7 @@ def argument_spec():
 def execute(module):
     params = module.params
     src = params["src"]
-    if not os.path.isdir(src) or not next(git_repo.source_files(src), None) is not None:
+    if not os.path.isdir(src) or next(git_repo.source_files(src), None) is None:
         raise ValidationError("%s is not a directory with files" % src, field="src",
                               hint="render the manifests first (the inference_service role writes them to spec_decoding_gitops_dir)")
     message = params["commit_message"] or "Publish %s from alauda.spec_decoding" % (params["path"] or ".")
@@ -121,12 +121,7 @@ def execute(module):
         seen["diff"] = repo.git("diff", "--cached")[1]
         return seen["changes"]
 
-    repo = git_repo.repository_from_params(params)
-    try:
-        repo.clone()
-        out = repo.change(edit, message, push_branch=params["push_branch"] or None, dry_run=module.check_mode)
-    finally:
-        repo.close()
+    out = git_repo.change_in_clone(params, edit, message, check_mode=module.check_mode)
     files = [{"status": code, "file": path} for code, path in out["edit"]]
     return dict(changed=out["commit"] is not None or (module.check_mode and bool(files)), commit=out["commit"], base=out["base"],
                 branch=params["branch"], pushed_branch=out["pushed_branch"], retried=out["retried"], files=files, commit_message=message,

@@ -198,12 +198,7 @@ def execute(module):
         messages.append(text)
         return text
 
-    repo = git_repo.repository_from_params(params)
-    try:
-        repo.clone()
-        out = repo.change(edit, message, push_branch=params["push_branch"] or None, dry_run=module.check_mode)
-    finally:
-        repo.close()
+    out = git_repo.change_in_clone(params, edit, message, check_mode=module.check_mode)
     result = out["edit"]
     for item in result["files"]:
         if not item["exact"]:

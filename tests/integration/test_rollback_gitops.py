@@ -100,11 +100,6 @@ def _exists(api, namespace):
         raise
 
 
-def _synced_to(api, app_path, sha):
-    sync = (api.get(app_path).get("status") or {}).get("sync") or {}
-    return sync.get("revision") == sha and sync.get("status") == "Synced"
-
-
 def _rollback(tmp_path, kubeconfig, namespace, **more):
     extra = {"rollback_names": ["%s/%s" % (namespace, NAME)], "rollback_wait_timeout": 60, "rollback_wait_sleep": 1,
              "rollback_verify_delay": 1, "rollback_git_sync_timeout": 60}
@@ -140,7 +135,7 @@ def test_git_mode_commits_only_the_flag_removal_the_owner_syncs_it_and_self_heal
     assert head != before_sha and git_server.changed_files(repo, "main") == ["serving/isvc.yaml"]
     assert git_server.log(repo)[0]["subject"].startswith("Roll back speculative decoding on %s/%s: remove --speculative-config" % (namespace, NAME))
     _only_the_flag_removed(git_server, repo, "serving/isvc.yaml", before_sha)
-    assert _synced_to(api, argo_service["path"], head)
+    assert gitops_loops.synced(api, argo_service["path"], head)
     assert "--speculative-config" not in _command(api, namespace) and _ready_at(api, namespace, 2)
     summary = run.result("Summary")["msg"]
     assert "(git mode)" in summary[0] and "speculative_config=None" in summary[1], summary
@@ -241,7 +236,7 @@ def test_emergency_path_killed_after_each_step_converges_and_resumes_the_sync_as
     app = api.get(app_path)
     assert json.dumps(app["spec"].get("syncPolicy")) == policy_before
     assert "spec-decoding.alauda.io/paused-sync" not in (app["metadata"].get("annotations") or {})
-    wait_for(lambda: _synced_to(api, app_path, git_server.head(repo)), timeout=20, what="Argo CD in sync at the commit")
+    wait_for(lambda: gitops_loops.synced(api, app_path, git_server.head(repo)), timeout=20, what="Argo CD in sync at the commit")
     generation = api.get(ISVC % (namespace, NAME))["metadata"]["generation"]
     argocd.wait_idle()
     assert "--speculative-config" not in _command(api, namespace)

@@ -194,13 +194,16 @@ class Repository:
         authentication and missing credentials each end in a GitError naming the option and the fix."""
         if self.credentials.token:
             self._require_config_env()
-        depth = [] if _scheme(self.url) == "file" and "://" not in self.url else ["--depth", "1"]
-        rc, _out, err = self.git("clone", "--quiet", "--no-tags", "--single-branch", "--branch", self.branch, *depth, "--",
+        rc, _out, err = self.git("clone", "--quiet", "--no-tags", "--single-branch", "--branch", self.branch, *self._depth(), "--",
                                  self.url, self.root, cwd=self._base, check=False)
         if rc != 0:
             raise self._transport_error("clone", err)
         self.head = self.rev_parse("HEAD")
         return self
+
+    def _depth(self):
+        """Shallow (depth 1) where the transport allows it: git ignores --depth for a plain local path and warns."""
+        return [] if _scheme(self.url) == "file" and "://" not in self.url else ["--depth", "1"]
 
     def _require_config_env(self):
         """The token travels in GIT_CONFIG_COUNT/KEY/VALUE, which git reads from 2.31 on; an older git would ignore it
@@ -310,8 +313,7 @@ class Repository:
 
     def refresh(self):
         """Fetch the branch's new head and reset the clone to it (after a non-fast-forward rejection)."""
-        depth = [] if "://" not in self.url and _scheme(self.url) == "file" else ["--depth", "1"]
-        rc, _out, err = self.git("fetch", "--quiet", "--no-tags", *depth, "origin", self.branch, check=False)
+        rc, _out, err = self.git("fetch", "--quiet", "--no-tags", *self._depth(), "origin", self.branch, check=False)
         if rc != 0:
             raise self._transport_error("fetch", err)
         self.git("reset", "--quiet", "--hard", "FETCH_HEAD")
@@ -415,3 +417,11 @@ def repository_from_params(params):
                       author_name=params.get("author_name") or "alauda.spec_decoding",
                       author_email=params.get("author_email") or "spec-decoding@alauda.io",
                       timeout=params.get("timeout") or DEFAULT_TIMEOUT)
+
+
+def change_in_clone(params, edit, message, check_mode=False):
+    """What each gitops module does with its Git options: clone the branch, ``Repository.change`` it (check mode: the
+    edit and its status, nothing committed or pushed), remove the clone."""
+    with repository_from_params(params) as repo:
+        repo.clone()
+        return repo.change(edit, message, push_branch=params["push_branch"] or None, dry_run=check_mode)

@@ -17,6 +17,7 @@ import time
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops import owner as gitops_owner
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import wait as kube_wait
 
 # kind -> (group, default version, plural)
 SERVING_KINDS = {
@@ -71,27 +72,45 @@ def last_status(owner):
     return "no status"
 
 
+class _Owner:
+    """What kube/wait.wait_for reads for this wait: the owner dict (the Application, or the Kustomization and its
+    GitRepository), re-read from the serving object's marks; the first read is the one owner_info already made."""
+
+    def __init__(self, obj, owner, argocd_namespace):
+        self.kind = gitops_owner.describe(owner)
+        self.obj, self.argocd_namespace, self.first = obj, argocd_namespace, owner
+
+    def get(self, api_client, _namespace, _name):
+        owner, self.first = self.first, None
+        return owner or gitops_owner.read_owner(api_client, self.obj, argocd_namespace=self.argocd_namespace)
+
+
 def wait_revision(api_client, obj, owner, sha, params, clock=time.monotonic, sleep=time.sleep):
     """Read the owner every ``wait_sleep`` seconds until it has synced (or seen, with ``fetched``) ``sha``; returns
-    (owner, seconds waited). A short poll: the owner objects are two, and Argo CD's Application has no status subresource
-    to watch apart from its spec. Fails at once when the owner cannot be read, at wait_timeout with its last status."""
-    start = clock()
+    (owner, seconds waited). The collection's one wait loop (kube/wait.wait_for) as a short poll: the owner objects are
+    two, and Argo CD's Application has no status subresource to watch apart from its spec. Fails at once when the owner
+    cannot be read (an HTTP 5xx is read again), at wait_timeout with its last status."""
     what = "seen" if params["fetched"] else "synced"
-    while True:
-        if owner.get("readable") is False and not (owner.get("read_error") or "").startswith("HTTP 5"):
-            raise SpecDecodingError("cannot wait for %s to have %s commit %s: %s" % (gitops_owner.describe(owner), what, sha, owner["read_error"]),
+
+    def check(current):
+        if current.get("readable") is False:
+            if (current.get("read_error") or "").startswith("HTTP 5"):
+                return params["wait_sleep"]
+            raise SpecDecodingError("cannot wait for %s to have %s commit %s: %s" % (gitops_owner.describe(current), what, sha,
+                                                                                       current["read_error"]),
                                     field="revision", hint="grant the read RBAC of %s, or check the owner exists" % gitops_owner.RBAC_FILE)
-        if has_revision(owner, sha, fetched=params["fetched"]):
-            return owner, clock() - start
-        elapsed = clock() - start
-        if elapsed >= params["wait_timeout"]:
-            raise SpecDecodingError(
-                "%s has not %s commit %s after %ds; its last status: %s" % (gitops_owner.describe(owner), what, sha, int(elapsed), last_status(owner)),
-                field="wait_timeout",
-                hint="check the owner's sync (Argo CD: the Application's sync and operation message; Flux: the Kustomization's "
-                     "Ready condition and its GitRepository), or raise wait_timeout")
-        sleep(max(0.1, min(params["wait_sleep"], params["wait_timeout"] - elapsed)))
-        owner = gitops_owner.read_owner(api_client, obj, argocd_namespace=params["argocd_namespace"])
+        return has_revision(current, sha, fetched=params["fetched"]) or params["wait_sleep"]
+
+    def on_timeout(current, elapsed):
+        raise SpecDecodingError(
+            "%s has not %s commit %s after %ds; its last status: %s" % (gitops_owner.describe(current), what, sha, int(elapsed),
+                                                                       last_status(current)),
+            field="wait_timeout",
+            hint="check the owner's sync (Argo CD: the Application's sync and operation message; Flux: the Kustomization's "
+                 "Ready condition and its GitRepository), or raise wait_timeout")
+
+    return kube_wait.wait_for(api_client, owner.get("namespace"), owner.get("name"), _Owner(obj, owner, params["argocd_namespace"]),
+                              check, on_timeout, params["wait_timeout"], params["wait_sleep"], clock, sleep, watch=False)
 
 
 def check_params(params):

@@ -15,6 +15,7 @@ import pytest
 
 from tests.loopback_http import serving
 from tests.module_run import run_module
+from tests.testbed.gitops_standin import wait_for
 from tests.testbed.registry import Registry, ensure_tools
 
 pytestmark = pytest.mark.integration
@@ -161,9 +162,16 @@ def test_modelcar_image_reads_only_the_layers_holding_the_metadata(registry, tmp
     assert not res.failed, res.msg
     pre = res["preflight"]
     assert pre["passed"] and pre["sources"]["draft"]["files_read"][-1] == "model.safetensors (header)"
-    with open(registry.log_path, encoding="utf-8", errors="replace") as fh:
-        log = fh.read()
-    blob_gets = log.count("GET /v2/models/pair/blobs/") - before
+
+    def blob_gets_logged():
+        with open(registry.log_path, encoding="utf-8", errors="replace") as fh:
+            return fh.read().count("GET /v2/models/pair/blobs/") - before
+    # the registry writes its access log line after answering: read it once it has the eight GETs (or more), or 5 s on
+    try:
+        wait_for(lambda: blob_gets_logged() >= 8, timeout=5, what="the registry's access log")
+    except TimeoutError:
+        pass  # the assertion below says how many were logged
+    blob_gets = blob_gets_logged()
     # per checkpoint: config.json, tokenizer_config.json, 2 x the safetensors layer (length, then header); an index is absent
     print("registry blob GETs: %d; layers read: %s" % (blob_gets, {k: v["layers_read"] for k, v in pre["sources"].items()}))
     assert pre["sources"]["target"]["layers_read"] == 4 and blob_gets == 8, blob_gets

@@ -277,7 +277,8 @@ def check_live_write(api_client, obj, gitops_owner, what, warn=None, argocd_name
 
 # Reading the owner object.
 
-def _path(res, namespace, name):
+def object_path(res, namespace, name):
+    """The API path of an owner object (``res``: APPLICATION, KUSTOMIZATION, GITREPOSITORY, HELMRELEASE)."""
     group, version, plural, _kind = res
     return "/apis/%s/%s/namespaces/%s/%s/%s" % (group, version, namespace, plural, name)
 
@@ -287,7 +288,7 @@ def _get(api_client, res, namespace, name):
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import request  # pylint: disable=import-outside-toplevel
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.pods import api_error_message  # pylint: disable=import-outside-toplevel
     try:
-        return request(api_client, "GET", _path(res, namespace, name)), None
+        return request(api_client, "GET", object_path(res, namespace, name)), None
     except Exception as exc:  # pylint: disable=broad-except
         status = getattr(exc, "status", None)
         if status is None:

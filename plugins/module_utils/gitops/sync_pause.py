@@ -30,7 +30,7 @@ import json
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ConflictError, SpecDecodingError, ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops.owner import (
-    APPLICATION, KUSTOMIZATION, PAUSED_SYNC_ANNOTATION, RBAC_FILE,
+    APPLICATION, KUSTOMIZATION, PAUSED_SYNC_ANNOTATION, RBAC_FILE, object_path,
 )
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc.patch_plan import apply_patch, escape_pointer, tests_hold
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.ssa_conflicts import ROLLBACK_FIELD_MANAGER
@@ -38,7 +38,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.ssa_conf
 
 def _owner_resource(res, field):
     group, version, plural, kind = res
-    return {"kind": kind, "group": group, "version": version, "plural": plural, "field": field}
+    return {"kind": kind, "group": group, "version": version, "plural": plural, "field": field, "res": res}
 
 
 # owner["kind"] -> where the owner object lives and what its sync switch is called
@@ -66,8 +66,7 @@ def owner_ref(owner):
 
 
 def owner_path(owner):
-    ref = owner_ref(owner)[1]
-    return "/apis/%s/%s/namespaces/%s/%s/%s" % (ref["group"], ref["version"], owner["namespace"], ref["plural"], owner["name"])
+    return object_path(owner_ref(owner)[1]["res"], owner["namespace"], owner["name"])
 
 
 def owner_label(owner):

@@ -96,16 +96,15 @@ def wait_revision(api_client, obj, owner, sha, params, clock=time.monotonic, sle
         if current.get("readable") is False:
             if (current.get("read_error") or "").startswith("HTTP 5"):
                 return params["wait_sleep"]
-            raise SpecDecodingError("cannot wait for %s to have %s commit %s: %s" % (gitops_owner.describe(current), what, sha,
-                                                                                       current["read_error"]),
-                                    field="revision", hint="grant the read RBAC of %s, or check the owner exists" % gitops_owner.RBAC_FILE)
+            text = "cannot wait for %s to have %s commit %s: %s" % (gitops_owner.describe(current), what, sha, current["read_error"])
+            raise SpecDecodingError(text, field="revision", hint="grant the read RBAC of %s, or check the owner exists" % gitops_owner.RBAC_FILE)
         return has_revision(current, sha, fetched=params["fetched"]) or params["wait_sleep"]
 
     def on_timeout(current, elapsed):
+        text = "%s has not %s commit %s after %ds; its last status: %s" % (
+            gitops_owner.describe(current), what, sha, int(elapsed), last_status(current))
         raise SpecDecodingError(
-            "%s has not %s commit %s after %ds; its last status: %s" % (gitops_owner.describe(current), what, sha, int(elapsed),
-                                                                       last_status(current)),
-            field="wait_timeout",
+            text, field="wait_timeout",
             hint="check the owner's sync (Argo CD: the Application's sync and operation message; Flux: the Kustomization's "
                  "Ready condition and its GitRepository), or raise wait_timeout")
 

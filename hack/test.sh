@@ -60,6 +60,8 @@ tier_units() {
   banner "unit tests"
   # promtool (Debian's prometheus package; apt as root) runs the alert rules' tests; a no-op once it is on PATH.
   python -m tests.promtool >/dev/null
+  # sshd (Debian's openssh-server) for the SSH transport of the Git tests (tests/testbed/ssh_git.py); a no-op once installed.
+  python -m tests.testbed.ssh_git >/dev/null
   # Two workers on two cores: the unit tests are independent (tmp_path, their own loopback servers) and mostly CPU.
   run_pytest units tests/unit -q -p no:cacheprovider -n "${ALAUDA_UNIT_WORKERS:-2}"
 }
@@ -69,6 +71,9 @@ tier_integration() {
   # Workers run whole files side by side, each with its own control plane. Two, on two cores: since the stand-ins
   # reconcile from a work queue and waits are watches, tests wait less and a third control plane only costs CPU
   # (measured: 2 workers 759 s, 3 workers 820 s; see docs/DEVELOPING.md).
+  # The GitOps stand-ins build kustomize overlays with the machine's kubectl (tests/testbed/gitops_standin.py): say so
+  # before the tier, not in the middle of it.
+  python -c 'from tests.testbed import gitops_standin; gitops_standin.kubectl_path()'
   run_pytest integration tests/integration -q -m integration -p no:cacheprovider -n "${ALAUDA_TEST_WORKERS:-2}" --dist loadfile
 }
 

@@ -19,6 +19,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops import git_repo, manifest_edit
 from tests.module_run import run_module
 from tests.testbed.git_server import GitServer
+from tests.testbed.ssh_git import SSHGitServer
 from tests.testbed.ports import free_port
 
 SPEC_JSON = '{"method":"ngram","num_speculative_tokens":5,"prompt_lookup_max":4}'
@@ -220,6 +221,35 @@ def test_ssh_options_are_checked_before_git_runs(server, repo_name, tmp_path):
     token_env = git_repo.Credentials(token="t0k", username="u").environment("https://git.example.com:8443/org/r.git")
     assert token_env["GIT_CONFIG_KEY_0"] == "http.https://git.example.com:8443/.extraHeader"
     assert token_env["GIT_CONFIG_VALUE_0"] == "Authorization: Basic " + base64.b64encode(b"u:t0k").decode()
+
+
+@pytest.fixture(scope="module")
+def sshd(server):
+    with SSHGitServer(server.root) as srv:
+        yield srv
+
+
+def test_rollback_over_ssh_with_a_deploy_key_and_a_pinned_host_key(server, sshd, repo_name):
+    """The SSH transport for real: OpenSSH's sshd on loopback, the deploy key it accepts, its host key pinned. A host key
+    that is not the pinned one, and a key the server does not accept, are each a message naming the option to fix, and
+    nothing is pushed."""
+    url = sshd.url(server.path(repo_name))
+    before = server.head(repo_name)
+    ssh_args = dict(repo_url=url, token=None, username=None, ssh_key_file=sshd.deploy_key, known_hosts_file=sshd.known_hosts)
+    spoofed = run_module("gitops_speculative", _rollback_args(server, repo_name, **dict(ssh_args, known_hosts_file=sshd.wrong_known_hosts)))
+    assert spoofed.failed and spoofed["field"] == "known_hosts_file" and "host key" in spoofed.msg, spoofed.msg
+    refused = run_module("gitops_speculative", _rollback_args(server, repo_name, **dict(ssh_args, ssh_key_file=sshd.other_key)))
+    assert refused.failed and refused["field"] == "ssh_key_file", (refused.msg, refused.get("field"))
+    assert server.head(repo_name) == before
+    print("spoofed host key: %s\nkey not accepted: %s" % (spoofed.msg, refused.msg))
+
+    result = run_module("gitops_speculative", _rollback_args(server, repo_name, **ssh_args))
+    assert not result.failed, result.msg
+    assert result["changed"] is True and result["commit"] == server.head(repo_name) != before
+    assert server.show(repo_name, "main", "apps/llm/isvc.yaml") == STRIPPED
+    with open(sshd.deploy_key, encoding="utf-8") as handle:
+        private = handle.read().split("\n")[1]  # a line of the key's body
+    assert private not in json.dumps(result) + json.dumps(spoofed) + json.dumps(refused)
 
 
 def test_publish_commits_the_rendered_directory_only_when_the_tree_differs(server, repo_name, tmp_path):

@@ -1,12 +1,14 @@
-"""A test HTTP server on the loopback address, and the one fake OpenAI-compatible streaming server the tests stand in for
-an endpoint with (``OpenAIStream``: the paced server of the sweep tests, the scripted one of the client tests and the
-paced one of the e2e agreement check are its subclasses)."""
+"""A test HTTP server on the loopback address; a static model mirror that honours ranges (``mirror_handler``); and the one
+fake OpenAI-compatible streaming server the tests stand in for an endpoint with (``OpenAIStream``: the paced server of the
+sweep tests, the scripted one of the client tests and the paced one of the e2e agreement check are its subclasses)."""
 import contextlib
 import json
+import os
+import re
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 
 @contextlib.contextmanager
@@ -22,6 +24,43 @@ def serving(handler):
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def mirror_handler(root, log=None):
+    """A static file mirror of ``root`` that honours ``Range: bytes=a-b`` (python's http.server does not), as a model
+    mirror does; each request is appended to ``log`` as (path, Range header, bytes sent) when a list is given."""
+    log = [] if log is None else log
+
+    class Mirror(SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=root, **kwargs)
+
+        def do_GET(self):  # noqa: N802
+            path = self.translate_path(self.path)
+            rng = self.headers.get("Range")
+            if not os.path.isfile(path):
+                log.append((self.path, rng, 0))
+                self.send_error(404)
+                return
+            size = os.path.getsize(path)
+            start, end = 0, size - 1
+            if rng:
+                found = re.match(r"bytes=(\d+)-(\d*)", rng)
+                start, end = int(found.group(1)), min(int(found.group(2) or size - 1), size - 1)
+            with open(path, "rb") as handle:
+                handle.seek(start)
+                body = handle.read(end - start + 1)
+            self.send_response(206 if rng else 200)
+            if rng:
+                self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end, size))
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            log.append((self.path, rng, len(body)))
+
+        def log_message(self, *args):  # pylint: disable=arguments-differ
+            pass
+    return Mirror
 
 
 class OpenAIStream(BaseHTTPRequestHandler):

@@ -213,7 +213,7 @@ def argument_spec():
 def execute(module):
     # A password read from auth_file stays out of every output too.
     open_registry = draft_removal_cluster.registry_opener(module.params, hide=module.no_log_values.add)
-    result = draft_removal.execute(module.params, draft_removal_cluster.Cluster(module.api_client, module.params), open_registry,
+    result = draft_removal.execute(module.params, draft_removal_cluster.Cluster(module.cluster, module.params), open_registry,
                                    check_mode=module.check_mode, warn=module.warn)
     if module._diff and result.get("patch"):  # pylint: disable=protected-access
         result["diff"] = {"before": {"draft_path": result.get("draft_path"), "mode": result.get("mode")},

@@ -268,7 +268,7 @@ def argument_spec():
 def execute(module):
     params = module.params
     rollback.check_params(params)
-    cluster = rollback.Cluster(module.api_client, params["namespace"], params["name"])
+    cluster = rollback.Cluster(module.cluster, params["namespace"], params["name"])
     result, warnings = rollback.run(cluster, params, check_mode=module.check_mode, diff=module._diff)  # pylint: disable=protected-access
     for warning in warnings:
         module.warn(warning)

@@ -43,7 +43,7 @@ class TaskModule:
     """What ``execute`` uses of an AnsibleModule (or the collection's KubeModule): the validated parameters, check and
     diff mode, the no_log values, warn, fail_json and, for a cluster module, ``api_client``: kubernetes.core's
     authenticated client built from the auth options (and the ``K8S_AUTH_*`` variables) as KubeModule builds it, on
-    first use."""
+    first use, and ``cluster``, the cluster service over it."""
 
     def __init__(self, params, check_mode=False, diff=False, no_log_values=()):
         self.params = params
@@ -54,6 +54,7 @@ class TaskModule:
         self.no_log_values = set(no_log_values)
         self.warnings = []
         self._api_client = None
+        self._cluster = None
 
     def warn(self, warning):
         self.warnings.append(warning)
@@ -68,6 +69,13 @@ class TaskModule:
             from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client
             self._api_client = get_api_client(**self.params).client.client
         return self._api_client
+
+    @property
+    def cluster(self):
+        """The cluster service over ``api_client`` (kube/service.py), built once per task as KubeModule's."""
+        # pylint: disable-next=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.service import of_module
+        return of_module(self)
 
 
 def run_execute(action, result, argument_spec, execute, constraints=None, failed=None, timed_out=None, unexpected=None,

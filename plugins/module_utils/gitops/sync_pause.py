@@ -32,7 +32,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops.owner import (
     APPLICATION, KUSTOMIZATION, PAUSED_SYNC_ANNOTATION, RBAC_FILE, object_path,
 )
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc.patch_plan import apply_patch, escape_pointer, tests_hold
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.writer import apply_patch, escape_pointer
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.ssa_conflicts import ROLLBACK_FIELD_MANAGER
 
 
@@ -262,33 +262,24 @@ def plan_resume(obj, owner):
 
 
 def _patch(api_client, owner, ops, check_mode):
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import request  # pylint: disable=import-outside-toplevel
-    query = {"fieldManager": ROLLBACK_FIELD_MANAGER, "dryRun": "All" if check_mode else None}
-    return request(api_client, "PATCH", owner_path(owner), query=query, body=ops, content_type="application/json-patch+json")
-
-
-def _refused_by_a_test(exc, ops, fresh):
-    """A 409, or a 422 whose cause is a failed ``test`` op (the tested values no longer hold on a fresh read)."""
-    status = getattr(exc, "status", None)
-    return status == 409 or (status == 422 and fresh is not None and not tests_hold(fresh, ops))
+    """The one patch writer (kube/writer.py) under the rollback's field manager; a test op that no longer holds on a fresh
+    read of the owner is its PatchConflict."""
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import writer  # pylint: disable=import-outside-toplevel
+    return writer.json_patch(api_client, owner_path(owner), ops, field_manager=ROLLBACK_FIELD_MANAGER, dry_run=check_mode,
+                             read=lambda: read_owner(api_client, owner))
 
 
 def _send(api_client, owner, ops, check_mode, verb):
     """The patch; a concurrent edit (a test op that no longer holds) is a ConflictError: the patch is all or nothing, so
     nothing was written. Returns the object as the API server answered."""
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import ApiException  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.writer import PatchConflict  # pylint: disable=import-outside-toplevel
     try:
         return _patch(api_client, owner, ops, check_mode)
+    except PatchConflict as exc:
+        raise ConflictError("%s changed between this run's read and its %s (nothing was written)" % (owner_label(owner), verb),
+                            field="owner", hint="run the task again: it reads the owner afresh") from exc
     except ApiException as exc:
-        fresh = None
-        if getattr(exc, "status", None) == 422:
-            try:
-                fresh = read_owner(api_client, owner)
-            except SpecDecodingError:
-                fresh = None
-        if _refused_by_a_test(exc, ops, fresh):
-            raise ConflictError("%s changed between this run's read and its %s (nothing was written)" % (owner_label(owner), verb),
-                                field="owner", hint="run the task again: it reads the owner afresh") from exc
         raise _api_failure(owner, "patch", exc, check_mode) from exc
 
 

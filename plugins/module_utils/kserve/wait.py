@@ -8,8 +8,8 @@ previous revision would pass right after an apply. This waiter watches the objec
 status.observedGeneration == metadata.generation and Ready=True (polling where the watch is refused), and on
 timeout explains why, with the conditions and the predictor pods' states. Plain Python over a `kubernetes.client.ApiClient`.
 
-The checks per kind (InferenceService, LLMInferenceService) are here; the loop that reads, watches and waits out an API
-server outage is ``kube/wait.py``'s ``wait_for``.
+The checks per kind (InferenceService, LLMInferenceService) are here and go into ``kube/wait.py``'s readiness table; the
+loop that reads, watches and waits out an API server outage is its ``wait_for``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.defaults import KSERVE_GROUP, KSERVE_VERSION
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import service as kube_service
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import wait as kube_wait
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import load_failure
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import readers as isvc_readers
@@ -88,6 +89,19 @@ def describe(isvc, pods):
         state["generation"], state["observed_generation"], ", ".join(conds) or "none", "; ".join(pod_text) or "none")
 
 
+def _ready_pending(state):
+    """The table's answer from a readiness dict (readers.readiness / llmisvc status.readiness): None when Ready at the
+    current generation, else why not."""
+    if state["ready"] and state["up_to_date"]:
+        return None
+    return "not reconciled yet" if not state["up_to_date"] else "not Ready"
+
+
+# The KServe kinds' rows of the one readiness table (kube/wait.py): Ready *at the current generation*.
+kube_wait.register("InferenceService", lambda obj: _ready_pending(isvc_readers.readiness(obj)))
+kube_wait.register("LLMInferenceService", lambda obj: _ready_pending(llmisvc_status.readiness(obj)))
+
+
 class _Kind:
     """What differs between the kinds this waiter watches: the API path, the readiness predicate, the pod listing."""
 
@@ -144,7 +158,7 @@ def wait_ready(api_client, namespace, name, timeout=1200, interval=5, clock=time
 
     def check(obj):
         state = res.readiness(obj)
-        if state["ready"] and state["up_to_date"]:
+        if kube_wait.pending(res.kind, obj) is None:
             # Ready at this generation; an LLMInferenceService's pool Deployments may still roll out (its status does
             # not change meanwhile): look again in a second.
             return True if res.rollout_pending(api_client, obj) is None else 1.0
@@ -156,12 +170,12 @@ def wait_ready(api_client, namespace, name, timeout=1200, interval=5, clock=time
 
     def on_timeout(obj, elapsed):
         pods = res.pods(api_client, namespace, name)
-        why = "not reconciled yet" if not res.readiness(obj)["up_to_date"] else "not Ready"
+        why = kube_wait.pending(res.kind, obj) or "not Ready"
         raise WaitTimeout("%s %s/%s is %s after %ds: %s. A cold start with a draft model takes about 5 "
                           "minutes; raise the timeout if pods are still starting"
                           % (res.kind, namespace, name, why, int(elapsed), res.describe(obj, pods)), obj, pods)
 
-    return kube_wait.wait_for(api_client, namespace, name, res, check, on_timeout, timeout, interval, clock, sleep, watch)
+    return kube_service.service_of(api_client).wait_for(namespace, name, res, check, on_timeout, timeout, interval, clock, sleep, watch)
 
 
 def wait_until(api_client, namespace, name, done, timeout=1200, interval=5, clock=time.monotonic, sleep=time.sleep, watch=True,
@@ -181,4 +195,4 @@ def wait_until(api_client, namespace, name, done, timeout=1200, interval=5, cloc
         answer = done(obj)  # a float: not yet, look again in that many seconds (a pod state, no event on the object)
         return answer if isinstance(answer, float) else bool(answer)
 
-    return kube_wait.wait_for(api_client, namespace, name, res, check, on_timeout, timeout, interval, clock, sleep, watch)
+    return kube_service.service_of(api_client).wait_for(namespace, name, res, check, on_timeout, timeout, interval, clock, sleep, watch)

@@ -113,6 +113,7 @@ class KubeModule(AnsibleK8SModule):
     def __init__(self, argument_spec, **kwargs):
         super().__init__(argument_spec=argument_spec, **kwargs)
         self._api_client = None
+        self._cluster = None
 
     @property
     def api_client(self):
@@ -123,6 +124,12 @@ class KubeModule(AnsibleK8SModule):
             from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
             self._api_client = get_api_client(module=self).client.client
         return self._api_client
+
+    @property
+    def cluster(self):
+        """The cluster service (kube/service.py) over ``api_client``: built once, the one way this run reaches the cluster."""
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.service import of_module  # pylint: disable=import-outside-toplevel
+        return of_module(self)
 
     @property
     def no_log_values(self):

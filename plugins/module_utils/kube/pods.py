@@ -65,9 +65,9 @@ def api_error_message(exc):
 
 def get_inference_service(api_client, namespace, name, version=KSERVE_VERSION):
     """The InferenceService as a dict; ValidationError naming it when it does not exist."""
-    api = CustomObjectsApi(api_client)
     try:
-        return api.get_namespaced_custom_object(KSERVE_GROUP, version, namespace, "inferenceservices", name)
+        return _client.request(api_client, "GET", "/apis/%s/%s/namespaces/%s/inferenceservices/%s" % (
+            KSERVE_GROUP, version, urllib.parse.quote(namespace, safe=""), urllib.parse.quote(name, safe="")))
     except ApiException as exc:
         if getattr(exc, "status", None) == 404:
             raise ValidationError("InferenceService %s/%s not found" % (namespace, name), field="name",

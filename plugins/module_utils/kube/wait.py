@@ -6,13 +6,65 @@ read (or read it again every few seconds where the API server refuses the watch)
 an API server outage (restart, overload) is waited out until the timeout.
 
 What to wait for is the caller's: a ``kind`` (``group``, ``version``, ``plural``, ``kind`` and ``get(api_client,
-namespace, name)``) and a ``check(obj)``. The checks per kind (InferenceService, LLMInferenceService: Ready *at the
-current generation*) are in ``kserve/wait.py``. Plain Python over a ``kubernetes.client.ApiClient``.
+namespace, name)``) and a ``check(obj)``. What "ready" means per kind is one table, ``READINESS`` (as kubernetes.core's
+waiter has ``RESOURCE_PREDICATES``, plugins/module_utils/k8s/waiter.py at 6.2.0): kind -> ``pending(obj)``, None when the
+object is ready, else why not (the reason goes into the timeout message). Deployment and Job are here; the district that
+knows a kind registers its row (kserve/wait.py: InferenceService and LLMInferenceService, Ready *at the current
+generation*). Plain Python over a ``kubernetes.client.ApiClient``.
 """
 
 from __future__ import annotations
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+
+
+def deployment_pending(dep):
+    """Why a Deployment (a dict) has not finished rolling out to its current spec, or None: as ``kubectl rollout status``
+    says (kubectl's DeploymentStatusViewer.Status): observedGeneration caught up, every replica updated and available,
+    no old one left."""
+    name = (dep.get("metadata") or {}).get("name")
+    replicas = (dep.get("spec") or {}).get("replicas")
+    want = replicas if replicas is not None else 1
+    status, generation = dep.get("status") or {}, (dep.get("metadata") or {}).get("generation") or 0
+    if (status.get("observedGeneration") or 0) < generation:
+        return "Deployment %s not observed at generation %s yet" % (name, generation)
+    updated, total, available = status.get("updatedReplicas") or 0, status.get("replicas") or 0, status.get("availableReplicas") or 0
+    if updated < want or total > updated or available < updated:
+        return "Deployment %s rolling out (%d of %d updated, %d old, %d available)" % (name, updated, want, max(0, total - updated), available)
+    return None
+
+
+def job_pending(job):
+    """Why a Job (a dict) has not completed, or None: its Complete condition (batch/v1 JobCondition) is True. A Failed
+    condition raises: waiting does not help."""
+    name = (job.get("metadata") or {}).get("name")
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("status") != "True":
+            continue
+        if condition.get("type") == "Complete":
+            return None
+        if condition.get("type") == "Failed":
+            raise SpecDecodingError("Job %s failed: %s: %s" % (name, condition.get("reason"), condition.get("message") or ""),
+                                    field="name", hint="see the Job's events and its pod's log (kubectl describe job %s)" % name)
+    status = job.get("status") or {}
+    return "Job %s not complete (%d active, %d succeeded)" % (name, status.get("active") or 0, status.get("succeeded") or 0)
+
+
+# The table of per-kind readiness: kind -> pending(obj), None when ready. kserve/wait.py adds the KServe kinds.
+READINESS = {"Deployment": deployment_pending, "Job": job_pending}
+
+
+def register(kind, check):
+    """Add ``kind``'s readiness, ``check(obj)`` -> None or why not, to the table (the district that knows the kind does
+    it, once, on import)."""
+    READINESS[kind] = check
+
+
+def pending(kind, obj):
+    """Why ``obj`` (of ``kind``) is not ready yet, or None: the table's row for the kind."""
+    if kind not in READINESS:
+        raise SpecDecodingError("no readiness check for kind %s (known: %s)" % (kind, ", ".join(sorted(READINESS))), field="kind")
+    return READINESS[kind](obj)
 
 
 # An API server that restarts or sheds load answers with these (or not at all): worth waiting out, not a failure.

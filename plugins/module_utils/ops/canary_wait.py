@@ -10,7 +10,7 @@ from __future__ import annotations
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import load_failure
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import readers as isvc_readers
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import wait as kube_wait
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops.canary import (
     KNATIVE, canary_pods, knative_settled, revision_selectors, rollout_state)
@@ -63,10 +63,9 @@ def wait_step(api_client, namespace, name, state, mode, canary_name, percent, ti
         return isvc, elapsed, rollout_state(isvc, mode, canary_name, percent)
 
     def settled(obj):
-        ready = isvc_readers.readiness(obj)
         if mode == KNATIVE and not knative_settled(obj, state, stable_revision):
             return False
-        return ready["ready"] and ready["up_to_date"] and not (obj.get("status") or {}).get("canaryStatuses")
+        return kube_wait.pending("InferenceService", obj) is None and not (obj.get("status") or {}).get("canaryStatuses")
     what = "not Ready without a canary at the current generation"
     if mode == KNATIVE:
         what += " (traffic %s)" % ("100% on the latest revision" if state == "promoted" else

@@ -5,75 +5,71 @@
 LLMInferenceService, the namespace's other users of a PVC subdirectory, the JSON patch, the wait for Ready, the PVC
 and its annotations; and the registry client with the module's credentials for a Modelcar image.
 
-Each reaches the API through module_utils.kube inside the call that needs it, so the image rewrite alone does not
-load the kubernetes client.
+Each reaches the API through the cluster service (kube/service.py), which loads the kubernetes client inside the call
+that needs it, so the image rewrite alone does not.
 """
 
 from __future__ import annotations
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.ssa_conflicts import ROLLBACK_FIELD_MANAGER
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import service as kube_service
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import writer as kube_writer
 
 
 class Cluster:
-    """The API calls draft_removal.execute makes, over kubernetes.core's authenticated ApiClient."""
+    """The API calls draft_removal.execute makes, on the cluster service (kube/service.py)."""
 
     def __init__(self, api_client, params):
-        self.api_client = api_client
+        self.service = kube_service.service_of(api_client)
+        self.api_client = self.service.api_client
         self.params = params
 
     def _error(self, what, exc):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
-        return SpecDecodingError("%s failed: %s" % (what, k8s_pods.api_error_message(exc)), field="name")
+        return SpecDecodingError("%s failed: %s" % (what, kube_service.api_error_message(exc)), field="name")
 
     def _llm(self):
         return self.params.get("kind") == "LLMInferenceService"
 
+    def _resource(self):
+        if self._llm():
+            return kube_service.LLM_INFERENCE_SERVICE.at(self.params["api_version"])
+        return kube_service.INFERENCE_SERVICE
+
     def get_isvc(self):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
         from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import (  # pylint: disable=import-outside-toplevel
             cluster as llmisvc_cluster,
         )
         if self._llm():
             return llmisvc_cluster.get(self.api_client, self.params["namespace"], self.params["name"], self.params["api_version"])
-        return k8s_pods.get_inference_service(self.api_client, self.params["namespace"], self.params["name"])
+        return self.service.inference_service(self.params["namespace"], self.params["name"])
 
     def list_users(self):
         """The namespace's InferenceServices and LLMInferenceServices (other users of a PVC), and the kinds that could
         not be listed (a kind whose CRD is not installed has no objects)."""
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
         objects, unchecked = [], []
-        for kind, version, plural in (("InferenceService", "v1beta1", "inferenceservices"),
-                                      ("LLMInferenceService", self.params["api_version"], "llminferenceservices")):
+        for res in (kube_service.INFERENCE_SERVICE, kube_service.LLM_INFERENCE_SERVICE.at(self.params["api_version"])):
             try:
-                items = CustomObjectsApi(self.api_client).list_namespaced_custom_object(
-                    "serving.kserve.io", version, self.params["namespace"], plural).get("items") or []
+                items = self.service.list(res, self.params["namespace"])
             except Exception as exc:  # pylint: disable=broad-except
                 if getattr(exc, "status", None) is None:
                     raise
-                if exc.status == 404:
+                if getattr(exc, "status", None) == 404:
                     continue
-                unchecked.append("%ss (listing them failed, so it is unknown whether one uses it: %s)" % (kind, k8s_pods.api_error_message(exc)))
+                unchecked.append("%ss (listing them failed, so it is unknown whether one uses it: %s)" % (res.kind, kube_service.api_error_message(exc)))
                 continue
-            objects += [dict(item, kind=kind) for item in items]
+            objects += [dict(item, kind=res.kind) for item in items]
         return objects, unchecked
 
     def patch_isvc(self, ops, dry_run=False):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
-        api = CustomObjectsApi(self.api_client)
         # The rollback's field manager: a later deploy takes these fields back instead of refusing a foreign edit.
-        kwargs = {"field_manager": ROLLBACK_FIELD_MANAGER}
-        if dry_run:
-            kwargs["dry_run"] = "All"
-        version, plural = (self.params["api_version"], "llminferenceservices") if self._llm() else ("v1beta1", "inferenceservices")
         try:
-            return api.patch_namespaced_custom_object("serving.kserve.io", version, self.params["namespace"], plural,
-                                                      self.params["name"], ops, _content_type="application/json-patch+json", **kwargs)
+            return self.service.json_patch(self._resource(), self.params["name"], ops, namespace=self.params["namespace"],
+                                           dry_run=dry_run, read=self.get_isvc)
         except Exception as exc:  # pylint: disable=broad-except
-            if getattr(exc, "status", None) is None:
+            cause = exc.api_error if isinstance(exc, kube_writer.PatchConflict) else exc
+            if getattr(cause, "status", None) is None:
                 raise
-            raise self._error("patching InferenceService %s/%s" % (self.params["namespace"], self.params["name"]), exc) from exc
+            raise self._error("patching InferenceService %s/%s" % (self.params["namespace"], self.params["name"]), cause) from exc
 
     def wait_ready(self):
         from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
@@ -85,21 +81,17 @@ class Cluster:
         return isvc
 
     def get_pvc(self, name):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import request  # pylint: disable=import-outside-toplevel
         try:
-            return request(self.api_client, "GET", "/api/v1/namespaces/%s/persistentvolumeclaims/%s" % (self.params["namespace"], name))
+            return self.service.get(kube_service.PERSISTENT_VOLUME_CLAIM, name, self.params["namespace"], missing="none")
         except Exception as exc:  # pylint: disable=broad-except
-            if getattr(exc, "status", None) == 404:
-                return None
             if getattr(exc, "status", None) is None:
                 raise
             raise self._error("reading PVC %s" % name, exc) from exc
 
     def patch_pvc_annotations(self, name, annotations):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import request  # pylint: disable=import-outside-toplevel
         try:
-            request(self.api_client, "PATCH", "/api/v1/namespaces/%s/persistentvolumeclaims/%s" % (self.params["namespace"], name),
-                    body={"metadata": {"annotations": annotations}}, content_type="application/merge-patch+json")
+            self.service.merge_patch(kube_service.PERSISTENT_VOLUME_CLAIM, name, {"metadata": {"annotations": annotations}},
+                                     namespace=self.params["namespace"])
         except Exception as exc:  # pylint: disable=broad-except
             if getattr(exc, "status", None) is None:
                 raise

@@ -4,9 +4,11 @@
 """The rollback (strip every speculative flag) and the roll-forward (set it again) of one InferenceService.
 
 What module ``isvc_speculative`` does, as plain Python: ``check_params`` refuses contradicting options, ``run`` reads the
-InferenceService through a ``Cluster``, plans the change (``isvc_patch``), writes it in one guarded JSON patch (and the
-runtime copy or runtime edit when the flag comes from the ServingRuntime), keeps the backup, waits and removes the
-draft's storageUris entry when asked. Errors are SpecDecodingErrors that name the option and the fix.
+InferenceService through a ``Cluster`` (one InferenceService on the cluster service, kube/service.py), builds the plan
+from the reads (ops/rollback_plan.py: what to strip, where the flag comes from, who owns the object) and ``act`` writes
+it: one guarded JSON patch (and the runtime copy or runtime edit when the flag comes from the ServingRuntime) through the
+one patch writer, the backup kept; then it waits (the one waiter) and removes the draft's storageUris entry when asked.
+Errors are SpecDecodingErrors that name the option and the fix.
 """
 
 from __future__ import annotations
@@ -15,17 +17,21 @@ import copy
 import json
 import os
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import patch_plan as isvc_patch
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.releases import refuse_unknown_speculative_fields
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.credentials import redact
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ConflictError, SpecDecodingError, ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops import owner as gitops_owner
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.ssa_conflicts import ROLLBACK_FIELD_MANAGER
-
-GROUP = "serving.kserve.io"
-VERSION = "v1beta1"
-PLURAL = "inferenceservices"
-
-FIELD_MANAGER = ROLLBACK_FIELD_MANAGER
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import patch_plan as isvc_patch
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import readers as isvc_readers
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime as serving_runtime
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime_readers
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import cluster as llmisvc_cluster
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import flags as llmisvc
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import status as llmisvc_status
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import service as kube_service
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import writer as kube_writer
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import ApiException
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import rollback_plan
 
 
 def check_params(params):
@@ -45,154 +51,64 @@ def check_params(params):
 
 
 class Cluster:
-    """The three API calls the module makes, over kubernetes.core's authenticated ApiClient."""
+    """One InferenceService on the cluster service (kube/service.py): what the rollback reads and writes of it."""
 
-    def __init__(self, api_client, namespace, name):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
-        self.api_client = api_client
-        self.api = CustomObjectsApi(api_client)
+    def __init__(self, api_client, namespace, name, gitops_owner_policy="refuse", warn=None):
+        self.service = kube_service.service_of(api_client)
+        self.api_client = self.service.api_client
         self.namespace = namespace
         self.name = name
+        self.gitops_owner_policy = gitops_owner_policy
+        self.warn = warn
+
+    # -- reads (what the plan is built from) -----------------------------------------------------------------------
 
     def get(self):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
-        return k8s_pods.get_inference_service(self.api_client, self.namespace, self.name)
+        return self.service.inference_service(self.namespace, self.name)
+
+    def runtime_reader(self):
+        """The ServingRuntime / ClusterServingRuntime reads, one snapshot per plan (runtime_readers.ClientReader)."""
+        return runtime_readers.ClientReader(self.service)
+
+    def owner_of(self, obj, what, policy=None, warn=None):
+        """Who owns ``obj`` (gitops/owner.py); raises the refusal of a live write its owner would undo."""
+        return gitops_owner.check_live_write(self.api_client, obj, policy or self.gitops_owner_policy, what, warn=warn or self.warn)
+
+    # -- writes (the act) ------------------------------------------------------------------------------------------
 
     def create_runtime(self, body, dry_run):
         """Create (or, when it exists with our labels, keep) the per-service ServingRuntime copy."""
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import (  # pylint: disable=import-outside-toplevel
-            runtime as serving_runtime, runtime_readers,
-        )
         meta = body["metadata"]
-        kwargs = {"field_manager": FIELD_MANAGER}
-        if dry_run:
-            kwargs["dry_run"] = "All"
-        existing = runtime_readers.ClientReader(self.api_client).get(serving_runtime.SERVING_RUNTIME, meta["namespace"], meta["name"])
+        existing = runtime_readers.ClientReader(self.service).get(serving_runtime.SERVING_RUNTIME, meta["namespace"], meta["name"])
         if existing is not None:
             if (existing["metadata"].get("labels") or {}).get(serving_runtime.COPY_FOR_LABEL) != meta["labels"][serving_runtime.COPY_FOR_LABEL]:
                 raise ValidationError("ServingRuntime %s/%s exists and was not made by this collection for %s" % (
                     meta["namespace"], meta["name"], self.name), field="runtime_copy",
                     hint="delete or rename that ServingRuntime, or use edit_runtime")
             return existing, False
-        return self.api.create_namespaced_custom_object(serving_runtime.GROUP, serving_runtime.RUNTIME_VERSION, meta["namespace"],
-                                                        "servingruntimes", body, **kwargs), True
+        return self.service.create(kube_service.SERVING_RUNTIME, body, namespace=meta["namespace"], dry_run=dry_run), True
 
     def patch_runtime(self, kind, name, ops, dry_run):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import (  # pylint: disable=import-outside-toplevel
-            runtime as serving_runtime,
-        )
-        kwargs = {"field_manager": FIELD_MANAGER}
-        if dry_run:
-            kwargs["dry_run"] = "All"
-        group, version = serving_runtime.GROUP, serving_runtime.RUNTIME_VERSION
-        if kind == serving_runtime.SERVING_RUNTIME:
-            call = self.api.patch_namespaced_custom_object
-            args = (group, version, self.namespace, "servingruntimes", name, ops)
-        else:
-            call = self.api.patch_cluster_custom_object
-            args = (group, version, "clusterservingruntimes", name, ops)
-        try:
-            return call(*args, _content_type="application/json-patch+json", **kwargs)
-        except TypeError:
-            return call(*args, **kwargs)
+        res = kube_service.SERVING_RUNTIME if kind == kube_service.SERVING_RUNTIME.kind else kube_service.CLUSTER_SERVING_RUNTIME
+        return self.service.json_patch(res, name, ops, namespace=self.namespace, dry_run=dry_run)
 
     def patch(self, ops, dry_run):
         # A named field manager: a later server-side apply (the deploy) that conflicts with this edit names the rollback.
-        kwargs = {"field_manager": FIELD_MANAGER}
-        if dry_run:
-            kwargs["dry_run"] = "All"
-        try:
-            return self.api.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name, ops,
-                                                           _content_type="application/json-patch+json", **kwargs)
-        except TypeError:  # kubernetes < 31 picks the content type from the body (a list: JSON patch)
-            return self.api.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name, ops, **kwargs)
+        return self.service.json_patch(kube_service.INFERENCE_SERVICE, self.name, ops, namespace=self.namespace, dry_run=dry_run,
+                                       read=self.get)
+
+    def wait_ready(self, params):
+        """The one waiter (kserve/wait.py over kube/wait.py): Ready at the generation, a crash loop failing at once."""
+        return isvc_wait.wait_ready(self.api_client, self.namespace, self.name, timeout=params["wait_timeout"],
+                                    interval=params["wait_sleep"], **crash_loop_check(params))
 
 
 def _api_error(exc):
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
-    return k8s_pods.api_error_message(exc)
-
-
-def _is_conflict(exc, cluster, ops):
-    """409, or a 422 whose cause is a failed ``test`` op: the tested values no longer hold on a fresh read.
-
-    (The API server words a failed JSON-patch test differently across versions, e.g. only "the server
-    rejected our request due to an error in our request", so the object itself is the judge.)
-    """
-    status = getattr(exc, "status", None)
-    if status == 409:
-        return True
-    if status != 422 or not any(op.get("op") == "test" for op in ops):
-        return False
-    try:
-        fresh = cluster.get()
-    except SpecDecodingError:
-        return True  # gone or unreadable since our read: someone else changed it
-    return not isvc_patch.tests_hold(fresh, ops)
-
-
-def _canonical(config, vllm_version, field="config"):
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as core  # pylint: disable=import-outside-toplevel
-    result = core.validate(config, vllm_version=vllm_version, field=field)
-    return result.json, result.config, list(result.warnings)
-
-
-def _backup_path(path, namespace, name):
-    if os.path.isdir(path):
-        return os.path.join(path, "%s.%s.speculative-backup.json" % (namespace, name))
-    return path
-
-
-def _read_backup(params, isvc):
-    if params["backup"] == "file":
-        path = _backup_path(params["backup_file"], params["namespace"], params["name"])
-        if not os.path.exists(path):
-            raise ValidationError("no backup file at %s" % path, field="backup_file",
-                                  hint="give the file a rollback wrote, or use backup: annotation")
-        with open(path, encoding="utf-8") as fh:
-            return isvc_patch.parse_backup(fh.read(), field="backup_file")
-    doc = isvc_patch.read_backup(isvc)
-    if doc is None:
-        raise ValidationError("InferenceService %s/%s has no %s annotation to roll forward from" % (
-            params["namespace"], params["name"], isvc_patch.BACKUP_ANNOTATION), field="restore_backup",
-            hint="roll forward with state=present and config, or use backup: file with the backup_file a rollback wrote")
-    return doc
-
-
-def plan_once(params, isvc, warnings):
-    """(plan, annotation value or None, backup doc or None, truncated, json or None) for the current object."""
-    # a rollback that cannot see the flag must not report it gone (kserve/releases.py); nothing is written
-    refuse_unknown_speculative_fields(isvc)
-    canonical = None
-    if params["state"] == "absent":
-        plan = isvc_patch.plan_strip(isvc, container_name=params["container"])
-    elif params["restore_backup"]:
-        doc = _read_backup(params, isvc)
-        if doc.get("config"):
-            canonical, _normalised, warn = _canonical(doc["config"], params["vllm_version"], field="backup.config")
-            warnings.extend(warn)
-        plan = isvc_patch.plan_restore(isvc, doc, canonical)
-        return plan, None, None, False, canonical
-    else:
-        canonical, _normalised, warn = _canonical(params["config"], params["vllm_version"])
-        warnings.extend(warn)
-        plan = isvc_patch.plan_set(isvc, canonical, container_name=params["container"])
-    annotation = None
-    doc = None
-    truncated = False
-    if plan.changed and params["backup"] != "none" and (plan.previous_config is not None or plan.previous_raw or plan.legacy_flags):
-        doc = isvc_patch.backup_document(isvc, plan)
-        if params["backup"] in ("annotation", "both"):
-            annotation, truncated = isvc_patch.backup_annotation_value(doc)
-            if truncated:
-                warnings.append("the command lists are too big for the %s annotation (%d bytes max); only the config was kept there"
-                                % (isvc_patch.BACKUP_ANNOTATION, isvc_patch.MAX_BACKUP_BYTES)
-                                + ("" if params["backup"] == "both" else "; use backup: both with backup_file to keep them"))
-    return plan, annotation, doc, truncated, canonical
+    return kube_service.api_error_message(exc)
 
 
 def write_backup_file(params, doc):
-    path = _backup_path(params["backup_file"], params["namespace"], params["name"])
+    path = rollback_plan.backup_path(params["backup_file"], params["namespace"], params["name"])
     payload = dict(doc, namespace=params["namespace"], name=params["name"])
     tmp = path + ".tmp"
     parent = os.path.dirname(os.path.abspath(path))
@@ -205,85 +121,63 @@ def write_backup_file(params, doc):
     return path
 
 
-def _config_after(resource):
-    try:
-        return isvc_patch.current_config(resource)
-    except SpecDecodingError:
-        return None
-
-
 def crash_loop_check(params):
     """wait_ready's crash-loop arguments from a module's wait options (doc fragment inference_service.WAIT): a rolled-back
     revision that crash-loops fails the wait at once, with KServe's lastFailureInfo and the container's previous log tail
     (secrets redacted), instead of at wait_timeout (20 minutes by default)."""
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.credentials import redact  # pylint: disable=import-outside-toplevel
     return {"crash_loop_restarts": params["wait_crash_loop_restarts"], "redact": redact}
 
 
-def run(cluster, params, check_mode=False, diff=False):
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
+def _runtime_reader(cluster):
+    """The cluster's runtime reads (a double without them reads through its api_client)."""
+    if hasattr(cluster, "runtime_reader"):
+        return cluster.runtime_reader()
+    return runtime_readers.ClientReader(cluster.api_client)
 
+
+def _owner_check(cluster, params):
+    """The plan's owner question, ``owner_of(obj, what, warn)``, with the module's gitops_owner policy; a double without
+    ``owner_of`` answers from the object's own marks (gitops/owner.py reads no owner object without a client)."""
+    policy = params.get("gitops_owner", "refuse")
+    if hasattr(cluster, "owner_of"):
+        return lambda obj, what, warn: cluster.owner_of(obj, what, policy=policy, warn=warn)
+    return lambda obj, what, warn: gitops_owner.check_live_write(getattr(cluster, "api_client", None), obj, policy, what, warn=warn)
+
+
+def run(cluster, params, check_mode=False, diff=False):
+    """Module isvc_speculative: (result, warnings). Each attempt reads the InferenceService, builds the plan from the reads
+    (rollback_plan.build) and acts on it (``act``); a patch refused because the object changed meanwhile plans again on a
+    fresh read, up to ``retries`` times."""
     warnings = []
     result = dict(changed=False, containers=[], patch=[], backup_truncated=False, attempts=0)
     attempts = 0
     while True:
         isvc = cluster.get()
-        plan, annotation, doc, truncated, canonical = plan_once(params, isvc, warnings)
-        result.update(previous_config=plan.previous_config if params["state"] == "absent" else _config_after(isvc),
-                      containers=plan.containers, backup_truncated=truncated)
-        if params["state"] == "absent":
-            result["previous_legacy_flags"] = plan.legacy_flags
-        if canonical is not None:
-            result["json"] = canonical
-        runtime_fix = plan_runtime(params, cluster, isvc, plan, result, warnings) if params["state"] == "absent" else None
-        if not plan.changed and runtime_fix is None:
-            result.update(resource=isvc, config=_config_after(isvc))
+        reader = _runtime_reader(cluster) if params["state"] == "absent" else None
+        # the owner is asked before the first write only: a retry writes the same objects
+        plan = rollback_plan.build(params, isvc, reader=reader, owner_of=_owner_check(cluster, params) if attempts == 0 else None)
+        warnings.extend(plan.warnings)
+        result.update(plan.result)
+        if not plan.changed:
+            result.update(resource=isvc, config=rollback_plan.config_of(isvc))
             break
-        if attempts == 0:  # before the first write: an owner that syncs the object would put the flag back (issue 47)
-            gitops_owner.check_live_write(getattr(cluster, "api_client", None), isvc, params.get("gitops_owner", "refuse"),
-                                          "InferenceService %s/%s" % (params["namespace"], params["name"]), warn=warnings.append)
-            if (runtime_fix or {}).get("fix") == "edit":  # edit_runtime patches the shared runtime: its owner counts too
-                gitops_owner.check_live_write(cluster.api_client, runtime_fix["runtime"], params.get("gitops_owner", "refuse"),
-                                              "%s %s" % (runtime_fix["kind"], runtime_fix["name"]), warn=warnings.append)
-        ops = isvc_patch.build_patch(isvc, plan, annotation_value=annotation, guard=params["guard"]) if plan.changed else []
-        if runtime_fix is not None:
-            apply_runtime_fix(cluster, runtime_fix, result, check_mode)
-            ops += runtime_fix.get("isvc_ops") or []
-            if not ops:
-                result.update(changed=True, resource=cluster.get() if not check_mode else isvc)
-                result["config"] = _config_after(result["resource"])
-                break
-        if doc is not None and params["backup"] in ("file", "both") and not check_mode:
-            result["backup_file"] = write_backup_file(params, doc)
         attempts += 1
         try:
-            after = cluster.patch(ops, dry_run=check_mode)
-        except Exception as exc:  # pylint: disable=broad-except
-            if getattr(exc, "status", None) is None:
-                raise
-            if _is_conflict(exc, cluster, ops):
-                if attempts <= params["retries"]:
-                    continue
-                raise ConflictError(
-                    "InferenceService %s/%s changed between read and write; nothing was overwritten (%s)"
-                    % (params["namespace"], params["name"], _api_error(exc)), field="name",
-                    hint="re-run to plan on the fresh object, or set retries to re-read and retry automatically") from exc
-            raise SpecDecodingError("patching InferenceService %s/%s failed: %s" % (params["namespace"], params["name"], _api_error(exc)),
-                                    field="name") from exc
-        result.update(changed=True, patch=ops, resource=after, config=_config_after(after))
-        if doc is not None:
-            result["backup"] = doc
-        if diff:
-            result["diff"] = {"before": isvc_patch.diff_view(isvc), "after": isvc_patch.diff_view(after)}
+            act(cluster, params, plan, result, check_mode=check_mode, diff=diff)
+        except kube_writer.PatchConflict as exc:
+            if attempts <= params["retries"]:
+                continue
+            raise ConflictError(
+                "InferenceService %s/%s changed between read and write; nothing was overwritten (%s)"
+                % (params["namespace"], params["name"], _api_error(exc.api_error)), field="name",
+                hint="re-run to plan on the fresh object, or set retries to re-read and retry automatically") from exc
         break
     result["attempts"] = attempts
     if check_mode:
         return result, warnings
 
     if params["wait"]:
-        ready, elapsed = isvc_wait.wait_ready(cluster.api_client, params["namespace"], params["name"],
-                                              timeout=params["wait_timeout"], interval=params["wait_sleep"],
-                                              **crash_loop_check(params))
+        ready, elapsed = cluster.wait_ready(params)
         result["ready"] = {"ready": True, "generation": ready["metadata"].get("generation"), "elapsed": round(elapsed, 1)}
         result["resource"] = ready
     if params["remove_draft_artifacts"] and params["state"] == "absent":
@@ -291,61 +185,32 @@ def run(cluster, params, check_mode=False, diff=False):
     return result, warnings
 
 
-def plan_runtime(params, cluster, isvc, plan, result, warnings):
-    """After the strip, does the runtime still pass a flag to vLLM? Refuse, or plan the copy or the runtime edit.
-
-    Returns None (nothing to do in the runtime), {"fix": "copy", "body": ..., "isvc_ops": [...]} or
-    {"fix": "edit", "kind": ..., "name": ..., "runtime": {...}, "ops": [...]}; raises ValidationError (the refusal) otherwise.
-    """
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime as srt  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime_readers  # pylint: disable=import-outside-toplevel
-
-    reader = runtime_readers.ClientReader(cluster.api_client)
+def act(cluster, params, plan, result, check_mode=False, diff=False):
+    """Write ``plan`` through the cluster: the runtime's fix first (a copy to switch to, or the shared runtime's strip),
+    the backup file, then the InferenceService's one guarded JSON patch (a server dry run in check mode). A
+    PatchConflict (the InferenceService changed since it was read) passes through: the caller plans again."""
+    if plan.runtime_fix is not None:
+        apply_runtime_fix(cluster, plan.runtime_fix, result, check_mode)
+        if not plan.ops:
+            result.update(changed=True, resource=cluster.get() if not check_mode else plan.isvc)
+            result["config"] = rollback_plan.config_of(result["resource"])
+            return
+    if plan.backup is not None and params["backup"] in ("file", "both") and not check_mode:
+        result["backup_file"] = write_backup_file(params, plan.backup)
     try:
-        before = srt.effective_command(isvc, reader)
-    except ValidationError as exc:
-        if exc.field not in ("spec.predictor.model.runtime", "spec.containers"):
+        after = cluster.patch(plan.ops, dry_run=check_mode)
+    except kube_writer.PatchConflict:
+        raise
+    except Exception as exc:  # pylint: disable=broad-except
+        if getattr(exc, "status", None) is None:
             raise
-        # KServe cannot run this predictor either (it says so in the status); the InferenceService's own flags still go
-        why = " (servingruntimes/clusterservingruntimes not readable: 403 Forbidden; grant get/list, see docs/rollback.md)" \
-            if reader.forbidden else ""
-        warnings.append("%s%s: the runtime's command is not checked for --speculative-config" % (exc, why))
-        result["runtime"] = None
-        return None
-    info = {"kind": before.kind, "name": before.runtime_name, "source": before.source(), "fix": "none"}
-    result["runtime"] = info
-    if before.runtime is None:
-        return None
-    stripped = isvc_patch.apply_patch(isvc, isvc_patch.build_patch(isvc, plan)) if plan.changed else isvc
-    after = srt.effective_command(stripped, reader)
-    if after.runtime_source not in after.sources():
-        return None
-    users = reader.users(after)
-    result["runtime_users"] = users
-    if result.get("previous_config") is None:
-        try:
-            result["previous_config"] = before.config()
-        except SpecDecodingError:
-            pass
-    if params["runtime_copy"]:
-        body = srt.render_runtime_copy(after)
-        info.update(fix="copy", copy=body["metadata"]["name"])
-        model_path = "/spec/predictor/model/runtime"
-        current = isvc["spec"]["predictor"]["model"].get("runtime")
-        if current:
-            ops = [{"op": "test", "path": model_path, "value": current},
-                   {"op": "replace", "path": model_path, "value": body["metadata"]["name"]}]
-        else:
-            ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": isvc["metadata"]["resourceVersion"]},
-                   {"op": "add", "path": model_path, "value": body["metadata"]["name"]}]
-        return {"fix": "copy", "body": body, "isvc_ops": ops}
-    if params["edit_runtime"]:
-        warnings.append("edit_runtime: stripping --speculative-config from the %s %s; every InferenceService using it loses "
-                        "speculative decoding: %s" % (after.kind, after.runtime_name, ", ".join(users) or "none found"))
-        info["fix"] = "edit"
-        return {"fix": "edit", "kind": after.kind, "name": after.runtime_name, "runtime": after.runtime,
-                "ops": srt.runtime_strip_patch(after.runtime, after.runtime_index)}
-    raise ValidationError(srt.rollback_refusal(after, users))
+        raise SpecDecodingError("patching InferenceService %s/%s failed: %s" % (params["namespace"], params["name"], _api_error(exc)),
+                                field="name") from exc
+    result.update(changed=True, patch=plan.ops, resource=after, config=rollback_plan.config_of(after))
+    if plan.backup is not None:
+        result["backup"] = plan.backup
+    if diff:
+        result["diff"] = {"before": isvc_patch.diff_view(plan.isvc), "after": isvc_patch.diff_view(after)}
 
 
 def apply_runtime_fix(cluster, fix, result, check_mode):
@@ -357,23 +222,21 @@ def apply_runtime_fix(cluster, fix, result, check_mode):
             result["runtime_copy"] = created
         elif fix["ops"]:
             cluster.patch_runtime(fix["kind"], fix["name"], fix["ops"], dry_run=check_mode)
-    except SpecDecodingError:
-        raise
     except Exception as exc:  # pylint: disable=broad-except
-        if getattr(exc, "status", None) is None:
+        # a PatchConflict (the runtime changed since it was read) is said as the API server said it
+        cause = exc.api_error if isinstance(exc, kube_writer.PatchConflict) else exc
+        if cause is exc and (isinstance(exc, SpecDecodingError) or getattr(exc, "status", None) is None):
             raise
         what = "creating ServingRuntime %s" % fix["body"]["metadata"]["name"] if fix["fix"] == "copy" else \
             "stripping the flag from %s %s" % (fix["kind"], fix["name"])
         field = "runtime_copy" if fix["fix"] == "copy" else "edit_runtime"
-        raise ConflictError("%s failed, nothing else was changed: %s" % (what, _api_error(exc)), field=field,
+        raise ConflictError("%s failed, nothing else was changed: %s" % (what, _api_error(cause)), field=field,
                             hint="re-run the rollback (it plans again on the fresh objects)") from exc
     result["changed"] = True
 
 
 def remove_draft(params, cluster, result, warnings):
     """Drop the draft's storageUris entry once the rolled-back revision is Ready at its generation."""
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import readers as isvc_readers  # pylint: disable=import-outside-toplevel
-
     isvc = cluster.get()
     state = isvc_readers.readiness(isvc)
     if not (state["ready"] and state["up_to_date"]):
@@ -391,51 +254,34 @@ def remove_draft(params, cluster, result, warnings):
             warnings.append(note)
         return {"removed": None, "note": note}
     if not result["changed"]:  # the rollback's own write checked the owner already
-        gitops_owner.check_live_write(cluster.api_client, isvc, params.get("gitops_owner", "refuse"),
-                                      "InferenceService %s/%s" % (params["namespace"], params["name"]), warn=warnings.append)
+        _owner_check(cluster, params)(isvc, "InferenceService %s/%s" % (params["namespace"], params["name"]), warnings.append)
     try:
         cluster.patch(ops, dry_run=False)
     except Exception as exc:  # pylint: disable=broad-except
-        if getattr(exc, "status", None) is None:
+        cause = exc.api_error if isinstance(exc, kube_writer.PatchConflict) else exc
+        if getattr(cause, "status", None) is None:
             raise
-        raise SpecDecodingError("removing the draft's storageUris entry failed: %s" % _api_error(exc), field="remove_draft_artifacts") from exc
+        raise SpecDecodingError("removing the draft's storageUris entry failed: %s" % _api_error(cause), field="remove_draft_artifacts") from exc
     result["changed"] = True
     if params["wait"]:
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
-        ready, _elapsed = isvc_wait.wait_ready(cluster.api_client, params["namespace"], params["name"],
-                                               timeout=params["wait_timeout"], interval=params["wait_sleep"],
-                                               **crash_loop_check(params))
-        result["resource"] = ready
+        result["resource"], _elapsed = cluster.wait_ready(params)
     return {"removed": removed, "note": note}
 
 
 # Module llmisvc_speculative: the rollback of a KServe LLMInferenceService (read the flags of every pool, strip them).
 
 def _patch_llmisvc(api_client, params, ops, dry_run):
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import (  # pylint: disable=import-outside-toplevel
-        cluster as llmisvc_cluster,
-    )
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model  # pylint: disable=import-outside-toplevel
-    kwargs = {"field_manager": ROLLBACK_FIELD_MANAGER}
-    if dry_run:
-        kwargs["dry_run"] = "All"
-    api = llmisvc_cluster._custom_api(api_client)
-    args = (llmisvc_model.GROUP, params["api_version"], params["namespace"], llmisvc_model.PLURAL, params["name"], ops)
-    try:
-        return api.patch_namespaced_custom_object(*args, _content_type="application/json-patch+json", **kwargs)
-    except TypeError:  # kubernetes < 31 picks the content type from the body (a list: JSON patch)
-        return api.patch_namespaced_custom_object(*args, **kwargs)
+    """The strip through the one patch writer; a failed ``test`` is judged on a fresh read of the object."""
+    service = kube_service.service_of(api_client)
+    return service.json_patch(kube_service.LLM_INFERENCE_SERVICE.at(params["api_version"]), params["name"], ops,
+                              namespace=params["namespace"], dry_run=dry_run,
+                              read=lambda: llmisvc_cluster.get(service.api_client, params["namespace"], params["name"], params["api_version"]))
 
 
 def strip_llmisvc(api_client, params, check_mode=False, diff=False, warn=None):
     """Module llmisvc_speculative: (changed, result) - every speculative flag of an LLMInferenceService's pools (also those
     its presets and env sources set) and, with state=absent, one guarded JSON patch that strips them. `warn(text)` passes
     warnings on."""
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import flags as llmisvc  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import (  # pylint: disable=import-outside-toplevel
-        cluster as llmisvc_cluster,
-    )
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import status as llmisvc_status  # pylint: disable=import-outside-toplevel
 
     obj = llmisvc_cluster.get(api_client, params["namespace"], params["name"], params["api_version"])
     prefix = params["config_prefix"]
@@ -464,13 +310,12 @@ def strip_llmisvc(api_client, params, check_mode=False, diff=False, warn=None):
         return False, result
     gitops_owner.check_live_write(api_client, obj, params.get("gitops_owner", "refuse"),
                                   "LLMInferenceService %s/%s" % (params["namespace"], params["name"]), warn=warn)
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import ApiException  # pylint: disable=import-outside-toplevel
     try:
         after = _patch_llmisvc(api_client, params, ops, check_mode)
+    except kube_writer.PatchConflict as exc:
+        raise SpecDecodingError("LLMInferenceService %s/%s changed while the rollback read it (a JSON patch test failed)"
+                                % (params["namespace"], params["name"]), field="name", hint="rerun the rollback") from exc
     except ApiException as exc:
-        if exc.status == 422 and "test" in str(exc.body or ""):
-            raise SpecDecodingError("LLMInferenceService %s/%s changed while the rollback read it (a JSON patch test failed)"
-                                    % (params["namespace"], params["name"]), field="name", hint="rerun the rollback") from exc
         raise llmisvc_cluster.api_error("patching LLMInferenceService %s/%s" % (params["namespace"], params["name"]), exc,
                                         "name") from exc
     result.update(resource=after, generation=after["metadata"].get("generation"))

@@ -10,22 +10,20 @@ read and write fails on the server instead of being overwritten. Plain Python, n
 
 from __future__ import annotations
 
-import copy
 import json
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_edit as vllm_edit
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+# the JSON-pointer helpers live with the one patch writer; imported here for the callers that plan with this module
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.writer import (  # noqa: F401  pylint: disable=unused-import
+    apply_patch, escape_pointer, tests_hold,
+)
 
 BACKUP_ANNOTATION = "spec-decoding.alauda.io/previous-speculative-config"
 # Kubernetes allows 256 KiB for all annotations together; one backup keeps well below that.
 MAX_BACKUP_BYTES = 16 * 1024
 BACKUP_FORMAT = 1
-
-
-def escape_pointer(token):
-    """Escape one JSON-pointer reference token (RFC 6901)."""
-    return str(token).replace("~", "~0").replace("/", "~1")
 
 
 class Container:
@@ -315,38 +313,6 @@ def build_patch(isvc, plan, annotation_value=None, guard="value"):
         else:
             ops.append({"op": "add", "path": "/metadata/annotations/" + escape_pointer(BACKUP_ANNOTATION), "value": annotation_value})
     return ops
-
-
-def apply_patch(obj, ops):
-    """Apply a JSON patch made by build_patch to a copy of ``obj`` (for diffs and for tests)."""
-    doc = copy.deepcopy(obj)
-    for op in ops:
-        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
-        parent = doc
-        for part in parts[:-1]:
-            parent = parent[int(part)] if isinstance(parent, list) else parent[part]
-        last = parts[-1]
-        key = int(last) if isinstance(parent, list) else last
-        if op["op"] == "test":
-            if parent[key] != op["value"]:
-                raise ValueError("test failed at %s" % op["path"])
-        elif op["op"] in ("add", "replace"):
-            parent[key] = copy.deepcopy(op["value"])
-        elif op["op"] == "remove":
-            del parent[key]
-    return doc
-
-
-def tests_hold(obj, ops):
-    """True when every ``test`` op of ``ops`` holds on ``obj`` (a missing path does not hold)."""
-    for op in ops:
-        if op.get("op") != "test":
-            continue
-        try:
-            apply_patch(obj, [op])
-        except (ValueError, KeyError, IndexError, TypeError):
-            return False
-    return True
 
 
 def diff_view(isvc):

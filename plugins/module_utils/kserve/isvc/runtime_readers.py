@@ -11,6 +11,7 @@ Apart from runtime.py so that the merge and selection stay offline logic on what
 from __future__ import annotations
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import service as kube_service
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.releases import refuse_unknown_speculative_fields
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import readers as isvc_readers
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
@@ -20,7 +21,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc.r
 
 
 # --------------------------------------------------------------------------------------------------
-# Reading the cluster (kubernetes client passed in by the module)
+# Reading the cluster (the module's client or cluster service, kube/service.py)
 # --------------------------------------------------------------------------------------------------
 
 class ClientReader:
@@ -36,8 +37,8 @@ class ClientReader:
     PLURALS = {SERVING_RUNTIME: "servingruntimes", CLUSTER_SERVING_RUNTIME: "clusterservingruntimes"}
 
     def __init__(self, api_client):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
-        self.api = CustomObjectsApi(api_client)
+        # the cluster service's CustomObjectsApi-shaped reads (an ApiClient or the service itself)
+        self.api = kube_service.service_of(api_client).custom_objects()
         self.forbidden = []
         self._read = {}
 
@@ -59,8 +60,7 @@ class ClientReader:
                 return None
             if status is None:
                 raise
-            from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
-            raise SpecDecodingError("reading %ss failed: %s" % (kind, k8s_pods.api_error_message(exc)),
+            raise SpecDecodingError("reading %ss failed: %s" % (kind, kube_service.api_error_message(exc)),
                                     field="runtime") from exc
 
     def get(self, kind, namespace, name):

@@ -10,12 +10,13 @@ Plain Python, no Ansible imports. What KServe does with the object is in ``model
 
 from __future__ import annotations
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import service as kube_service
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import wait as kube_wait
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as spec_core
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import not_understood as unknown
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc.model import (
     ADDITIONAL_ARGS_ENV, CONFIG_KIND, CONFIG_PLURAL, DEFAULT_API_VERSION, GROUP, LWS_GROUP, LWS_GROUP_INDEX_LABEL, LWS_KIND, LWS_PLURAL, LWS_VERSION,
-    LWS_WORKER_INDEX_LABEL, MAIN_CONTAINER, PLURAL, POOLS, _dig, _layers, deployment_name, lws_name, pod_selector,
+    LWS_WORKER_INDEX_LABEL, MAIN_CONTAINER, POOLS, _dig, _layers, deployment_name, lws_name, pod_selector,
 )
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc.flags import (
     WELL_KNOWN_PREFIX, _effective_containers, env_ref, flags, preset_layers, well_known_presets,
@@ -23,31 +24,24 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisv
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc.status import _index, lws_groups, multi_node, pools_of, rank0_pod
 
 # ----------------------------------------------------------------------------------------------------------------
-# Cluster reads (a kubernetes.client.ApiClient; the kubernetes library is imported only here)
+# Cluster reads (a kubernetes.client.ApiClient or the cluster service, kube/service.py: generic reads go through it)
 
 
 def api_error(what, exc, field):
     """A SpecDecodingError carrying the API server's own message (a 403 names the user, the verb and the resource)."""
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError  # pylint: disable=import-outside-toplevel
-    hint = "grant the verb on the resource named above (docs/rbac.md lists the rules each playbook needs)" if getattr(exc, "status", None) == 403 else None
-    return SpecDecodingError("%s failed: %s" % (what, k8s_pods.api_error_message(exc)), field=field, hint=hint)
+    return kube_service.api_failure(what, exc, field=field)
 
 
 def _custom_api(api_client):
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import CustomObjectsApi  # pylint: disable=import-outside-toplevel
-    return CustomObjectsApi(api_client)
+    return kube_service.service_of(api_client).custom_objects()
 
 
 def get(api_client, namespace, name, version=DEFAULT_API_VERSION):
     """The LLMInferenceService as a dict; ValidationError naming it when it does not exist."""
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import ApiException  # pylint: disable=import-outside-toplevel
     try:
-        return _custom_api(api_client).get_namespaced_custom_object(GROUP, version, namespace, PLURAL, name)
+        return kube_service.service_of(api_client).get(kube_service.LLM_INFERENCE_SERVICE.at(version), name, namespace)
     except ApiException as exc:
-        if exc.status == 404:
-            raise ValidationError("LLMInferenceService %s/%s not found" % (namespace, name), field="name",
-                                  hint="check name and namespace (kubectl get llminferenceservices -n %s)" % namespace) from exc
         raise api_error("reading LLMInferenceService %s/%s" % (namespace, name), exc, "name") from exc
 
 
@@ -119,17 +113,16 @@ def read_env_sources(api_client, obj, presets=None, config_prefix=WELL_KNOWN_PRE
     namespace (where its pods run): ``{(name, key): {"value": str or None, "reason": str or None}}``. A missing ConfigMap
     or key gives the value "" (the pod then has no such variable, or does not start: no flag can come from it); a read
     that fails otherwise (e.g. forbidden) gives None and the reason. Secrets are never read."""
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import request  # pylint: disable=import-outside-toplevel
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import ApiException  # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
+    service = kube_service.service_of(api_client)
     namespace = obj["metadata"]["namespace"]
     out, cache = {}, {}
     for name, key, _optional in env_configmap_refs(obj, presets, config_prefix):
         if name not in cache:
             try:
-                cache[name] = (request(api_client, "GET", "/api/v1/namespaces/%s/configmaps/%s" % (namespace, name)).get("data") or {}, None)
+                cache[name] = (((service.get(kube_service.CONFIG_MAP, name, namespace, missing="none") or {}).get("data") or {}), None)
             except ApiException as exc:
-                cache[name] = ({}, None) if exc.status == 404 else (None, k8s_pods.api_error_message(exc))
+                cache[name] = (None, kube_service.api_error_message(exc))
         data, reason = cache[name]
         out[(name, key)] = {"value": None, "reason": reason} if data is None else {"value": data.get(key) or "", "reason": None}
     return out
@@ -316,7 +309,6 @@ def rollout_pending(api_client, obj, presets=None):
     condition, which stays True on the old pods during a rolling update: Ready at the current generation alone does not
     mean the new pods run. A Deployment is done as `kubectl rollout status` says (observedGeneration caught up, every
     replica updated and available, no old one left); a LeaderWorkerSet as ``lws_rollout_pending`` says."""
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import request  # pylint: disable=import-outside-toplevel
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import ApiException  # pylint: disable=import-outside-toplevel
     namespace, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
     for pool in pools_of(obj, presets):
@@ -335,18 +327,12 @@ def rollout_pending(api_client, obj, presets=None):
             continue
         dep_name = deployment_name(name, pool)
         try:
-            dep = request(api_client, "GET", "/apis/apps/v1/namespaces/%s/deployments/%s" % (namespace, dep_name))
+            dep = kube_service.service_of(api_client).get(kube_service.DEPLOYMENT, dep_name, namespace, missing="none")
         except ApiException as exc:
-            if exc.status == 404:
-                return "pool %s: Deployment %s does not exist yet" % (pool, dep_name)
             raise api_error("reading Deployment %s/%s (the pool's rollout)" % (namespace, dep_name), exc, "name") from exc
-        replicas = (dep.get("spec") or {}).get("replicas")
-        want = replicas if replicas is not None else 1
-        st, generation = dep.get("status") or {}, dep["metadata"].get("generation") or 0
-        if (st.get("observedGeneration") or 0) < generation:
-            return "pool %s: Deployment %s not observed at generation %s yet" % (pool, dep_name, generation)
-        updated, total, available = st.get("updatedReplicas") or 0, st.get("replicas") or 0, st.get("availableReplicas") or 0
-        if updated < want or total > updated or available < updated:
-            return "pool %s: Deployment %s rolling out (%d of %d updated, %d old, %d available)" % (
-                pool, dep_name, updated, want, max(0, total - updated), available)
+        if dep is None:
+            return "pool %s: Deployment %s does not exist yet" % (pool, dep_name)
+        why = kube_wait.pending("Deployment", dep)
+        if why:
+            return "pool %s: %s" % (pool, why)
     return None

@@ -25,6 +25,17 @@ description:
     revision tagged C(prev)), with the flag removed from the predictor (the revision made of that spec gets 0%).
   - With O(definition) (a manifest) nothing is read or written on a cluster; the module returns the manifest of the
     step (GitOps).
+  - O(write_mode=git) makes each step where Argo CD or Flux takes the truth from, in the file of O(repo_url) that defines
+    the InferenceService (a manifest, a kustomize overlay's strategic-merge, inline or JSON 6902 patch). Knative mode -
+    C(canaryTrafficPercent) set and C(--speculative-config) added at the start, the share changed at a step, the share
+    removed at the promotion, the share and the flag removed in one commit at the abort (the Git rollback's edit).
+    Standard mode - a C(spec.canary) entry added (its predictor made from the predictor in Git; a full manifest only),
+    its C(trafficPercent) changed, the flag and the canary's name given to the predictor with C(spec.canary) removed at
+    the promotion, C(spec.canary) removed at the abort. Every other byte of the file is kept; the commit is pushed, the
+    owner's sync of it is waited for (O(git_sync_timeout)), then the step's effect as in live mode. The plan of the step
+    is the same in both modes.
+  - O(write_mode=live) on an InferenceService that Argo CD, Flux or Helm manages is refused before any write (see
+    O(gitops_owner)), naming the owner and both fixes, O(write_mode=git) and O(gitops_owner=ignore).
   - Bad input (a percent outside 1..99, Standard mode on KServe older than 0.20, a revision that already runs
     speculative decoding) fails before anything is written.
 author:
@@ -85,6 +96,64 @@ options:
       - V(0) waits for O(wait_timeout).
     type: int
     default: 2
+  write_mode:
+    description:
+      - C(live) merge-patches the InferenceService; C(git) commits the step to the Git repository that its Argo CD
+        Application or Flux Kustomization syncs, pushes it and waits for the sync (the role's C(canary_mode)).
+    type: str
+    choices: [live, git]
+    default: live
+  repo_url:
+    description:
+      - O(write_mode=git) - the Git repository; default the owner's source (the Application's C(spec.source.repoURL),
+        the Flux GitRepository's C(spec.url)). SSH URLs need O(ssh_key_file) and O(known_hosts_file); HTTPS takes O(token).
+    type: str
+  branch:
+    description: O(write_mode=git) - the branch to push the step to; default the owner's (C(targetRevision), C(ref.branch)).
+    type: str
+  path:
+    description: O(write_mode=git) - the directory the owner applies; default the owner's (C(spec.source.path), C(spec.path)).
+    type: str
+  ssh_key_file:
+    description: O(write_mode=git) - private SSH key (a deploy key with write access), used through C(GIT_SSH_COMMAND) only.
+    type: path
+  known_hosts_file:
+    description: O(write_mode=git) - the server's pinned host key (C(known_hosts) format); host key checking is strict.
+    type: path
+  token:
+    description: O(write_mode=git) - token for an C(https://) O(repo_url), sent through git's environment only.
+    type: str
+  git_username:
+    description: The user name that goes with O(token) (O(username) is the API server's).
+    type: str
+    default: git
+  author_name:
+    description: Author and committer name of the step's commit.
+    type: str
+    default: alauda.spec_decoding
+  author_email:
+    description: Author and committer e-mail of the step's commit.
+    type: str
+    default: spec-decoding@alauda.io
+  commit_message:
+    description: The commit message; default one that says the step and what changed.
+    type: str
+  workdir:
+    description: Directory where the clone is made (a new directory in it, removed at the end).
+    type: path
+  timeout:
+    description: Seconds each git command may take.
+    type: int
+    default: 120
+  git_sync_timeout:
+    description: O(write_mode=git) - seconds to wait for the owner to sync the step's commit (Argo CD C(status.sync.revision),
+      Flux C(status.lastAppliedRevision)).
+    type: int
+    default: 600
+  git_sync_sleep:
+    description: Seconds between two reads of the owner while waiting for its sync.
+    type: float
+    default: 2.0
 extends_documentation_fragment:
   - alauda.spec_decoding.gitops_owner
   - kubernetes.core.k8s_auth_options
@@ -92,6 +161,7 @@ extends_documentation_fragment:
   - alauda.spec_decoding.attributes.ACTION_GROUP
 requirements:
   - kubernetes >= 24.2.0
+  - ruamel.yaml >= 0.17 and git 2.31 or newer (O(write_mode=git))
 """
 
 EXAMPLES = r"""
@@ -108,6 +178,15 @@ EXAMPLES = r"""
     name: llama
     namespace: models
     state: promoted
+
+- name: The canary in the repository Argo CD syncs (repository, branch and path read from the Application)
+  alauda.spec_decoding.canary_rollout:
+    name: llama
+    namespace: models
+    write_mode: git
+    token: "{{ lookup('ansible.builtin.env', 'GIT_TOKEN') }}"
+    speculative_config: {method: ngram, num_speculative_tokens: 3}
+    percent: 10
 
 - name: Render the 50% step for a GitOps repository
   alauda.spec_decoding.canary_rollout:
@@ -148,6 +227,13 @@ already_promoted:
       (a rerun after the promotion); nothing was changed.
   returned: when a cluster was read and that is the case
   type: bool
+git:
+  description:
+    - O(write_mode=git) - the step's commit (C(commit), null when Git already said it; C(base)), C(repo_url), C(branch),
+      C(path), the edited C(files) with their diffs, C(changes) ({file, field, change, value}), C(commit_message), the
+      C(owner) in one line and C(synced_in) (seconds until the owner had synced the commit).
+  returned: with O(write_mode=git)
+  type: dict
 msg:
   description: What the module found, when there was nothing to do.
   returned: when RV(already_promoted) is true
@@ -157,12 +243,14 @@ msg:
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops.owner import GITOPS_OWNER_ARG_SPEC
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import canary_steps
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import canary_git, canary_steps
 
 
 def argument_spec():
     return argspec(
         GITOPS_OWNER_ARG_SPEC,
+        canary_git.GIT_ARG_SPEC,
+        write_mode=dict(type="str", choices=list(canary_git.WRITE_MODES), default="live"),
         name=dict(type="str"),
         namespace=dict(type="str"),
         state=dict(type="str", default="present", choices=["present", "promoted", "absent"]),
@@ -192,7 +280,8 @@ def execute(module):
 CONSTRAINTS = dict(
     required_if=[("state", "present", ("speculative_config", "percent"))],
     required_one_of=[("definition", "name")],
-    required_together=[("name", "namespace")],
+    required_together=[("name", "namespace"), ("ssh_key_file", "known_hosts_file")],
+    mutually_exclusive=[("ssh_key_file", "token")],
 )
 RUN = dict(timed_out={"rollout": {"done": False}})
 

@@ -52,6 +52,9 @@ class _Search:
         self.remote = []
         self.edits = {}  # rel path -> {"file", "before", "after", "removed": [...], "exact"}
         self.visited = set()
+        # None: strip the flags (the rollback). Else document_edit(node, kind, where) edits one definition of the object
+        # (kind manifest / patch: its spec mapping; json6902: its op list) and returns what it changed (gitops/canary_edit.py).
+        self.document_edit = None
 
     def rel(self, path):
         return os.path.relpath(path, self.root).replace(os.sep, "/")
@@ -175,6 +178,8 @@ def _manifest(search, path, names, namespace_override):
         if not _matches(tree, search, names, namespace_override):
             return None
         search.defined_in.append(search.rel(path))
+        if search.document_edit is not None:
+            return search.document_edit(tree.get("spec"), "manifest", search.rel(path)) or None
         return _strip_containers(tree.get("spec"), "spec") or None
     _edit_file(search, path, edit, "manifest")
 
@@ -219,9 +224,13 @@ def _json6902(ops, where):
 def _patch_content(search, tree, names, where):
     """Strip the flags of one patch document (strategic merge or a JSON 6902 op list, told apart by content)."""
     if isinstance(tree, list):
+        if search.document_edit is not None:
+            return search.document_edit(tree, "json6902", where) or []
         return _json6902(tree, where)
     if _matches(tree, search, names, None, patch=True) or (isinstance(tree, dict) and tree.get("kind") is None):
         search.defined_in.append(where)
+        if search.document_edit is not None:
+            return search.document_edit(tree.get("spec"), "patch", where) or []
         return _strip_containers(tree.get("spec"), "spec", drop_empty=True)
     return []
 
@@ -400,6 +409,13 @@ def strip_in_directory(root, path, kind, name, namespace, default_namespace=None
     rewritten in place). Returns ``{"files": [{file, diff, removed, exact}], "removed": [...], "defined_in": [...],
     "searched": [...]}``; ``files`` is empty when the object is found and carries no flag (already rolled back).
     Refuses a Helm chart, and an object that no file under the path defines."""
+    return edit_in_directory(root, path, kind, name, namespace, default_namespace=default_namespace, owner_kind=owner_kind)
+
+
+def edit_in_directory(root, path, kind, name, namespace, default_namespace=None, owner_kind=None, document_edit=None,
+                      path_option="rollback_git_path"):
+    """``strip_in_directory`` with another edit of each definition of the object: ``document_edit(node, kind, where)``
+    (see ``_Search.document_edit``; None strips the flags). ``path_option`` is the variable the not-found hint names."""
     if kind not in KINDS:
         raise ValidationError("%r is not a serving kind the Git rollback edits" % kind, field="kind", hint="use one of %s" % ", ".join(KINDS))
     root = os.path.realpath(root)
@@ -407,9 +423,10 @@ def strip_in_directory(root, path, kind, name, namespace, default_namespace=None
     rel_path = os.path.relpath(directory, root)
     if not os.path.isdir(directory):
         raise ValidationError("%r is not a directory of the repository" % (path or "."), field="path",
-                              hint="give the directory the owner applies (rollback_git_path; the Application's spec.source.path, "
-                                   "the Kustomization's spec.path)")
+                              hint="give the directory the owner applies (%s; the Application's spec.source.path, "
+                                   "the Kustomization's spec.path)" % path_option)
     search = _Search(root, kind, name, namespace, default_namespace)
+    search.document_edit = document_edit
     chart_dir = _chart_dir(root, directory)
     if owner_kind == "helm" or (chart_dir and _kustomization_file(directory) is None):
         if chart_dir is None:
@@ -423,8 +440,8 @@ def strip_in_directory(root, path, kind, name, namespace, default_namespace=None
         read = ", ".join(search.read[:12]) or "no YAML file"
         raise ValidationError(
             "no file under %r defines %s %s/%s (read: %s)%s" % (rel_path, kind, namespace, name, read, remote),
-            field="path", hint="give the directory the owner applies to this object (rollback_git_path / path: the Application's "
-                               "spec.source.path, the Kustomization's spec.path), or check the object's name and namespace")
+            field="path", hint="give the directory the owner applies to this object (%s / path: the Application's "
+                               "spec.source.path, the Kustomization's spec.path), or check the object's name and namespace" % path_option)
     files = []
     for rel, entry in sorted(search.edits.items()):
         diff = "".join(difflib.unified_diff(entry["before"].splitlines(keepends=True), entry["after"].splitlines(keepends=True),

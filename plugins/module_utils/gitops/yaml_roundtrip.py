@@ -212,3 +212,76 @@ def apply_list(seq, new):
         for position in reversed(range(i1, i2)):
             if position not in kept:
                 delete_item(seq, position)
+
+
+# -- edits that add (the canary's Git mode: gitops/canary_edit.py) ---------------------------------------------------------
+
+
+def sync_list(seq, new):
+    """Make the sequence ``seq`` hold ``new``, an edit of it that may also insert items (``--speculative-config`` and
+    its value appended to args): kept items keep their scalar style and comments; an inserted item is written plain
+    (ruamel.yaml quotes it where YAML needs quotes, e.g. a JSON object)."""
+    old = [str(x) for x in seq]
+    ops = difflib.SequenceMatcher(a=old, b=list(new), autojunk=False).get_opcodes()
+    for tag, i1, i2, j1, j2 in reversed(ops):
+        if tag == "equal":
+            continue
+        if tag == "insert":
+            for offset, value in enumerate(new[j1:j2]):
+                seq.insert(i1 + offset, value)
+            continue
+        # replace / delete: pair the new items with the most similar old ones, change those, drop the rest, then
+        # insert the new items that had no old one to take the place of
+        pairs = min(i2 - i1, j2 - j1)
+        kept = [i1 + k for k in _pair(old[i1:i2], list(new[j1:j1 + pairs]))] if pairs else []
+        for position, value in zip(kept, new[j1:j1 + pairs]):
+            if str(seq[position]) != value:
+                seq[position] = same_style(seq[position], value)
+        for position in reversed(range(i1, i2)):
+            if position not in kept:
+                delete_item(seq, position)
+        for offset, value in enumerate(new[j1 + pairs:j2]):
+            seq.insert(i1 + pairs + offset, value)
+
+
+def set_key(mapping, key, value, first=True):
+    """Set ``mapping[key]`` to a scalar: an existing value keeps its quoting style; a new key goes first in the mapping
+    (``canaryTrafficPercent`` above ``model``, as KServe's examples write it), below the mapping's own comment lines,
+    which stay above the key they were written for."""
+    if key in mapping:
+        if mapping[key] != value:
+            mapping[key] = same_style(mapping[key], value) if isinstance(value, str) else value
+        return
+    if not first or not len(mapping):  # pylint: disable=len-as-condition  # a CommentedMap
+        mapping[key] = value
+        return
+    following = next(iter(mapping))
+    leading = mapping.ca.comment[1] if mapping.ca.comment and len(mapping.ca.comment) > 1 else None
+    mapping.insert(0, key, value)
+    if leading:
+        mapping.ca.comment[1] = []
+        _entry(mapping, following)[1] = leading
+
+
+def _entry(mapping, key):
+    return mapping.ca.items.setdefault(key, [None, None, None, None])
+
+
+def delete_key(mapping, key):
+    """Delete a key; the full-line comments below its value (ruamel.yaml keeps them on the key) stay, above the next key."""
+    keys = list(mapping)
+    token = (mapping.ca.items.get(key) or [None, None, None, None])[2]
+    before = (mapping.ca.items.get(key) or [None, None, None, None])[1]
+    below = token.value.split("\n", 1)[1] if token is not None and "\n" in token.value else ""
+    following = keys[keys.index(key) + 1] if keys.index(key) + 1 < len(keys) else None
+    del mapping[key]
+    mapping.ca.items.pop(key, None)
+    lines = [line for line in below.splitlines() if line.strip()]
+    if following is None:
+        return
+    if before:
+        _entry(mapping, following)[1] = list(before) + list(_entry(mapping, following)[1] or [])
+    if lines:
+        column = _indent(lines[0])
+        for line in lines:
+            mapping.yaml_set_comment_before_after_key(following, before=line.strip().lstrip("#").lstrip(" "), indent=column)

@@ -13,11 +13,11 @@ import copy
 import json
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import decision as bench_decision
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops import owner as gitops_owner
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import http_target
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as spec_config
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import canary
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import canary_git
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import canary_wait
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops.rollback import crash_loop_check
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import analysis
@@ -86,11 +86,13 @@ def render_step(params):
 
 
 def apply_step(api_client, params, dry_run=False, diff=False, warn=None):
-    """canary_rollout on the cluster: plan the step on the live InferenceService, merge-patch it (a server dry run with
-    `dry_run`) and, with wait, wait until the step has taken effect. Returns the module's result. A step of an object
-    Argo CD or Flux syncs is refused before the write (option gitops_owner); `warn(text)` gets the ignore warning."""
+    """canary_rollout on the cluster: plan the step on the live InferenceService, write it - a merge patch (a server dry
+    run with `dry_run`), or with write_mode git a commit the owner syncs (canary_git.write_step) - and, with wait, wait
+    until the step has taken effect. Returns the module's result. A live step of an object Argo CD or Flux syncs is
+    refused before the write (option gitops_owner); `warn(text)` gets the ignore warning."""
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import facts as kserve_facts  # pylint: disable=import-outside-toplevel
     ns, name = params["namespace"], params["name"]
+    git = params.get("write_mode", canary_git.LIVE) == canary_git.GIT
     isvc = k8s_pods.get_inference_service(api_client, ns, name)
     version = params.get("kserve_version") or kserve_facts.kserve_release(api_client).get("kserve_version")
     mode, patch, _pred = plan_step(params, isvc, version)
@@ -106,8 +108,16 @@ def apply_step(api_client, params, dry_run=False, diff=False, warn=None):
     result = {"changed": changed, "canary.manifest": after, "patch": patch, "mode": mode, "selectors": selectors}
     if diff:
         result["diff"] = {"before": before, "after": after}
-    if changed:
-        gitops_owner.check_live_write(api_client, isvc, params.get("gitops_owner", "refuse"), "InferenceService %s/%s" % (ns, name), warn=warn)
+    if git:
+        # the same plan, written where the owner syncs from; the owner's sync of the commit has been waited for
+        result["git"] = canary_git.write_step(api_client, params, isvc, mode, patch, dry_run=dry_run)
+        result["changed"] = changed = result["git"]["changed"]
+        if diff:
+            result["diff"] = {"prepared": "".join(item["diff"] for item in result["git"]["files"])}
+        if not dry_run:
+            isvc = k8s_pods.get_inference_service(api_client, ns, name)
+    elif changed:
+        canary_git.check_live_write(api_client, isvc, params, warn=warn)
         isvc = canary.apply_merge_patch(api_client, ns, name, patch, dry_run=dry_run)
     result["resource"] = isvc
     if params["wait"] and not dry_run:
@@ -117,6 +127,10 @@ def apply_step(api_client, params, dry_run=False, diff=False, warn=None):
         elif mode == canary.KNATIVE and params["state"] != "present" and changed:
             # the revisions as they were before this write: the one that goes out of the traffic is retired
             stable_revision, retired = canary.knative_retired(read, params["state"])
+            if git:
+                # the abort in Git is the spec without the canary, which Knative makes a new revision of (live, KServe's
+                # canaryTrafficPercent: 0 sends 100% back to the previous one)
+                stable_revision = None
         isvc, _elapsed, rollout = canary_wait.wait_step(api_client, ns, name, params["state"], mode, params["canary_name"],
                                                         params.get("percent"), params["wait_timeout"], retired=retired,
                                                         stable_revision=stable_revision, **crash_loop_check(params))

@@ -23,15 +23,18 @@ description:
     V(mtp) - the target carries MTP layers for its family and C(num_speculative_tokens) fits them. V(ngram), V(suffix) -
     nothing to open.
   - Sources - a local directory, an http(s) mirror directory, C(hf://org/name[@revision]) (refused when O(air_gapped)), an
-    C(oci://) Modelcar image (only the layers holding those files are read). A C(pvc://) or C(s3://) location is not read
-    yet - the result says the preflight was skipped and why.
+    C(oci://) Modelcar image (only the layers holding those files are read), C(s3://bucket/prefix) on O(s3_endpoint)
+    (unsigned path-style GETs, as the PVC stager reads S3), C(pvc://claim/path) (one short Job in O(namespace) mounts the
+    claims read-only and prints those files; it is deleted once its log is read).
+  - A source that cannot be read (unreachable, no C(config.json), no cluster for a PVC) is a warning - the check could
+    not run, and the rollout goes on.
   - A refusal (what vLLM refuses at start or crashes on at the first request) fails the task under O(preflight=require),
     naming the file, the field, both values and the fix; under O(preflight=warn) it is a warning.
 author:
   - Alauda Platform Team (@alauda)
 options:
   target:
-    description: Where the target checkpoint is (directory, http(s) URL, C(hf://), C(oci://) image).
+    description: Where the target checkpoint is (directory, http(s) URL, C(hf://), C(oci://) image, C(s3://), C(pvc://)).
     type: str
   draft:
     description: Where the draft checkpoint is. Omitted for V(mtp) (the target carries the MTP layers) and the methods without a draft.
@@ -45,9 +48,17 @@ options:
     type: str
     default: draft
   method:
-    description: The speculative method (as in C(--speculative-config); C(*_mtp) aliases are V(mtp)).
+    description:
+      - The speculative method (as in C(--speculative-config); C(*_mtp) aliases are V(mtp)).
+      - Required unless O(name) is given (then the InferenceService's flag names it).
     type: str
-    required: true
+  name:
+    description:
+      - A live InferenceService in O(namespace) whose pair is checked - read-only, as verify re-runs the preflight. Its
+        C(--speculative-config) gives the method and keys, C(vllm serve <path>) or C(--model) the target, the config's
+        C(model) the draft; each path is mapped to the storage KServe mounts it from (C(storageUris) entries, the
+        C(storageUri) at C(/mnt/models)) - a PVC subdirectory, the Modelcar image's directory, or the store's URI.
+    type: str
   speculative:
     description: The speculative config's keys the checks read (C(num_speculative_tokens), C(use_heterogeneous_vocab)).
     type: dict
@@ -91,11 +102,91 @@ options:
   ca_file:
     description: CA bundle for the mirror or registry.
     type: path
+  s3_endpoint:
+    description:
+      - The S3-compatible endpoint URL of C(s3://) locations, e.g. V(https://s3.internal:9000).
+      - Default O(s3.endpoint), else C(AWS_ENDPOINT_URL_S3), else C(AWS_ENDPOINT_URL).
+    type: str
+  s3:
+    description:
+      - S3 access for C(s3://) locations, the C(artifact_credentials_s3) dict the artifact_credentials role stores for
+        KServe. With C(access_key_id) and C(secret_access_key) the GETs are signed (AWS Signature Version 4), else anonymous.
+      - C(endpoint) (host[:port]) with C(use_https) (default true) gives the endpoint when O(s3_endpoint) is not set;
+        C(region) (default V(us-east-1)) signs; C(verify_ssl=false) skips TLS verification; C(use_anonymous_credential)
+        sends no signature. The other keys are KServe's and ignored here.
+    type: dict
+    default: {}
+    suboptions:
+      access_key_id:
+        description: Access key id.
+        type: str
+      secret_access_key:
+        description: Secret access key.
+        type: str
+      access_key_id_name:
+        description: Ignored (the Secret's key name for KServe).
+        type: str
+      secret_access_key_name:
+        description: Ignored (the Secret's key name for KServe).
+        type: str
+      endpoint:
+        description: S3 endpoint host[:port]; a scheme is stripped.
+        type: str
+      use_https:
+        description: Reach O(s3.endpoint) over https.
+        type: bool
+      region:
+        description: The region the signature names.
+        type: str
+      verify_ssl:
+        description: Verify the endpoint's TLS certificate.
+        type: bool
+      use_virtual_bucket:
+        description: Ignored (path-style requests are sent, as the stager sends them).
+        type: bool
+      use_anonymous_credential:
+        description: Send unsigned requests.
+        type: bool
+      ca_bundle:
+        description: Ignored (a path inside KServe's storage initializer).
+        type: str
+      ca_bundle_configmap:
+        description: Ignored (KServe's ConfigMap name).
+        type: str
+  namespace:
+    description: The namespace of the PVC of a C(pvc://) location, where the read Job runs.
+    type: str
+    default: default
+  pvc_image:
+    description:
+      - The image of the PVC read Job; it needs C(python3). Checked against the air-gap rules with O(air_gapped).
+      - Default the PVC stager's default image (C(docker.io/vllm/vllm-openai:latest)).
+    type: str
+  pvc_job:
+    description:
+      - Start the read Job for a C(pvc://) location. V(false) (the deploy's GitOps render) and check mode skip the check,
+        saying so - neither writes to the cluster.
+    type: bool
+    default: true
+  pvc_timeout:
+    description:
+      - Seconds the PVC read Job may take (its C(activeDeadlineSeconds)); then the check is reported as not run.
+      - A ReadWriteOnce claim that a pod on another node holds cannot be mounted by the Job - the check then waits this long
+        and says it did not run; model stores read by several pods are ReadOnlyMany or ReadWriteMany.
+    type: int
+    default: 120
+  pvc_job_annotations:
+    description: Annotations of the PVC read Job's pod (e.g. a service mesh's sidecar opt-out); the deploy passes C(spec_decoding_preflight_job_annotations).
+    type: dict
+    default: {}
 extends_documentation_fragment:
+  - kubernetes.core.k8s_auth_options
   - alauda.spec_decoding.attributes.READ_ONLY
   - alauda.spec_decoding.attributes.ACTION_GROUP
 notes:
   - Reads at most a few MiB per checkpoint (a safetensors header is read with two ranged GETs).
+  - A C(pvc://) read needs create, get and delete on jobs, list on pods and get on pods/log in O(namespace); the kubernetes
+    library is needed only then.
   - Rules for V(dflash), V(dspark), V(medusa) and V(mlp_speculator) are not taken yet; the result says so.
 seealso:
   - module: alauda.spec_decoding.speculative_config
@@ -120,6 +211,13 @@ EXAMPLES = r"""
     method: eagle3
     preflight: warn
     registry_auth_file: /run/containers/auth.json
+
+- name: Check the pair a running InferenceService serves (its checkpoints on a PVC), read-only
+  alauda.spec_decoding.draft_preflight_info:
+    name: llama-eagle3
+    namespace: models
+    preflight: warn
+    pvc_image: registry.internal.example:5000/vllm/vllm-openai:v0.32.0
 """
 
 RETURN = r"""
@@ -142,20 +240,26 @@ summary:
   returned: always
   type: str
   sample: "preflight eagle3: passed (5 checks, 0 warnings)"
+report:
+  description: The summary, the target's and the draft's figures and each check that did not pass, one line each (verify's summary shows it).
+  returned: always
+  type: list
+  elements: str
+  sample: ["preflight eagle3: passed (5 checks, 0 warnings)",
+           "  target (pvc://model-store/target) - LlamaForCausalLM: layers 2, hidden 256, vocabulary 4096"]
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import run
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops.draft_preflight import preflight, summary
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops.draft_preflight import preflight, report, summary
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import draft_preflight
 
-ARGUMENT_SPEC = dict(
+OPTIONS = dict(
     target=dict(type="str"),
     draft=dict(type="str"),
     target_subdir=dict(type="str", default="target"),
     draft_subdir=dict(type="str", default="draft"),
-    method=dict(type="str", required=True),
+    method=dict(type="str"),
+    name=dict(type="str"),
     speculative=dict(type="dict", default={}),
     deploy=dict(type="dict"),
     vllm_version=dict(type="str"),
@@ -167,19 +271,42 @@ ARGUMENT_SPEC = dict(
     registry_auth_file=dict(type="path"),
     tls_verify=dict(type="bool", default=True),
     ca_file=dict(type="path"),
+    s3_endpoint=dict(type="str"),
+    s3=dict(type="dict", default={}, options=dict(
+        access_key_id=dict(type="str", no_log=True), secret_access_key=dict(type="str", no_log=True),
+        access_key_id_name=dict(type="str", no_log=False), secret_access_key_name=dict(type="str", no_log=False),
+        endpoint=dict(type="str"), use_https=dict(type="bool"), region=dict(type="str"), verify_ssl=dict(type="bool"),
+        use_virtual_bucket=dict(type="bool"), use_anonymous_credential=dict(type="bool"), ca_bundle=dict(type="str"),
+        ca_bundle_configmap=dict(type="str"))),
+    namespace=dict(type="str", default="default"),
+    pvc_image=dict(type="str"),
+    pvc_job=dict(type="bool", default=True),
+    pvc_timeout=dict(type="int", default=120),
+    pvc_job_annotations=dict(type="dict", default={}),
 )
 
 
+def argument_spec():
+    return argspec(OPTIONS)
+
+
+# The argument spec's constraints (the action plugin's too).
+CONSTRAINTS = dict(required_one_of=[("method", "name")])
+
+
 def execute(module):
-    result = preflight(module.params, hide=module.no_log_values.add)
+    params = dict(module.params)
+    if module.check_mode and params["pvc_job"]:
+        params.update(pvc_job=False, pvc_job_off_reason="check mode")
+    result = preflight(params, hide=module.no_log_values.add, connect=lambda: module.api_client)
     for text in result["warnings"]:
         module.warn(text)
-    return {"changed": False, "preflight": result, "summary": summary(result)}
+    return {"changed": False, "preflight": result, "summary": summary(result), "report": report(result)}
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    run(module, execute)
+    # the kubernetes library is imported only when a pvc:// location or an InferenceService needs the cluster
+    KubeModule(argument_spec(), supports_check_mode=True, check_k8s=False, check_pyyaml=False, **CONSTRAINTS).run(execute)
 
 
 if __name__ == "__main__":

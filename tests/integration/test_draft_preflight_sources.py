@@ -1,5 +1,6 @@
-"""The draft preflight reading its metadata from an http mirror on loopback and from a Modelcar image in the test bed's
-registry (Debian's docker-registry), through the draft_preflight_info module as a task runs it.
+"""The draft preflight reading its metadata from an http mirror on loopback, from a Modelcar image in the test bed's
+registry (Debian's docker-registry) and from a PVC through its read-only Job (a process-mode pod of the test bed: the
+claim is a hostPath PersistentVolume), through the draft_preflight_info module as a task runs it.
 
 What is asserted comes from outside the readers: the mirror's own request log (paths, Range headers, bytes sent) and the
 registry's access log (which blobs were fetched), so "only the small files" is measured, not assumed.
@@ -7,13 +8,11 @@ registry's access log (which blobs were fetched), so "only the small files" is m
 
 import json
 import os
-import re
 import struct
-from http.server import SimpleHTTPRequestHandler
 
 import pytest
 
-from tests.loopback_http import serving
+from tests.loopback_http import mirror_handler, serving
 from tests.module_run import run_module
 from tests.testbed.gitops_standin import wait_for
 from tests.testbed.registry import Registry, ensure_tools
@@ -51,46 +50,11 @@ def _checkpoints(root, head=None, head_tensors=("fc.weight", "d2t", "t2d", "lm_h
     return os.path.join(root, "target"), os.path.join(root, "draft")
 
 
-def _mirror_handler(root, log):
-    class Mirror(SimpleHTTPRequestHandler):
-        """A static mirror that honours Range (python's http.server does not) and logs each request and the bytes sent."""
-
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, directory=root, **kwargs)
-
-        def do_GET(self):  # noqa: N802
-            path = self.translate_path(self.path)
-            rng = self.headers.get("Range")
-            if not os.path.isfile(path):
-                log.append((self.path, rng, 0))
-                self.send_error(404)
-                return
-            size = os.path.getsize(path)
-            start, end = 0, size - 1
-            if rng:
-                m = re.match(r"bytes=(\d+)-(\d*)", rng)
-                start, end = int(m.group(1)), min(int(m.group(2) or size - 1), size - 1)
-            with open(path, "rb") as fh:
-                fh.seek(start)
-                body = fh.read(end - start + 1)
-            self.send_response(206 if rng else 200)
-            if rng:
-                self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end, size))
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            log.append((self.path, rng, len(body)))
-
-        def log_message(self, *args):  # pylint: disable=arguments-differ
-            pass
-    return Mirror
-
-
 def test_http_mirror_reads_only_the_small_files_and_the_header(tmp_path):
     root = str(tmp_path / "mirror")
     _checkpoints(root)
     log = []
-    with serving(_mirror_handler(root, log)) as url:
+    with serving(mirror_handler(root, log)) as url:
         res = run_module("draft_preflight_info", {"target": url + "/target/", "draft": url + "/draft/", "method": "eagle3",
                                                   "speculative": {"num_speculative_tokens": 3}})
     print(json.dumps(res["preflight"]["checks"], indent=1), log)
@@ -110,7 +74,7 @@ def test_http_mirror_refusal_names_the_file_and_missing_mirror_is_a_warning(tmp_
     root = str(tmp_path / "mirror")
     _checkpoints(root, head=dict(HEAD, eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}))
     log = []
-    with serving(_mirror_handler(root, log)) as url:
+    with serving(mirror_handler(root, log)) as url:
         res = run_module("draft_preflight_info", {"target": url + "/target/", "draft": url + "/draft/", "method": "eagle3"})
         warned = run_module("draft_preflight_info", {"target": url + "/target/", "draft": url + "/draft/", "method": "eagle3",
                                                      "preflight": "warn"})
@@ -123,15 +87,59 @@ def test_http_mirror_refusal_names_the_file_and_missing_mirror_is_a_warning(tmp_
     assert "preflight not run" in missing.warning_messages[0]
 
 
-def test_air_gapped_refuses_hf_and_pvc_is_skipped_with_its_reason():
+def test_air_gapped_refuses_hf_and_a_pvc_job_image_on_a_public_registry():
     res = run_module("draft_preflight_info", {"target": "hf://meta-llama/Llama-3.1-8B-Instruct", "draft": "hf://yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
                                               "method": "eagle3", "air_gapped": True})
     # refused as the deploy's first task refuses it, before anything is read
     assert res.failed and res["field"] == "target" and "spec_decoding_air_gapped: true refuses 'hf://meta-llama" in res.msg, res.msg
-    res = run_module("draft_preflight_info", {"method": "eagle3", "deploy": {"artifacts": {"pvc_name": "model-store"}}})
-    assert not res.failed and "PVC model-store" in res["summary"] and res["preflight"]["checks"] == []
+    # the PVC read Job's default image is on Docker Hub: refused before any Job is created (no cluster is named here)
+    res = run_module("draft_preflight_info", {"method": "eagle3", "air_gapped": True, "deploy": {"artifacts": {"pvc_name": "model-store"}}})
+    assert res.failed and res["field"] == "pvc_image" and "docker.io/vllm/vllm-openai" in res.msg, res.msg
     res = run_module("draft_preflight_info", {"method": "ngram"})
     assert not res.failed and "nothing to open" in res["preflight"]["checks"][0]["message"]
+
+
+def test_pvc_is_read_by_one_read_only_job_which_is_removed(tmp_path, controlplane, kubeconfig, kubelet, namespace):  # pylint: disable=unused-argument
+    """The deploy's PVC layout (artifacts.pvc_name, the render's subdirectories): one Job reads both checkpoints from the
+    claim; its pod is a real process on the test bed, the claim a hostPath volume. The head reads a layer the target lacks:
+    under warn the result has the figures read from the PVC and the refusal naming the file on the claim."""
+    _checkpoints(str(tmp_path / "pv"), head=dict(HEAD, eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 4]}))
+    api = controlplane.rest()
+    try:
+        pv = "pv-preflight-%s" % namespace[-8:]
+        api.post("/api/v1/persistentvolumes", {
+            "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"], "storageClassName": "manual",
+                     "hostPath": {"path": str(tmp_path / "pv")}, "claimRef": {"namespace": namespace, "name": "model-store"}}})
+        api.post("/api/v1/namespaces/%s/persistentvolumeclaims" % namespace, {
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "model-store"},
+            "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "manual", "volumeName": pv, "resources": {"requests": {"storage": "1Gi"}}}})
+        # the pod runs as a real process through its annotation, as inventories/testbed sets spec_decoding_preflight_job_annotations
+        res = run_module("draft_preflight_info", {
+            "method": "eagle3", "preflight": "warn", "kubeconfig": kubeconfig, "namespace": namespace, "pvc_timeout": 60,
+            "pvc_job_annotations": {"testbed.alauda.io/run": "process"},
+            "pvc_image": "registry.internal.example/vllm/vllm-openai:v0.32.0", "air_gapped": True,
+            "deploy": {"artifacts": {"pvc_name": "model-store"}}})
+        jobs = api.get("/apis/batch/v1/namespaces/%s/jobs" % namespace)["items"]
+        # a claim that does not exist has nothing to read: skipped, said so, no Job and no warning
+        absent = run_module("draft_preflight_info", {"method": "eagle3", "kubeconfig": kubeconfig, "namespace": namespace,
+                                                     "deploy": {"artifacts": {"pvc_name": "no-such-store"}}})
+    finally:
+        api.delete("/api/v1/persistentvolumes/%s" % pv)
+        api.close()
+    assert not res.failed, res.msg
+    pre = res["preflight"]
+    print(json.dumps(pre["sources"]), pre["figures"])
+    assert pre["sources"]["target"]["location"] == "pvc://model-store/target" and pre["sources"]["draft"]["job"] == pre["sources"]["target"]["job"]
+    assert pre["sources"]["draft"]["files_read"] == ["config.json", "tokenizer_config.json", "model.safetensors (header)"]
+    assert pre["figures"]["target"]["num_hidden_layers"] == 2 and pre["figures"]["draft"]["aux_layer_ids"] == [0, 1, 4]
+    assert [c["status"] for c in pre["checks"] if c["check"] == "vocabulary maps"] == ["passed"]  # d2t found in the header
+    assert not pre["passed"] and any("pvc://model-store/draft/config.json eagle_config.eagle_aux_hidden_state_layer_ids" in w
+                                     and "[4] do not exist" in w for w in res.warning_messages), res.warning_messages
+    assert not absent.failed and absent["preflight"]["skipped"] == "the PVC %s/no-such-store does not exist: nothing to read" % namespace
+    assert not absent.warning_messages
+    # the Job was deleted once its log was read
+    assert pre["sources"]["target"]["job"].split("/")[1] not in [j["metadata"]["name"] for j in jobs], jobs
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +198,7 @@ def test_deploy_role_refuses_the_bad_pair_before_any_file_and_renders_the_good_o
     _checkpoints(os.path.join(root, "good"))
     _checkpoints(os.path.join(root, "bad"), head=dict(HEAD, eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 1, 5]}))
     log = []
-    with serving(_mirror_handler(root, log)) as url:
+    with serving(mirror_handler(root, log)) as url:
         def render(pair, out):
             return run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", extra_vars={
                 "spec_decoding_target": "gitops", "spec_decoding_gitops_dir": str(out), "spec_decoding_hosts": "localhost",
@@ -210,3 +218,38 @@ def test_deploy_role_refuses_the_bad_pair_before_any_file_and_renders_the_good_o
     assert passed["preflight"]["passed"] and passed["summary"].startswith("preflight eagle3: passed")
     assert passed["preflight"]["num_speculative_tokens"] == 3  # the eagle3 preset, merged as the render merges it
     assert os.listdir(tmp_path / "out-good")
+
+
+def test_s3_store_signed_reads_of_the_small_files_and_the_header(tmp_path):
+    """moto's S3 on loopback (tests/s3_server.py): the target's objects public-read, the draft's private. With the access key
+    of artifact_credentials_s3 the GETs are signed and the private head is read; without it the head is refused (403) and
+    the check says it did not run. Only config.json, tokenizer_config.json and ranged GETs of model.safetensors are sent."""
+    from tests.s3_server import serving as s3_serving
+    target, draft = _checkpoints(str(tmp_path / "pair"))
+    secret = "S3cr3t-preflight-canary"
+    with s3_serving(str(tmp_path)) as s3:
+        s3.make_bucket("models")
+        for folder, prefix, public in ((target, "llama/target", True), (draft, "llama/eagle3", False)):
+            for name in sorted(os.listdir(folder)):
+                with open(os.path.join(folder, name), "rb") as fh:
+                    s3.put("models", "%s/%s" % (prefix, name), fh.read(), public=public)
+        args = {"target": "s3://models/llama/target", "draft": "s3://models/llama/eagle3", "method": "eagle3",
+                "speculative": {"num_speculative_tokens": 3},
+                "s3": {"endpoint": "127.0.0.1:%d" % s3.port, "use_https": False, "access_key_id": "AKIDPREFLIGHT", "secret_access_key": secret}}
+        before = len(s3.requests())
+        signed = run_module("draft_preflight_info", args)
+        reads = s3.requests()[before:]
+        anonymous = run_module("draft_preflight_info", dict(args, s3={"endpoint": "127.0.0.1:%d" % s3.port, "use_https": False}))
+        refused = s3.requests()[before + len(reads):]
+    print(reads, refused)
+    assert not signed.failed, signed.msg
+    pre = signed["preflight"]
+    assert pre["passed"] and pre["figures"]["draft"]["aux_layer_ids"] == [0, 1, 2] and pre["figures"]["target"]["num_hidden_layers"] == 2
+    assert pre["sources"]["draft"]["files_read"] == ["config.json", "tokenizer_config.json", "model.safetensors (header)"]
+    weights = [(path, status) for method, path, status in reads if path.endswith("model.safetensors")]
+    # two ranged GETs per checkpoint (the length, then the header): 206 each, never the 2 MiB of weights
+    assert len(weights) == 4 and all(status == 206 for _p, status in weights), reads
+    assert secret not in json.dumps(signed, default=str) and "AKIDPREFLIGHT" not in json.dumps(signed, default=str)
+    # unsigned: the public target is read, the private head is refused by the store: the check did not run, the rollout goes on
+    assert not anonymous.failed and "HTTP 403" in anonymous["preflight"]["skipped"], anonymous["preflight"]
+    assert ("GET", "/models/llama/eagle3/config.json", 403) in refused, refused

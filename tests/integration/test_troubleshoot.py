@@ -4,6 +4,7 @@ redaction of secret values are checked on what the real playbook wrote."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 import tarfile
 import time
@@ -108,6 +109,9 @@ def test_crash_looping_predictor_bundle(tmp_path, k8s_client, kubeconfig, kserve
     assert isvc["metadata"]["name"] == "crashy" and isvc["status"]["conditions"]
     describe = files[base + "describe.txt"]
     assert "Conditions:" in describe and "PredictorReady" in describe and "eagle3" in describe
+    # the draft preflight re-run for the bundle: this predictor names no target path (no --model), which it says
+    assert "  preflight eagle3: skipped (InferenceService crashy: the target path is not on the command line)" in describe, describe
+    assert json.loads(files[base + "preflight.json"])["skipped"].endswith("the target path is not on the command line")
     pod_yaml = yaml.safe_load(files[base + "pods/%s.yaml" % pod])
     assert pod_yaml["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == "CrashLoopBackOff"
     summary = (dest / os.path.basename(result["summary_path"])).read_text()

@@ -211,6 +211,8 @@ def test_verify_playbook_end_to_end(tmp_path, k8s_client, kubeconfig, kserve, na
     assert summary[0] == "InferenceService %s/llama-eagle3: Ready at generation 1" % namespace
     assert "method=eagle3 model=/mnt/models/tiny-eagle3 num_spec_tokens=3" in summary[1]
     assert any(line.startswith("diagnosis: likely_draft_mismatch") for line in summary)
+    # the preflight re-run read-only on the live object: its flag has no target path (no --model), which it says
+    assert "preflight eagle3: skipped (InferenceService llama-eagle3: the target path is not on the command line)" in summary, summary
     facts = run.result("Register the full verification data")["ansible_facts"]["verify_result"]
     assert facts["flag_containers"] == ["kserve-container"]
     assert facts["engine"]["pods"][0]["speculative_config"]["num_spec_tokens"] == 3

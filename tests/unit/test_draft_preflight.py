@@ -258,6 +258,18 @@ def test_enforce_modes_and_other_releases():
         P.enforce(res, "sometimes")
 
 
+def test_one_refusal_carries_its_own_fix_once():
+    """A single refusal's fix is the error's fix (one "Fix:" in the message); several refusals keep each fix in its text."""
+    one = {"errors": ["a.json x: 3 is not 4. Fix: set x to 4."], "warnings": [], "rules_from_vllm": "0.32.0"}
+    with pytest.raises(ValidationError) as exc:
+        P.enforce(one, "require")
+    assert str(exc.value).count("Fix:") == 1 and exc.value.hint == "set x to 4; or set spec_decoding_preflight: warn to roll out anyway"
+    two = dict(one, errors=one["errors"] + ["b.json y: 1. Fix: set y."])
+    with pytest.raises(ValidationError) as exc:
+        P.enforce(two, "require")
+    assert "Fix: set x to 4.; also: b.json y: 1. Fix: set y." in str(exc.value) and "as each message says" in exc.value.hint
+
+
 # --- the tiny checkpoints the e2e tier serves with vLLM 0.32 ---------------------------------------------------------
 
 def _tiny():

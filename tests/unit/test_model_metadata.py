@@ -65,9 +65,11 @@ def test_missing_config_and_not_json_are_unreadable(tmp_path):
      {"target": "oci://r/t:1", "draft": "oci://r/d:1", "target_subdir": "", "skipped": None}),
     ({"artifacts": {"modelcar_image": "r.example/m:v1", "draft_subdir": "eagle"}},
      {"target": "oci://r.example/m:v1", "draft_subdir": "eagle", "target_subdir": "target"}),
-    ({"artifacts": {"target_uri": "pvc://store/t", "draft_uri": "pvc://store/d"}}, {"skipped": "pvc://store/t is a pvc location"}),
-    ({"artifacts": {"target_uri": "s3://b/t", "draft_uri": "https://m/d/"}}, {"skipped": "s3://b/t is a s3 location"}),
-    ({"artifacts": {"pvc_name": "store"}}, {"skipped": "the artifacts are on the PVC store"}),
+    # a PVC is read by a Job, S3 by signed or anonymous GETs (the locations as given; the render's subdirectories for pvc_name)
+    ({"artifacts": {"target_uri": "pvc://store/t", "draft_uri": "pvc://store/d"}}, {"target": "pvc://store/t", "skipped": None}),
+    ({"artifacts": {"target_uri": "s3://b/t", "draft_uri": "https://m/d/"}}, {"target": "s3://b/t", "skipped": None}),
+    ({"artifacts": {"pvc_name": "store"}}, {"target": "pvc://store/target", "draft": "pvc://store/draft", "skipped": None}),
+    ({"artifacts": {"target_uri": "gs://b/t", "draft_uri": "https://m/d/"}}, {"skipped": "gs://b/t is a other location"}),
 ])
 def test_sources_from_deploy(deploy, expected):
     found = M.sources_from_deploy(deploy.get("artifacts"), deploy.get("modelcar_build"), deploy.get("stage_items"), deploy.get("stage", False))

@@ -8,8 +8,10 @@
 Sources: a local directory (option B's build input, a staged copy), an http(s) mirror directory, ``hf://<org>/<name>[@rev]``
 (a Hugging Face compatible endpoint; refused when air-gapped, as every other hub read is: artifacts/air_gap.py), and a
 Modelcar image in a registry (``oci://``: only the layers holding those files, found by the per-file layer titles
-artifacts/modelcar_image.py writes; the safetensors layer is read only as far as its header). A PVC and an S3 store are
-not read here yet: ``location_kind`` names them and the caller says the check was skipped.
+artifacts/modelcar_image.py writes; the safetensors layer is read only as far as its header), and an S3-compatible
+store (``s3://bucket/prefix`` on an endpoint: path-style GETs of the same files, ranged for the header, unsigned, as the
+PVC stager reads S3: artifact_sync/sources.py ``S3Source``). A PVC (``pvc://claim/path``) is read by a short Job
+(artifacts/pvc_metadata.py plans it, ops/draft_preflight_pvc.py runs it), whose output ``read_checkpoint`` parses the same way.
 vllm/draft_preflight.py checks what this returns.
 
 Plain Python, stdlib only; no Ansible imports.
@@ -25,7 +27,7 @@ import urllib.error
 import urllib.parse
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import air_gap
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import air_gap, s3_sign
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.artifact_sync.common import DEFAULT_HF_ENDPOINT
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.artifact_sync.sources import HttpClient
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.oci_blobs import ANN_FILES, ANN_TITLE
@@ -37,7 +39,7 @@ INDEX = "model.safetensors.index.json"
 SAFETENSORS = "model.safetensors"
 MAX_SMALL_FILE = 8 << 20
 MAX_HEADER = 100 << 20  # safetensors' own limit on the header (safetensors/src/tensor.rs MAX_HEADER_SIZE)
-READABLE = ("local", "http", "hf", "oci")
+READABLE = ("local", "http", "hf", "oci", "s3", "pvc")  # pvc: through a Job (ops/draft_preflight_pvc.py), not reader_for
 INDEX_MEDIA = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
 
 
@@ -119,6 +121,21 @@ class HttpReader:
             return resp.read(length)
 
 
+class S3Reader(HttpReader):
+    """An ``s3://bucket/prefix`` directory on an S3-compatible endpoint: the same small and ranged GETs, path-style,
+    signed with SigV4 (artifacts/s3_sign.py) when an access key is given, else anonymous as the stager reads S3."""
+
+    def __init__(self, base, client, access_key_id=None, secret_access_key=None, region=None):
+        super().__init__(base, client)
+        self.keys = (access_key_id, secret_access_key) if access_key_id and secret_access_key else None
+        self.region = region or "us-east-1"
+
+    def _get(self, name, headers):
+        if self.keys:
+            headers = s3_sign.sign_get(self.base + urllib.parse.quote(name), self.keys[0], self.keys[1], self.region, headers)
+        return super()._get(name, headers)
+
+
 class ModelcarReader:
     """The files of one directory (``/models/<subdir>``) of a Modelcar image, layer by layer, as modelcar_image lays them out:
     one tar layer per file titled with its path (``org.opencontainers.image.title``), small files grouped in one layer
@@ -177,8 +194,35 @@ class ModelcarReader:
         return self._member(name, part)
 
 
-def reader_for(location, air_gapped=False, hf_endpoint=None, revision=None, subdir=None, registry=None, field="source"):
-    """A reader of ``location``; ValidationError for what cannot be read (air gap, unsupported kind)."""
+def s3_endpoint_of(s3):
+    """The endpoint URL of artifact_credentials' ``s3`` dict (KServe's annotations: ``endpoint`` host[:port], a scheme
+    stripped; ``use_https``, default true as in KServe's storage initializer), or None."""
+    s3 = dict(s3 or {})
+    host = (s3.get("endpoint") or "").strip()
+    if not host:
+        return None
+    host = host.split("://", 1)[-1].rstrip("/")
+    return "%s://%s" % ("http" if s3.get("use_https") is False else "https", host)
+
+
+def s3_base(location, endpoint, field="source"):
+    """The path-style URL of the ``s3://bucket/prefix/`` directory on ``endpoint`` (KServe's storage initializer and the
+    stager default to path-style addressing; artifact_sync/sources.py ``S3Source`` builds its URLs the same way)."""
+    split = urllib.parse.urlsplit(location)
+    if not split.netloc:
+        raise ValidationError("%s names no bucket" % location, field=field, hint="write s3://<bucket>/<prefix>")
+    if not endpoint:
+        # KServe's storage initializer would fall back to AWS; the preflight does not guess: the check cannot run
+        raise MetadataUnreadable("%s needs an S3 endpoint" % location, field="s3_endpoint",
+                                 hint="set s3_endpoint (the deploy: stage_pvc_s3_endpoint), e.g. https://s3.internal:9000, or AWS_ENDPOINT_URL")
+    prefix = split.path.strip("/")
+    return "%s/%s/%s" % (endpoint.rstrip("/"), urllib.parse.quote(split.netloc), urllib.parse.quote(prefix + "/" if prefix else ""))
+
+
+def reader_for(location, air_gapped=False, hf_endpoint=None, revision=None, subdir=None, registry=None, field="source", s3_endpoint=None,
+               s3=None):
+    """A reader of ``location``; ValidationError for what cannot be read (air gap, unsupported kind). ``s3``: the
+    artifact_credentials role's S3 dict (keys, endpoint, use_https, region, verify_ssl)."""
     kind = location_kind(location)
     if air_gapped:
         air_gap.check_uri(location, field)
@@ -189,6 +233,15 @@ def reader_for(location, air_gapped=False, hf_endpoint=None, revision=None, subd
                         ca_bundle=registry.get("ca_file"), timeout=registry.get("timeout", 60.0))
     if kind == "http":
         return HttpReader(location, client)
+    if kind == "s3":
+        s3 = dict(s3 or {})
+        endpoint = s3_endpoint or s3_endpoint_of(s3) or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        if air_gapped and endpoint:
+            air_gap.check_uri(endpoint, "s3_endpoint")
+        if s3.get("verify_ssl") is False:
+            client = HttpClient(air_gapped=air_gapped, insecure=True, timeout=registry.get("timeout", 60.0))
+        keys = (None, None) if s3.get("use_anonymous_credential") else (s3.get("access_key_id"), s3.get("secret_access_key"))
+        return S3Reader(s3_base(location, endpoint, field), client, keys[0], keys[1], s3.get("region"))
     if kind == "hf":
         repo = location.split("://", 1)[1].strip("/")
         if "@" in repo:
@@ -201,7 +254,7 @@ def reader_for(location, air_gapped=False, hf_endpoint=None, revision=None, subd
         try:
             ref = ImageRef.parse(location.split("://", 1)[1], field=field)
         except ValidationError as exc:  # the render refuses the reference with its own message; the check cannot run
-            raise MetadataUnreadable("%s is no image reference: %s" % (location, _plain(exc)), field=field, hint=exc.hint) from exc
+            raise MetadataUnreadable("%s is no image reference: %s" % (location, plain(exc)), field=field, hint=exc.hint) from exc
         client = open_client(ref, username=registry.get("username"), password=registry.get("password"),
                              auth_file=registry.get("auth_file"), tls_verify=registry.get("tls_verify", True),
                              ca_file=registry.get("ca_file"), timeout=registry.get("timeout", 60.0), retries=1)
@@ -209,12 +262,13 @@ def reader_for(location, air_gapped=False, hf_endpoint=None, revision=None, subd
             client.ping()
             return ModelcarReader(client, ref.digest or ref.tag or "latest", "target" if subdir is None else subdir)
         except RegistryError as exc:
-            raise MetadataUnreadable(_plain(exc), field=field, hint=exc.hint) from exc
-    raise ValidationError("%s sources are not read by the preflight yet" % kind, field=field,
-                          hint="give a local directory, an http(s) mirror, hf:// or an oci:// Modelcar image, or set preflight: off")
+            raise MetadataUnreadable(plain(exc), field=field, hint=exc.hint) from exc
+    raise ValidationError("%s sources are not read by the preflight%s" % (kind, " here (a PVC is read by a Job)" if kind == "pvc" else ""),
+                          field=field, hint="give a local directory, an http(s) mirror, hf://, s3://, pvc:// or an oci:// Modelcar image, "
+                          "or set preflight: off")
 
 
-def _plain(exc):
+def plain(exc):
     """An error's text without its field prefix and its fix (the wrapper adds its own field and keeps the fix)."""
     text = exc.message
     if exc.field and text.startswith(exc.field + ": "):
@@ -285,14 +339,16 @@ def _tensors(reader, files_read):
     return sorted(key for key in header if key != "__metadata__"), max(ends or [0])
 
 
-def read_location(location, air_gapped=False, hf_endpoint=None, subdir=None, registry=None, field="source", with_tensors=True):
+def read_location(location, air_gapped=False, hf_endpoint=None, subdir=None, registry=None, field="source", with_tensors=True,
+                  s3_endpoint=None, s3=None):
     """Read the metadata of the checkpoint at ``location`` (see reader_for); MetadataUnreadable when it cannot."""
     where = location if location_kind(location) != "oci" else "%s//models/%s" % (location, ("target" if subdir is None else subdir).strip("/"))
     try:
-        reader = reader_for(location, air_gapped=air_gapped, hf_endpoint=hf_endpoint, subdir=subdir, registry=registry, field=field)
+        reader = reader_for(location, air_gapped=air_gapped, hf_endpoint=hf_endpoint, subdir=subdir, registry=registry, field=field,
+                            s3_endpoint=s3_endpoint, s3=s3)
         ckpt = read_checkpoint(reader, where, with_tensors=with_tensors)
     except (RegistryError, MetadataUnreadable) as exc:
-        raise MetadataUnreadable("cannot read the metadata of %s: %s" % (location, _plain(exc)), field=field, hint=exc.hint) from exc
+        raise MetadataUnreadable("cannot read the metadata of %s: %s" % (location, plain(exc)), field=field, hint=exc.hint) from exc
     if isinstance(reader, ModelcarReader):
         ckpt["layers_read"] = reader.layers_read
     return ckpt
@@ -303,7 +359,8 @@ def sources_from_deploy(artifacts, modelcar_build=None, stage_items=None, stage=
     ``{"target": location or None, "draft": ..., "target_subdir", "draft_subdir", "skipped": reason or None}``.
 
     Order: the Modelcar build's local directories (option B's input), the PVC stager's sources (option C's input), the
-    storageUris (option A) when http(s) or hf://, the pushed Modelcar image; a PVC or S3 location is skipped, said so."""
+    storageUris (option A), the pushed Modelcar image, the PVC the render mounts at /mnt/models (``pvc://<pvc_name>/<subdir>``,
+    the subdirectories as the render lays them out: kserve/isvc/render.py pvc mode)."""
     artifacts = dict(artifacts or {})
     build = dict(modelcar_build or {})
     out = {"target": None, "draft": None, "target_subdir": artifacts.get("target_subdir") or "target",
@@ -322,8 +379,8 @@ def sources_from_deploy(artifacts, modelcar_build=None, stage_items=None, stage=
         image = image if "://" in image else "oci://" + image
         out.update(target=image, draft=image)
     elif artifacts.get("pvc_name"):
-        out["skipped"] = "the artifacts are on the PVC %s, which the preflight does not read yet" % artifacts["pvc_name"]
-        return out
+        pvc = artifacts["pvc_name"]
+        out.update(target="pvc://%s/%s" % (pvc, out["target_subdir"]), draft="pvc://%s/%s" % (pvc, out["draft_subdir"]))
     else:
         out["skipped"] = "no target or draft location in the artifacts"
         return out

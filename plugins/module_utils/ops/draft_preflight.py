@@ -7,8 +7,9 @@ checkpoints are, their small metadata files read (artifacts/model_metadata.py), 
 
 from __future__ import annotations
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import model_metadata
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import air_gap, model_metadata
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_preflight_live, draft_preflight_pvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import draft_preflight, speculative_config
 
 
@@ -19,9 +20,66 @@ def summary(result):
     return "preflight %s: %s (%d checks, %d warnings)" % (result["method"], state, len(result["checks"]), len(result["warnings"]))
 
 
-def preflight(params, hide=None):
+def _checkpoint_figures(fig):
+    """``LlamaForCausalLM: layers 32, hidden 4096, vocabulary 128256`` and the head's extra figures."""
+    fig = fig or {}
+    parts = ["layers %s" % fig.get("num_hidden_layers"), "hidden %s" % fig.get("hidden_size"), "vocabulary %s" % fig.get("vocab_size")]
+    for key, label in (("draft_vocab_size", "draft vocabulary"), ("aux_layer_ids", "aux layers"), ("trained_k", "trained k")):
+        if fig.get(key) is not None:
+            parts.append("%s %s" % (label, fig[key]))
+    return "%s: %s" % (fig.get("architecture") or fig.get("model_type") or "?", ", ".join(parts))
+
+
+def report(result):
+    """What verify's summary and the troubleshooting bundle show of a preflight result: the summary line, the figures
+    of target and draft (layers, hidden sizes, vocabulary sizes, aux layers, trained k, MTP layers), what was read
+    where, and each check that did not pass with its message. A list of lines."""
+    if not result:
+        return ["preflight: not recorded"]
+    lines = [summary(result)]
+    if result.get("skipped"):
+        return lines
+    figures = result.get("figures") or {}
+    for role in ("target", "draft"):
+        if figures.get(role):
+            source = (result.get("sources") or {}).get(role) or {}
+            where = " (%s)" % source["location"] if source.get("location") else ""
+            lines.append("  %s%s - %s" % (role, where, _checkpoint_figures(figures[role])))
+    mtp = figures.get("target_mtp")
+    if mtp:
+        lines.append("  target MTP layers: %s (%s, %s)" % (mtp.get("mtp_layers"), mtp.get("family"), mtp.get("key")))
+    if result.get("num_speculative_tokens") is not None:
+        lines.append("  num_speculative_tokens %s; rules of vLLM %s" % (result["num_speculative_tokens"], result.get("rules_from_vllm")))
+    for check in result.get("checks") or []:
+        if check.get("status") != "passed":
+            lines.append("  %s %s: %s" % (check.get("status"), check.get("check"), check.get("message")))
+    return lines
+
+
+# draft_preflight_info's option defaults: a caller other than the module (the troubleshooting bundle) starts from them.
+PARAM_DEFAULTS = {"target": None, "draft": None, "target_subdir": "target", "draft_subdir": "draft", "method": None, "name": None,
+                  "speculative": {}, "deploy": None, "vllm_version": None, "preflight": "require", "air_gapped": False,
+                  "hf_endpoint": None, "registry_username": None, "registry_password": None, "registry_auth_file": None,
+                  "tls_verify": True, "ca_file": None, "s3_endpoint": None, "s3": {}, "namespace": "default", "pvc_image": None,
+                  "pvc_job": True, "pvc_timeout": 120, "pvc_job_annotations": {}}
+
+
+def preflight(params, hide=None, connect=None, isvc=None):
     """Module draft_preflight_info's work as a function of its parameters: the locations (given, or found in the deploy's
-    variables), their metadata read, the checks of vllm/draft_preflight.py run and enforced by ``preflight`` (require|warn|off)."""
+    variables), their metadata read, the checks of vllm/draft_preflight.py run and enforced by ``preflight`` (require|warn|off).
+    ``connect()`` gives the API client for a pvc:// location (one read-only Job reads every one of them) and for ``name``
+    (the live InferenceService whose pair is checked: ops/draft_preflight_live.py), unless ``isvc`` gives it already read."""
+    params = dict(params)
+    live = None
+    if (params.get("name") or isvc is not None) and params["preflight"] != "off":
+        if isvc is None:
+            from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
+            isvc = k8s_pods.get_inference_service(connect(), params.get("namespace") or "default", params["name"])
+        params["name"] = params.get("name") or (isvc.get("metadata") or {}).get("name")
+        live = draft_preflight_live.pair_of(isvc)
+        params.update(method=params.get("method") or live["method"], speculative=dict(live["speculative"], **(params.get("speculative") or {})),
+                      target=params.get("target") or live["target"], draft=params.get("draft") or live["draft"],
+                      target_subdir=live["target_subdir"], draft_subdir=live["draft_subdir"], deploy=None)
     mode = params["preflight"]
     method = draft_preflight.normalized_method(params["method"], None)
     base = {"method": method, "mode": mode, "skipped": None, "sources": {}, "checks": [], "figures": {}, "errors": [],
@@ -29,6 +87,9 @@ def preflight(params, hide=None):
             "rules_from_vllm": draft_preflight.RULES_RELEASE}
     if mode == "off":
         base["skipped"] = "preflight: off"
+        return base
+    if live is not None and live["skipped"]:
+        base["skipped"] = "InferenceService %s: %s" % (params["name"], live["skipped"])
         return base
     if method in draft_preflight.NO_DRAFT_METHODS:
         result = draft_preflight.run(method, None, None, params["speculative"], params["vllm_version"])
@@ -50,12 +111,14 @@ def preflight(params, hide=None):
         base["num_speculative_tokens"] = params["speculative"].get("num_speculative_tokens")
     registry = {"username": params["registry_username"], "password": params["registry_password"],
                 "auth_file": params["registry_auth_file"], "tls_verify": params["tls_verify"], "ca_file": params["ca_file"]}
-    if registry["password"] and hide is not None:
-        hide(registry["password"])
+    for secret in (registry["password"], (params.get("s3") or {}).get("secret_access_key"), (params.get("s3") or {}).get("access_key_id")):
+        if secret and hide is not None:
+            hide(secret)
     wanted = [("target", params["target"], params["target_subdir"])]
     if method != "mtp" or params["draft"]:
         wanted.append(("draft", params["draft"], params["draft_subdir"]))
     read = {}
+    on_pvc = {role: location for role, location, _subdir in wanted if location and model_metadata.location_kind(location) == "pvc"}
     for role, location, subdir in wanted:
         if not location and deploy is not None:
             # the deploy's render refuses a method without its draft, naming the inventory variable: said there, not here
@@ -63,14 +126,28 @@ def preflight(params, hide=None):
             return base
         if not location:
             raise ValidationError("no %s location given for method %s" % (role, method), field=role,
-                                  hint="give the %s's directory, http(s) URL, hf:// or oci:// image, or set preflight: off" % role)
+                                  hint="give the %s's directory, http(s) URL, hf://, s3://, pvc:// or oci:// image, or set preflight: off" % role)
         kind = model_metadata.location_kind(location)
+        if kind == "pvc" and not params.get("pvc_job", True):
+            # a GitOps render or a --check run writes nothing to the cluster, not even a short Job
+            base["skipped"] = "the %s is on a PVC (%s), which only a Job can read, and none is started (%s)" % (
+                role, location, params.get("pvc_job_off_reason") or "pvc_job: false; a GitOps render writes nothing to the cluster")
+            return base
         if kind not in model_metadata.READABLE:
             base["skipped"] = "the %s is a %s location (%s), which the preflight does not read yet" % (role, kind, location)
             return base
         try:
-            read[role] = model_metadata.read_location(location, air_gapped=params["air_gapped"], hf_endpoint=params["hf_endpoint"],
-                                                      subdir=subdir, registry=registry, field=role)
+            if role in on_pvc and role not in read:
+                read.update(draft_preflight_pvc.read_pvc_locations(
+                    connect, params.get("namespace") or "default", on_pvc, params.get("pvc_image") or air_gap.STAGER_DEFAULT_IMAGE,
+                    timeout=params.get("pvc_timeout") or 120, air_gapped=params["air_gapped"], annotations=params.get("pvc_job_annotations")))
+            elif role not in read:
+                read[role] = model_metadata.read_location(location, air_gapped=params["air_gapped"], hf_endpoint=params["hf_endpoint"],
+                                                          subdir=subdir, registry=registry, field=role, s3_endpoint=params.get("s3_endpoint"),
+                                                          s3=params.get("s3"))
+        except draft_preflight_pvc.NothingOnTheClaim as exc:
+            base["skipped"] = model_metadata.plain(exc)
+            return base
         except model_metadata.MetadataUnreadable as exc:
             # The check could not run: said so, and it does not stop the rollout (the pods may reach what this host cannot).
             base["warnings"].append("preflight not run, the rollout goes on: %s" % exc)
@@ -78,6 +155,8 @@ def preflight(params, hide=None):
             return base
         base["sources"][role] = {"location": location, "files_read": read[role]["files_read"],
                                  "layers_read": read[role].get("layers_read")}
+        if read[role].get("job"):
+            base["sources"][role]["job"] = read[role]["job"]
     result = draft_preflight.run(params["method"], read.get("target"), read.get("draft"), params["speculative"], params["vllm_version"])
     result.update(mode=mode, skipped=None, sources=base["sources"])
     result["warnings"] = draft_preflight.enforce(result, mode)

@@ -55,6 +55,9 @@ def describe(snap):
     predictor = ((isvc.get("spec") or {}).get("predictor") or {})
     lines.append("ServiceAccount: %s" % (predictor.get("serviceAccountName") or "default"))
     lines.append("Speculative config: %s" % json.dumps(speculative_config_of(isvc), sort_keys=True))
+    if snap.get("preflight") is not None:
+        lines.append("Draft preflight (re-run read-only for this bundle; docs/preflight.md):")
+        lines.extend("  " + line.strip() for line in preflight_report(snap["preflight"]))
     lines.append("Conditions:")
     lines.append("  %-16s %-8s %-28s %s" % ("Type", "Status", "Reason", "Message"))
     for cond in _conditions(isvc):
@@ -351,11 +354,39 @@ def _engine_facts(snap):
     return version, config
 
 
+# ----------------------------------------------------------------------------------------------------
+# preflight: the draft checked against its target from the checkpoints' metadata, shown in describe.txt and preflight.json
+
+def preflight_of(api_client, snap):
+    """The draft preflight (ops/draft_preflight.py) re-run on the collected InferenceService, read-only and warn only:
+    the bundle starts no Job (a PVC's checkpoints are said not read) and reaches nothing on the internet (the air-gapped
+    rules refuse hub and public hosts). None without an InferenceService or a speculative flag; a check that cannot run is
+    a result with ``skipped`` saying why."""
+    # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_preflight
+    isvc = snap.get("isvc")
+    if not isvc or not speculative_config_of(isvc):
+        return None
+    params = dict(draft_preflight.PARAM_DEFAULTS, preflight="warn", air_gapped=True, namespace=snap["namespace"], pvc_job=False,
+                  pvc_job_off_reason="the troubleshooting bundle starts no Job", vllm_version=snap.get("vllm_version"))
+    try:
+        return draft_preflight.preflight(params, connect=lambda: api_client, isvc=isvc)
+    except Exception as exc:  # pylint: disable=broad-except
+        # a bundle is collected for a broken service: a preflight that cannot run is said, never the bundle's failure
+        return {"method": (speculative_config_of(isvc) or {}).get("method"), "skipped": "not run: %s" % exc, "checks": [], "warnings": []}
+
+
+def preflight_report(result):
+    # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_preflight
+    return draft_preflight.report(result)
+
+
 def _files_for(snap, findings, secrets):
     base = "%s/%s/" % (snap["namespace"], snap["name"])
     files = {}
     snap = dict(snap)
-    for key in ("isvc", "pods", "deployments", "events", "engine", "metrics", "runtime", "effective_command"):
+    for key in ("isvc", "pods", "deployments", "events", "engine", "metrics", "runtime", "effective_command", "preflight"):
         if snap.get(key) is not None:
             snap[key] = credentials.redact_obj(snap[key], secrets)
     if snap.get("isvc") is not None:
@@ -379,7 +410,7 @@ def _files_for(snap, findings, secrets):
             for key, suffix in (("current", ".log"), ("previous", ".previous.log")):
                 if logs.get(key) is not None:
                     files[base + "logs/%s/%s%s" % (pname, cname, suffix)] = logs[key]
-    for key, fname in (("engine", "engine_config.json"), ("metrics", "spec_metrics.json")):
+    for key, fname in (("engine", "engine_config.json"), ("metrics", "spec_metrics.json"), ("preflight", "preflight.json")):
         if snap.get(key) is not None:
             files[base + fname] = json.dumps(snap[key], sort_keys=True, indent=2, default=str) + "\n"
     files[base + "findings.json"] = json.dumps(findings, sort_keys=True, indent=2) + "\n"
@@ -434,6 +465,7 @@ def bundle(api_client, params, check_mode=False, diff=False):
     for snap in snaps:
         findings = diagnose(snap)
         snap["vllm_version"], snap["engine_line_config"] = _engine_facts(snap)
+        snap["preflight"] = preflight_of(api_client, snap)
         sections.append(service_summary(snap, findings))
         likely = next((f for f in findings if f["severity"] == "error"), None)
         services.append({"namespace": snap["namespace"], "name": snap["name"], "likely_cause": likely["cause"] if likely else

@@ -202,10 +202,15 @@ def enforce(result, mode):
     if mode == "require" and result["errors"]:
         first = result["errors"][0]
         more = result["errors"][1:]
+        anyway = "set spec_decoding_preflight: warn to roll out anyway"
+        # One refusal: its own fix is the error's fix (one "Fix:" in the message, not two).
+        text, own_fix = first.partition(" Fix: ")[::2]
+        if own_fix and not more:
+            first, hint = text, "%s; or %s" % (own_fix.rstrip("."), anyway)
+        else:
+            hint = "fix the checkpoint or the speculative config as each message says, or " + anyway
         raise ValidationError("the draft does not fit its target (preflight, vLLM %s rules): %s%s" % (
-            result["rules_from_vllm"], first, "".join("; also: %s" % e for e in more)), field="preflight",
-            hint="fix the checkpoint or the speculative config as each message says, or set spec_decoding_preflight: warn "
-                 "to roll out anyway")
+            result["rules_from_vllm"], first, "".join("; also: %s" % e for e in more)), field="preflight", hint=hint)
     return list(result["warnings"]) + (list(result["errors"]) if mode == "warn" else [])
 
 

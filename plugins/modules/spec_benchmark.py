@@ -131,7 +131,8 @@ options:
   prompts_file:
     description:
       - 'Load: JSONL file of prompts, one per line. Each line is a JSON string, or an object with C(prompt) or
-        C(messages) and an optional C(id). The file order is kept.'
+        C(messages), an optional C(id) and an optional C(class) (a request class such as V(code): the report then adds a
+        decision per class, see RV(report_json)). The file order is kept.'
     type: path
   num_prompts:
     description:
@@ -346,7 +347,7 @@ report_markdown:
   returned: when a report was written
   type: str
 report_json:
-  description: Path of the JSON report.
+  description: Path of the JSON report; its C(classes) holds the per-class section when the prompts name request classes.
   returned: when a report was written
   type: str
 plots:

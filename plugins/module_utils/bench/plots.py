@@ -33,7 +33,8 @@ MATPLOTLIB_REQUIREMENT = "matplotlib>=3.8"
 DPI = 100
 # Inches at DPI: one panel 8 x 4.5 (800 x 450 px); two and three panels side by side keep about that panel size, the
 # sweep plots half an inch more for their legends under the axes.
-FIGSIZE = {"acceptance": (8.0, 4.5), "sweep_load": (12.0, 5.0), "k_curve": (12.0, 5.0), "k_schedule": (12.0, 5.0), "latency": (14.0, 4.5)}
+FIGSIZE = {"acceptance": (8.0, 4.5), "classes": (8.0, 4.5), "sweep_load": (12.0, 5.0), "k_curve": (12.0, 5.0), "k_schedule": (12.0, 5.0),
+           "latency": (14.0, 4.5)}
 
 SIDE_LABELS = {"baseline": "baseline", "candidate": "speculative decoding"}
 COLORS = {"baseline": "#1f77b4", "candidate": "#d62728"}
@@ -174,6 +175,42 @@ def acceptance_figure(per_position):
 def plot_acceptance(per_position, path):
     """Save ``acceptance_figure`` to ``path`` (PNG); return ``path``."""
     return save(acceptance_figure(per_position), path)
+
+
+def classes_figure(block):
+    """Median TPOT per request class, baseline beside speculative decoding, with their 95% intervals; each class labelled
+    with its speedup and decision (the report's ``classes`` block, bench/request_classes.py)."""
+    entries = block["classes"]
+    names = ["(unclassified)" if e["class"] is None else e["class"] for e in entries]
+    fig, (axis,) = _figure("classes")
+    width = 0.38
+    for offset, side in ((-width / 2, "baseline"), (width / 2, "candidate")):
+        medians = [e["latency"]["tpot_ms"][side] for e in entries]
+        low_high = [e["latency"]["tpot_ms"][side + "_interval"] for e in entries]
+        errors = [[0.0 if not lh or m is None else m - lh[0] for m, lh in zip(medians, low_high)],
+                  [0.0 if not lh or m is None else lh[1] - m for m, lh in zip(medians, low_high)]]
+        axis.bar([i + offset for i in range(len(entries))], [_nan(m) for m in medians], width, yerr=errors, capsize=4, color=COLORS[side],
+                 label="%s median TPOT (95%% interval)" % SIDE_LABELS[side])
+    for index, entry in enumerate(entries):
+        tpot = entry["latency"]["tpot_ms"]
+        tops = [v for v in (tpot["baseline"], tpot["candidate"]) if v is not None]
+        tops += [interval[1] for interval in (tpot["baseline_interval"], tpot["candidate_interval"]) if interval]  # above the bars
+        text = "%s, %s" % ("n/a" if entry["speedup"] is None else "%.2fx" % entry["speedup"], entry["decision"])
+        axis.annotate(text, (index, max(tops) if tops else 0.0), textcoords="offset points", xytext=(0, 6), ha="center",
+                      fontsize="small")
+    axis.set_xticks(list(range(len(entries))))
+    axis.set_xticklabels(names)
+    axis.set_ylim(0, axis.get_ylim()[1] * 1.15)
+    axis.set_xlabel("request class")
+    axis.set_ylabel("median TPOT (ms)")
+    axis.set_title("Per request class: median TPOT, speedup and decision")
+    _legend(axis, loc="upper right")
+    return fig
+
+
+def plot_classes(block, path):
+    """Save ``classes_figure`` to ``path`` (PNG); return ``path``."""
+    return save(classes_figure(block), path)
 
 
 # -- spec_sweep: speedup and TPOT against load, and the k curve ---------------------------------------------------------

@@ -18,10 +18,11 @@ import json
 import os
 import shlex
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import request_classes
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench.decision import LATENCY_ROWS, burst_notes, compare, decide
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench.plots import (
-    plot_acceptance, plot_k_curve, plot_k_schedule, plot_latency, plot_sweep_load,
+    plot_acceptance, plot_classes, plot_k_curve, plot_k_schedule, plot_latency, plot_sweep_load,
 )
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
@@ -176,10 +177,13 @@ def build_report(baseline, candidate, context, tolerances=None, acceptance=None,
     elif not acceptance.get("num_drafts"):
         all_notes.append("the candidate proposed no drafts during the run: speculative decoding did not act on this workload")
     all_notes += burst_notes(b_sum, c_sum)
+    # per request class, when the records name classes (bench/request_classes.py); absent otherwise
+    classes = request_classes.class_report(baseline, candidate, tolerances, load, acceptance)
+    all_notes += (classes or {}).get("notes") or []
     sides = {}
     for name, side in (("baseline", baseline), ("candidate", candidate)):
         sides[name] = bench_stats.without_samples({k: v for k, v in side.items() if k != "records"})
-    return {
+    report = {
         "schema": SCHEMA,
         "title": title or "Speculative decoding A/B benchmark",
         "generated_at": generated_at,
@@ -191,6 +195,9 @@ def build_report(baseline, candidate, context, tolerances=None, acceptance=None,
         "notes": all_notes,
         "plots": {},
     }
+    if classes:
+        report["classes"] = classes
+    return report
 
 
 # -- Markdown ------------------------------------------------------------------------------------------------
@@ -316,10 +323,13 @@ def render_markdown(report):
     lines += ["", "Target load: concurrency %s, request rate %s." % (
         _fmt(load.get("concurrency")), _fmt(load.get("request_rate"), 3) if load.get("request_rate") else "inf"), ""]
 
+    if report.get("classes"):
+        lines += request_classes.render_markdown(report["classes"])
     plots = report.get("plots") or {}
     if plots:
         lines += ["## Plots", ""]
-        for key, label in (("acceptance", "Per-position acceptance"), ("latency", "Latency distributions, baseline vs candidate")):
+        for key, label in (("acceptance", "Per-position acceptance"), ("latency", "Latency distributions, baseline vs candidate"),
+                           ("classes", "Median TPOT per request class")):
             if plots.get(key):
                 lines += ["![%s](%s)" % (label, plots[key]), ""]
     if report.get("notes"):
@@ -348,6 +358,11 @@ def write_report(report, report_dir, records=None, plots=True, basename="report"
             plot_acceptance(acc, os.path.join(report_dir, name))
             report["plots"]["acceptance"] = name
             paths["plots"]["acceptance"] = os.path.join(report_dir, name)
+        if report.get("classes"):
+            name = basename + "-classes.png"
+            plot_classes(report["classes"], os.path.join(report_dir, name))
+            report["plots"]["classes"] = name
+            paths["plots"]["classes"] = os.path.join(report_dir, name)
         if records:
             name = basename + "-latency.png"
             plot_latency(records.get("baseline") or [], records.get("candidate") or [], os.path.join(report_dir, name))

@@ -11,13 +11,19 @@ list with one text part, ``[{"type": "text", "text": prompt}]``: the exact reque
 
 JSONL files: one JSON value per line, blank lines and lines starting with ``#`` ignored. A line is either
 a string (the prompt), or an object with ``prompt`` (string) or ``messages`` (a list of
-``{"role", "content"}``), and an optional ``id``. This is also the shape ``vllm bench serve --dataset-name
-custom`` reads (``{"prompt": ...}``), so one file can drive both tools.
+``{"role", "content"}``), an optional ``id`` and an optional ``class``. This is also the shape ``vllm bench serve
+--dataset-name custom`` reads (``{"prompt": ...}``, other keys ignored), so one file can drive both tools.
+
+``class`` names the request class a prompt belongs to (``code``, ``chat``, ``summarize``...): the reports give figures
+and a decision per class, and the routing plan (bench/routing_plan.py) sends each class to the pool that serves it
+best. It is a DNS label (lowercase letters, digits, ``-``, at most 63 characters) because it becomes an HTTP header
+value the clients set and part of an HTTPRoute rule's name. A prompt without one is unclassified.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 
@@ -112,10 +118,25 @@ _CHAT_INSTRUCTION = (
 )
 
 WORKLOADS = ("code_refactor", "general_chat")
+# The request class of each built-in workload's prompts: the guide's table has a code refactor at 1.84x and chat at 0.99x.
+WORKLOAD_CLASSES = {"code_refactor": "code", "general_chat": "chat"}
+
+# A DNS-1123 label (Kubernetes' IsDNS1123Label): safe as a header value, a Service-free route name part and a JSON key.
+CLASS_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+CLASS_MAX_LEN = 63
 
 
-def _prompt(prompt_id, text):
-    return {"id": prompt_id, "prompt": text, "messages": user_message(text)}
+def _prompt(prompt_id, text, request_class):
+    return {"id": prompt_id, "prompt": text, "messages": user_message(text), "class": request_class}
+
+
+def check_class(value, where, field="prompts_file"):
+    """``value`` if it is a valid request class (see the module docstring), else a ValidationError naming ``where``."""
+    if isinstance(value, str) and len(value) <= CLASS_MAX_LEN and CLASS_RE.match(value):
+        return value
+    raise ValidationError("%s: class %s is not a request class name" % (where, json.dumps(value)), field=field,
+                          hint='give a lowercase DNS label (letters a-z, digits, "-", at most 63 characters), '
+                               'e.g. "class": "code", or leave "class" out for an unclassified prompt')
 
 
 def user_message(text):
@@ -127,11 +148,11 @@ def builtin_workload(name):
     """The prompts of a built-in workload, in their fixed order."""
     if name == "code_refactor":
         return [
-            _prompt("code_refactor/inventory_ledger", _REFACTOR_INSTRUCTION % _INVENTORY_CLASS),
-            _prompt("code_refactor/rate_limiter", _REFACTOR_INSTRUCTION % _RATE_LIMITER_CLASS),
+            _prompt("code_refactor/inventory_ledger", _REFACTOR_INSTRUCTION % _INVENTORY_CLASS, WORKLOAD_CLASSES[name]),
+            _prompt("code_refactor/rate_limiter", _REFACTOR_INSTRUCTION % _RATE_LIMITER_CLASS, WORKLOAD_CLASSES[name]),
         ]
     if name == "general_chat":
-        return [_prompt("general_chat/%d" % i, _CHAT_INSTRUCTION % topic) for i, topic in enumerate(_CHAT_TOPICS)]
+        return [_prompt("general_chat/%d" % i, _CHAT_INSTRUCTION % topic, WORKLOAD_CLASSES[name]) for i, topic in enumerate(_CHAT_TOPICS)]
     raise ValidationError("unknown workload %r" % (name,), field="workload",
                           hint="use one of %s, or give prompts_file" % ", ".join(WORKLOADS))
 
@@ -150,6 +171,9 @@ def parse_prompts_jsonl(text, source="prompts_file"):
             raise ValidationError("%s is not valid JSON (%s)" % (where, exc), field="prompts_file",
                                   hint='write one JSON object per line, e.g. {"prompt": "..."}')
         prompt_id = "%s:%d" % (source, lineno)
+        request_class = None
+        if isinstance(value, dict) and value.get("class") is not None:
+            request_class = check_class(value["class"], where)
         if isinstance(value, str):
             text_value = value
             messages = user_message(value)
@@ -173,7 +197,10 @@ def parse_prompts_jsonl(text, source="prompts_file"):
                                   field="prompts_file", hint='write {"prompt": "..."} on each line')
         if not text_value.strip():
             raise ValidationError("%s has an empty prompt" % where, field="prompts_file", hint="remove the line or give it text")
-        prompts.append({"id": prompt_id, "prompt": text_value, "messages": messages})
+        prompt = {"id": prompt_id, "prompt": text_value, "messages": messages}
+        if request_class is not None:
+            prompt["class"] = request_class
+        prompts.append(prompt)
     if not prompts:
         raise ValidationError("%s holds no prompts" % source, field="prompts_file", hint="add at least one JSONL line")
     return prompts
@@ -197,6 +224,11 @@ def load_workload(workload=None, prompts_file=None, num_prompts=None):
             raise ValidationError("must be at least 1, got %r" % (num_prompts,), field="num_prompts")
         prompts = prompts[:num_prompts]
     return prompts
+
+
+def prompt_classes(prompts):
+    """The request classes the prompts name, sorted; empty when none is classified."""
+    return sorted({p["class"] for p in prompts if p.get("class")})
 
 
 def to_jsonl(prompts):

@@ -64,6 +64,11 @@ try-local:
 bench: setup
 	@hack/bench.sh
 
+# The fleet discovery bench alone (tests/bench/bench_fleet.py, issue 53; `make bench` runs it with the others).
+.PHONY: bench-fleet
+bench-fleet: setup
+	@hack/bench.sh fleet
+
 # make captures [SCENARIOS="ngram eagle3"]: all scenarios by default (see tests/e2e/record_vllm.py)
 captures: setup
 	@$(VENV)/bin/python -m tests.e2e.record_vllm $(SCENARIOS)

@@ -88,6 +88,16 @@ options:
         description: Seconds the Job may run (its C(activeDeadlineSeconds)); at least 60.
         type: int
         default: 3600
+      pods:
+        description:
+          - How many client pods send the load (an Indexed Job of that many pods). Each sends its shard of the one seeded
+            arrival schedule (requests i, i + pods, ...) at the schedule's offsets with its share of the concurrency; the
+            controller merges their measurements and computes the same statistics as for one pod.
+          - Every run says whether the client kept up (send lag against the schedule, client CPU) and gives no decision when
+            it did not (send lag p99 over 100 ms, or a client pod over 0.9 of a CPU); more pods is the fix.
+          - At most the concurrency (C(concurrency), or each load of a sweep) and the number of measured requests.
+        type: int
+        default: 1
       keep:
         description: Keep the Job, its pod, ConfigMap and Secret after the run (to read them); the TTL still removes them.
         type: bool

@@ -6,7 +6,10 @@
 Measures each request the way ``vllm bench serve`` does (``vllm/benchmarks/lib/endpoint_request_func.py``):
 the clock starts right before the request is sent; every server-sent event ``data: {...}`` that carries
 ``choices`` is a chunk: the first one sets TTFT, each later one adds an ITL gap, the last one ends E2EL;
-the final ``usage`` event (``stream_options.include_usage``) gives ``completion_tokens``. Requests run on
+the final ``usage`` event (``stream_options.include_usage``) gives ``completion_tokens`` and, from a vLLM 0.32+ server
+started with ``--per-request-spec-decode-metrics``, the request's own ``metrics.speculative_decoding`` block (vLLM
+``entrypoints/openai/completion/serving.py`` ``completion_stream_generator``: it rides on that usage chunk, only for
+``n == 1``; kept as ``spec_decoding``, None when the chunk has none). Requests run on
 a pool of ``concurrency`` threads (each with a keep-alive connection) and are released at a target request
 rate (Poisson arrivals or a fixed interval, seeded) or all at once; warmup requests run first and are
 discarded.
@@ -31,6 +34,11 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import
 
 APIS = ("chat", "completions")
 ARRIVALS = ("poisson", "fixed")
+# The summary keys of vLLM's per-request block (vLLM 0.32 ``entrypoints/generate/base/protocol.py``,
+# ``SpeculativeDecodingMetrics``); the ``detailed`` level's per-step arrays are not kept: the reports and the /metrics
+# check use the sums.
+SPEC_DECODING_KEYS = ("mean_acceptance_length", "draft_acceptance_rate", "acceptance_histogram", "num_spec_steps",
+                      "num_draft_tokens", "num_accepted_draft_tokens", "num_spec_tokens")
 _RESERVED_BODY_KEYS = ("model", "messages", "prompt", "stream", "stream_options", "max_tokens", "max_completion_tokens",
                        "temperature", "seed")
 
@@ -143,8 +151,9 @@ class Endpoint:
     def stream_request(self, prompt, params, conn=None):
         """Send one streaming request and measure it. Returns ``(record, conn)`` (``conn`` reusable or None)."""
         payload = json.dumps(self.body(prompt, params)).encode("utf-8")
-        record = {"prompt_id": prompt.get("id"), "success": False, "error": None, "ttft": None, "itl": [], "latency": None,
-                  "output_tokens": None, "prompt_tokens": None, "chunks": 0, "text_chars": 0}
+        record = {"prompt_id": prompt.get("id"), "request_class": prompt.get("class"), "success": False, "error": None, "ttft": None,
+                  "itl": [], "latency": None, "output_tokens": None, "prompt_tokens": None, "chunks": 0, "text_chars": 0,
+                  "spec_decoding": None}
         reused = conn is not None
         for attempt in (0, 1):
             if conn is None:
@@ -198,6 +207,7 @@ class Endpoint:
                     usage = data["usage"]
                     record["output_tokens"] = usage.get("completion_tokens")
                     record["prompt_tokens"] = usage.get("prompt_tokens")
+                    record["spec_decoding"] = spec_decoding_block(data)
                 elif data.get("error") or data.get("object") == "error":
                     record["error"] = "stream error: %s" % json.dumps(data)[:500]
         except (OSError, http.client.HTTPException, ValueError) as exc:
@@ -213,6 +223,14 @@ class Endpoint:
         elif record["error"] is None:
             record["error"] = "the stream carried no choices"
         return record, (None if resp.will_close else conn)
+
+
+def spec_decoding_block(data):
+    """The summary keys of a response's ``metrics.speculative_decoding`` (a dict), or None when it carries none."""
+    block = (data.get("metrics") or {}).get("speculative_decoding") if isinstance(data.get("metrics"), dict) else None
+    if not isinstance(block, dict):
+        return None
+    return {key: block.get(key) for key in SPEC_DECODING_KEYS if key in block}
 
 
 def arrival_offsets(count, request_rate=None, arrival="poisson", seed=0):
@@ -232,17 +250,23 @@ def arrival_offsets(count, request_rate=None, arrival="poisson", seed=0):
 
 
 def run_requests(endpoint, prompts, params, concurrency=1, request_rate=None, arrival="poisson", seed=0, progress=None,
-                 label="run"):
+                 label="run", offsets=None):
     """Run ``prompts`` (already in their fixed order) against ``endpoint``; returns ``(records, duration_s)``.
 
     ``concurrency`` threads each keep one connection; request ``i`` is released at its arrival offset and
     picked up by the first free thread (the same as ``vllm bench serve``'s semaphore). ``progress`` is called
-    as ``progress(label, done, total, record)`` after each request.
+    as ``progress(label, done, total, record)`` after each request. ``offsets``: the release times (a load Job
+    shard's part of the whole schedule) instead of those of ``request_rate``/``arrival``/``seed``.
+
+    Each record gets ``send_lag``: how late the client sent it against its schedule, from the later of its release
+    time and the moment a thread was free to take it (waiting for a free thread is the concurrency limit, part of
+    the protocol; anything after that is the client falling behind). None for a request the client itself failed.
     """
     if concurrency < 1:
         raise ValidationError("must be at least 1, got %r" % (concurrency,), field="concurrency")
     total = len(prompts)
-    offsets = arrival_offsets(total, request_rate, arrival, seed)
+    offsets = arrival_offsets(total, request_rate, arrival, seed) if offsets is None else list(offsets)
+    free_at = [None] * total  # when a thread was free to take request i
     work = queue.Queue()
     records = [None] * total
     done = [0]
@@ -251,14 +275,16 @@ def run_requests(endpoint, prompts, params, concurrency=1, request_rate=None, ar
     def worker():
         conn = None
         while True:
+            free = time.perf_counter()
             item = work.get()
             if item is None:
                 break
             index, prompt = item
+            free_at[index] = free
             try:
                 record, conn = endpoint.stream_request(prompt, params, conn)
             except Exception as exc:  # pylint: disable=broad-except
-                record, conn = {"prompt_id": prompt.get("id"), "success": False, "error": "client error: %r" % (exc,),
+                record, conn = {"prompt_id": prompt.get("id"), "request_class": prompt.get("class"), "success": False, "error": "client error: %r" % (exc,),
                                 "itl": [], "ttft": None, "latency": None, "output_tokens": None, "start": time.perf_counter()}, None
             records[index] = record
             with lock:
@@ -286,8 +312,11 @@ def run_requests(endpoint, prompts, params, concurrency=1, request_rate=None, ar
     for thread in threads:
         thread.join()
     duration = time.perf_counter() - start
-    for record in records:
-        record["start_offset"] = record.pop("start", start) - start
+    for index, record in enumerate(records):
+        sent = record.pop("start", start)
+        failed_here = str(record.get("error") or "").startswith("client error")
+        record["send_lag"] = None if failed_here else max(0.0, sent - max(start + offsets[index], free_at[index] or start))
+        record["start_offset"] = sent - start
     return records, duration
 
 
@@ -324,11 +353,13 @@ def warmup_schedule(prompts, warmup):
 
 
 def measure_side(endpoint, prompts, params, runs_per_prompt=5, warmup=3, concurrency=1, request_rate=None,
-                 arrival="poisson", seed=0, progress=None, label="side", before_measure=None):
+                 arrival="poisson", seed=0, progress=None, label="side", before_measure=None, shard=None):
     """Warm up, then measure one side. Returns ``{"records", "duration_s", "warmup": {...}}``.
 
     ``before_measure`` (optional) runs between warmup and the measured requests, e.g. the first /metrics
-    scrape, so warmup traffic stays out of the metric deltas.
+    scrape, so warmup traffic stays out of the metric deltas. ``shard``: ``(index, count)``, this client sends
+    only requests ``index, index + count, ...`` of the schedule, each at its offset in the whole seeded schedule
+    (a load Job pod's part); its records carry ``schedule_index``.
     """
     endpoint.resolve_model()
     warm = warmup_schedule(prompts, warmup)
@@ -339,8 +370,17 @@ def measure_side(endpoint, prompts, params, runs_per_prompt=5, warmup=3, concurr
         raise BenchmarkRequestError("every warmup request to %s failed; first error: %s" % (endpoint.url, warm_failed[0]["error"]),
                                     field=endpoint.field, hint="check the URL, model name, token and request parameters")
     extra = before_measure() if before_measure else None
-    records, duration = run_requests(endpoint, schedule(prompts, runs_per_prompt), params, concurrency, request_rate,
-                                     arrival, seed, progress, label=label)
+    measured = schedule(prompts, runs_per_prompt)
+    offsets = None
+    if shard is not None:
+        picked = list(range(len(measured)))[shard[0]::shard[1]]
+        everyone = arrival_offsets(len(measured), request_rate, arrival, seed)
+        measured, offsets = [measured[i] for i in picked], [everyone[i] for i in picked]
+    records, duration = run_requests(endpoint, measured, params, concurrency, request_rate,
+                                     arrival, seed, progress, label=label, offsets=offsets)
+    if shard is not None:
+        for index, record in zip(picked, records):
+            record["schedule_index"] = index
     if records and not any(r["success"] for r in records):
         raise BenchmarkRequestError("every measured request to %s failed; first error: %s" % (endpoint.url, records[0]["error"]),
                                     field=endpoint.field, hint="check the server logs and the request parameters")

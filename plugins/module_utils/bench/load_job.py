@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils import errors
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import client as bench_client
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import load_job_merge
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import load_job_pod
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
@@ -62,6 +63,13 @@ STUCK_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrIma
 # The metric families the controller reads from the pod's two scrapes (acceptance, prefix cache); the rest of a
 # /metrics page (hundreds of histogram lines) stays in the pod.
 METRIC_PREFIXES = tuple(spec_metrics.SPEC_PREFIXES) + tuple(bench_client.PREFIX_CACHE_PREFIXES) + (bench_client.CACHE_CONFIG_INFO,)
+# Whether the client kept up with its schedule (every run says it; a run over either bound gives no decision): the 99th
+# percentile of the send lag (bench/client.py run_requests: how late a request went out against its release, once a
+# thread was free for it) and the client's CPU over the measured requests (process CPU seconds / wall seconds). A
+# Python client is one core at most (the GIL): at 0.9 of it the threads wait for each other, the chunks are read late
+# and that lateness lands in ITL and TPOT; 100 ms late at p99 is no longer the arrival process the protocol asked for.
+MAX_SEND_LAG_P99_MS = 100.0
+MAX_CLIENT_CPU = 0.9
 # The files of the zip application, in import order (what load_job_pod imports, and it).
 _SHIPPED = (errors, prometheus_text, bench_client, load_job_pod)
 _MAIN = ("import sys\n"
@@ -96,6 +104,7 @@ def options_spec():
         resources=dict(type="dict", default={"requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}),
         pod_annotations=dict(type="dict", default={}),
         timeout=dict(type="int", default=3600),
+        pods=dict(type="int", default=1),
         keep=dict(type="bool", default=False),
         kubeconfig=dict(type="raw"),
         context=dict(type="str"),
@@ -139,6 +148,17 @@ def check_options(options):
                                    "send from here with load_from=controller (benchmark_load_from, tune_load_from)")
     if options.get("timeout", 0) < 60:
         raise ValidationError("must be at least 60 seconds, got %r" % options.get("timeout"), field="load_job.timeout")
+    if options.get("pods") is not None and int(options["pods"]) < 1:
+        raise ValidationError("must be at least 1, got %r" % options.get("pods"), field="load_job.pods")
+
+
+def check_pods(options, concurrency, requests):
+    """Each pod needs a thread and a request of its own: refuse more pods than the concurrency or the measured requests."""
+    pods = int(options.get("pods") or 1)
+    if pods > 1 and (pods > concurrency or pods > requests):
+        raise ValidationError("%d pods for a concurrency of %d and %d measured requests: a pod would have no thread or no request"
+                              % (pods, concurrency, requests), field="load_job.pods",
+                              hint="use at most %d pods, or raise concurrency" % max(1, min(concurrency, requests)))
 
 
 # -- what is created --------------------------------------------------------------------------------------------
@@ -231,6 +251,9 @@ def manifests(name, options, request, secret_env=None, ca_text=None, code=None):
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": dict(meta),
            "spec": {"backoffLimit": 0, "activeDeadlineSeconds": int(options["timeout"]), "ttlSecondsAfterFinished": TTL_SECONDS,
                     "template": {"metadata": template_meta, "spec": pod_spec}}}
+    pods = int(options.get("pods") or 1)
+    if pods > 1:  # one pod per shard, all at once; each finds its shard in JOB_COMPLETION_INDEX (load_job_pod)
+        job["spec"].update(completionMode="Indexed", completions=pods, parallelism=pods)
     return configmap, secret, job
 
 
@@ -297,6 +320,8 @@ class Run:
         self.clock, self.sleep, self.interval = clock, sleep, interval
         self.created = []
         self.pod = None
+        self.pods = []  # every pod of the Job once it ended, in completion index order
+        self.expected = int(options.get("pods") or 1)
 
     def start(self, dry_run=False):
         """Create the objects (all three as a server-side dry run with ``dry_run``: admission and RBAC answer, nothing
@@ -310,6 +335,13 @@ class Run:
                 raise _api_error("creating", obj, exc) from exc
             if not dry_run:
                 self.created.append((obj["kind"], created))
+            if obj["kind"] == "Job" and self.expected > 1 and ((created or {}).get("spec") or {}).get("completionMode") != "Indexed":
+                # an API server before Kubernetes 1.21 (1.22 without the alpha gate) drops the field: N pods would each
+                # send the whole schedule as shard 0
+                raise LoadJobError("the API server made %s/%s a Job without completionMode: Indexed, so its %d pods could not "
+                                   "tell their shards apart" % (self.namespace, self.name, self.expected), field="load_job.pods",
+                                   hint="Indexed Jobs need Kubernetes 1.22 or later (1.21 with the IndexedJob feature gate); on "
+                                        "this cluster use load_job.pods: 1")
         if dry_run:
             return
         # The ConfigMap and the Secret go with the Job (its TTL, or a delete with Background propagation).
@@ -344,8 +376,10 @@ class Run:
                 raise _api_error("reading", self.job, exc) from exc
             pods = self._pods()
             ended = [p for p in pods if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed")]
-            if ended:
-                self.pod = ended[0]
+            failed = [p for p in ended if p["status"]["phase"] == "Failed"]
+            if failed or len(ended) >= self.expected:  # a failed pod fails the run at once (backoffLimit 0): its log says why
+                self.pods = failed[:1] or sorted(ended, key=_completion_index)[:self.expected]
+                self.pod = self.pods[0]
                 return self.pod
             for pod in pods:
                 for status in (pod.get("status") or {}).get("containerStatuses") or []:
@@ -365,9 +399,10 @@ class Run:
                                    field="load_job.timeout", hint="raise load_job.timeout, or measure fewer requests")
             self.sleep(self.interval)
 
-    def log(self):
+    def log(self, pod=None):
         chunks, size = [], 0
-        for chunk in _kube()[1].stream_pod_log(self.api_client, self.namespace, self.pod["metadata"]["name"], container=CONTAINER):
+        pod = pod or self.pod
+        for chunk in _kube()[1].stream_pod_log(self.api_client, self.namespace, pod["metadata"]["name"], container=CONTAINER):
             chunks.append(chunk)
             size += len(chunk)
             if size > MAX_LOG_BYTES:
@@ -375,23 +410,38 @@ class Run:
         return b"".join(chunks).decode("utf-8", "replace")
 
     def result(self):
-        """``(progress lines, result)``; LoadJobError for a pod that failed or printed no result."""
-        progress, result = parse_log(self.log())
-        phase = self.pod["status"].get("phase")
+        """``(progress lines, result)``, the pods' results merged (load_job_merge) when there are several; LoadJobError
+        for a pod that failed or printed no result."""
+        if len(self.pods) <= 1:
+            return self._pod_result(self.pod)
+        lines, results = [], []
+        if sorted(_completion_index(pod) for pod in self.pods) != list(range(self.expected)):
+            raise LoadJobError("the load Job %s/%s's pods carry the completion indexes %s, not 0 to %d: their shards cannot be "
+                               "merged" % (self.namespace, self.name, sorted(_completion_index(p) for p in self.pods), self.expected - 1),
+                               field="load_job.pods", hint="on this cluster use load_job.pods: 1")
+        for pod in self.pods:
+            progress, result = self._pod_result(pod)
+            lines.extend("pod %s: %s" % (_completion_index(pod), line) for line in progress)
+            results.append(result)
+        return lines, load_job_merge.merge_results(results)
+
+    def _pod_result(self, pod):
+        progress, result = parse_log(self.log(pod))
+        phase = pod["status"].get("phase")
         if result is not None and result.get("error"):
             error = result["error"]
-            raise LoadJobError("the load Job's pod %s/%s: %s" % (self.namespace, self.pod["metadata"]["name"], error.get("msg")),
+            raise LoadJobError("the load Job's pod %s/%s: %s" % (self.namespace, pod["metadata"]["name"], error.get("msg")),
                                field=error.get("field") or "load_job", hint=error.get("fix"))
         if result is None or phase != "Succeeded":
             tail = "\n".join(progress[-20:]) or "(empty)"
             ended = ""
-            for status in self.pod["status"].get("containerStatuses") or []:
+            for status in pod["status"].get("containerStatuses") or []:
                 terminated = (status.get("state") or {}).get("terminated") or {}
                 if terminated:  # a runtime that could not start the command says why here (StartError ...)
                     ended = " (exit code %s, %s%s)" % (terminated.get("exitCode"), terminated.get("reason"),
                                                        ": " + terminated["message"].strip() if terminated.get("message") else "")
             raise LoadJobError("the load Job's pod %s/%s ended %s%s without a result; the end of its log:\n%s" % (
-                self.namespace, self.pod["metadata"]["name"], phase, ended, tail), field="load_job",
+                self.namespace, pod["metadata"]["name"], phase, ended, tail), field="load_job",
                 hint="check that load_job.image has %s (3.8 or later)" % self.options["python"])
         return progress, result
 
@@ -411,6 +461,10 @@ def prepare(api_client, params, sides, prompts, request_params, name=None, scrap
     """The Run of the ``load_job`` options, nothing created yet; ValidationError for a missing option."""
     options = params["load_job"]
     check_options(options)
+    if scrape_only:
+        options = dict(options, pods=1)  # a look at /metrics: one pod reads it
+    elif prompts:  # (a dry run of the sweep's Job has none: its loads come later, each checked then)
+        check_pods(options, params.get("concurrency") or 1, len(prompts) * params["runs_per_prompt"])
     ca_text = None
     if params.get("ca_path"):
         with open(params["ca_path"], encoding="utf-8") as handle:
@@ -421,7 +475,9 @@ def prepare(api_client, params, sides, prompts, request_params, name=None, scrap
     if params.get("headers"):
         secret_env[load_job_pod.HEADERS_ENV] = json.dumps(params["headers"])
     name = name or NAME_PREFIX + uuid.uuid4().hex[:8]
-    objects = manifests(name, options, job_request(params, sides, prompts, request_params, ca_text, scrape_only), secret_env, ca_text)
+    request = job_request(params, sides, prompts, request_params, ca_text, scrape_only)
+    request["pods"] = int(options.get("pods") or 1)
+    objects = manifests(name, options, request, secret_env, ca_text)
     return Run(api_client, options, objects)
 
 
@@ -448,7 +504,28 @@ def measure(api_client, params, sides, prompts, request_params, progress, name=N
         for line in lines:
             progress.line("job: " + line)
         progress.line("load Job %s/%s pod %s %s" % (run.namespace, run.name, pod["metadata"]["name"], pod["status"]["phase"]))
+        if not scrape_only:
+            kept_up(result["sides"], run.expected, progress)
         return result["sides"]
     finally:
         if not run.options.get("keep"):
             run.delete()
+
+
+def _completion_index(pod):
+    """An Indexed Job's pod's index (its annotation, Kubernetes 1.21+); 0 for the one pod of a plain Job."""
+    return int(((pod.get("metadata") or {}).get("annotations") or {}).get("batch.kubernetes.io/job-completion-index") or 0)
+
+
+def kept_up(sides, pods, progress):
+    """Whether the client kept up with its schedule, per side (load_job_merge.client_summary, kept as the side's
+    ``client_summary``) and in the progress log; a ValidationError naming the figures and the fix (more pods) instead
+    of measurements a decision cannot trust."""
+    summaries = {}
+    for name, side in sides.items():
+        summaries[name] = side["client_summary"] = load_job_merge.client_summary(side, MAX_SEND_LAG_P99_MS, MAX_CLIENT_CPU)
+        progress.line(load_job_merge.describe(name, summaries[name]))
+    refused = load_job_merge.refusal(summaries, pods)
+    if refused is not None:
+        raise refused
+    return summaries

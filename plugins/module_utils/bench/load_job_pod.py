@@ -25,6 +25,7 @@ import gzip
 import json
 import os
 import sys
+import time
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import client as bench_client
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
@@ -38,6 +39,8 @@ HEADERS_ENV = "SPEC_DECODING_HEADERS"
 # The biggest result the pod prints (compressed): kubelets rotate a container's log at 10 MiB by default
 # (containerLogMaxSize), and the controller reads the log whole.
 MAX_RESULT_BYTES = 6 * 1024 * 1024
+# Kubernetes gives each pod of an Indexed Job its index here (batch/v1 Job, completionMode: Indexed).
+INDEX_ENV = "JOB_COMPLETION_INDEX"
 
 
 def _scrape(endpoint, request):
@@ -47,6 +50,13 @@ def _scrape(endpoint, request):
 
 def _scrape_into(scrapes, endpoint, request):
     scrapes["before"] = _scrape(endpoint, request)
+    # the measured requests start now: the wall clock (the pods' common time) and the process's CPU from here on
+    scrapes["epoch"], scrapes["cpu"], scrapes["wall"] = time.time(), time.process_time(), time.perf_counter()
+
+
+def shard_concurrency(concurrency, index, count):
+    """This pod's share of the run's concurrency: the pods' shares add up to it (the first ones take the remainder)."""
+    return concurrency // count + (1 if index < concurrency % count else 0)
 
 
 def _progress(label, done, total, record):
@@ -54,10 +64,22 @@ def _progress(label, done, total, record):
     sys.stderr.flush()
 
 
-def measure(request, token=None, headers=None):
-    """``{"schema", "sides": {name: {...}}}`` for the request's sides; raises SpecDecodingError."""
-    out = {"schema": RESULT_SCHEMA, "sides": {}}
+def measure(request, token=None, headers=None, index=0):
+    """``{"schema", "sides": {name: {...}}}`` for the request's sides; raises SpecDecodingError. With
+    ``request["pods"]`` > 1 this pod (``index``) sends its shard of the schedule (bench/client.py ``measure_side``)
+    with its share of the concurrency; each side then also says when its measured requests started (``epoch``) and
+    what the client used (``client``: CPU seconds over wall seconds), which load_job.merge_results puts together."""
+    out = {"schema": RESULT_SCHEMA, "sides": {}, "index": index}
     protocol = request["protocol"]
+    pods = int(request.get("pods") or 1)
+    if pods > 1 and index is None:
+        raise SpecDecodingError("this pod has no %s: the Job is not an Indexed Job, and each of its %d pods would send the whole "
+                                "schedule" % (INDEX_ENV, pods), field="load_job.pods",
+                                hint="Indexed Jobs need Kubernetes 1.22 or later; on this cluster use load_job.pods: 1")
+    index = index or 0
+    out["index"] = index
+    shard = (index, pods) if pods > 1 else None
+    concurrency = shard_concurrency(protocol["concurrency"], index, pods) if shard else protocol["concurrency"]
     ca_path = request.get("ca_path")
     for side in request["sides"]:
         endpoint = bench_client.Endpoint(side["url"], model=side.get("model"), api=request["api"], token=token, headers=headers,
@@ -74,11 +96,13 @@ def measure(request, token=None, headers=None):
             side["name"], side["url"], protocol["warmup"], len(request["prompts"]) * protocol["runs_per_prompt"]))
         result = bench_client.measure_side(
             endpoint, request["prompts"], request["params"], runs_per_prompt=protocol["runs_per_prompt"], warmup=protocol["warmup"],
-            concurrency=protocol["concurrency"], request_rate=protocol["request_rate"], arrival=protocol["arrival"],
-            seed=protocol["seed"], progress=_progress, label=side["name"], before_measure=before)
+            concurrency=concurrency, request_rate=protocol["request_rate"], arrival=protocol["arrival"],
+            seed=protocol["seed"], progress=_progress, label=side["name"], before_measure=before, shard=shard)
+        cpu, wall = time.process_time() - scrapes["cpu"], time.perf_counter() - scrapes["wall"]
         out["sides"][side["name"]] = {
             "model": endpoint.model, "records": result["records"], "duration_s": result["duration_s"], "warmup": result["warmup"],
-            "metrics_before": scrapes.get("before"), "metrics_after": _scrape(endpoint, request)}
+            "metrics_before": scrapes.get("before"), "metrics_after": _scrape(endpoint, request), "epoch": scrapes["epoch"],
+            "client": {"cpu_s": round(cpu, 4), "wall_s": round(wall, 4), "cpu_ratio": round(cpu / wall, 4) if wall > 0 else None}}
     return out
 
 
@@ -96,7 +120,8 @@ def main(argv=None):
     headers = json.loads(os.environ.get(HEADERS_ENV) or "{}")
     code = 0
     try:
-        result = measure(request, token=token, headers=headers)
+        index = os.environ.get(INDEX_ENV)
+        result = measure(request, token=token, headers=headers, index=int(index) if index not in (None, "") else None)
     except SpecDecodingError as exc:
         result, code = {"schema": RESULT_SCHEMA, "error": exc.result()}, 1
     lines = encode(result)

@@ -1,0 +1,98 @@
+# -*- coding: utf-8 -*-
+# Copyright: Alauda
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The load Job's pods put together, and whether the client kept up (issue 53).
+
+With ``load_job.pods`` = N the Job is an Indexed Job of N pods; pod i sends requests i, i + N, ... of the one seeded
+schedule at their offsets in it (bench/client.py ``measure_side(shard=...)``) with its share of the concurrency.
+``merge_results`` makes one side of their results that ``bench/stats.py`` summarises as it does one pod's: the records
+back in schedule order, their start offsets on one clock (the pods' wall clocks at the start of their measured
+requests), the duration from the first pod's start to the last pod's end, the warmups added up, the ``/metrics``
+scrape of the pod that started first as "before" and of the one that ended last as "after" (counter deltas over the
+whole window). The pods start when the kubelet starts them: how far apart (``start_skew_s``) is said, not corrected.
+
+``client_summary`` says, for every run (one pod or many), whether the client kept up: the send lag against the
+schedule (p50, p99, max: ``run_requests``' ``send_lag``) and each pod's CPU over its measured requests (process CPU
+seconds / wall seconds). ``refusal`` is the error a decision gets instead when either is over its bound
+(load_job.MAX_SEND_LAG_P99_MS, MAX_CLIENT_CPU): the figures and the fix, more pods.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+
+
+def merge_side(parts):
+    """One side from the pods' parts (``[{records, duration_s, warmup, metrics_before, metrics_after, epoch, client, model}]``,
+    index order)."""
+    if len(parts) == 1 and parts[0].get("epoch") is None:
+        return dict(parts[0])  # a pod of an older bundle: nothing to align
+    first = min(part["epoch"] for part in parts)
+    records = []
+    for part in parts:
+        shift = part["epoch"] - first
+        for record in part["records"]:
+            records.append(dict(record, start_offset=record["start_offset"] + shift))
+    records.sort(key=lambda r: r.get("schedule_index", 0))
+    # relative to the first start (not epoch + duration: an epoch's float has 0.1 us steps, a duration finer ones)
+    ends = [(part["epoch"] - first) + part["duration_s"] for part in parts]
+    starter = min(parts, key=lambda p: p["epoch"])
+    finisher = parts[ends.index(max(ends))]
+    warmup = {key: sum(part["warmup"].get(key) or 0 for part in parts) for key in ("requests", "failed")}
+    warmup["duration_s"] = max(part["warmup"].get("duration_s") or 0 for part in parts)
+    return {
+        "model": parts[0].get("model"), "records": records, "duration_s": max(ends), "warmup": warmup,
+        "metrics_before": starter.get("metrics_before"), "metrics_after": finisher.get("metrics_after"),
+        "epoch": first, "start_skew_s": round(max(part["epoch"] for part in parts) - first, 4),
+        "clients": [part.get("client") for part in parts],
+    }
+
+
+def merge_results(results):
+    """``{"sides": {name: side}}`` of the pods' results (each ``{"sides", "index"}``), in pod index order."""
+    ordered = sorted(results, key=lambda r: r.get("index", 0))
+    names = list(ordered[0]["sides"])
+    return {"schema": ordered[0].get("schema"), "sides": {name: merge_side([r["sides"][name] for r in ordered]) for name in names}}
+
+
+def client_summary(side, max_lag_ms, max_cpu):
+    """``{pods, send_lag_ms: {p50, p99, max}, cpu_ratio_max, start_skew_s, kept_up, why}`` of a merged side."""
+    lags = [r["send_lag"] for r in side.get("records") or [] if r.get("send_lag") is not None]
+    clients = [c for c in side.get("clients") or [side.get("client")] if c]
+    lag = {"p50": None, "p99": None, "max": None}
+    if lags:
+        lag = {"p50": round(bench_stats.percentile(lags, 50) * 1000.0, 3), "p99": round(bench_stats.percentile(lags, 99) * 1000.0, 3),
+               "max": round(max(lags) * 1000.0, 3)}
+    ratios = [c["cpu_ratio"] for c in clients if c.get("cpu_ratio") is not None]
+    cpu = max(ratios) if ratios else None
+    why = []
+    if not lags:
+        why.append("no send lag was measured (a client older than this collection)")
+    elif lag["p99"] > max_lag_ms:
+        why.append("the client sent its requests late: send lag p99 %.1f ms (max %.1f ms) over the %.0f ms bound" % (lag["p99"], lag["max"], max_lag_ms))
+    if cpu is not None and cpu > max_cpu:
+        why.append("a client pod used %.2f of a CPU over its measured requests, over the %.2f bound (a Python client is one core at most)"
+                   % (cpu, max_cpu))
+    return {"pods": max(1, len(clients)), "send_lag_ms": lag, "cpu_ratio_max": cpu, "start_skew_s": side.get("start_skew_s", 0.0),
+            "kept_up": not why, "why": why}
+
+
+def describe(name, summary):
+    """One progress line of a side's client figures."""
+    lag = summary["send_lag_ms"]
+    return "%s client (%d pod%s): send lag p50 %s ms, p99 %s ms, max %s ms; CPU %s of a core; pods started %.2f s apart: %s" % (
+        name, summary["pods"], "" if summary["pods"] == 1 else "s", lag["p50"], lag["p99"], lag["max"], summary["cpu_ratio_max"],
+        summary["start_skew_s"] or 0.0, "kept up" if summary["kept_up"] else "did NOT keep up")
+
+
+def refusal(summaries, pods):
+    """The ValidationError a run whose client did not keep up gets instead of a decision, or None."""
+    behind = {name: s for name, s in summaries.items() if not s["kept_up"]}
+    if not behind:
+        return None
+    reasons = "; ".join("%s: %s" % (name, ", ".join(s["why"])) for name, s in behind.items())
+    return ValidationError("no decision: the load was not measured cleanly, the client fell behind its schedule (%s)" % reasons,
+                           field="load_job.pods",
+                           hint="spread the load over more client pods: set load_job.pods to %d (or more), each sends a shard of the same "
+                                "schedule; or give the Job's pod more CPU (load_job.resources)" % (pods * 2))

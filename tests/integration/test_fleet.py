@@ -1,0 +1,178 @@
+"""Fleet discovery (issue 53) on the real kube-apiserver with KServe's CRDs: 12 InferenceServices in 3 namespaces (4 with
+a speculative flag reaching vLLM, each from another place: the service's args, its env through a script, a ServingRuntime,
+a ClusterServingRuntime; one more whose flag a `bash -c` runtime never passes on), read by module fleet_speculative_info
+in-process with each selector form, as the admin and as a ServiceAccount that RBAC keeps out of the third namespace and
+from cluster-wide LISTs. Objects only: no pods, no stand-in (status plays no part).
+
+InferenceServices only: creating the LLMInferenceService CRDs on a test bed that has none took 23-40 s here (their 2 MB
+schema); the LLMInferenceService records (presets LISTed per namespace) are tests/unit/test_fleet.py's.
+
+The request counts are the design's (one LIST per namespace, one of the ServingRuntimes per namespace whose services need
+a runtime, one of the ClusterServingRuntimes when a service names one), written out here, not read back from the module."""
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from tests.module_run import run_module
+from tests.testbed.fixtures import module_namespace
+
+pytestmark = pytest.mark.integration
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
+FLAG = ["--speculative-config", json.dumps(NGRAM)]
+KSERVE = "/apis/serving.kserve.io"
+RBAC = "/apis/rbac.authorization.k8s.io/v1"
+
+
+def _runtime(name, namespace=None, args=None, command=None):
+    container = {"name": "kserve-container", "image": "vllm/vllm-openai:v0.11.2", "args": ["--port=8080"] + (args or [])}
+    if command:
+        container["command"] = command
+    meta = {"name": name}
+    if namespace:
+        meta["namespace"] = namespace
+    return {"apiVersion": "serving.kserve.io/v1alpha1", "kind": "ServingRuntime" if namespace else "ClusterServingRuntime",
+            "metadata": meta, "spec": {"supportedModelFormats": [{"name": "vLLM", "autoSelect": True}], "containers": [container]}}
+
+
+def _isvc(name, runtime, labels, args=None, command=None, env=None):
+    model = {"modelFormat": {"name": "vLLM"}, "runtime": runtime, "storageUri": "pvc://model-store/llama"}
+    for key, value in (("args", args), ("command", command), ("env", env)):
+        if value:
+            model[key] = value
+    return {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService", "metadata": {"name": name, "labels": labels},
+            "spec": {"predictor": {"model": model}}}
+
+
+class Fleet:
+    """The objects of the module's test: namespaces a, b, c, their services, the expected answer per service."""
+
+    def __init__(self, run, namespaces, csr_spec, csr_script):
+        self.run = run
+        self.a, self.b, self.c = namespaces
+        self.csr_spec, self.csr_script = csr_spec, csr_script
+        self.expected = {}  # (namespace, name) -> sources that reach vLLM
+        self.restricted = None
+
+
+@pytest.fixture(scope="module")
+def fleet(controlplane):
+    run = uuid.uuid4().hex[:6]
+    api = controlplane.rest()
+    cluster_objects = []
+    with module_namespace(controlplane, "fleet-a") as a, module_namespace(controlplane, "fleet-b") as b, \
+            module_namespace(controlplane, "fleet-c") as c:
+        try:
+            out = Fleet(run, (a, b, c), "fleet-spec-%s" % run, "fleet-script-%s" % run)
+            for body in (_runtime(out.csr_spec, args=FLAG), _runtime(out.csr_script, command=["bash", "-c", "exec vllm serve /mnt/models"])):
+                api.post("%s/v1alpha1/clusterservingruntimes" % KSERVE, body)
+                cluster_objects.append("%s/v1alpha1/clusterservingruntimes/%s" % (KSERVE, body["metadata"]["name"]))
+            for ns in (a, b, c):
+                api.post("%s/v1alpha1/namespaces/%s/servingruntimes" % (KSERVE, ns), _runtime("plain-rt", ns))
+            api.post("%s/v1alpha1/namespaces/%s/servingruntimes" % (KSERVE, b), _runtime("spec-rt", b, args=FLAG))
+            extra = [{"name": "EXTRA", "value": "--speculative-config '%s'" % json.dumps(NGRAM)}]
+            script = ["bash", "-c", "exec vllm serve /mnt/models --port 8080 $EXTRA"]
+            services = {
+                a: [("isvc-0", "plain-rt", {}, None), ("isvc-1", "plain-rt", {"args": FLAG}, ["inference_service"]),
+                    ("isvc-2", "plain-rt", {}, None), ("isvc-3", "plain-rt", {}, None)],
+                b: [("isvc-0", "spec-rt", {}, ["serving_runtime"]),
+                    ("isvc-1", "plain-rt", {"command": script, "env": extra}, ["inference_service"]),
+                    ("isvc-2", "plain-rt", {}, None), ("isvc-3", "plain-rt", {}, None)],
+                c: [("isvc-0", out.csr_spec, {}, ["cluster_serving_runtime"]),
+                    ("isvc-1", out.csr_script, {"args": FLAG}, None),  # the runtime's script never passes its args on
+                    ("isvc-2", "plain-rt", {}, None), ("isvc-3", "plain-rt", {}, None)],
+            }
+            for ns, items in services.items():
+                for i, (name, runtime, fields, sources) in enumerate(items):
+                    labels = {"fleet-run": run, "tier": "gold" if i % 2 == 0 else "silver"}
+                    api.post("%s/v1beta1/namespaces/%s/inferenceservices" % (KSERVE, ns), _isvc(name, runtime, labels, **fields))
+                    out.expected[("InferenceService", ns, name)] = sources or []
+            out.restricted = _restricted_reader(controlplane, api, a, (a, b), run, cluster_objects)
+            yield out
+        finally:
+            for path in reversed(cluster_objects):
+                api.delete(path)
+            api.close()
+
+
+def _restricted_reader(controlplane, api, home, namespaces, run, cluster_objects):
+    """A ServiceAccount that may list the serving objects in ``namespaces`` only and ClusterServingRuntimes, nothing
+    cluster-wide (not even namespaces)."""
+    account = "fleet-reader"
+    reader, runtimes = "fleet-reader-%s" % run, "fleet-csr-%s" % run
+    api.post("%s/clusterroles" % RBAC, {"metadata": {"name": reader}, "rules": [{
+        "apiGroups": ["serving.kserve.io"], "verbs": ["list"],
+        "resources": ["inferenceservices", "servingruntimes"]}]})
+    api.post("%s/clusterroles" % RBAC, {"metadata": {"name": runtimes}, "rules": [{
+        "apiGroups": ["serving.kserve.io"], "verbs": ["list"], "resources": ["clusterservingruntimes"]}]})
+    subject = [{"kind": "ServiceAccount", "name": account, "namespace": home}]
+    api.post("%s/clusterrolebindings" % RBAC, {"metadata": {"name": runtimes}, "subjects": subject,
+                                               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": runtimes}})
+    cluster_objects.extend("%s/%s/%s" % (RBAC, plural, name) for plural, name in
+                           (("clusterroles", reader), ("clusterroles", runtimes), ("clusterrolebindings", runtimes)))
+    for ns in namespaces:
+        api.post("%s/namespaces/%s/rolebindings" % (RBAC, ns), {"metadata": {"name": reader}, "subjects": subject,
+                                                                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": reader}})
+    return controlplane.kubeconfig_for_service_account(home, account)
+
+
+def _judged(result):
+    return {(r["kind"], r["namespace"], r["name"]): r["sources"] for r in result["services"] if r["found"]}
+
+
+def _run(kubeconfig, fleet, **args):
+    result = run_module("fleet_speculative_info", dict(args, kubeconfig=kubeconfig, kinds=["InferenceService"]))
+    assert not result.failed, result
+    assert all(r["error"] is None for r in result["services"] if r["found"]), result["services"]
+    return result
+
+
+def test_namespace_list_reads_every_service_with_a_list_per_namespace(kubeconfig, fleet):
+    result = _run(kubeconfig, fleet, namespaces=[fleet.a, fleet.b, fleet.c])
+    assert _judged(result) == fleet.expected
+    by = {(r["namespace"], r["name"]): r for r in result["services"]}
+    assert by[(fleet.c, "isvc-0")]["runtime"] == {"kind": "ClusterServingRuntime", "name": fleet.csr_spec}
+    assert by[(fleet.b, "isvc-1")]["where"][0]["field"] == "env" and by[(fleet.b, "isvc-1")]["speculative_config"] is None
+    assert by[(fleet.a, "isvc-1")]["speculative_config"] == NGRAM
+    assert [w["reaches_engine"] for w in by[(fleet.c, "isvc-1")]["where"]] == [False]
+    totals = result["totals"]
+    assert (totals["services"], totals["with_flag"], totals["without_flag"], totals["errors"]) == (12, 4, 8, 0)
+    # 3 namespaces x (InferenceServices, ServingRuntimes), the ClusterServingRuntimes once (c's services name two)
+    assert totals["api_requests_by"] == {"LIST inferenceservices": 3, "LIST servingruntimes": 3, "LIST clusterservingruntimes": 1}
+    assert totals["api_requests"] == 7 and totals["api_requests_per_service"] < 1
+
+
+def test_all_namespaces_is_one_cluster_wide_list_per_kind(kubeconfig, fleet):
+    result = _run(kubeconfig, fleet, all_namespaces=True, label_selector="fleet-run=%s" % fleet.run)
+    assert _judged(result) == fleet.expected
+    assert result["totals"]["api_requests_by"] == {"LIST inferenceservices": 1, "LIST servingruntimes": 3, "LIST clusterservingruntimes": 1}
+    assert result["forbidden"] == []
+
+
+def test_label_selector_and_names(kubeconfig, fleet):
+    gold = _run(kubeconfig, fleet, namespaces=[fleet.a, fleet.b, fleet.c], label_selector="tier=gold")
+    assert sorted(_judged(gold)) == sorted(k for k in fleet.expected if k[0] == "InferenceService" and k[2] in ("isvc-0", "isvc-2"))
+    named = _run(kubeconfig, fleet, names=["%s/isvc-1" % fleet.a, "%s/isvc-0" % fleet.c, {"namespace": fleet.c, "name": "nope"}],
+                 )
+    assert _judged(named) == {k: v for k, v in fleet.expected.items() if k[1:] in ((fleet.a, "isvc-1"), (fleet.c, "isvc-0"))}
+    missing = [r for r in named["services"] if not r["found"]]
+    assert [(r["namespace"], r["name"]) for r in missing] == [(fleet.c, "nope")]
+    assert named["totals"]["api_requests_by"]["LIST inferenceservices"] == 2  # one per namespace, not one per name
+
+
+def test_forbidden_namespace_is_reported_and_the_others_are_read(fleet):
+    result = _run(fleet.restricted, fleet, namespaces=[fleet.a, fleet.b, fleet.c])
+    assert _judged(result) == {k: v for k, v in fleet.expected.items() if k[1] != fleet.c}
+    assert result["totals"]["forbidden_namespaces"] == [fleet.c]
+    assert [(f["kind"], f["namespace"], f["status"]) for f in result["forbidden"]] == [("InferenceService", fleet.c, 403)]
+    assert "forbidden" in result["forbidden"][0]["message"].lower()
+    # a and b's services name namespaced runtimes: no service left needs the ClusterServingRuntimes, so they are not listed
+    assert result["totals"]["api_requests_by"] == {"LIST inferenceservices": 3, "LIST servingruntimes": 2}
+    named = _run(fleet.restricted, fleet, names=["%s/isvc-0" % fleet.c])
+    assert [r["error"] for r in named["services"]] == ["not readable: the namespace refused the LIST"]
+    # nothing cluster-wide: the cluster-wide LIST and the namespaces' are both refused, and the module says what to grant
+    refused = run_module("fleet_speculative_info", {"kubeconfig": fleet.restricted, "all_namespaces": True, "kinds": ["InferenceService"]})
+    assert refused.failed and refused["field"] == "all_namespaces" and "pass namespaces" in refused["fix"], refused

@@ -1,0 +1,159 @@
+"""The load Job scaled out (issue 53): shards of one seeded schedule, their results merged with the same statistics, the
+send lag against the schedule, and the refusal of a decision the client could not measure cleanly. Requests go to a real
+loopback streaming server (tests/loopback_http.py); each "pod" is load_job_pod.measure run in this process, as the pod runs it."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import client as bench_client
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import load_job
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import load_job_merge
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import load_job_pod
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from tests.loopback_http import OpenAIStream, serving
+
+PROMPTS = [{"id": "p%d" % i, "messages": [{"role": "user", "content": "prompt %d" % i}]} for i in range(4)]
+PARAMS = {"max_tokens": 8, "temperature": 0.0, "seed": 0, "extra_body": {}}
+
+
+class Paced(OpenAIStream):
+    """/v1/models, and a chat stream of 4 tokens 2 ms apart after 5 ms; /metrics empty."""
+    nodelay = True
+
+    def do_GET(self):  # pylint: disable=invalid-name
+        self.send_payload(200, self.models_payload() if self.path == "/v1/models" else b"")
+
+    def do_POST(self):  # pylint: disable=invalid-name
+        self.read_json()
+        self.stream_chat(4, 0.005, 0.002)
+
+
+@pytest.fixture(scope="module")
+def url():
+    with serving(Paced) as base:
+        yield base + "/v1"
+
+
+def _request(url, pods, concurrency=4, rate=40.0, runs=3, warmup=1):
+    return {"scrape_only": False, "api": "chat", "timeout": 30, "validate_certs": True, "ca_path": None, "scrape_metrics": False,
+            "metric_prefixes": [], "prompts": PROMPTS, "params": PARAMS, "pods": pods,
+            "protocol": {"warmup": warmup, "runs_per_prompt": runs, "concurrency": concurrency, "request_rate": rate,
+                         "arrival": "poisson", "seed": 3},
+            "sides": [{"name": "candidate", "url": url, "model": None, "field": "candidate_url"}]}
+
+
+def test_shards_partition_the_schedule_at_its_offsets(url):
+    request = _request(url, pods=3)
+    results = [load_job_pod.measure(request, index=i) for i in range(3)]
+    everyone = bench_client.schedule(PROMPTS, 3)
+    offsets = bench_client.arrival_offsets(len(everyone), 40.0, "poisson", 3)
+    seen = []
+    for index, result in enumerate(results):
+        records = result["sides"]["candidate"]["records"]
+        assert [r["schedule_index"] for r in records] == list(range(len(everyone)))[index::3]
+        for record in records:
+            assert record["prompt_id"] == everyone[record["schedule_index"]]["id"]
+            # sent no earlier than its place in the whole schedule (the pod's own clock)
+            assert record["start_offset"] >= offsets[record["schedule_index"]] - 1e-6
+        seen += [r["schedule_index"] for r in records]
+    assert sorted(seen) == list(range(len(everyone)))  # every request exactly once
+    # the concurrency is shared out: 4 threads over 3 pods -> 2, 1, 1
+    assert [load_job_pod.shard_concurrency(4, i, 3) for i in range(3)] == [2, 1, 1]
+    merged = load_job_merge.merge_results(results)["sides"]["candidate"]
+    assert [r["schedule_index"] for r in merged["records"]] == list(range(len(everyone)))
+    assert merged["warmup"]["requests"] == 3 and len(merged["clients"]) == 3
+    assert bench_stats.summarize_run(merged["records"], merged["duration_s"])["completed"] == len(everyone)
+
+
+def test_merged_figures_equal_the_single_run_figures_on_the_same_data(url):
+    single = load_job_pod.measure(_request(url, pods=1), index=0)["sides"]["candidate"]
+    records, duration = single["records"], single["duration_s"]
+    # the same records as two pods that started together would have sent them: shard i holds i, i + 2, ...
+    parts = []
+    for index in range(2):
+        mine = [dict(r, schedule_index=i) for i, r in enumerate(records) if i % 2 == index]
+        own_end = max(r["start_offset"] + r["latency"] for r in mine)
+        parts.append(dict(single, records=mine, duration_s=duration if own_end == max(r["start_offset"] + r["latency"] for r in records)
+                          else own_end, epoch=single["epoch"]))
+    merged = load_job_merge.merge_side(parts)
+    assert merged["duration_s"] == pytest.approx(duration, abs=1e-9)
+    want = bench_stats.summarize_run(records, duration)
+    got = bench_stats.summarize_run(merged["records"], merged["duration_s"])
+    assert json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True)
+    # pods that started 0.5 s apart: the later one's requests move 0.5 s on the common clock, the skew is said
+    late = [parts[0], dict(parts[1], epoch=parts[1]["epoch"] + 0.5)]
+    shifted = load_job_merge.merge_side(late)
+    assert shifted["start_skew_s"] == 0.5
+    assert shifted["records"][1]["start_offset"] == pytest.approx(records[1]["start_offset"] + 0.5)
+
+
+class SlowStart(bench_client.Endpoint):
+    """A client that needs 150 ms of its own before each connection is up (a TLS handshake on a starved CPU, say)."""
+
+    def connect(self):
+        time.sleep(0.15)
+        return super().connect()
+
+
+def test_send_lag_is_the_clients_lateness_not_the_concurrency_wait(url):
+    prompts = PROMPTS * 2
+    # one thread, all released at 0: seven of eight wait for the thread, which is the protocol, not lag
+    fast = bench_client.Endpoint(url, model="tiny")
+    records, _duration = bench_client.run_requests(fast, prompts, PARAMS, concurrency=1)
+    lags = [r["send_lag"] for r in records]
+    assert max(lags) < 0.05, lags
+    assert records[-1]["start_offset"] > 0.05  # the last one did wait for the thread
+    # each of 4 threads opens its connection late: those first requests are 150 ms behind the schedule
+    slow = SlowStart(url, model="tiny")
+    records, _duration = bench_client.run_requests(slow, prompts[:4], PARAMS, concurrency=4)
+    assert all(0.14 < r["send_lag"] < 1.0 for r in records), [r["send_lag"] for r in records]
+    summary = load_job_merge.client_summary({"records": records, "client": {"cpu_ratio": 0.1}}, 100.0, 0.9)
+    assert summary["send_lag_ms"]["p99"] > 140 and not summary["kept_up"]
+
+
+def test_a_client_that_fell_behind_gets_no_decision_and_is_told_to_use_more_pods():
+    behind = {"records": [{"send_lag": 0.001}] * 98 + [{"send_lag": 0.3}] * 2, "clients": [{"cpu_ratio": 0.4}, {"cpu_ratio": 0.95}]}
+    fine = {"records": [{"send_lag": 0.001}] * 100, "client": {"cpu_ratio": 0.3}}
+
+    class Lines:
+        def __init__(self):
+            self.lines = []
+
+        def line(self, text):
+            self.lines.append(text)
+
+    progress = Lines()
+    assert load_job.kept_up({"baseline": dict(fine)}, 1, progress)["baseline"]["kept_up"]
+    assert "kept up" in progress.lines[-1] and "p99 1.0 ms" in progress.lines[-1]
+    with pytest.raises(ValidationError) as info:
+        load_job.kept_up({"baseline": dict(fine), "candidate": dict(behind)}, 2, progress)
+    error = info.value
+    assert error.field == "load_job.pods" and "load_job.pods to 4" in error.hint
+    assert "candidate" in str(error) and "baseline" not in str(error).split("(", 1)[1]
+    assert "send lag p99" in str(error) and "0.95 of a CPU" in str(error)
+    assert "did NOT keep up" in progress.lines[-1]
+
+
+def test_indexed_job_and_pod_count_checks():
+    options = dict({k: v.get("default") for k, v in load_job.options_spec().items()}, namespace="ns", image="python:3", pods=2)
+    _cm, _secret, job = load_job.manifests("spec-decoding-load-x", options, {"sides": []}, code=b"")
+    assert (job["spec"]["completionMode"], job["spec"]["completions"], job["spec"]["parallelism"]) == ("Indexed", 2, 2)
+    _cm, _secret, one = load_job.manifests("spec-decoding-load-x", dict(options, pods=1), {"sides": []}, code=b"")
+    assert "completionMode" not in one["spec"] and "completions" not in one["spec"]  # one pod: the Job as before
+    with pytest.raises(ValidationError) as info:
+        load_job.check_pods(options, concurrency=1, requests=20)
+    assert info.value.field == "load_job.pods" and "at most 1 pods" in info.value.hint
+    load_job.check_pods(options, concurrency=2, requests=2)
+    with pytest.raises(ValidationError):
+        load_job.check_options(dict(options, pods=0))
+
+
+def test_a_pod_of_a_job_that_is_not_indexed_refuses_to_guess_its_shard(url):
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError  # pylint: disable=import-outside-toplevel
+    with pytest.raises(SpecDecodingError) as info:
+        load_job_pod.measure(_request(url, pods=2), index=None)
+    assert info.value.field == "load_job.pods" and "JOB_COMPLETION_INDEX" in str(info.value)

@@ -547,7 +547,7 @@ def test_ab_report_and_agreement_with_vllm_bench_serve(servers, paced, bench_ser
         block = 0
         while block < MAX_BLOCKS:
             if block >= MIN_BLOCKS and (block - MIN_BLOCKS) % MORE_BLOCKS == 0:  # more only while undecided
-                _, outside, undecided = agreement(ours, ref, server_seen, client_cpus, paced)
+                outside, undecided = agreement(ours, ref, server_seen, client_cpus, paced)[1:]
                 if outside or not undecided:
                     break
                 print("after %d blocks, undecided: %s; %d more blocks" % (block, undecided, MORE_BLOCKS))
@@ -581,7 +581,7 @@ def test_ab_report_and_agreement_with_vllm_bench_serve(servers, paced, bench_ser
             block += 1
 
     # The agreement table first, so every failure below comes with it (the bar is checked at the end).
-    text, outside, _ = agreement(ours, ref, server_seen, client_cpus, paced)
+    text, outside = agreement(ours, ref, server_seen, client_cpus, paced)[:2]
     text = "\n".join(equivalence_lines[-2:] + [text])
     print(text)
     with open(os.path.join(workdir, "agreement.txt"), "w", encoding="utf-8") as handle:
@@ -699,7 +699,7 @@ def test_the_agreement_verdict_has_three_values():
     far = [block(0.05 + 0.001 * i, scale=1.15) for i in range(6)]
     diff = medians([r for b in far for r in b])["ttft"] / medians([r for b in same for r in b])["ttft"] - 1
     assert verdict([diff], block_interval(far, same, "ttft")) == "OUTSIDE"
-    near = [block(0.05, scale=1.07) for _ in range(6)]
+    near = [block(0.05, scale=1.07)] * 6
     assert verdict([0.07], block_interval(near, noisy, "ttft")) == "undecided"
     assert verdict([0.07], None) == "undecided"
 

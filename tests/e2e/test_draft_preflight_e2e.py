@@ -125,7 +125,7 @@ def test_preflight_and_vllm_agree_on_each_head_and_the_deploy_stops_before_writi
         deploying.join(timeout=600)
     print("\npreflight against vLLM %s on the tiny 2-layer target, EAGLE-3 heads (k=%d):\n  %s" % (vllm_version, K, "\n  ".join(rows)))
     # The test's own premise, from vLLM: the head as trained serves, the two others crash the engine.
-    assert {label: served for label, (_, served) in verdicts.items()} == {"as-trained": True, "vllm-default": False,
+    assert {label: verdict[1] for label, verdict in verdicts.items()} == {"as-trained": True, "vllm-default": False,
                                                                           "layer-beyond-target": False}, rows
     disagree = [label for label, (passed, served) in verdicts.items() if passed != served]
     assert not disagree, "the preflight and vLLM disagree on %s:\n%s" % (disagree, "\n".join(rows))

@@ -236,9 +236,11 @@ def test_rollback_over_ssh_with_a_deploy_key_and_a_pinned_host_key(server, sshd,
     url = sshd.url(server.path(repo_name))
     before = server.head(repo_name)
     ssh_args = dict(repo_url=url, token=None, username=None, ssh_key_file=sshd.deploy_key, known_hosts_file=sshd.known_hosts)
-    spoofed = run_module("gitops_speculative", _rollback_args(server, repo_name, **dict(ssh_args, known_hosts_file=sshd.wrong_known_hosts)))
+    spoofed_args = {**ssh_args, "known_hosts_file": sshd.wrong_known_hosts}
+    spoofed = run_module("gitops_speculative", _rollback_args(server, repo_name, **spoofed_args))
     assert spoofed.failed and spoofed["field"] == "known_hosts_file" and "host key" in spoofed.msg, spoofed.msg
-    refused = run_module("gitops_speculative", _rollback_args(server, repo_name, **dict(ssh_args, ssh_key_file=sshd.other_key)))
+    refused_args = {**ssh_args, "ssh_key_file": sshd.other_key}
+    refused = run_module("gitops_speculative", _rollback_args(server, repo_name, **refused_args))
     assert refused.failed and refused["field"] == "ssh_key_file", (refused.msg, refused.get("field"))
     assert server.head(repo_name) == before
     print("spoofed host key: %s\nkey not accepted: %s" % (spoofed.msg, refused.msg))

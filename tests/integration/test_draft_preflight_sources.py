@@ -92,9 +92,14 @@ def test_air_gapped_refuses_hf_and_a_pvc_job_image_on_a_public_registry():
                                               "method": "eagle3", "air_gapped": True})
     # refused as the deploy's first task refuses it, before anything is read
     assert res.failed and res["field"] == "target" and "spec_decoding_air_gapped: true refuses 'hf://meta-llama" in res.msg, res.msg
-    # the PVC read Job's default image is on Docker Hub: refused before any Job is created (no cluster is named here)
-    res = run_module("draft_preflight_info", {"method": "eagle3", "air_gapped": True, "deploy": {"artifacts": {"pvc_name": "model-store"}}})
-    assert res.failed and res["field"] == "pvc_image" and "docker.io/vllm/vllm-openai" in res.msg, res.msg
+    # the PVC read Job's image given on Docker Hub: refused before any Job is created (no cluster is named here), naming the
+    # inventory variable; the default image (public) is no choice of the user's: the check is not run, said with the variable
+    pvc = {"method": "eagle3", "air_gapped": True, "deploy": {"artifacts": {"pvc_name": "model-store"}}}
+    res = run_module("draft_preflight_info", dict(pvc, pvc_image="docker.io/vllm/vllm-openai:v0.32.0"))
+    assert res.failed and res["field"] == "pvc_image" and "docker.io/vllm/vllm-openai" in res.msg and "stage_pvc_image" in res["fix"], res.msg
+    res = run_module("draft_preflight_info", pvc)
+    assert not res.failed and res["preflight"]["skipped"].startswith("pvc_image: the PVC read Job needs an image"), res
+    assert any(w.startswith("preflight not run, the rollout goes on: pvc_image:") and "set stage_pvc_image" in w for w in res.warning_messages)
     res = run_module("draft_preflight_info", {"method": "ngram"})
     assert not res.failed and "nothing to open" in res["preflight"]["checks"][0]["message"]
 

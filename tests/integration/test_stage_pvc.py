@@ -135,7 +135,10 @@ class StagerPod:
                         continue
                     if done or name in self.played:
                         continue
-                    pods = _core(self.k8s_client).list_namespaced_pod(self.namespace, label_selector="job-name=%s" % name).items
+                    # This Job's own pod: a rerun's Job has the name of the one before it, whose pod may not be collected yet
+                    pods = [p for p in _core(self.k8s_client).list_namespaced_pod(self.namespace, label_selector="job-name=%s" % name).items
+                            if p.metadata.deletion_timestamp is None
+                            and any(ref.uid == job.metadata.uid for ref in p.metadata.owner_references or [])]
                     if pods:
                         self._play(job, pods[0])
             except Exception as exc:  # pylint: disable=broad-except

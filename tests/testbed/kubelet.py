@@ -441,7 +441,12 @@ class KubeletStandIn(ProcessMode):
                     seen = len(now)
                     chunk("".join(f"{s} {l}\n" if timestamps else f"{l}\n" for s, l in new).encode())
                 elif token is not None and (previous or not token[-1] or self._follow_token(namespace, pod, container) != token):
-                    break  # a process-mode container's instance ended: so does the follow, as with the kubelet
+                    # a process-mode container's instance ended: so does the follow, as with the kubelet, after the lines
+                    # written between the read above and the end
+                    last = (self.read_records(namespace, pod, container, previous) or [])[seen:]
+                    if last:
+                        chunk("".join(f"{s} {l}\n" if timestamps else f"{l}\n" for s, l in last).encode())
+                    break
             handler.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError, ssl.SSLError, OSError):
             return None

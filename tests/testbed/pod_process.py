@@ -611,7 +611,9 @@ class ProcessMode:
         c = worker.container(container) if worker is not None else None
         if c is None:
             return None if worker is None else ("gone",)
-        return (c.instance, c.running)
+        # Running until its log writers have copied the last lines too: the process can exit before they read its pipes
+        # to the end, and a follow that ended at the exit would miss what it printed last.
+        return (c.instance, c.running or any(writer.is_alive() for writer in c.writers))
 
     def finish_deletion(self, api, namespace: str, name: str, uid: str) -> None:
         """The containers stopped: delete the pod object for good, as the kubelet does."""

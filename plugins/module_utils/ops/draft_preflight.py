@@ -139,7 +139,7 @@ def preflight(params, hide=None, connect=None, isvc=None):
         try:
             if role in on_pvc and role not in read:
                 read.update(draft_preflight_pvc.read_pvc_locations(
-                    connect, params.get("namespace") or "default", on_pvc, params.get("pvc_image") or air_gap.STAGER_DEFAULT_IMAGE,
+                    connect, params.get("namespace") or "default", on_pvc, params.get("pvc_image"),
                     timeout=params.get("pvc_timeout") or 120, air_gapped=params["air_gapped"], annotations=params.get("pvc_job_annotations")))
             elif role not in read:
                 read[role] = model_metadata.read_location(location, air_gapped=params["air_gapped"], hf_endpoint=params["hf_endpoint"],

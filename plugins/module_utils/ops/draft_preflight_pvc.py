@@ -26,6 +26,11 @@ def _kube():
     return kube_client, kube_pods
 
 
+# The inventory variable the deploy takes the Job's image from (roles/inference_service/tasks/preflight.yml).
+IMAGE_HINT = ("set stage_pvc_image (the image of the PVC read Job and of the stager; it needs python3) to the vLLM image in your "
+              "internal registry, e.g. registry.internal.example:5000/vllm/vllm-openai:v0.32.0, or spec_decoding_preflight: off")
+
+
 def _unreadable(text, field="namespace", hint=RBAC_HINT):
     return model_metadata.MetadataUnreadable(text, field=field, hint=hint)
 
@@ -57,10 +62,18 @@ def _check_claims(api_client, namespace, locations):
 def read_pvc_locations(connect, namespace, locations, image, timeout=120, air_gapped=False, annotations=None, clock=time.monotonic,
                        sleep=time.sleep):
     """``{role: checkpoint}`` (model_metadata.read_checkpoint's dict, plus ``job``) of each pvc:// location in ``locations``,
-    read by one Job in ``namespace``. ``connect()`` returns the API client (built only now: a run without a PVC never
-    needs one)."""
+    read by one Job in ``namespace``, in ``image`` (None: the stager's default image). ``connect()`` returns the API
+    client (built only now: a run without a PVC never needs one).
+
+    Under the air gap an image given on a public registry is refused, as the stager refuses it; the default image (public)
+    is not a choice the user made, so the check is not run (a warning naming the variable) rather than the deploy refused."""
     if air_gapped:
-        air_gap.check_image(image, "pvc_image", "the preflight's PVC read Job")
+        if image:
+            air_gap.check_image(image, "pvc_image", "the preflight's PVC read Job", hint=IMAGE_HINT)
+        else:
+            raise _unreadable("the PVC read Job needs an image from the internal registry under spec_decoding_air_gapped: true, and none is "
+                              "set (the default is %s)" % air_gap.STAGER_DEFAULT_IMAGE, field="pvc_image", hint=IMAGE_HINT)
+    image = image or air_gap.STAGER_DEFAULT_IMAGE
     job = pvc_metadata.job_manifest(namespace, locations, image, timeout=timeout, annotations=annotations)
     try:
         api_client = connect()

@@ -7,7 +7,7 @@ checkpoints are, their small metadata files read (artifacts/model_metadata.py), 
 
 from __future__ import annotations
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import air_gap, model_metadata
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import model_metadata
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_preflight_live, draft_preflight_pvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import draft_preflight, speculative_config

@@ -7,7 +7,8 @@ background threads, while the watchdog measures short windows with the product's
 - the rendered command ran: bash reached `exec`, and the pod's engine line (engine_config_info) names the target on the
   PVC and the custom proposer with k=3, no difference from the InferenceService's flag;
 - the baseline is recorded (a ConfigMap; the InferenceService's generation does not move);
-- the healthy curve (conditional 0.9/0.8/0.7) stays `healthy` over 2 windows;
+- the healthy curve (conditional 0.9/0.8/0.7) is `healthy` in a window after the baseline's (one: the collapse below
+  takes the product's two failed windows, so the budget's count over windows runs there);
 - a window in which /metrics cannot be read, for real: the pod's whole vLLM process group (API server and EngineCore
   with the model) is stopped with SIGSTOP, so every scrape through the pod proxy times out; the window is `unknown`
   and the InferenceService is unchanged; SIGCONT resumes the server;
@@ -180,9 +181,9 @@ def test_watchdog_on_real_vllm_healthy_unknown_then_collapsed_and_rolled_back(
             assert 0.5 < base["draft_acceptance_rate"] < 0.9, base
             assert api.get(ISVC % (namespace, NAME))["metadata"]["generation"] == generation
 
-            healthy = run_module("speculative_watchdog", dict(args, count=2))
+            healthy = run_module("speculative_watchdog", dict(args, count=1))
             assert not healthy.failed and healthy["state"] == "healthy", (healthy.msg, healthy.get("reasons"))
-            assert [w["verdict"] for w in healthy["analysis"]["windows"]] == ["pass", "pass"], healthy["analysis"]
+            assert [w["verdict"] for w in healthy["analysis"]["windows"]] == ["pass"], healthy["analysis"]
 
             # /metrics unreadable for a window: the pod's vLLM process group is stopped (every scrape times out)
             group = kubelet.process_pod(namespace, pod).container("kserve-container").proc.pid

@@ -18,7 +18,10 @@ import uuid
 
 import pytest
 
+from tests.ansible_run import run_playbook
 from tests.e2e import gitops_loops
+from tests.integration import test_canary_knative
+from tests.integration.test_canary_rollout import _pages, _vars
 from tests.integration.test_verify import capture
 from tests.module_run import run_module
 from tests.testbed.gitops_fixtures import *  # noqa: F401,F403  pylint: disable=wildcard-import,unused-wildcard-import
@@ -148,5 +151,41 @@ def test_canary_in_git_start_step_abort_three_commits_synced_and_kept_off(kubeco
         assert after["metadata"]["generation"] == generation and "canaryTrafficPercent" not in after["spec"]["predictor"]
         assert "--speculative-config" not in after["spec"]["predictor"]["model"]["args"]
         print("canary in Git: start, step, abort and proof in %.1f s" % (time.monotonic() - started))
+    finally:
+        api.delete(app_path)
+
+
+def test_canary_role_in_git_rolls_back_a_slower_canary_and_proves_it(tmp_path, kubeconfig, api, argocd, git_server, kserve, namespace):
+    """The wiring (playbooks/canary.yml, canary_mode: git): the canary's first step is a commit the Argo CD stand-in syncs,
+    the window observes the revisions' own /metrics, the slower canary is aborted by a commit that gives back the file's
+    bytes, and the rollback role (Git mode) proves speculative_config=None on what serves."""
+    port = test_canary_knative._serve(kserve, namespace, _pages(0.05, 0.020, 30), _pages(0.06, 0.035, 25))
+    repo, app = "canary-role-" + uuid.uuid4().hex[:8], "app-" + uuid.uuid4().hex[:8]
+    original = MANIFEST.replace("  - '--max-model-len=4096'\n", "  - '--port'\n      - '%d'\n" % port) % namespace
+    assert "'--port'" in original
+    git_server.create_repo(repo, {"serving/isvc.yaml": original})
+    app_path = "%s/%s" % (ARGO, app)
+    api.post(ARGO, {"apiVersion": "argoproj.io/v1alpha1", "kind": "Application", "metadata": {"name": app, "namespace": "argocd"},
+                    "spec": {"project": "default", "syncPolicy": {"automated": {"selfHeal": True, "prune": False}},
+                             "source": {"repoURL": git_server.git_url(repo), "targetRevision": "main", "path": "serving"},
+                             "destination": {"server": "https://kubernetes.default.svc", "namespace": namespace}}})
+    try:
+        wait_for(lambda: gitops_loops.synced(api, app_path, git_server.head(repo)) and _ready_at_generation(api.get(ISVC % (namespace, NAME))),
+                 timeout=30, what="the first sync, Ready")
+        run = run_playbook(tmp_path, "playbooks/canary.yml", kubeconfig=kubeconfig, extra_vars=_vars(
+            namespace, NAME, tmp_path / "report", canary_kserve_version="0.15.2", canary_mode="git", canary_git_sync_timeout=60,
+            rollback_git_sync_timeout=60))
+        assert run.rc == 0, run.output[-6000:]
+        report = json.loads((tmp_path / "report" / ("canary-%s-llm.json" % namespace)).read_text())
+        assert report["decision"] == "roll_back" and [o["percent"] for o in report["observations"]] == [10], report["reasons"]
+        # Git: the step and the abort, each to the one file; the file is back to its bytes
+        log = git_server.log(repo)
+        assert len(log) == 3 and all(git_server.changed_files(repo, c["sha"]) == ["serving/isvc.yaml"] for c in log[:2]), log
+        assert git_server.show(repo, "main", "serving/isvc.yaml") == original
+        assert gitops_loops.synced(api, app_path, git_server.head(repo))
+        predictor = api.get(ISVC % (namespace, NAME))["spec"]["predictor"]
+        assert "canaryTrafficPercent" not in predictor and "--speculative-config" not in predictor["model"]["args"], predictor
+        proof = run.result("Prove the engine runs without a proposer")
+        assert proof["speculative_config"] is None and proof["pods"] and all(p["speculative_config"] is None for p in proof["pods"]), proof
     finally:
         api.delete(app_path)

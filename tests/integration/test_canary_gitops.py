@@ -31,7 +31,6 @@ pytestmark = pytest.mark.integration
 
 NAME = "llm"
 ISVC = "/apis/serving.kserve.io/v1beta1/namespaces/%s/inferenceservices/%s"
-ARGO = "/apis/argoproj.io/v1alpha1/namespaces/argocd/applications"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
 CANARY_REVISION = "llm-predictor-00002"
 # The InferenceService as a platform team keeps it in Git: Knative mode, comments and quoting of its own.
@@ -85,14 +84,11 @@ def test_canary_in_git_start_step_abort_three_commits_synced_and_kept_off(kubeco
     # revision ngram's
     kserve.set_behaviour(namespace, NAME, ready_after=0.1, logs={"kserve-container": capture("baseline")})
     kserve.set_behaviour(namespace, NAME, ready_after=0.1, logs={"kserve-container": capture("ngram")}, revision=CANARY_REVISION)
-    repo, app = "canary-" + uuid.uuid4().hex[:8], "app-" + uuid.uuid4().hex[:8]
+    repo = "canary-" + uuid.uuid4().hex[:8]
     original = MANIFEST % namespace
     git_server.create_repo(repo, {"serving/isvc.yaml": original})
-    app_path = "%s/%s" % (ARGO, app)
-    api.post(ARGO, {"apiVersion": "argoproj.io/v1alpha1", "kind": "Application", "metadata": {"name": app, "namespace": "argocd"},
-                    "spec": {"project": "default", "syncPolicy": {"automated": {"selfHeal": True, "prune": False}},
-                             "source": {"repoURL": git_server.git_url(repo), "targetRevision": "main", "path": "serving"},
-                             "destination": {"server": "https://kubernetes.default.svc", "namespace": namespace}}})
+    app_path = gitops_loops.argo_application(api, git_server, repo, namespace, "serving")
+    app = app_path.rsplit("/", 1)[1]
     try:
         wait_for(lambda: gitops_loops.synced(api, app_path, git_server.head(repo)) and _ready_at_generation(api.get(ISVC % (namespace, NAME))),
                  timeout=30, what="the first sync, Ready")
@@ -160,15 +156,11 @@ def test_canary_role_in_git_rolls_back_a_slower_canary_and_proves_it(tmp_path, k
     the window observes the revisions' own /metrics, the slower canary is aborted by a commit that gives back the file's
     bytes, and the rollback role (Git mode) proves speculative_config=None on what serves."""
     port = test_canary_knative._serve(kserve, namespace, _pages(0.05, 0.020, 30), _pages(0.06, 0.035, 25))
-    repo, app = "canary-role-" + uuid.uuid4().hex[:8], "app-" + uuid.uuid4().hex[:8]
+    repo = "canary-role-" + uuid.uuid4().hex[:8]
     original = MANIFEST.replace("  - '--max-model-len=4096'\n", "  - '--port'\n      - '%d'\n" % port) % namespace
     assert "'--port'" in original
     git_server.create_repo(repo, {"serving/isvc.yaml": original})
-    app_path = "%s/%s" % (ARGO, app)
-    api.post(ARGO, {"apiVersion": "argoproj.io/v1alpha1", "kind": "Application", "metadata": {"name": app, "namespace": "argocd"},
-                    "spec": {"project": "default", "syncPolicy": {"automated": {"selfHeal": True, "prune": False}},
-                             "source": {"repoURL": git_server.git_url(repo), "targetRevision": "main", "path": "serving"},
-                             "destination": {"server": "https://kubernetes.default.svc", "namespace": namespace}}})
+    app_path = gitops_loops.argo_application(api, git_server, repo, namespace, "serving")
     try:
         wait_for(lambda: gitops_loops.synced(api, app_path, git_server.head(repo)) and _ready_at_generation(api.get(ISVC % (namespace, NAME))),
                  timeout=30, what="the first sync, Ready")

@@ -39,9 +39,22 @@ class CrdsNotFound(RuntimeError):
     """No source of KServe CRDs: the message names the three ways to give them."""
 
 
-def shared_dir() -> str:
+def shared_dir(folder: str = "kserve-crds") -> str:
+    """``../shared/<folder>`` next to the checkout (``ALAUDA_SHARED`` moves ``../shared``)."""
     shared = os.environ.get("ALAUDA_SHARED") or os.path.join(os.path.dirname(REPO_ROOT), "shared")
-    return os.path.normpath(os.path.join(shared, "kserve-crds"))
+    return os.path.normpath(os.path.join(shared, folder))
+
+
+def pinned_crd_dir(env_dir: str, folder: str, files, not_found, what: str) -> str:
+    """The folder holding the pinned CRD ``files`` of a project other than KServe (Argo CD and Flux, Gateway API): the one
+    ``env_dir`` names, else ``../shared/<folder>``; ``not_found`` (an exception class) names where it looked and ``what``
+    the files are."""
+    path = os.environ.get(env_dir) or shared_dir(folder)
+    missing = missing_files(path, files)
+    if missing:
+        raise not_found(f"{what} not found: {path} lacks {', '.join(missing)}. Give them with {env_dir}=DIR or in "
+                        f"../shared/{folder} next to the checkout")
+    return path
 
 
 def missing_files(path: str, required=REQUIRED) -> list[str]:

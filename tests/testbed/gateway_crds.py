@@ -7,9 +7,7 @@ the `default: ""` lines the control plane drops for every CRD (controlplane._loa
 """
 from __future__ import annotations
 
-import os
-
-from .crds import REPO_ROOT
+from .crds import pinned_crd_dir
 
 ENV_DIR = "ALAUDA_GATEWAY_API_CRDS"
 FILES = (
@@ -26,15 +24,8 @@ class GatewayCrdsNotFound(RuntimeError):
 
 def crd_dir() -> str:
     """The folder holding FILES; raises GatewayCrdsNotFound naming both ways to give it."""
-    given = os.environ.get(ENV_DIR)
-    shared = os.environ.get("ALAUDA_SHARED") or os.path.join(os.path.dirname(REPO_ROOT), "shared")
-    path = given or os.path.normpath(os.path.join(shared, "gateway-api-crds"))
-    missing = [name for name in FILES if not os.path.isfile(os.path.join(path, name))]
-    if missing:
-        raise GatewayCrdsNotFound(f"Gateway API CRDs not found: {path} lacks {', '.join(missing)}. Give them with "
-                                  f"{ENV_DIR}=DIR or in ../shared/gateway-api-crds next to the checkout "
-                                  "(the standard channel of Gateway API v1.6.1)")
-    return path
+    return pinned_crd_dir(ENV_DIR, "gateway-api-crds", FILES, GatewayCrdsNotFound,
+                          "Gateway API CRDs (the standard channel of Gateway API v1.6.1)")
 
 
 def install(controlplane, path: str | None = None) -> list[str]:

@@ -7,9 +7,7 @@ control plane drops for every CRD (controlplane._load_crd; none in these). A 1.2
 """
 from __future__ import annotations
 
-import os
-
-from .crds import REPO_ROOT
+from .crds import pinned_crd_dir
 
 ENV_DIR = "ALAUDA_GITOPS_CRDS"
 FILES = (
@@ -26,16 +24,9 @@ class GitopsCrdsNotFound(RuntimeError):
 
 def crd_dir() -> str:
     """The folder holding FILES; raises GitopsCrdsNotFound naming both ways to give it."""
-    given = os.environ.get(ENV_DIR)
-    shared = os.environ.get("ALAUDA_SHARED") or os.path.join(os.path.dirname(REPO_ROOT), "shared")
-    path = given or os.path.normpath(os.path.join(shared, "gitops-crds"))
-    missing = [name for name in FILES if not os.path.isfile(os.path.join(path, name))]
-    if missing:
-        raise GitopsCrdsNotFound(f"Argo CD / Flux CRDs not found: {path} lacks {', '.join(missing)}. Give them with "
-                                 f"{ENV_DIR}=DIR or in ../shared/gitops-crds next to the checkout "
-                                 "(Argo CD v3.5.1 Application + AppProject, Flux kustomize-controller v1.9.4 Kustomization, "
-                                 "source-controller v1.9.1 GitRepository)")
-    return path
+    return pinned_crd_dir(ENV_DIR, "gitops-crds", FILES, GitopsCrdsNotFound,
+                          "Argo CD / Flux CRDs (Argo CD v3.5.1 Application + AppProject, Flux kustomize-controller v1.9.4 "
+                          "Kustomization, source-controller v1.9.1 GitRepository)")
 
 
 def install(controlplane, path: str | None = None) -> list[str]:

@@ -112,13 +112,16 @@ def _run_step(step, index, workdir, kubeconfig):
                ANSIBLE_DEPRECATION_WARNINGS="false", K8S_AUTH_KUBECONFIG=kubeconfig)
     cmd = ["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=connect", "-o", trace, "--"] + _playbook_cmd(step, workdir, index)
     started = time.monotonic()
-    try:
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=step.get("timeout", 600), check=False)
-        rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        rc, stdout, stderr = "timeout", exc.stdout or "", exc.stderr or ""
-        stdout = stdout.decode(errors="replace") if isinstance(stdout, bytes) else stdout
-        stderr = stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr
+    # The playbook's output goes to files, not pipes: a json callback document over 64 KiB came back cut at 65536
+    # characters once (stop 48, the verify step), as a write to a full pipe can end short; a file takes it whole.
+    out_path, err_path = (os.path.join(workdir, "step-%d.%s" % (index, name)) for name in ("stdout", "stderr"))
+    with open(out_path, "w", encoding="utf-8") as out, open(err_path, "w", encoding="utf-8") as err:
+        try:
+            rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=out, stderr=err, timeout=step.get("timeout", 600), check=False).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    with open(out_path, encoding="utf-8", errors="replace") as out, open(err_path, encoding="utf-8", errors="replace") as err:
+        stdout, stderr = out.read(), err.read()
     seconds = time.monotonic() - started
     with open(trace, encoding="utf-8", errors="replace") as fh:
         connects = parse_connects(fh.read())

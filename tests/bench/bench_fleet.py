@@ -8,8 +8,10 @@ What it does
    speculative flag (half in their own args, half from a namespace's ServingRuntime), every one naming a runtime: a
    ServingRuntime per namespace and one ClusterServingRuntime.
 2. Times, --reps times each, interleaved:
-   - fleet: ``ops/fleet.discover`` (what module fleet_speculative_info runs) over the 10 namespaces: one LIST of the
-     services and one of the ServingRuntimes per namespace, one of the ClusterServingRuntimes;
+   - fleet: the rollback role's discovery and decision - ``ops/fleet.discover`` (what module fleet_speculative_info runs)
+     over the 10 namespaces (one LIST of the services and one of the ServingRuntimes per namespace, one of the
+     ClusterServingRuntimes), then ``ops/fleet_rollback.plan`` (filter fleet_rollback_plan: the services the per-service
+     tasks run for, which must be exactly those with the flag); the per-service module runs are not timed;
    - loop: what a playbook of ``kubernetes.core.k8s_info`` tasks does per service, in one process: a GET of the service
      and a GET of the runtime it names, through kubernetes' DynamicClient (k8s_info's client; its discovery once, not
      per service). A real k8s_info loop also starts a module process per task (about 1.5 s each on this machine), which
@@ -19,7 +21,8 @@ What it does
    growth of the fleet's wall time from the smallest N to the largest, and the targets' verdicts: fleet <= 1.0x the
    loop's wall time at the largest N, growth within 4.4x for 4x the services, at most one request per service.
 
-Not yet here (issue 53): the fleet rollback's writes, a kubernetes.core ``k8s`` patch loop, several API servers, the
+Not yet here (issue 53): the fleet rollback's writes (tests/integration/test_fleet.py checks them on 8 services), a
+kubernetes.core ``k8s`` patch loop, several API servers, the
 API server's own request metrics and the controller's peak memory.
 
 Exit status: 1 when a target is missed or the two sides disagree. Usage: python tests/bench/bench_fleet.py
@@ -47,7 +50,7 @@ sys.path.insert(0, COLLECTIONS)
 
 # pylint: disable=wrong-import-position
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime as srt  # noqa: E402
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import fleet  # noqa: E402
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import fleet, fleet_rollback  # noqa: E402
 from tests.testbed import build as testbed_build  # noqa: E402
 from tests.testbed.controlplane import ControlPlane, kserve_crd_dir  # noqa: E402
 
@@ -87,9 +90,12 @@ def populate(api, size, run):
 
 
 def run_fleet(api_client, namespaces):
+    """The rollback role's discovery and decision: fleet_speculative_info's reads, then fleet_rollback_plan's targets (the
+    services its per-service tasks would run for; their module runs are not timed)."""
     client = fleet.CountingClient(api_client)
     result = fleet.discover(client, {"namespaces": namespaces, "kinds": ["InferenceService"]})
-    return {(r["namespace"], r["name"]): r["speculative"] for r in result["services"]}, client.total
+    targets = {(t["namespace"], t["name"]) for t in fleet_rollback.plan(result)["targets"]}
+    return {(r["namespace"], r["name"]): (r["namespace"], r["name"]) in targets for r in result["services"]}, client.total
 
 
 class _GetReader:
@@ -141,7 +147,8 @@ def main():
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    print("fleet discovery on a test bed: InferenceServices as objects only; no pod is started, no engine is measured")
+    print("fleet rollback's discovery and decision on a test bed: InferenceServices as objects only; no pod is started, "
+          "no engine is measured, nothing is written")
     cp = ControlPlane(bin_dir=testbed_build.build())
     cp.start()
     rows, failures = [], []
@@ -159,7 +166,7 @@ def main():
             for _rep in range(args.reps):
                 (answer, requests), wall, cpu = _timed(run_fleet, api_client, namespaces)
                 if answer != expected:
-                    failures.append("N=%d: the fleet's answer differs from the services made" % size)
+                    failures.append("N=%d: the rollback's targets differ from the services made with the flag" % size)
                 fleet_runs.append((wall, cpu, requests))
                 (answer, requests), wall, cpu = _timed(run_loop, dynamic, sorted(expected))
                 if answer != expected:

@@ -20,6 +20,7 @@ from tests.module_run import run_module
 from tests.testbed.fixtures import module_namespace
 
 pytestmark = pytest.mark.integration
+ROLLBACK_FIELD_MANAGER = "alauda-spec-decoding-rollback"  # kube/ssa_conflicts.py: the rollback's writes carry it
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
 FLAG = ["--speculative-config", json.dumps(NGRAM)]
@@ -176,3 +177,52 @@ def test_forbidden_namespace_is_reported_and_the_others_are_read(fleet):
     # nothing cluster-wide: the cluster-wide LIST and the namespaces' are both refused, and the module says what to grant
     refused = run_module("fleet_speculative_info", {"kubeconfig": fleet.restricted, "all_namespaces": True, "kinds": ["InferenceService"]})
     assert refused.failed and refused["field"] == "all_namespaces" and "pass namespaces" in refused["fix"], refused
+
+
+def test_rollback_role_over_the_fleet_writes_only_where_a_flag_reaches_vllm(tmp_path, kubeconfig, controlplane, fleet):
+    """playbooks/rollback.yml over namespaces a and c by label (8 services): one discovery, the per-service run for the two
+    whose flag reaches vLLM (a/isvc-1's own args; c/isvc-0's ClusterServingRuntime, given a runtime copy), none for the
+    others - c/isvc-1's flag is in args its runtime's script never passes on. No pods here: no wait, no proof.
+    Last in this file: it changes the module's fleet."""
+    from tests.ansible_run import run_playbook  # pylint: disable=import-outside-toplevel
+    api = controlplane.rest()
+    path = "%s/v1beta1/namespaces/%%s/inferenceservices/%%s" % KSERVE
+    selected = [(ns, "isvc-%d" % i) for ns in (fleet.a, fleet.c) for i in range(4)]
+    try:
+        before = {key: api.request("GET", path % key) for key in selected}
+        run = run_playbook(tmp_path, "playbooks/rollback.yml", kubeconfig=kubeconfig, extra_vars={
+            "rollback_names": [], "rollback_namespaces": [fleet.a, fleet.c], "rollback_label_selector": "fleet-run=%s" % fleet.run,
+            "rollback_runtime_copy": True, "rollback_wait": False, "rollback_verify": False})
+        assert run.rc == 0, run.output
+        after = {key: api.request("GET", path % key) for key in selected}
+    finally:
+        api.close()
+    flagged = [(fleet.a, "isvc-1"), (fleet.c, "isvc-0")]
+    strips = [name.split(" : ", 1)[-1] for name, _h, _r in run.tasks if "Strip the speculative config from" in name]
+    assert sorted(strips) == sorted("Strip the speculative config from %s/%s" % key for key in flagged), strips
+    assert "--speculative-config" not in json.dumps(after[(fleet.a, "isvc-1")]["spec"])
+    assert after[(fleet.c, "isvc-0")]["spec"]["predictor"]["model"]["runtime"] != fleet.csr_spec
+    for key in selected:
+        if key not in flagged:
+            # not written by the rollback: the same spec and generation, and no field of it owned by the rollback's field
+            # manager (the resourceVersion may move: the tier's KServe stand-in writes the status of every InferenceService)
+            assert after[key]["spec"] == before[key]["spec"], key
+            assert after[key]["metadata"]["generation"] == before[key]["metadata"]["generation"], key
+            managers = [entry.get("manager") for entry in after[key]["metadata"].get("managedFields") or []]
+            assert ROLLBACK_FIELD_MANAGER not in managers, (key, managers)
+    assert ROLLBACK_FIELD_MANAGER in [entry.get("manager") for entry in after[(fleet.a, "isvc-1")]["metadata"]["managedFields"]]
+    assert "--speculative-config" in json.dumps(after[(fleet.c, "isvc-1")]["spec"])
+
+    report = run.result("Record per service what was found and done")["ansible_facts"]["rollback_fleet"]
+    totals = report["totals"]
+    assert (totals["selected"], totals["with_flag"], totals["rolled_back"], totals["skipped_without_flag"]) == (8, 2, 2, 6), totals
+    assert totals["forbidden_namespaces"] == [] and totals["undecided"] == 0
+    # a LIST of each namespace's InferenceServices and ServingRuntimes, one of the ClusterServingRuntimes: 5 for 8 services
+    assert totals["api_requests_to_find"] == 5
+    done = {s["service"]: s["done"] for s in report["services"]}
+    assert done == {"%s/%s" % key: "rolled_back" if key in flagged else "skipped_without_flag" for key in selected}
+    summary = run.result("Summary")["msg"]
+    assert summary[0].startswith("8 InferenceService(s) selected; rolled back: %s/isvc-1, %s/isvc-0; already without speculative "
+                                 "decoding: %s/isvc-0, " % (fleet.a, fleet.c, fleet.a)), summary
+    assert summary[0].endswith("totals: 8 selected, 2 with a flag, 2 rolled back, 6 without a flag (not written), "
+                               "0 forbidden namespace(s), 5 API request(s) to find them"), summary

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import fleet
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import fleet, fleet_rollback
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
 FLAG = ["--speculative-config", json.dumps(NGRAM)]
@@ -159,3 +159,97 @@ def test_check_params_refuses(params, field):
     with pytest.raises(ValidationError) as info:
         fleet.check_params(params)
     assert info.value.field == field and info.value.hint
+
+
+# --------------------------------------------------------------------------------------------------
+# The rollback role's decision over a discovery (ops/fleet_rollback.py, filters fleet_rollback_plan/_report)
+# --------------------------------------------------------------------------------------------------
+
+def _fleet_discovery():
+    """A discovery of namespaces a and b (b refuses its LIST), two named services (one missing in a, one in b), a service
+    whose runtime is not found: what the rollback role gets from fleet_speculative_info."""
+    answers = {
+        "%s/namespaces/a/inferenceservices" % ISVC_API: [
+            _isvc("a", "flag-own", args=FLAG), _isvc("a", "plain", runtime="plain-sr"),
+            _isvc("a", "flag-sr", runtime="spec-sr"), _isvc("a", "lost-runtime", runtime="gone")],
+        "%s/namespaces/a/servingruntimes" % RT_API: [_runtime("plain-sr", "a"), _runtime("spec-sr", "a", args=FLAG)],
+        "%s/namespaces/b/inferenceservices" % ISVC_API: 403,
+    }
+    result, _server = _run(answers, namespaces=["a", "b"], label_selector="team=x", names=["a/missing", "b/kept"],
+                           kinds=["InferenceService"])
+    return result
+
+
+def test_rollback_plan_acts_on_the_flagged_then_the_undecided_and_reports_the_rest_without_a_write():
+    discovery = _fleet_discovery()
+    by_name = {(r["namespace"], r["name"]): r for r in discovery["services"]}
+    assert by_name[("a", "lost-runtime")]["undecided"] and "gone" in by_name[("a", "lost-runtime")]["undecided"]
+    assert by_name[("a", "plain")]["undecided"] is None and by_name[("a", "flag-sr")]["undecided"] is None
+    plan = fleet_rollback.plan(discovery)
+    # flagged first (sorted), then what the discovery could not decide: their per-service run reports them as for one service
+    assert [(t["namespace"], t["name"]) for t in plan["targets"]] == [
+        ("a", "flag-own"), ("a", "flag-sr"), ("a", "lost-runtime"), ("a", "missing"), ("b", "kept")]
+    why = {t["name"]: t["why"] for t in plan["targets"]}
+    assert why["flag-sr"] == "a speculative flag reaches vLLM from serving_runtime"
+    assert why["missing"] == "not found (as InferenceService)"
+    assert why["kept"] == "not readable: the namespace refused the LIST"
+    assert plan["without_flag"] == ["a/plain"]
+    assert [f["namespace"] for f in plan["forbidden"]] == ["b"]
+
+    results = [{"isvc": "a/flag-own", "changed": True}, {"isvc": "a/flag-sr", "changed": True},
+               {"isvc": "a/lost-runtime", "changed": False}]
+    report = fleet_rollback.report(plan, results)
+    done = {s["service"]: s["done"] for s in report["services"]}
+    assert done == {"a/flag-own": "rolled_back", "a/flag-sr": "rolled_back", "a/lost-runtime": "unchanged",
+                    "a/missing": "not_run", "a/plain": "skipped_without_flag", "b/kept": "not_run"}
+    totals = report["totals"]
+    assert (totals["selected"], totals["with_flag"], totals["rolled_back"], totals["unchanged"], totals["skipped_without_flag"],
+            totals["undecided"]) == (6, 2, 2, 1, 1, 3)
+    assert totals["forbidden_namespaces"] == ["b"]
+    # the selector's LISTs of a and b (refused), the named ones' of a and b (a label selector does not hold them), a's
+    # ServingRuntimes, the ClusterServingRuntimes (where lost-runtime's "gone" is looked for last)
+    assert totals["api_requests_to_find"] == discovery["totals"]["api_requests"] == 6
+
+
+@pytest.mark.parametrize("mode, remove_draft, reason", [
+    ("git", False, "rollback_mode git"),
+    ("emergency", False, "rollback_mode emergency"),
+    ("live", True, "rollback_remove_draft_artifacts"),
+])
+def test_rollback_plan_acts_on_every_service_where_the_live_flag_does_not_decide(mode, remove_draft, reason):
+    plan = fleet_rollback.plan(_fleet_discovery(), mode=mode, remove_draft=remove_draft)
+    assert [(t["namespace"], t["name"]) for t in plan["targets"]] == [
+        ("a", "flag-own"), ("a", "flag-sr"), ("a", "lost-runtime"), ("a", "missing"), ("a", "plain"), ("b", "kept")]
+    assert all(t["why"].startswith(reason) for t in plan["targets"]) and plan["without_flag"] == []
+
+
+def test_rollback_plan_of_a_skipped_discovery_selects_nothing_and_a_review_commit_is_no_rollback():
+    assert fleet_rollback.plan({"skipped": True, "changed": False})["targets"] == []
+    plan = fleet_rollback.plan(_fleet_discovery(), mode="git")
+    report = fleet_rollback.report(plan, [{"isvc": "a/flag-own", "changed": True, "review_branch": "rollback-1", "commit": "abc"}])
+    assert report["totals"]["rolled_back"] == 0 and report["totals"]["committed_for_review"] == 1
+
+
+def test_llmisvc_with_unreadable_presets_is_undecided():
+    obj = {"metadata": {"namespace": "a", "name": "llm"}, "spec": {"model": {"uri": "hf://x"}, "template": {"containers": [
+        {"name": "main", "image": "v"}]}}}
+    answers = {"%s/namespaces/a/llminferenceservices" % LLM_API: [obj],
+               "%s/namespaces/a/llminferenceserviceconfigs" % LLM_API: 403,
+               "%s/namespaces/kserve/llminferenceserviceconfigs" % LLM_API: 403}
+    result, _server = _run(answers, namespaces=["a"], kinds=["LLMInferenceService"])
+    (rec,) = result["services"]
+    assert rec["speculative"] is False and "not readable (403)" in rec["undecided"]
+    assert [t["name"] for t in fleet_rollback.plan(result)["targets"]] == ["llm"]
+
+
+def test_llmisvc_well_known_presets_follow_the_controllers_prefix():
+    obj = {"metadata": {"namespace": "a", "name": "llm"}, "spec": {"model": {"uri": "hf://x"}, "template": {"containers": [
+        {"name": "main", "image": "v"}]}}}
+    preset = {"metadata": {"namespace": "kserve", "name": "acme-config-llm-template"},
+              "spec": {"template": {"containers": [{"name": "main", "image": "v", "args": ["serve"] + FLAG}]}}}
+    answers = {"%s/namespaces/a/llminferenceservices" % LLM_API: [obj],
+               "%s/namespaces/kserve/llminferenceserviceconfigs" % LLM_API: [preset]}
+    default, _server = _run(answers, namespaces=["a"], kinds=["LLMInferenceService"])
+    assert default["services"][0]["speculative"] is False  # kserve-config-llm-template: not this controller's preset
+    prefixed, _server = _run(answers, namespaces=["a"], kinds=["LLMInferenceService"], llmisvc_config_prefix="acme-")
+    assert prefixed["services"][0]["sources"] == ["LLMInferenceServiceConfig/acme-config-llm-template"]

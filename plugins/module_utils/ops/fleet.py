@@ -147,9 +147,10 @@ class ListedPresets:
     system namespace), looked up as ``kserve/llmisvc/cluster.read_presets`` does with a GET each: the names spec.baseRefs
     gives, then the well-known ones for the object's shape (``flags.well_known_presets``), the object's namespace first."""
 
-    def __init__(self, client, system_namespace):
+    def __init__(self, client, system_namespace, config_prefix=llm_flags.WELL_KNOWN_PREFIX):
         self.client = client
         self.system_namespace = system_namespace
+        self.config_prefix = config_prefix
         self._lists = {}
 
     def _items(self, namespace):
@@ -186,7 +187,7 @@ class ListedPresets:
             if name and name not in out:
                 find(name, True)
         base_specs = [(out[n].get("spec") or {}) for n in refs if n in out]
-        for name in llm_flags.well_known_presets(obj, base_specs):
+        for name in llm_flags.well_known_presets(obj, base_specs, self.config_prefix):
             if name not in out:
                 find(name, False)
         return out
@@ -200,7 +201,7 @@ def _record(kind, obj):
     meta = obj.get("metadata") or {}
     return {"kind": kind, "namespace": meta.get("namespace"), "name": meta.get("name"), "found": True,
             "speculative": False, "sources": [], "where": [], "runtime": None, "speculative_config": None,
-            "error": None, "warnings": []}
+            "error": None, "warnings": [], "undecided": None}
 
 
 def _occurrence_keys(occurrences):
@@ -235,6 +236,8 @@ def isvc_record(isvc, reader):
         return rec
     rec["warnings"] = warnings
     if effective is None:  # the runtime could not be found or read: the predictor's own containers only, as verify reports
+        # a flag in the runtime would be missed: whether the flag reaches vLLM is not decided
+        rec["undecided"] = "; ".join(warnings) or "the runtime could not be merged in"
         locations, _source = srt.flag_locations(isvc, None)
         rec["where"] = [{"source": srt.SOURCE_ISVC, "field": "command/args", "container": name, "reaches_engine": None}
                         for name in locations]
@@ -261,15 +264,17 @@ def llmisvc_record(obj, presets):
     rec = _record(LLMISVC, obj)
     unreadable = []
     try:
-        found = llm_flags.flags(obj, presets.presets(obj, unreadable))
+        found = llm_flags.flags(obj, presets.presets(obj, unreadable), config_prefix=presets.config_prefix)
     except SpecDecodingError as exc:
         rec["error"] = str(exc)
         return rec
     if unreadable:
         rec["warnings"].append("well-known presets not readable (403), their flags not checked: %s" % ", ".join(unreadable))
+        rec["undecided"] = rec["warnings"][-1]
     for entry in found:
         if entry.get("opaque"):
             rec["warnings"].append("%s %s %s: %s" % (entry["pool"], entry["container"], entry["field"], entry["opaque"]))
+            rec["undecided"] = rec["undecided"] or rec["warnings"][-1]
             continue
         source = entry["source"]
         rec["where"].append({"source": source, "field": "env" if entry["field"].startswith("env") else "command/args",
@@ -373,7 +378,7 @@ def _all_namespaces(client, listing, query, namespace_names):
 
 def discover(client, params):
     """Module fleet_speculative_info: ``{services: [record], totals, forbidden}`` for the selection in ``params``
-    (names, namespaces, all_namespaces, label_selector, kinds, llmisvc_system_namespace) over ``client`` (CountingClient)."""
+    (names, namespaces, all_namespaces, label_selector, kinds, llmisvc_system_namespace, llmisvc_config_prefix) over ``client`` (CountingClient)."""
     named, namespaces, kinds = check_params(params)
     selector = params.get("label_selector") or None
     listings = []
@@ -393,7 +398,8 @@ def discover(client, params):
             query = {"fieldSelector": "metadata.name=%s" % next(iter(names))} if len(names) == 1 else None
             listing.namespace(namespace, query, only=names)
     runtimes = ListedRuntimes(client)
-    presets = ListedPresets(client, params.get("llmisvc_system_namespace") or "kserve")
+    presets = ListedPresets(client, params.get("llmisvc_system_namespace") or "kserve",
+                            params.get("llmisvc_config_prefix") or llm_flags.WELL_KNOWN_PREFIX)
     records = []
     for listing in listings:
         for (namespace, _name), obj in sorted(listing.items.items()):
@@ -407,7 +413,7 @@ def discover(client, params):
         for name in sorted(names - {n for ns, n in found if ns == namespace}):
             records.append({"kind": None, "namespace": namespace, "name": name, "found": False, "speculative": None,
                             "sources": [], "where": [], "runtime": None, "speculative_config": None, "warnings": [],
-                            "error": "not readable: the namespace refused the LIST" if namespace in refused else
+                            "undecided": None, "error": "not readable: the namespace refused the LIST" if namespace in refused else
                             "not found (as %s)" % " or ".join(kinds)})
     forbidden = [f for listing in listings for f in listing.forbidden]
     return {"services": records, "forbidden": forbidden, "totals": totals(records, client, forbidden, listings)}

@@ -612,17 +612,19 @@ def test_api_server_restart_during_deploy_fails_clearly_or_retries(tmp_path, con
 # concurrency: deploy (server-side apply) racing rollback (JSON patch with `test` ops) on one InferenceService
 # ------------------------------------------------------------------------------------------------------
 def argv_without_flag(script):
-    """The vLLM command line of a bash -c script as tokens, with --speculative-config and its value removed."""
+    """The vLLM command line of a bash -c script as tokens, with --speculative-config and its value removed, and with
+    them --per-request-spec-decode-metrics and its value (vLLM 0.32 refuses it without a speculative config, so the
+    rollback's strip takes it too)."""
     tokens = shlex.split(script.replace("\\\n", " "))
     out, skip = [], False
     for tok in tokens:
         if skip:
             skip = False
             continue
-        if tok == "--speculative-config":
+        if tok in ("--speculative-config", "--per-request-spec-decode-metrics"):
             skip = True
             continue
-        if tok.startswith("--speculative-config="):
+        if tok.startswith(("--speculative-config=", "--per-request-spec-decode-metrics=")):
             continue
         out.append(tok)
     return out

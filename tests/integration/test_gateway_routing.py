@@ -8,6 +8,7 @@ import time
 import pytest
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import routing_plan
+from tests.module_run import run_module
 from tests.testbed import gateway_crds
 from tests.testbed.gateway_standin import BACKEND_HEADER, GatewayStandin
 from tests.testbed.rest import ApiError
@@ -84,7 +85,7 @@ def _post(url, klass):
         conn.close()
 
 
-def test_the_plans_httproute_routes_each_class_to_its_pool(controlplane, kubelet, api, namespace):
+def test_the_plans_httproute_routes_each_class_to_its_pool(controlplane, kubelet, api, namespace, kubeconfig):
     gateway_crds.install(controlplane)
     _pool(api, namespace, "spec-0", "speculative")
     _pool(api, namespace, "base-0", "baseline")
@@ -93,8 +94,14 @@ def test_the_plans_httproute_routes_each_class_to_its_pool(controlplane, kubelet
     plan = routing_plan.build_plan(classes, {"name": "speculative", "port": 80}, {"name": "baseline", "port": 80})
     route = routing_plan.httproute(plan, "classes", namespace, parent_refs=[{"name": "inference-gateway"}])
     routing_plan.check_httproute(route)
-    created = api.post(f"/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/httproutes", route)
+    # applied as the benchmark role's write=apply does (roles/benchmark/tasks/routes.yml): server-side apply, in-process
+    applied = run_module("server_side_apply", {"definition": route, "field_manager": "alauda-spec-decoding-routes", "kubeconfig": kubeconfig})
+    assert not applied.failed, applied.msg
+    created = api.get(f"/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/httproutes/classes")
+    assert applied["changed"] is True and created["metadata"]["managedFields"][0]["manager"] == "alauda-spec-decoding-routes"
     assert [r["name"] for r in created["spec"]["rules"]] == ["class-code", "class-chat", "default"]  # stored as rendered
+    again = run_module("server_side_apply", {"definition": route, "field_manager": "alauda-spec-decoding-routes", "kubeconfig": kubeconfig})
+    assert not again.failed and again["changed"] is False  # the same decisions: nothing to write
     _wait_endpoints(api, namespace, ("speculative", "baseline"))
     with GatewayStandin(controlplane.rest, namespace=namespace, dial=kubelet.network.dial, seed=52) as gateway:
         answers = {klass: _post(gateway.url, klass) for klass in ("code", "chat", None, "summarize")}

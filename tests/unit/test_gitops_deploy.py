@@ -19,8 +19,10 @@ def test_baseline_and_ngram_share_everything_but_the_flag(tmp_path):
     baseline = (out / "models-llama.yaml").read_text()
     ngram = (out / "models-llama-ngram.yaml").read_text()
     spec_line = [line for line in ngram.splitlines() if "--speculative-config" in line]
-    assert len(spec_line) == 1
-    assert ngram.replace("llama-ngram", "llama").replace(" \\\n" + spec_line[0] + "\n", "\n") == baseline
+    # the speculative side also carries --per-request-spec-decode-metrics (spec_decoding_per_request_metrics auto)
+    per_request = [line for line in ngram.splitlines() if "--per-request-spec-decode-metrics summary" in line]
+    assert len(spec_line) == 1 and len(per_request) == 1
+    assert ngram.replace("llama-ngram", "llama").replace(" \\\n" + per_request[0] + "\n" + spec_line[0] + "\n", "\n") == baseline
     kustomization = (out / "kustomization.yaml").read_text()
     assert "- models-llama-ngram.yaml\n- models-llama.yaml\n" in kustomization
 
@@ -41,14 +43,25 @@ def test_the_oci_mode_variable_reaches_the_storage_rules_of_a_gitops_render(tmp_
     art = {"target_uri": "oci://registry.local/llama:v1", "draft_uri": "oci://registry.local/eagle3:v1",
            "target_mount_path": "/mnt/models/target", "draft_mount_path": "/mnt/models/draft"}
 
-    def case(name, mode):
+    def case(name, mode, **more):
         return (name, {"ansible.builtin.include_role": {"name": "alauda.spec_decoding.inference_service"},
-                       "vars": {"spec_decoding_target": "gitops", "spec_decoding_gitops_dir": str(out), "spec_decoding_namespace": "models",
-                                "spec_decoding_isvc_name": name, "spec_decoding_method": "eagle3", "spec_decoding_kserve_version": "0.20.0",
-                                "spec_decoding_vllm_version": "0.32.0", "spec_decoding_artifact_mode": "storage_uris",
-                                "spec_decoding_artifacts": art, "spec_decoding_oci_model_mode": mode}})
+                       "vars": dict({"spec_decoding_target": "gitops", "spec_decoding_gitops_dir": str(out), "spec_decoding_namespace": "models",
+                                     "spec_decoding_isvc_name": name, "spec_decoding_method": "eagle3", "spec_decoding_kserve_version": "0.20.0",
+                                     "spec_decoding_vllm_version": "0.32.0", "spec_decoding_artifact_mode": "storage_uris",
+                                     "spec_decoding_artifacts": art, "spec_decoding_oci_model_mode": mode}, **more)})
 
-    run, results = run_cases(tmp_path, [case("native", "native"), case("modelcar", "modelcar"), case("off", "disabled")])
+    per_request_out = tmp_path / "gitops-per-request"
+    # the per-request metrics variable reaches the render too: off renders no flag; detailed on a release without it is refused
+    run, results = run_cases(tmp_path, [case("native", "native"), case("modelcar", "modelcar"), case("off", "disabled"),
+                                        case("per-request-off", "native", spec_decoding_per_request_metrics="off",
+                                             spec_decoding_gitops_dir=str(per_request_out)),
+                                        case("per-request-old", "native", spec_decoding_per_request_metrics="detailed",
+                                             spec_decoding_vllm_version="0.24.0", spec_decoding_gitops_dir=str(per_request_out))])
+    assert "--per-request-spec-decode-metrics summary" in (out / "models-native.yaml").read_text()
+    assert results["per-request-off"]["msg"] == DID_NOT_FAIL, run.output
+    assert "--per-request-spec-decode-metrics" not in (per_request_out / "models-per-request-off.yaml").read_text()
+    old = results["per-request-old"]["msg"]
+    assert "spec_decoding_per_request_metrics" in old and "0.24" in old and not (per_request_out / "models-per-request-old.yaml").exists(), old
     assert results["native"]["msg"] == DID_NOT_FAIL, run.output
     rendered = yaml.safe_load((out / "models-native.yaml").read_text())
     assert rendered["spec"]["predictor"]["storageUris"] == [{"uri": art["target_uri"], "mountPath": "/mnt/models/target"},

@@ -34,6 +34,7 @@ DPI = 100
 # Inches at DPI: one panel 8 x 4.5 (800 x 450 px); two and three panels side by side keep about that panel size, the
 # sweep plots half an inch more for their legends under the axes.
 FIGSIZE = {"acceptance": (8.0, 4.5), "classes": (8.0, 4.5), "sweep_load": (12.0, 5.0), "k_curve": (12.0, 5.0), "k_schedule": (12.0, 5.0),
+           "sweep_classes": (8.0, 4.5),
            "latency": (14.0, 4.5)}
 
 SIDE_LABELS = {"baseline": "baseline", "candidate": "speculative decoding"}
@@ -266,6 +267,39 @@ def sweep_load_figure(points, break_even, target_qps, kind="request_rate"):
 def plot_sweep_load(points, break_even, target_qps, path, kind="request_rate"):
     """Save ``sweep_load_figure`` to ``path`` (PNG); return ``path``."""
     return save(sweep_load_figure(points, break_even, target_qps, kind=kind), path)
+
+
+def sweep_classes_figure(block):
+    """Speedup against load per request class, with each class's break-even and the target QPS (the sweep's ``classes``
+    block, bench/sweep_classes.py)."""
+    kind = block["kind"]
+    fig, (axis,) = _figure("sweep_classes")
+    loads = sorted({row["load"] for entry in block["classes"] for row in entry["loads"]})
+    cycle = [SWEEP_COLORS["predicted"], COLORS["candidate"], COLORS["baseline"], SWEEP_COLORS["break_even"], SWEEP_COLORS["target"]]
+    for index, entry in enumerate(block["classes"]):
+        color = cycle[index % len(cycle)]
+        name = "(unclassified)" if entry["class"] is None else entry["class"]
+        axis.plot([row["load"] for row in entry["loads"]], [_nan(row["speedup"]) for row in entry["loads"]], marker="o", color=color,
+                  label="%s: %s" % (name, entry["break_even_text"]))
+        crossover = (entry.get("break_even") or {}).get("crossover_load")
+        if crossover is not None:
+            axis.axvline(crossover, color=color, linestyle="--", linewidth=1.0)
+    axis.axhline(1.0, color=SWEEP_COLORS["unity"], linestyle=":", linewidth=1.2, label="1.0 = as fast as the baseline")
+    if block.get("target_qps") is not None and kind == "request_rate":
+        axis.axvline(block["target_qps"], color=SWEEP_COLORS["target"], linestyle="-.", linewidth=1.2,
+                     label="target %s req/s" % _num(block["target_qps"]))
+    axis.set_xlabel(LOAD_AXIS[kind])
+    axis.set_ylabel("speedup (\u00d7, the class's output tokens/s ratio)")
+    axis.set_title("Per request class: speedup against load (dashed: break-even)")
+    if loads:
+        _load_ticks(axis, loads)
+    _legend(axis, below=True)
+    return fig
+
+
+def plot_sweep_classes(block, path):
+    """Save ``sweep_classes_figure`` to ``path`` (PNG); return ``path``."""
+    return save(sweep_classes_figure(block), path)
 
 
 def _measured_points(confirmation):

@@ -30,7 +30,9 @@ from __future__ import annotations
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import decision as bench_decision
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench.k_schedule_confirm import median_interval
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import per_request_metrics
 
 UNCLASSIFIED = "(unclassified)"
 # the request fields that identify a class's latency figures: summary key, label, per-request values
@@ -38,6 +40,22 @@ LATENCIES = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2el
 COUNTER_FIELDS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 NOT_REPORTED = ("not reported: the responses carried no metrics.speculative_decoding (vLLM before 0.32, the candidate "
                 "started without --per-request-spec-decode-metrics, requests with n > 1, or streams without usage)")
+
+
+def release_note(vllm_version):
+    """Why no response can carry a per-request block when the candidate's vLLM release lacks the flag (None when the
+    release has it, or is not known or not readable)."""
+    if not vllm_version:
+        return None
+    try:
+        has, release = per_request_metrics.release_has_flag(vllm_version)
+    except ValidationError:
+        return None
+    if has:
+        return None
+    return ("not reported: the candidate runs vLLM %s, which has no %s (it exists from vLLM %d.%d), so no response carries "
+            "metrics.speculative_decoding; for a class's acceptance run one benchmark per class (a prompts file of that class "
+            "alone) and read the candidate's /metrics" % ((release, per_request_metrics.FLAG) + per_request_metrics.FIRST_RELEASE))
 
 
 def records_of(side):
@@ -159,6 +177,10 @@ def _gain_confidence(verdict):
     return max(values) if values else None
 
 
+# the sweep's per-class decision at the target load reports it too (bench/sweep_classes.py)
+gain_confidence = _gain_confidence
+
+
 def class_entry(name, b_records, c_records, tolerances=None, load=None, confidence=bench_decision.DEFAULT_CONFIDENCE):
     """One class's block: requests, acceptance, latency medians with intervals, gain and decision (see the module doc)."""
     b_sum, c_sum = class_summary(b_records), class_summary(c_records)
@@ -185,10 +207,12 @@ def class_entry(name, b_records, c_records, tolerances=None, load=None, confiden
     }
 
 
-def class_report(baseline, candidate, tolerances=None, load=None, acceptance=None, confidence=bench_decision.DEFAULT_CONFIDENCE):
+def class_report(baseline, candidate, tolerances=None, load=None, acceptance=None, confidence=bench_decision.DEFAULT_CONFIDENCE,
+                 vllm_version=None):
     """The report's ``classes`` block, or None when no record of either side names a class.
 
-    ``baseline`` / ``candidate``: side dicts with their ``records``; ``acceptance``: the candidate's /metrics deltas."""
+    ``baseline`` / ``candidate``: side dicts with their ``records``; ``acceptance``: the candidate's /metrics deltas;
+    ``vllm_version``: the candidate's vLLM release (the report context's), which says when the release lacks the flag."""
     if not has_classes(baseline, candidate):
         return None
     b_groups, c_groups = group(records_of(baseline)), group(records_of(candidate))
@@ -196,6 +220,13 @@ def class_report(baseline, candidate, tolerances=None, load=None, acceptance=Non
     entries = [class_entry(name, b_groups.get(name, []), c_groups.get(name, []), tolerances, load, confidence) for name in names]
     check = counters_check(records_of(candidate), acceptance)
     notes = []
+    lacking = release_note(vllm_version)
+    if lacking and not any(e["acceptance"]["reported"] for e in entries):
+        for entry in entries:
+            entry["acceptance"]["note"] = lacking
+        if check["status"] == "not_checked" and acceptance and not acceptance.get("counter_reset") and check["requests"]:
+            check["reason"] = lacking
+        notes.append("per request class: " + lacking)
     if check["status"] == "differ":
         notes.append("the per-request sums differ from the candidate's /metrics deltas over the same window (%s): another "
                      "client sent requests to the candidate during the run, or the counters are of another model" %

@@ -76,14 +76,30 @@ def _header(name, field):
     return name
 
 
+def _guards(sweep_classes):
+    """``{class: guard}`` of a load sweep's ``classes`` block (bench/sweep_classes.py), measured with a target load."""
+    if sweep_classes is None:
+        return None
+    if not isinstance(sweep_classes, dict) or not isinstance(sweep_classes.get("classes"), list):
+        raise ValidationError("is not a load sweep's classes block", field="guard",
+                              hint="pass the classes block of the spec_sweep result (tune.yml's report JSON, result.classes)")
+    if sweep_classes.get("target_qps") is None:
+        raise ValidationError("the sweep was measured without a target load, so it has no guard per class", field="guard",
+                              hint="run the sweep (tune.yml) with target_qps, the request rate the service really runs")
+    return {e.get("class"): e.get("guard") for e in sweep_classes["classes"] if isinstance(e, dict) and e.get("guard")}
+
+
 def build_plan(classes, speculative, baseline, class_header=DEFAULT_CLASS_HEADER, model_aliases=None,
-               model_header=DEFAULT_MODEL_HEADER):
+               model_header=DEFAULT_MODEL_HEADER, guard=None):
     """The routing plan of a report's ``classes`` block (``request_classes.class_report``; None: no class measured).
 
     ``speculative`` / ``baseline``: the pools' Services, ``{name, port, namespace?}``; ``model_aliases``: ``{class:
-    model name}`` the clients may send instead of the header. Returns ``{class_header, model_header, pools,
-    classes: [{class, pool, decision, outcome, gain_confidence, speedup, reasons, model_alias}], default_pool,
-    speculative_classes}``."""
+    model name}`` the clients may send instead of the header. ``guard``: a load sweep's ``classes`` block measured with a
+    target load (bench/sweep_classes.py): a class kept by the A/B whose sweep guard says baseline (its break-even is below
+    the target load, or it does not meet keep there) goes to the baseline, the guard's reason among its reasons; a class
+    the sweep did not measure keeps the A/B's pool, and its reasons say there was no guard. Returns ``{class_header,
+    model_header, pools, classes: [{class, pool, decision, outcome, gain_confidence, speedup, reasons, model_alias, guard}],
+    default_pool, speculative_classes}``."""
     pools = {"speculative": _service_ref(speculative, "speculative_service"), "baseline": _service_ref(baseline, "baseline_service")}
     class_header = _header(class_header, "class_header")
     model_header = _header(model_header, "model_header")
@@ -91,6 +107,7 @@ def build_plan(classes, speculative, baseline, class_header=DEFAULT_CLASS_HEADER
     if len(entries) > MAX_CLASSES:
         raise ValidationError("%d request classes, an HTTPRoute holds at most %d besides its default rule" % (len(entries), MAX_CLASSES),
                               field="classes", hint="merge classes in the prompts file, or split the classes over two routes")
+    guards = _guards(guard)
     aliases = dict(model_aliases or {})
     known = {e["class"] for e in entries}
     for name, alias in aliases.items():
@@ -105,10 +122,17 @@ def build_plan(classes, speculative, baseline, class_header=DEFAULT_CLASS_HEADER
     for entry in entries:
         check_class(entry["class"], "classes", field="classes")
         keep = entry.get("decision") == "keep"
+        reasons = list(entry.get("reasons") or [])
+        class_guard = (guards or {}).get(entry["class"])
+        if keep and class_guard and class_guard.get("pool") != "speculative":
+            keep = False
+            reasons.append("the load sweep's guard routes it to the baseline: %s" % class_guard.get("reason"))
+        elif keep and guards is not None and not class_guard:
+            reasons.append("no guard: the load sweep did not measure this class")
         out.append({"class": entry["class"], "pool": "speculative" if keep else "baseline", "decision": entry.get("decision"),
                     "outcome": entry.get("outcome"), "gain_confidence": entry.get("gain_confidence"),
-                    "speedup": entry.get("speedup"), "reasons": list(entry.get("reasons") or []),
-                    "model_alias": aliases.get(entry["class"])})
+                    "speedup": entry.get("speedup"), "reasons": reasons,
+                    "model_alias": aliases.get(entry["class"]), "guard": class_guard})
     return {"class_header": class_header, "model_header": model_header, "pools": pools, "classes": out,
             "default_pool": "baseline", "speculative_classes": [e["class"] for e in out if e["pool"] == "speculative"]}
 

@@ -22,6 +22,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.command_
     config_from_occurrences, container_env, find_occurrences, invokes_vllm, is_shell_script, looks_like_script, strip_problems,
 )
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.command_scan import scan_script
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import per_request_metrics
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.shell_lexer import ShellSyntaxError, simple_commands, tokenize
 
 # --------------------------------------------------------------------------------------------------
@@ -84,19 +85,34 @@ def strip_script(text, keep_anchor=False, env=None):
     container's env (a word such as ``"$SPEC_ARGS"`` whose value from the pod spec is a flag goes too).
     """
     env = container_env(env) if env is not None else None
+    removed = False
     for _attempt in range(10000):
         occ = scan_script(text, env)
         if keep_anchor:
             anchor = _anchor(occ)
             occ = [o for o in occ if o is not anchor]
         if not occ:
-            return text
+            return _strip_per_request_metrics(text) if removed and not keep_anchor else text
         last = occ[-1]
         start = last.flag_token.start
         end = last.value_token.end if last.value_token is not None else last.flag_token.end
         a, b = _removal_span(text, start, end)
         text = text[:a] + text[b:]
+        removed = True
     return text  # pragma: no cover
+
+
+def _strip_per_request_metrics(text):
+    """The script without --per-request-spec-decode-metrics: vLLM refuses it once the speculative config is gone
+    (vllm/per_request_metrics.py), so a strip takes it with the speculative flags."""
+    try:
+        tokens = tokenize(text)
+    except ShellSyntaxError:
+        return text
+    for start, end in per_request_metrics.script_spans(tokens):  # last first: the earlier spans keep their offsets
+        a, b = _removal_span(text, start, end)
+        text = text[:a] + text[b:]
+    return text
 
 
 def _anchor(occurrences):
@@ -136,6 +152,9 @@ def strip_speculative_config(items, keep_anchor=False, env=None):
             result.append(new)
             continue
         result.append(word)
+    if anchor is None:  # vLLM refuses --per-request-spec-decode-metrics without a speculative config: it goes too
+        companions = set(per_request_metrics.argv_spans(result))
+        result = [w for i, w in enumerate(result) if i not in companions]
     return result
 
 

@@ -15,19 +15,16 @@ import posixpath
 import re
 import shlex
 
-try:
-    import yaml
-    HAS_YAML = True
-except ImportError:  # pragma: no cover - reported by the calling module
-    yaml = None
-    HAS_YAML = False
-
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError, optional_import
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as spec_core
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import per_request_metrics
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import registry as oci_registry
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import crd_rules, releases, storage
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime as serving_runtime
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime_readers
+
+yaml = optional_import("yaml")[0]  # reported by the calling module (isvc_manifest)
+HAS_YAML = yaml is not None
 
 API_VERSION = "serving.kserve.io/v1beta1"
 KIND = "InferenceService"
@@ -367,6 +364,8 @@ def server_args(p, target_path, spec):
         args += ["--kv-cache-memory-bytes", str(p["kv_cache_memory_bytes"])]
     args += [str(a) for a in (p.get("extra_args") or [])]
     if spec is not None:
+        # before the speculative flag; vLLM refuses it without one, so the strip takes it too (vllm/per_request_metrics.py)
+        args += [str(a) for a in (p.get("per_request_args") or [])]
         args += ["--speculative-config", spec.json]
     return args
 
@@ -463,7 +462,8 @@ def render(p, existing=None):
 
     gmu = engine_sizing(p, spec, warnings)
     served = p.get("served_model_name") or p["name"]
-    q = dict(p, served_model_name=served, gpu_memory_utilization=gmu)
+    per_request = per_request_metrics.resolve(p.get("per_request_metrics"), p.get("vllm_version"), spec, p.get("extra_args"))
+    q = dict(p, served_model_name=served, gpu_memory_utilization=gmu, per_request_args=per_request["args"])
     args = server_args(q, artifacts.target_path, spec)
     warnings += spec_core.check_command(args, vllm_version=p.get("vllm_version"), config=spec.config if spec else None, field="extra_args")
 
@@ -535,7 +535,7 @@ def render(p, existing=None):
             raise ValidationError(problem, field="runtime_flag")
         runtime_check.pop("runtime_object", None)
     return {"manifest": manifest, "speculative": spec, "artifacts": artifacts, "warnings": warnings, "runtime_check": runtime_check,
-            "cel_rules": cel_rules}
+            "cel_rules": cel_rules, "per_request_metrics": {k: v for k, v in per_request.items() if k != "args"}}
 
 
 def to_yaml(obj):

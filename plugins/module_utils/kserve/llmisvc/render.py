@@ -15,6 +15,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import crd_rules, storage
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import render as isvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as spec_core
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import per_request_metrics
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc.model import (
     GROUP, KIND, MAIN_CONTAINER, ONLY_IN, PARALLELISM_KEYS, check_api_version,
 )
@@ -154,7 +155,8 @@ def render(p, existing=None):
         extra = ["--tensor-parallel-size", str(tensor)] + extra
     if parallelism.get("pipeline", 1) > 1:
         extra = ["--pipeline-parallel-size", str(parallelism["pipeline"])] + extra
-    q = dict(p, served_model_name=served, gpu_memory_utilization=gmu, extra_args=extra)
+    per_request = per_request_metrics.resolve(p.get("per_request_metrics"), p.get("vllm_version"), spec, extra)
+    q = dict(p, served_model_name=served, gpu_memory_utilization=gmu, extra_args=extra, per_request_args=per_request["args"])
     args = isvc.server_args(q, artifacts.target_path, spec)
     plain = isvc.server_args(q, artifacts.target_path, None)
     warnings += spec_core.check_command(args, vllm_version=p.get("vllm_version"), config=spec.config if spec else None, field="extra_args",
@@ -211,7 +213,7 @@ def render(p, existing=None):
                                 kserve_version=spec_core.parse_version(p["kserve_version"]) if p.get("kserve_version") else None)
     warnings.extend(cel_rules["warnings"])
     return {"manifest": manifest, "speculative": spec, "artifacts": artifacts, "warnings": warnings, "runtime_check": None,
-            "cel_rules": cel_rules}
+            "cel_rules": cel_rules, "per_request_metrics": {k: v for k, v in per_request.items() if k != "args"}}
 
 
 def manifest_filename(manifest):

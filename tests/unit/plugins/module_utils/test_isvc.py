@@ -51,8 +51,9 @@ def test_baseline_is_identical_but_for_the_flag_and_headroom():
     base = render(method="none")["manifest"]
     eagle = render(gpu_memory_utilization=0.9, draft_memory_headroom=0)["manifest"]
     assert "--speculative-config" not in base["spec"]["predictor"]["model"]["command"][2]
-    assert eagle["spec"]["predictor"]["model"]["command"][2].split(" \\\n  --speculative-config")[0] + "\n" == \
-        base["spec"]["predictor"]["model"]["command"][2]
+    # the speculative side also carries --per-request-spec-decode-metrics (per_request_metrics auto), right before the flag
+    assert eagle["spec"]["predictor"]["model"]["command"][2].split(" \\\n  --per-request-spec-decode-metrics summary \\\n  --speculative-config")[0] \
+        + "\n" == base["spec"]["predictor"]["model"]["command"][2]
 
 
 def test_knative_mode_sets_progress_deadline_standard_sets_startup_probe():

@@ -58,7 +58,24 @@ options:
         C(--speculative-config) gives the method and keys, C(vllm serve <path>) or C(--model) the target, the config's
         C(model) the draft; each path is mapped to the storage KServe mounts it from (C(storageUris) entries, the
         C(storageUri) at C(/mnt/models)) - a PVC subdirectory, the Modelcar image's directory, or the store's URI.
+      - With O(kind=LLMInferenceService), the decode pool's flag after KServe's merge with its presets (well-known and
+        C(spec.baseRefs)), the served path of the merged C(main) container (else C(/mnt/models), which KServe's presets
+        serve), each path mapped to C(spec.model.uri), which KServe mounts at C(/mnt/models).
     type: str
+  kind:
+    description: The kind of O(name).
+    type: str
+    choices: [InferenceService, LLMInferenceService]
+    default: InferenceService
+  api_version:
+    description: The LLMInferenceService API version O(name) is read at.
+    type: str
+    choices: [v1alpha1, v1alpha2]
+    default: v1alpha2
+  config_namespace:
+    description: KServe's system namespace, where the well-known LLMInferenceServiceConfig presets live (looked up after O(namespace)).
+    type: str
+    default: kserve
   speculative:
     description: The speculative config's keys the checks read (C(num_speculative_tokens), C(use_heterogeneous_vocab)).
     type: dict
@@ -218,6 +235,14 @@ EXAMPLES = r"""
     namespace: models
     preflight: warn
     pvc_image: registry.internal.example:5000/vllm/vllm-openai:v0.32.0
+
+- name: The same for an LLMInferenceService's decode pool (its flag may come from a preset)
+  alauda.spec_decoding.draft_preflight_info:
+    name: llama-eagle3
+    namespace: models
+    kind: LLMInferenceService
+    preflight: warn
+    pvc_image: registry.internal.example:5000/vllm/vllm-openai:v0.32.0
 """
 
 RETURN = r"""
@@ -249,7 +274,7 @@ report:
            "  target (pvc://model-store/target) - LlamaForCausalLM: layers 2, hidden 256, vocabulary 4096"]
 """
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import ModuleContract, argspec
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops.draft_preflight import preflight, report, summary
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import draft_preflight
 
@@ -260,6 +285,9 @@ OPTIONS = dict(
     draft_subdir=dict(type="str", default="draft"),
     method=dict(type="str"),
     name=dict(type="str"),
+    kind=dict(type="str", default="InferenceService", choices=["InferenceService", "LLMInferenceService"]),
+    api_version=dict(type="str", default="v1alpha2", choices=["v1alpha1", "v1alpha2"]),
+    config_namespace=dict(type="str", default="kserve"),
     speculative=dict(type="dict", default={}),
     deploy=dict(type="dict"),
     vllm_version=dict(type="str"),
@@ -290,10 +318,6 @@ def argument_spec():
     return argspec(OPTIONS)
 
 
-# The argument spec's constraints (the action plugin's too).
-CONSTRAINTS = dict(required_one_of=[("method", "name")])
-
-
 def execute(module):
     params = dict(module.params)
     if module.check_mode and params["pvc_job"]:
@@ -304,9 +328,19 @@ def execute(module):
     return {"changed": False, "preflight": result, "summary": summary(result), "report": report(result)}
 
 
+# check_k8s/check_pyyaml off: the kubernetes library is imported only when a pvc:// location or an InferenceService
+# needs the cluster
+CONTRACT = ModuleContract(
+    argument_spec, execute,
+    constraints=dict(
+        required_one_of=[("method", "name")],
+    ),
+    module_options=dict(check_k8s=False, check_pyyaml=False),
+)
+
+
 def main():
-    # the kubernetes library is imported only when a pvc:// location or an InferenceService needs the cluster
-    KubeModule(argument_spec(), supports_check_mode=True, check_k8s=False, check_pyyaml=False, **CONSTRAINTS).run(execute)
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

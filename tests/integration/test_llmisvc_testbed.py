@@ -224,6 +224,16 @@ def test_playbooks_deploy_verify_and_rollback_an_llminferenceservice(tmp_path, k
         common, verify_name=name, verify_namespace=namespace, verify_wait_timeout=60, verify_metrics_port=port,
         verify_metrics_scheme="http"))
     assert verify.rc == 0, verify.output
+    # the preflight re-run read-only on the decode pool's pair (issue #51): the flag's paths under spec.model.uri
+    summary = verify.result("Summary")["msg"]
+    print("\n".join(summary))
+    # (the claim does not exist on the test bed: the read stops there, and says so; the pair's mapping is unit-tested)
+    rerun = verify.result("Check the served draft against its target")
+    assert rerun["preflight"]["method"] == "eagle3" and rerun["preflight"]["num_speculative_tokens"] == 3, rerun
+    assert "/model-store does not exist" in rerun["preflight"]["skipped"], rerun["preflight"]
+    shown = verify.result("Register the full verification data")["ansible_facts"]["verify_result"]["preflight"]
+    assert shown == rerun["preflight"]
+    assert "preflight eagle3: skipped (%s)" % shown["skipped"] in summary, summary
     expected = spec_metrics.summarize(spec_metrics.parse_prometheus(metrics), method="eagle3")
     per_pod = verify.result("Register the full verification data")["ansible_facts"]["verify_result"]["metrics"]
     decode_pods = [p["name"] for p in engine["pools"]["decode"]["pods"]]

@@ -208,3 +208,60 @@ def test_troubleshoot_describe_shows_the_preflight_figures():
     found = troubleshoot.preflight_of(None, {"isvc": isvc, "namespace": "models"})
     assert found["skipped"] == ("the target is on a PVC (pvc://store/target), which only a Job can read, and none is started "
                                 "(the troubleshooting bundle starts no Job)")
+
+
+def _llmisvc(uri, main=None, base_refs=()):
+    spec = {"model": {"uri": uri, "name": "llama"}}
+    if main is not None:
+        spec["template"] = {"containers": [dict(main, name="main")]}
+    if base_refs:
+        spec["baseRefs"] = [{"name": n} for n in base_refs]
+    return {"apiVersion": "serving.kserve.io/v1alpha2", "kind": "LLMInferenceService",
+            "metadata": {"name": "llama", "namespace": "models"}, "spec": spec}
+
+
+def _preset(name, main, namespace="models"):
+    return {"apiVersion": "serving.kserve.io/v1alpha2", "kind": "LLMInferenceServiceConfig",
+            "metadata": {"name": name, "namespace": namespace}, "spec": {"template": {"containers": [dict(main, name="main")]}}}
+
+
+def test_llmisvc_pair_is_the_decode_pools_flag_after_the_presets_under_the_model_uri():
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_preflight_live as L
+    spec = {"method": "eagle3", "model": "/mnt/models/draft", "num_speculative_tokens": 3}
+    # the render's own resource: a bash -c script serving /mnt/models/target, the model URI a PVC mounted at /mnt/models
+    script = "exec python3 -m vllm.entrypoints.openai.api_server --model /mnt/models/target --speculative-config '%s'" % json.dumps(spec)
+    own = _llmisvc("pvc://model-store/llama", {"command": ["bash", "-c", script]})
+    assert L.llmisvc_pair_of(own) == {"method": "eagle3", "speculative": spec, "target": "pvc://model-store/llama/target",
+                                      "draft": "pvc://model-store/llama/draft", "target_subdir": "", "draft_subdir": "", "skipped": None}
+    # the flag only in VLLM_ADDITIONAL_ARGS, the served path from KServe's well-known preset (eval "vllm serve /mnt/models
+    # ${VLLM_ADDITIONAL_ARGS}"); a Modelcar image: the draft is the image's directory
+    preset = _preset("kserve-config-llm-template", {"command": ["/bin/bash", "-c", 'eval "vllm serve /mnt/models ${VLLM_ADDITIONAL_ARGS}"']},
+                     namespace="kserve")
+    env_only = _llmisvc("oci://registry.internal.example/llama-pair:v1", {"env": [
+        {"name": "VLLM_ADDITIONAL_ARGS", "value": "--speculative-config '%s'" % json.dumps(spec)}]})
+    found = L.llmisvc_pair_of(env_only, {"kserve-config-llm-template": preset})
+    assert (found["target"], found["target_subdir"], found["draft"], found["draft_subdir"]) == (
+        "oci://registry.internal.example/llama-pair:v1", "", "oci://registry.internal.example/llama-pair:v1", "draft"), found
+    # the flag in a baseRefs preset, no served path anywhere (presets unreadable): /mnt/models, what KServe's presets serve
+    in_preset = _llmisvc("s3://models/llama", base_refs=["eagle3-args"])
+    found = L.llmisvc_pair_of(in_preset, {"eagle3-args": _preset("eagle3-args", {"args": ["--speculative-config", json.dumps(spec)]})})
+    assert (found["target"], found["draft"], found["skipped"]) == ("s3://models/llama", "s3://models/llama/draft", None)
+    # no flag in the decode pool (the prefill pool never drafts), and a draft outside /mnt/models
+    prefill_only = _llmisvc("pvc://m/", {"args": ["--port", "8000"]})
+    prefill_only["spec"]["prefill"] = {"template": {"containers": [{"name": "main", "args": ["--speculative-config", json.dumps(spec)]}]}}
+    assert L.llmisvc_pair_of(prefill_only)["skipped"] == "the decode pool carries no --speculative-config"
+    outside = _llmisvc("pvc://m/", {"args": ["--speculative-config", json.dumps(dict(spec, model="/opt/draft"))]})
+    assert L.llmisvc_pair_of(outside)["skipped"] == "the draft /opt/draft is not under a storage URI's mount"
+
+
+def test_preflight_of_a_live_llmisvc_names_it_and_its_storage():
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_preflight as ops
+    spec = {"method": "eagle3", "model": "/mnt/models/draft", "num_speculative_tokens": 3}
+    obj = _llmisvc("pvc://model-store/llama", {"command": ["vllm", "serve", "/mnt/models/target"],
+                                               "args": ["--speculative-config", json.dumps(spec)]})
+    params = dict(ops.PARAM_DEFAULTS, preflight="warn", namespace="models", pvc_job=False, pvc_job_off_reason="test")
+    found = ops.preflight(params, isvc=obj)
+    assert found["skipped"] == "the target is on a PVC (pvc://model-store/llama/target), which only a Job can read, and none is started (test)"
+    assert found["method"] == "eagle3" and found["num_speculative_tokens"] == 3
+    no_flag = _llmisvc("pvc://m/", {"args": ["--port", "8000"]})
+    assert ops.preflight(params, isvc=no_flag)["skipped"] == "LLMInferenceService llama: the decode pool carries no --speculative-config"

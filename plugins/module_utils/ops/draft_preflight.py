@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import model_metadata
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import cluster as llmisvc_cluster
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import service as kube_service
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_preflight_live, draft_preflight_pvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import draft_preflight, speculative_config
 
@@ -61,22 +64,39 @@ PARAM_DEFAULTS = {"target": None, "draft": None, "target_subdir": "target", "dra
                   "speculative": {}, "deploy": None, "vllm_version": None, "preflight": "require", "air_gapped": False,
                   "hf_endpoint": None, "registry_username": None, "registry_password": None, "registry_auth_file": None,
                   "tls_verify": True, "ca_file": None, "s3_endpoint": None, "s3": {}, "namespace": "default", "pvc_image": None,
-                  "pvc_job": True, "pvc_timeout": 120, "pvc_job_annotations": {}}
+                  "pvc_job": True, "pvc_timeout": 120, "pvc_job_annotations": {}, "kind": "InferenceService",
+                  "api_version": llmisvc_model.DEFAULT_API_VERSION, "config_namespace": "kserve"}
+
+
+def _live_pair(params, connect, obj):
+    """``(kind, name, pair)`` of the live object (``obj``, else read by ``params``' kind, namespace and name): an
+    InferenceService's predictor, or an LLMInferenceService's decode pool after its presets' merge."""
+    kind = (obj or {}).get("kind") or params.get("kind") or "InferenceService"
+    namespace = params.get("namespace") or "default"
+    version = params.get("api_version") or llmisvc_model.DEFAULT_API_VERSION
+    if obj is None:
+        obj = (llmisvc_cluster.get(connect(), namespace, params["name"], version) if kind == llmisvc_model.KIND
+               else kube_service.service_of(connect()).inference_service(namespace, params["name"]))
+    name = params.get("name") or (obj.get("metadata") or {}).get("name")
+    if kind != llmisvc_model.KIND:
+        return kind, name, draft_preflight_live.pair_of(obj)
+    # the presets the controller merges (well-known and baseRefs) may carry the flag or the served path
+    presets = llmisvc_cluster.read_presets(connect(), obj, system_namespace=params.get("config_namespace") or "kserve",
+                                           version=version, unreadable=[]) if connect is not None else None
+    return kind, name, draft_preflight_live.llmisvc_pair_of(obj, presets)
 
 
 def preflight(params, hide=None, connect=None, isvc=None):
     """Module draft_preflight_info's work as a function of its parameters: the locations (given, or found in the deploy's
     variables), their metadata read, the checks of vllm/draft_preflight.py run and enforced by ``preflight`` (require|warn|off).
     ``connect()`` gives the API client for a pvc:// location (one read-only Job reads every one of them) and for ``name``
-    (the live InferenceService whose pair is checked: ops/draft_preflight_live.py), unless ``isvc`` gives it already read."""
+    (the live InferenceService or, with ``kind: LLMInferenceService``, the LLMInferenceService whose pair is checked:
+    ops/draft_preflight_live.py), unless ``isvc`` gives the object already read."""
     params = dict(params)
     live = None
+    live_kind = None
     if (params.get("name") or isvc is not None) and params["preflight"] != "off":
-        if isvc is None:
-            from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
-            isvc = k8s_pods.get_inference_service(connect(), params.get("namespace") or "default", params["name"])
-        params["name"] = params.get("name") or (isvc.get("metadata") or {}).get("name")
-        live = draft_preflight_live.pair_of(isvc)
+        live_kind, params["name"], live = _live_pair(params, connect, isvc)
         params.update(method=params.get("method") or live["method"], speculative=dict(live["speculative"], **(params.get("speculative") or {})),
                       target=params.get("target") or live["target"], draft=params.get("draft") or live["draft"],
                       target_subdir=live["target_subdir"], draft_subdir=live["draft_subdir"], deploy=None)
@@ -89,7 +109,7 @@ def preflight(params, hide=None, connect=None, isvc=None):
         base["skipped"] = "preflight: off"
         return base
     if live is not None and live["skipped"]:
-        base["skipped"] = "InferenceService %s: %s" % (params["name"], live["skipped"])
+        base["skipped"] = "%s %s: %s" % (live_kind, params["name"], live["skipped"])
         return base
     if method in draft_preflight.NO_DRAFT_METHODS:
         result = draft_preflight.run(method, None, None, params["speculative"], params["vllm_version"])

@@ -241,7 +241,8 @@ def _wait_for_rbac(kubeconfig, owner, expect_failure, timeout=10.0):
     deadline = time.monotonic() + timeout
     while True:
         result = _sync(kubeconfig, "paused", owner, run_id="run-1")
-        settled = ("denied" in result.msg) if expect_failure else not result.failed
+        # the reader's own GET is denied too until its binding reaches the authorizer: settled is the patch's denial
+        settled = ("may not patch" in result.msg) if expect_failure else not result.failed
         if settled or time.monotonic() > deadline:
             assert settled, result.msg
             return result

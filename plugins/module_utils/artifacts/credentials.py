@@ -26,14 +26,10 @@ import copy
 import json
 import re
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError, optional_import
 
-try:
-    import yaml
-    HAS_YAML = True
-except ImportError:  # pragma: no cover - reported by the caller
-    yaml = None
-    HAS_YAML = False
+yaml = optional_import("yaml")[0]  # reported by the caller
+HAS_YAML = yaml is not None
 
 KSERVE_ANNOTATION = "serving.kserve.io/"
 S3_ANNOTATIONS = {
@@ -344,13 +340,13 @@ _TOKEN_PATTERNS = [
 ]
 
 
-def _variants(values):
+def _variants(values, min_length=4):
     out = set()
     for value in values or []:
         if value is None:
             continue
         text = str(value)
-        if len(text) < 4:   # too short to redact safely (would mangle ordinary text)
+        if len(text) < min_length:   # too short to redact safely (would mangle ordinary text)
             continue
         out.add(text)
         out.add(_b64(text))
@@ -358,14 +354,16 @@ def _variants(values):
     return sorted(out, key=len, reverse=True)
 
 
-def redact(text, secrets=None, patterns=True):
-    """``text`` with every known secret value (plain or base64) and token-looking arguments replaced by <redacted>."""
+def redact(text, secrets=None, patterns=True, mask=REDACTED, min_length=4):
+    """``text`` with every known secret value (plain or base64, longest first) and, with ``patterns``, token-looking
+    arguments replaced by ``mask``. The one secret masker: the Git client and the registry client mask what they were
+    given (``patterns=False``, every value however short: it is a password, not a guess)."""
     if text is None:
         return text
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
-    for value in _variants(secrets):
-        text = text.replace(value, REDACTED)
+    for value in _variants(secrets, min_length):
+        text = text.replace(value, mask)
     if patterns:
         for regex, repl in _TOKEN_PATTERNS:
             text = regex.sub(repl, text)

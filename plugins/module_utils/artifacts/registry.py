@@ -27,6 +27,7 @@ import threading
 import time
 import urllib.parse
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.credentials import redact
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.oci_blobs import MT_DOCKER_MANIFEST, MT_MANIFEST, sha256_digest
 
@@ -235,11 +236,9 @@ class RegistryClient:
 
     # -- secrets never leave in messages ---------------------------------------------------------
     def _scrub(self, text):
-        text = str(text)
-        if self.password:
-            text = text.replace(self.password, "********")
-            text = text.replace(base64.b64encode(("%s:%s" % (self.username, self.password)).encode()).decode(), "********")
-        return text
+        # the password, and the basic-auth header's base64 of user:password
+        secrets = [self.password, "%s:%s" % (self.username, self.password)] if self.password else []
+        return redact(str(text), secrets, patterns=False, mask="********", min_length=1)
 
     # -- connections ------------------------------------------------------------------------------
     def _conn(self, scheme, netloc):

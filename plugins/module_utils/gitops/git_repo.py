@@ -27,6 +27,7 @@ import subprocess
 import tempfile
 from urllib.parse import urlsplit
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.credentials import redact
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 DEFAULT_TIMEOUT = 120
@@ -115,11 +116,8 @@ class Credentials:
 
 
 def scrub(text, secrets):
-    """The text with every secret (longest first) replaced by ``********``."""
-    text = text or ""
-    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
-        text = text.replace(secret, "********")
-    return text
+    """The text with every secret (plain or base64, longest first) replaced by ``********`` (artifacts/credentials.redact)."""
+    return redact(text or "", secrets, patterns=False, mask="********", min_length=1)
 
 
 class Repository:
@@ -407,6 +405,8 @@ ARG_SPEC = dict(
 )
 MUTUALLY_EXCLUSIVE = [("ssh_key_file", "token")]
 REQUIRED_TOGETHER = [("ssh_key_file", "known_hosts_file")]
+# The Git options' constraints, as a module contract takes them (kube/module.ModuleContract)
+CONSTRAINTS = dict(mutually_exclusive=MUTUALLY_EXCLUSIVE, required_together=REQUIRED_TOGETHER)
 
 
 def repository_from_params(params):

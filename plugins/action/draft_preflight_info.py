@@ -10,8 +10,9 @@ task's process has paid once. When and how: plugin_utils/controller_module.py.
 
 from __future__ import annotations
 
+from ansible_collections.alauda.spec_decoding.plugins.modules import draft_preflight_info
 from ansible_collections.alauda.spec_decoding.plugins.plugin_utils.controller_module import ControllerModuleAction
 
 
 class ActionModule(ControllerModuleAction):
-    MODULE = "draft_preflight_info"
+    CONTRACT = draft_preflight_info.CONTRACT

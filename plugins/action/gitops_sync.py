@@ -6,8 +6,9 @@ argument spec and ``execute``, without a module process. When and why: plugin_ut
 
 from __future__ import annotations
 
+from ansible_collections.alauda.spec_decoding.plugins.modules import gitops_sync
 from ansible_collections.alauda.spec_decoding.plugins.plugin_utils.controller_module import ControllerModuleAction
 
 
 class ActionModule(ControllerModuleAction):
-    MODULE = "gitops_sync"
+    CONTRACT = gitops_sync.CONTRACT

@@ -5,23 +5,24 @@
 
 Why an action plugin: the render reads nothing and writes nothing, yet as a module every deploy paid a module process
 for it (a fork, a Python start, an AnsiballZ payload unzipped and compiled: about 0.7 CPU s of a no-op redeploy, see
-docs/DEVELOPING.md "make bench"). The module file keeps the documentation, the argument spec and ``execute``; this
-plugin validates the arguments with that same spec and calls that same ``execute`` (plugin_utils/controller_module.py),
-so both answer alike.
+docs/DEVELOPING.md "make bench"). The module file keeps the documentation and its ``CONTRACT`` (argument spec,
+``execute``, failure keys); this plugin runs that same ``CONTRACT`` (plugin_utils/controller_module.py), so both answer
+alike.
 """
 
 from __future__ import annotations
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.alauda.spec_decoding.plugins.modules.isvc_manifest import ARGUMENT_SPEC, execute
+from ansible_collections.alauda.spec_decoding.plugins.modules import isvc_manifest
 from ansible_collections.alauda.spec_decoding.plugins.plugin_utils.controller_module import run_execute
 
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _requires_connection = False
-    _VALID_ARGS = frozenset(ARGUMENT_SPEC)
+    CONTRACT = isvc_manifest.CONTRACT
+    _VALID_ARGS = frozenset(CONTRACT.argument_spec())
 
     def run(self, tmp=None, task_vars=None):
-        return run_execute(self, super().run(tmp, task_vars), ARGUMENT_SPEC, execute)
+        return run_execute(self, super().run(tmp, task_vars), self.CONTRACT)

@@ -6,8 +6,9 @@ argument spec and ``execute``, without a module process. When and why: plugin_ut
 
 from __future__ import annotations
 
+from ansible_collections.alauda.spec_decoding.plugins.modules import isvc_wait
 from ansible_collections.alauda.spec_decoding.plugins.plugin_utils.controller_module import ControllerModuleAction
 
 
 class ActionModule(ControllerModuleAction):
-    MODULE = "isvc_wait"
+    CONTRACT = isvc_wait.CONTRACT

@@ -9,8 +9,9 @@ process they cost a redeploy 1.5-2 s, more than the server-side apply itself. Wh
 
 from __future__ import annotations
 
+from ansible_collections.alauda.spec_decoding.plugins.modules import kserve_info
 from ansible_collections.alauda.spec_decoding.plugins.plugin_utils.controller_module import ControllerModuleAction
 
 
 class ActionModule(ControllerModuleAction):
-    MODULE = "kserve_info"
+    CONTRACT = kserve_info.CONTRACT

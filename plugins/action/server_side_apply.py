@@ -7,8 +7,9 @@ plugin_utils/controller_module.py."""
 
 from __future__ import annotations
 
+from ansible_collections.alauda.spec_decoding.plugins.modules import server_side_apply
 from ansible_collections.alauda.spec_decoding.plugins.plugin_utils.controller_module import ControllerModuleAction
 
 
 class ActionModule(ControllerModuleAction):
-    MODULE = "server_side_apply"
+    CONTRACT = server_side_apply.CONTRACT

@@ -9,6 +9,8 @@ to the user unchanged.
 
 from __future__ import annotations
 
+import importlib
+
 
 class SpecDecodingError(Exception):
     """Base class: invalid input or a failed operation, with a user-facing message."""
@@ -39,3 +41,16 @@ class ValidationError(SpecDecodingError):
 
 class ConflictError(SpecDecodingError):
     """Someone else changed the object between our read and our write."""
+
+
+def optional_import(name):
+    """``(module, None)``, or ``(None, the ImportError)`` when the library ``name`` (e.g. ``"yaml"``) is not installed.
+
+    The one optional import of module_utils: a file that needs a third-party library only in some calls imports it
+    with this, keeps working without it, and the module that needs it reports the missing library (``HAS_<LIB>``,
+    ``missing_required_lib``) instead of failing at import. Standard library only, as the rest of this file: the zip
+    applications (the load Job's, the stager's) ship it."""
+    try:
+        return importlib.import_module(name), None
+    except ImportError as exc:
+        return None, exc

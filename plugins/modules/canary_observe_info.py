@@ -220,7 +220,7 @@ markdown:
 """
 
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import INFERENCE_SERVICE_ARG_SPEC, KubeModule, argspec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import INFERENCE_SERVICE_ARG_SPEC, ModuleContract, argspec
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import canary_steps
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.prometheus_text import require_prometheus_client
 
@@ -256,8 +256,11 @@ def execute(module):
     return canary_steps.observe_canary(lambda: module.api_client, module.params)
 
 
+CONTRACT = ModuleContract(argument_spec, execute)
+
+
 def main():
-    KubeModule(argument_spec(), supports_check_mode=True).run(execute)
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

@@ -242,7 +242,7 @@ msg:
 
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops.owner import GITOPS_OWNER_ARG_SPEC
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import ModuleContract, argspec
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import canary_git, canary_steps
 
 
@@ -276,18 +276,22 @@ def execute(module):
                                    warn=module.warn)
 
 
-# The argument spec's constraints and kube.module.run's keys (the action plugin's too).
-CONSTRAINTS = dict(
-    required_if=[("state", "present", ("speculative_config", "percent"))],
-    required_one_of=[("definition", "name")],
-    required_together=[("name", "namespace"), ("ssh_key_file", "known_hosts_file")],
-    mutually_exclusive=[("ssh_key_file", "token")],
+CONTRACT = ModuleContract(
+    argument_spec, execute,
+    constraints=dict(
+        required_if=[("state", "present", ("speculative_config", "percent"))],
+        required_one_of=[("definition", "name")],
+        required_together=[("name", "namespace"), ("ssh_key_file", "known_hosts_file")],
+        mutually_exclusive=[("ssh_key_file", "token")],
+    ),
+    failure=dict(
+        timed_out={"rollout": {"done": False}},
+    ),
 )
-RUN = dict(timed_out={"rollout": {"done": False}})
 
 
 def main():
-    KubeModule(argument_spec(), supports_check_mode=True, **CONSTRAINTS).run(execute, **RUN)
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

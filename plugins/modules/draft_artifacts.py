@@ -183,7 +183,7 @@ resource:
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops.owner import GITOPS_OWNER_ARG_SPEC
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import draft_removal_cluster
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec, wait_arg_spec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import ModuleContract, argspec, wait_arg_spec
 
 
 def argument_spec():
@@ -213,7 +213,7 @@ def argument_spec():
 def execute(module):
     # A password read from auth_file stays out of every output too.
     open_registry = draft_removal_cluster.registry_opener(module.params, hide=module.no_log_values.add)
-    result = draft_removal.execute(module.params, draft_removal_cluster.Cluster(module.cluster, module.params), open_registry,
+    result = draft_removal.execute(module.params, draft_removal_cluster.calls(module.cluster, module.params), open_registry,
                                    check_mode=module.check_mode, warn=module.warn)
     if module._diff and result.get("patch"):  # pylint: disable=protected-access
         result["diff"] = {"before": {"draft_path": result.get("draft_path"), "mode": result.get("mode")},
@@ -221,15 +221,22 @@ def execute(module):
     return result
 
 
-def main():
-    module = KubeModule(
-        argument_spec(),
-        supports_check_mode=True,
+# A wait that times out comes after the patch: the task changed the InferenceService.
+CONTRACT = ModuleContract(
+    argument_spec, execute,
+    constraints=dict(
         mutually_exclusive=[("auth_file", "username"), ("auth_file", "password")],
         required_together=[("username", "password")],
-    )
-    # A wait that times out comes after the patch: the task changed the InferenceService.
-    module.run(execute, timed_out={"changed": True}, unexpected="draft_artifacts")
+    ),
+    failure=dict(
+        timed_out={"changed": True},
+        unexpected="draft_artifacts",
+    ),
+)
+
+
+def main():
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

@@ -233,7 +233,7 @@ inference_service:
 """
 
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import ModuleContract, argspec
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import engine_config_info
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import not_understood
 
@@ -269,16 +269,18 @@ def execute(module):
     return result
 
 
-# The argument spec's constraints (the action plugin's too).
-CONSTRAINTS = dict(
-    mutually_exclusive=[("log_text", "log_path", "name")],
-    required_one_of=[("log_text", "log_path", "name")],
+CONTRACT = ModuleContract(
+    argument_spec, execute,
+    constraints=dict(
+        mutually_exclusive=[("log_text", "log_path", "name")],
+        required_one_of=[("log_text", "log_path", "name")],
+    ),
+    module_options=dict(check_k8s=False, check_pyyaml=False),
 )
 
 
 def main():
-    module = KubeModule(argument_spec(), supports_check_mode=True, check_k8s=False, check_pyyaml=False, **CONSTRAINTS)
-    module.run(execute)
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

@@ -59,6 +59,12 @@ options:
     description: KServe's namespace, where LLMInferenceServiceConfig presets not found in a service's namespace are looked up.
     type: str
     default: kserve
+  llmisvc_config_prefix:
+    description:
+      - The prefix of KServe's well-known preset names (the controller's C(LLM_INFERENCE_SERVICE_CONFIG_PREFIX)), which
+        decides the presets an LLMInferenceService merges.
+    type: str
+    default: kserve-
 extends_documentation_fragment:
   - kubernetes.core.k8s_auth_options
   - alauda.spec_decoding.attributes.READ_ONLY
@@ -107,6 +113,9 @@ services:
     - C(runtime) - kind and name of the runtime KServe selects (InferenceService). C(speculative_config) - what vLLM receives.
     - C(ready), C(up_to_date) - the InferenceService's Ready condition and whether it is at its generation.
     - C(error) - why the service could not be judged (the others are judged all the same); C(warnings) - what was not checked.
+    - C(undecided) - why C(speculative) may be wrong although the service was read (its runtime could not be found or read,
+      an LLMInferenceService preset could not be listed, a flag hidden where the reader cannot see), else null. The
+      C(alauda.spec_decoding.rollback) role acts on such a service as on one with the flag.
   returned: always
   type: list
   elements: dict
@@ -114,7 +123,7 @@ services:
     - {kind: InferenceService, namespace: llm-a, name: llama, found: true, speculative: true, sources: [cluster_serving_runtime],
        where: [{source: cluster_serving_runtime, field: args, flag: "--speculative-config", form: argv, reaches_engine: true}],
        runtime: {kind: ClusterServingRuntime, name: vllm}, speculative_config: {method: ngram, num_speculative_tokens: 3},
-       ready: true, up_to_date: true, error: null, warnings: []}
+       ready: true, up_to_date: true, error: null, warnings: [], undecided: null}
 forbidden:
   description: Each LIST the API server refused, with the kind, the namespace (null for a cluster-wide LIST), the status and its message.
   returned: always
@@ -132,7 +141,7 @@ totals:
 """
 
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import ModuleContract, argspec
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import fleet
 
 
@@ -144,6 +153,7 @@ def argument_spec():
         label_selector=dict(type="str"),
         kinds=dict(type="list", elements="str", choices=list(fleet.KINDS), default=list(fleet.KINDS)),
         llmisvc_system_namespace=dict(type="str", default="kserve"),
+        llmisvc_config_prefix=dict(type="str", default="kserve-"),
     )
 
 
@@ -154,13 +164,20 @@ def execute(module):
     return result
 
 
-# The argument spec's constraints and kube.module.run's keys (the action plugin's too).
-CONSTRAINTS = dict(mutually_exclusive=[("namespaces", "all_namespaces")])
-RUN = dict(failed={"changed": False}, unexpected="fleet_speculative_info")
+CONTRACT = ModuleContract(
+    argument_spec, execute,
+    constraints=dict(
+        mutually_exclusive=[("namespaces", "all_namespaces")],
+    ),
+    failure=dict(
+        failed={"changed": False},
+        unexpected="fleet_speculative_info",
+    ),
+)
 
 
 def main():
-    KubeModule(argument_spec(), supports_check_mode=True, **CONSTRAINTS).run(execute, **RUN)
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

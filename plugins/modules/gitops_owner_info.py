@@ -144,7 +144,7 @@ elapsed:
 """
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops import owner_info
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import ModuleContract, argspec
 
 
 def argument_spec():
@@ -166,11 +166,16 @@ def execute(module):
     return owner_info.owner_info(module.api_client, module.params)
 
 
-RUN = dict(unexpected="gitops_owner_info")
+CONTRACT = ModuleContract(
+    argument_spec, execute,
+    failure=dict(
+        unexpected="gitops_owner_info",
+    ),
+)
 
 
 def main():
-    KubeModule(argument_spec(), supports_check_mode=True).run(execute, **RUN)
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

@@ -95,15 +95,13 @@ diff:
 
 import os
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops import git_repo
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import run
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import ModuleContract, plain_argspec
 
 
 def argument_spec():
-    return dict(git_repo.ARG_SPEC, src=dict(type="path", required=True), prune=dict(type="bool", default=False))
+    return plain_argspec(git_repo.ARG_SPEC, src=dict(type="path", required=True), prune=dict(type="bool", default=False))
 
 
 def execute(module):
@@ -128,10 +126,15 @@ def execute(module):
                 diff={"prepared": seen.get("diff", "")})
 
 
+CONTRACT = ModuleContract(
+    argument_spec, execute,
+    constraints=git_repo.CONSTRAINTS,
+    cluster=False,
+)
+
+
 def main():
-    module = AnsibleModule(argument_spec=argument_spec(), mutually_exclusive=git_repo.MUTUALLY_EXCLUSIVE,
-                           required_together=git_repo.REQUIRED_TOGETHER, supports_check_mode=True)
-    run(module, execute)
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

@@ -162,15 +162,15 @@ diff:
   type: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.basic import missing_required_lib
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops import git_repo, manifest_edit
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops.yaml_roundtrip import RUAMEL_IMPORT_ERROR
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import run
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import ModuleContract, plain_argspec
 
 
 def argument_spec():
-    return dict(
+    return plain_argspec(
         git_repo.ARG_SPEC,
         kind=dict(type="str", choices=list(manifest_edit.KINDS), default="InferenceService"),
         name=dict(type="str", required=True),
@@ -215,10 +215,15 @@ def execute(module):
     )
 
 
+CONTRACT = ModuleContract(
+    argument_spec, execute,
+    constraints=git_repo.CONSTRAINTS,
+    cluster=False,
+)
+
+
 def main():
-    module = AnsibleModule(argument_spec=argument_spec(), mutually_exclusive=git_repo.MUTUALLY_EXCLUSIVE,
-                           required_together=git_repo.REQUIRED_TOGETHER, supports_check_mode=True)
-    run(module, execute)
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

@@ -167,7 +167,7 @@ diff:
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops import owner as gitops_owner
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops import owner_info, sync_pause
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import ModuleContract, argspec
 
 # owner_kind -> the owner dict's kind
 OWNER_KINDS = {"Application": "argocd", "Kustomization": "flux"}
@@ -210,16 +210,19 @@ def execute(module):
     return result
 
 
-CONSTRAINTS = dict(
-    mutually_exclusive=[("name", "owner_name")],
-    required_one_of=[("name", "owner_name")],
-    required_together=[("name", "namespace"), ("owner_kind", "owner_name", "owner_namespace")],
-    required_if=[("state", "paused", ("run_id",))],
+CONTRACT = ModuleContract(
+    argument_spec, execute,
+    constraints=dict(
+        mutually_exclusive=[("name", "owner_name")],
+        required_one_of=[("name", "owner_name")],
+        required_together=[("name", "namespace"), ("owner_kind", "owner_name", "owner_namespace")],
+        required_if=[("state", "paused", ("run_id",))],
+    ),
 )
 
 
 def main():
-    KubeModule(argument_spec(), supports_check_mode=True, **CONSTRAINTS).run(execute)
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

@@ -134,6 +134,17 @@ options:
     type: list
     elements: str
     default: []
+  per_request_metrics:
+    description:
+      - vLLM's C(--per-request-spec-decode-metrics) on the speculative side (each response carries its own acceptance in
+        C(metrics.speculative_decoding); the benchmark's per-class report reads it). Never on a baseline (O(method=none)),
+        since vLLM refuses the flag without C(--speculative-config).
+      - C(auto) renders C(summary) where the O(vllm_version) release has the flag (vLLM 0.32 and newer) and nothing, with a
+        note in RV(per_request_metrics), where not; C(summary) or C(detailed) on a release without it fail before anything
+        is written; C(off) renders nothing.
+    type: str
+    choices: [auto, summary, detailed, "off"]
+    default: auto
   env:
     description: More environment variables for the model container.
     type: dict
@@ -352,6 +363,13 @@ api_version:
   returned: success
   type: str
   sample: serving.kserve.io/v1alpha2
+per_request_metrics:
+  description:
+    - What O(per_request_metrics) rendered, C(mode) (C(summary), C(detailed) or null when the flag is not rendered) and
+      C(note) (why not, for example a vLLM release without the flag; null otherwise).
+  returned: success
+  type: dict
+  sample: {"mode": "summary", "note": null}
 warnings:
   description: Advice that does not block the rollout.
   returned: success
@@ -359,67 +377,70 @@ warnings:
   elements: str
 """
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.basic import missing_required_lib
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import crd_rules
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import render as isvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import render as llmisvc_render
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import run
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import ModuleContract
 
-ARGUMENT_SPEC = dict(
-    name=dict(type="str", required=True),
-    namespace=dict(type="str", required=True),
-    method=dict(type="str", default="none", choices=list(isvc.METHODS)),
-    speculative=dict(type="dict"),
-    artifact_mode=dict(type="str", default="auto", choices=list(isvc.ARTIFACT_MODES)),
-    artifacts=dict(type="dict", default={}),
-    kserve_version=dict(type="str"),
-    kserve_crd=dict(type="dict"),
-    oci_model_mode=dict(type="str", choices=["modelcar", "native", "fetch", "disabled"]),
-    kserve_crds=dict(type="path"),
-    modelcar_enabled=dict(type="bool", default=True),
-    vllm_version=dict(type="str"),
-    runtime=dict(type="str", required=True),
-    deployment_mode=dict(type="str", default="Standard", choices=["Standard", "Knative", "RawDeployment", "Serverless"]),
-    model_repo=dict(type="str"),
-    served_model_name=dict(type="str"),
-    dtype=dict(type="str", default="auto"),
-    gpu_memory_utilization=dict(type="float", default=0.9),
-    draft_memory_headroom=dict(type="float", default=0.05),
-    max_model_len=dict(type="int", default=8192),
-    max_num_seqs=dict(type="int", default=64),
-    seed=dict(type="int", default=42),
-    kv_cache_memory_bytes=dict(type="int"),
-    extra_args=dict(type="list", elements="str", default=[]),
-    env=dict(type="dict", default={}),
-    model_format=dict(type="str", default="transformers"),
-    protocol_version=dict(type="str", default="v2"),
-    command_style=dict(type="str", default="bash", choices=["bash", "args"]),
-    resources=dict(type="dict", default={}),
-    gpu_count=dict(type="int", default=1),
-    min_replicas=dict(type="int", default=1),
-    max_replicas=dict(type="int", default=1),
-    startup_timeout_seconds=dict(type="int", default=1800),
-    service_account_name=dict(type="str"),
-    annotations=dict(type="dict", default={}),
-    labels=dict(type="dict", default={}),
-    existing=dict(type="dict"),
-    runtimes=dict(type="dict"),
-    runtime_flag=dict(type="str", default="refuse", choices=["refuse", "replace"]),
-    resource_kind=dict(type="str", default="InferenceService", choices=["InferenceService", "LLMInferenceService"]),
-    llmisvc=dict(type="dict", default={}, options=dict(
-        api_version=dict(type="str", default="v1alpha2", choices=["v1alpha1", "v1alpha2"]),
-        image=dict(type="str"),
-        base_refs=dict(type="list", elements="str"),
-        parallelism=dict(type="dict"),
-        prefill=dict(type="dict"),
-        speculative_pools=dict(type="list", elements="str"),
-        criticality=dict(type="str"),
-        kv_cache_offloading=dict(type="dict"),
-        confidential=dict(type="dict"),
-    )),
-)
+
+def argument_spec():
+    return dict(
+        name=dict(type="str", required=True),
+        namespace=dict(type="str", required=True),
+        method=dict(type="str", default="none", choices=list(isvc.METHODS)),
+        speculative=dict(type="dict"),
+        artifact_mode=dict(type="str", default="auto", choices=list(isvc.ARTIFACT_MODES)),
+        artifacts=dict(type="dict", default={}),
+        kserve_version=dict(type="str"),
+        kserve_crd=dict(type="dict"),
+        oci_model_mode=dict(type="str", choices=["modelcar", "native", "fetch", "disabled"]),
+        kserve_crds=dict(type="path"),
+        modelcar_enabled=dict(type="bool", default=True),
+        vllm_version=dict(type="str"),
+        runtime=dict(type="str", required=True),
+        deployment_mode=dict(type="str", default="Standard", choices=["Standard", "Knative", "RawDeployment", "Serverless"]),
+        model_repo=dict(type="str"),
+        served_model_name=dict(type="str"),
+        dtype=dict(type="str", default="auto"),
+        gpu_memory_utilization=dict(type="float", default=0.9),
+        draft_memory_headroom=dict(type="float", default=0.05),
+        max_model_len=dict(type="int", default=8192),
+        max_num_seqs=dict(type="int", default=64),
+        seed=dict(type="int", default=42),
+        kv_cache_memory_bytes=dict(type="int"),
+        extra_args=dict(type="list", elements="str", default=[]),
+        per_request_metrics=dict(type="str", default="auto", choices=["auto", "summary", "detailed", "off"]),
+        env=dict(type="dict", default={}),
+        model_format=dict(type="str", default="transformers"),
+        protocol_version=dict(type="str", default="v2"),
+        command_style=dict(type="str", default="bash", choices=["bash", "args"]),
+        resources=dict(type="dict", default={}),
+        gpu_count=dict(type="int", default=1),
+        min_replicas=dict(type="int", default=1),
+        max_replicas=dict(type="int", default=1),
+        startup_timeout_seconds=dict(type="int", default=1800),
+        service_account_name=dict(type="str"),
+        annotations=dict(type="dict", default={}),
+        labels=dict(type="dict", default={}),
+        existing=dict(type="dict"),
+        runtimes=dict(type="dict"),
+        runtime_flag=dict(type="str", default="refuse", choices=["refuse", "replace"]),
+        resource_kind=dict(type="str", default="InferenceService", choices=["InferenceService", "LLMInferenceService"]),
+        llmisvc=dict(type="dict", default={}, options=dict(
+            api_version=dict(type="str", default="v1alpha2", choices=["v1alpha1", "v1alpha2"]),
+            image=dict(type="str"),
+            base_refs=dict(type="list", elements="str"),
+            parallelism=dict(type="dict"),
+            prefill=dict(type="dict"),
+            speculative_pools=dict(type="list", elements="str"),
+            criticality=dict(type="str"),
+            kv_cache_offloading=dict(type="dict"),
+            confidential=dict(type="dict"),
+        )),
+    )
 
 
 def execute(module):
@@ -444,11 +465,15 @@ def execute(module):
                 target_path=art.target_path, draft_path=art.draft_path,
                 filename=(llmisvc_render.manifest_filename(manifest) if kind == llmisvc_model.KIND else isvc.manifest_filename(manifest)),
                 runtime_check=rendered["runtime_check"], resource_kind=kind, api_version=manifest["apiVersion"],
-                cel_rules={k: v for k, v in rendered["cel_rules"].items() if k != "warnings"})
+                cel_rules={k: v for k, v in rendered["cel_rules"].items() if k != "warnings"},
+                per_request_metrics=rendered["per_request_metrics"])
+
+
+CONTRACT = ModuleContract(argument_spec, execute, cluster=False)
 
 
 def main():
-    run(AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True), execute)
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

@@ -242,7 +242,7 @@ resource:
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops.owner import GITOPS_OWNER_ARG_SPEC
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import rollback
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import INFERENCE_SERVICE_ARG_SPEC, KubeModule, argspec, wait_arg_spec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import INFERENCE_SERVICE_ARG_SPEC, ModuleContract, argspec, wait_arg_spec
 
 
 def argument_spec():
@@ -268,27 +268,31 @@ def argument_spec():
 def execute(module):
     params = module.params
     rollback.check_params(params)
-    cluster = rollback.Cluster(module.cluster, params["namespace"], params["name"])
-    result, warnings = rollback.run(cluster, params, check_mode=module.check_mode, diff=module._diff)  # pylint: disable=protected-access
+    result, warnings = rollback.run(module.cluster, params, check_mode=module.check_mode, diff=module._diff)  # pylint: disable=protected-access
     for warning in warnings:
         module.warn(warning)
     return result
 
 
-# The argument spec's constraints and kube.module.run's keys (the action plugin's too). A wait that times out comes
-# after the patch: the task changed the InferenceService.
-CONSTRAINTS = dict(
-    mutually_exclusive=[("config", "restore_backup")],
-    required_if=[
-        ("backup", "file", ("backup_file",)),
-        ("backup", "both", ("backup_file",)),
-    ],
+# A wait that times out comes after the patch: the task changed the InferenceService.
+CONTRACT = ModuleContract(
+    argument_spec, execute,
+    constraints=dict(
+        mutually_exclusive=[("config", "restore_backup")],
+        required_if=[
+            ("backup", "file", ("backup_file",)),
+            ("backup", "both", ("backup_file",)),
+        ],
+    ),
+    failure=dict(
+        timed_out={"changed": True},
+        unexpected="isvc_speculative",
+    ),
 )
-RUN = dict(timed_out={"changed": True}, unexpected="isvc_speculative")
 
 
 def main():
-    KubeModule(argument_spec(), supports_check_mode=True, **CONSTRAINTS).run(execute, **RUN)
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

@@ -103,7 +103,7 @@ pods:
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.credentials import redact
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import INFERENCE_SERVICE_ARG_SPEC, KubeModule, argspec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import INFERENCE_SERVICE_ARG_SPEC, ModuleContract, argspec
 
 
 def argument_spec():
@@ -126,13 +126,17 @@ def execute(module):
     return dict(changed=False, ready=True, elapsed=round(elapsed, 1), generation=isvc["metadata"].get("generation"), resource=isvc)
 
 
-# kube.module.run's keys (the action plugin's too): a refusal returns an empty resource; a timeout the object as last
-# read and its pods.
-RUN = dict(failed={"ready": False, "resource": {}})
+# A refusal returns an empty resource; a timeout the object as last read and its pods.
+CONTRACT = ModuleContract(
+    argument_spec, execute,
+    failure=dict(
+        failed={"ready": False, "resource": {}},
+    ),
+)
 
 
 def main():
-    KubeModule(argument_spec(), supports_check_mode=True).run(execute, **RUN)
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

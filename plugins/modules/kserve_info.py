@@ -137,11 +137,7 @@ runtimes:
 
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import facts as kserve_facts
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import INFERENCE_SERVICE_ARG_SPEC, KubeModule, argspec
-
-
-# kube.module.run's mapping of the API errors the reads do not handle to "kserve_info: <error>" (the action plugin's too).
-RUN = dict(unexpected="kserve_info", unexpected_types=kserve_facts.API_ERRORS)
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import INFERENCE_SERVICE_ARG_SPEC, ModuleContract, argspec
 
 
 def argument_spec():
@@ -163,10 +159,19 @@ def execute(module):
     return dict(changed=False, **facts)
 
 
+# The API errors the reads do not handle fail with "kserve_info: <error>": an API server that drops the connection
+# mid-read fails with its message (urllib3's "Max retries exceeded ... Connection refused"), not a traceback.
+CONTRACT = ModuleContract(
+    argument_spec, execute,
+    failure=dict(
+        unexpected="kserve_info",
+        unexpected_types=kserve_facts.API_ERRORS,
+    ),
+)
+
+
 def main():
-    # An API server that drops the connection mid-read fails with its message (urllib3's "Max retries exceeded ...
-    # Connection refused"), not a traceback; the action plugin answers alike.
-    KubeModule(argument_spec(), supports_check_mode=True).run(execute, **RUN)
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

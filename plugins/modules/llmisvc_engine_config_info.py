@@ -125,7 +125,7 @@ problems:
 
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import cluster as llmisvc_cluster
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import ModuleContract, argspec
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import not_understood as unknown
 
@@ -171,8 +171,11 @@ def execute(module):
     return result
 
 
+CONTRACT = ModuleContract(argument_spec, execute)
+
+
 def main():
-    KubeModule(argument_spec(), supports_check_mode=True).run(execute)
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

@@ -130,7 +130,7 @@ resource:
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops.owner import GITOPS_OWNER_ARG_SPEC
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import rollback
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import flags as llmisvc
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import ModuleContract, argspec
 
 
 def argument_spec():
@@ -152,8 +152,11 @@ def execute(module):
     return dict(changed=changed, **result)
 
 
+CONTRACT = ModuleContract(argument_spec, execute)
+
+
 def main():
-    KubeModule(argument_spec(), supports_check_mode=True).run(execute)
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

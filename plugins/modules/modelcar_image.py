@@ -245,13 +245,11 @@ progress:
 """
 
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import modelcar_push
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import run
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import ModuleContract
 
 
-def _argument_spec():
+def argument_spec():
     return dict(
         target_dir=dict(type="path"),
         draft_dir=dict(type="path"),
@@ -286,15 +284,19 @@ def execute(module):
                                         warn=module.warn, hide=module.no_log_values.add)
 
 
-def main():
-    module = AnsibleModule(
-        argument_spec=_argument_spec(),
-        supports_check_mode=True,
+CONTRACT = ModuleContract(
+    argument_spec, execute,
+    constraints=dict(
         required_one_of=[("target_dir", "from_archive")],
         mutually_exclusive=[("target_dir", "from_archive"), ("draft_dir", "from_archive"), ("auth_file", "username"), ("auth_file", "password")],
         required_together=[("username", "password")],
-    )
-    run(module, execute)
+    ),
+    cluster=False,
+)
+
+
+def main():
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

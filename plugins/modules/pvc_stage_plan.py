@@ -214,10 +214,8 @@ staged_annotation:
 """
 
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import pvc_plan as pvc_stage
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import argspec, run
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import ModuleContract, argspec
 
 
 def argument_spec():
@@ -264,8 +262,11 @@ def execute(module):
     return dict(changed=False, **result)
 
 
+CONTRACT = ModuleContract(argument_spec, execute, cluster=False)
+
+
 def main():
-    run(AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True), execute)
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ missing_namespace:
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.apply import server_side_apply
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import ModuleContract, argspec
 
 
 def argument_spec():
@@ -115,8 +115,11 @@ def execute(module):
     return server_side_apply(module)
 
 
+CONTRACT = ModuleContract(argument_spec, execute)
+
+
 def main():
-    KubeModule(argument_spec(), supports_check_mode=True).run(execute)
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

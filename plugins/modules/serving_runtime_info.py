@@ -167,7 +167,7 @@ users:
 
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime_readers
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import ModuleContract, argspec
 
 
 def argument_spec():
@@ -190,13 +190,20 @@ def execute(module):
     return result
 
 
-# The argument spec's constraints and kube.module.run's keys (the action plugin's too).
-CONSTRAINTS = dict(required_one_of=[("name", "inference_service")])
-RUN = dict(failed={"changed": False}, unexpected="serving_runtime_info")
+CONTRACT = ModuleContract(
+    argument_spec, execute,
+    constraints=dict(
+        required_one_of=[("name", "inference_service")],
+    ),
+    failure=dict(
+        failed={"changed": False},
+        unexpected="serving_runtime_info",
+    ),
+)
 
 
 def main():
-    KubeModule(argument_spec(), supports_check_mode=True, **CONSTRAINTS).run(execute, **RUN)
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

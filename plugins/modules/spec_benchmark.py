@@ -371,12 +371,23 @@ progress_file:
 
 import functools
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import load_job as bench_load_job
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import run as bench_run
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import run
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import ModuleContract
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.prometheus_text import require_prometheus_client
+
+
+def argument_spec():
+    return dict(
+        **bench_load_job.arg_spec(),
+        baseline_url=dict(type="str"),
+        candidate_url=dict(type="str"),
+        phase=dict(type="str", choices=["both", "baseline", "candidate"], default="both"),
+        baseline_results=dict(type="path"),
+        concurrency=dict(type="int", default=1),
+        request_rate=dict(type="float"),
+        **bench_run.protocol_arg_spec(report_name="report"),
+    )
 
 
 def execute(module):
@@ -387,26 +398,25 @@ def execute(module):
                                check_mode=module.check_mode)
 
 
-def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            **bench_load_job.arg_spec(),
-            baseline_url=dict(type="str"),
-            candidate_url=dict(type="str"),
-            phase=dict(type="str", choices=["both", "baseline", "candidate"], default="both"),
-            baseline_results=dict(type="path"),
-            concurrency=dict(type="int", default=1),
-            request_rate=dict(type="float"),
-            **bench_run.protocol_arg_spec(report_name="report"),
-        ),
+CONTRACT = ModuleContract(
+    argument_spec, execute,
+    constraints=dict(
         required_if=[
             ("phase", "both", ("baseline_url", "candidate_url")),
             ("phase", "baseline", ("baseline_url",)),
             ("phase", "candidate", ("candidate_url",)),
         ],
-        supports_check_mode=True,
-    )
-    run(module, execute, unexpected="spec_benchmark", unexpected_types=OSError)  # a report file that cannot be written
+    ),
+    failure=dict(
+        unexpected="spec_benchmark",
+        unexpected_types=OSError,  # a report file that cannot be written
+    ),
+    cluster=False,
+)
+
+
+def main():
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

@@ -170,6 +170,8 @@ options:
   prompts_file:
     description:
       - 'Load: JSONL prompts, one per line (a JSON string, or an object with C(prompt) or C(messages)).'
+      - 'Load: An object may name its request C(class) (for example V(code), V(chat)); the sweep then also reports each class
+        (RV(classes)).'
     type: path
   num_prompts:
     description:
@@ -418,6 +420,18 @@ decision:
   description: The keep/roll_back decision at the sweep point at or above O(target_qps) (C(load), C(decision), C(speedup)).
   returned: when the sweep ran (not in check mode with O(load_from=cluster))
   type: dict
+classes:
+  description:
+    - Per request class, when the prompts name classes (O(prompts_file)), over the request-rate loads (else the concurrencies),
+      C(kind), C(target_qps), C(classes), C(counters_check) (per load, the per-request sums against the candidate's /metrics
+      deltas), C(speculative_classes) (the classes the guard sends to the speculative pool at O(target_qps)), C(notes).
+    - Each of C(classes) has C(class) (null for prompts without one), C(loads) (per load C(requests), C(acceptance) from the
+      responses' own C(metrics.speculative_decoding) or not reported, C(latency) medians with their 95% intervals,
+      C(output_rate), C(speedup), C(decision), C(reasons)), C(break_even) (as RV(break_even)), C(break_even_text),
+      C(target) (with O(target_qps), the decision at its sweep point with C(confidence) and C(gain_confidence)) and C(guard)
+      (with O(target_qps), C(pool) V(speculative) or V(baseline), C(break_even_load), C(reason)).
+  returned: when the prompts name request classes
+  type: dict
 checks:
   description:
     - Per side (C(baseline), C(candidate), C(confirm)) what was found before the first request, C(engine_line) (the
@@ -457,7 +471,7 @@ report_json:
   returned: when the sweep ran (not in check mode with O(load_from=cluster))
   type: str
 plots:
-  description: Paths of the PNG plots (C(load), C(k)).
+  description: Paths of the PNG plots (C(load), C(k); C(classes) when the prompts name request classes).
   returned: when the sweep ran (not in check mode with O(load_from=cluster))
   type: dict
 notes:
@@ -474,13 +488,45 @@ progress_file:
 
 import functools
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import load_job as bench_load_job
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import run as bench_run
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import sweep as spec_sweep
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import run
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import ModuleContract
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.prometheus_text import require_prometheus_client
+
+
+def argument_spec():
+    return dict(
+        baseline_url=dict(type="str", required=True),
+        candidate_url=dict(type="str", required=True),
+        request_rates=dict(type="list", elements="float"),
+        concurrencies=dict(type="list", elements="int"),
+        max_concurrency=dict(type="int", default=64),
+        target_qps=dict(type="float"),
+        method=dict(type="str"),
+        k_candidates=dict(type="list", elements="int"),
+        current_k=dict(type="int"),
+        verify_cost_ratio=dict(type="float"),
+        baseline_engine_config=dict(type="dict"),
+        candidate_engine_config=dict(type="dict"),
+        confirm_engine_config=dict(type="dict"),
+        confirm_url=dict(type="str"),
+        confirm_model=dict(type="str"),
+        confirm_k=dict(type="int"),
+        confirm_load=dict(type="float"),
+        k_schedule=dict(type="bool", default=False),
+        k_schedule_min_gain=dict(type="float", default=0.05),
+        schedule_url=dict(type="str"),
+        schedule_model=dict(type="str"),
+        schedule=dict(type="list", elements="raw"),
+        fixed_url=dict(type="str"),
+        fixed_model=dict(type="str"),
+        fixed_k=dict(type="int"),
+        schedule_loads=dict(type="list", elements="float"),
+        resume_from=dict(type="path"),
+        **bench_run.protocol_arg_spec(report_name="sweep"),
+        **bench_load_job.arg_spec(),
+    )
 
 
 def execute(module):
@@ -489,45 +535,23 @@ def execute(module):
                                 check_mode=module.check_mode)
 
 
-def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            baseline_url=dict(type="str", required=True),
-            candidate_url=dict(type="str", required=True),
-            request_rates=dict(type="list", elements="float"),
-            concurrencies=dict(type="list", elements="int"),
-            max_concurrency=dict(type="int", default=64),
-            target_qps=dict(type="float"),
-            method=dict(type="str"),
-            k_candidates=dict(type="list", elements="int"),
-            current_k=dict(type="int"),
-            verify_cost_ratio=dict(type="float"),
-            baseline_engine_config=dict(type="dict"),
-            candidate_engine_config=dict(type="dict"),
-            confirm_engine_config=dict(type="dict"),
-            confirm_url=dict(type="str"),
-            confirm_model=dict(type="str"),
-            confirm_k=dict(type="int"),
-            confirm_load=dict(type="float"),
-            k_schedule=dict(type="bool", default=False),
-            k_schedule_min_gain=dict(type="float", default=0.05),
-            schedule_url=dict(type="str"),
-            schedule_model=dict(type="str"),
-            schedule=dict(type="list", elements="raw"),
-            fixed_url=dict(type="str"),
-            fixed_model=dict(type="str"),
-            fixed_k=dict(type="int"),
-            schedule_loads=dict(type="list", elements="float"),
-            resume_from=dict(type="path"),
-            **bench_run.protocol_arg_spec(report_name="sweep"),
-            **bench_load_job.arg_spec(),
-        ),
+CONTRACT = ModuleContract(
+    argument_spec, execute,
+    constraints=dict(
         required_one_of=[("request_rates", "concurrencies")],
         required_by={"confirm_url": ("confirm_k",), "confirm_engine_config": ("confirm_url",), "k_candidates": ("method",)},
         required_together=[("schedule_url", "fixed_url")],
-        supports_check_mode=True,
-    )
-    run(module, execute, unexpected="spec_sweep", unexpected_types=OSError)  # a report file that cannot be written
+    ),
+    failure=dict(
+        unexpected="spec_sweep",
+        unexpected_types=OSError,  # a report file that cannot be written
+    ),
+    cluster=False,
+)
+
+
+def main():
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

@@ -102,10 +102,17 @@ vllm_version:
 """
 
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_config as core
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import run
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import ModuleContract
+
+
+def argument_spec():
+    return dict(
+        config=dict(type="raw"),
+        preset=dict(type="str", choices=sorted(core.PRESETS)),
+        overrides=dict(type="dict"),
+        vllm_version=dict(type="str"),
+    )
 
 
 def execute(module):
@@ -122,19 +129,18 @@ def execute(module):
     return dict(changed=False, **returned)
 
 
-def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            config=dict(type="raw"),
-            preset=dict(type="str", choices=sorted(core.PRESETS)),
-            overrides=dict(type="dict"),
-            vllm_version=dict(type="str"),
-        ),
+CONTRACT = ModuleContract(
+    argument_spec, execute,
+    constraints=dict(
         mutually_exclusive=[("config", "preset"), ("config", "overrides")],
         required_one_of=[("config", "preset")],
-        supports_check_mode=True,
-    )
-    run(module, execute)
+    ),
+    cluster=False,
+)
+
+
+def main():
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

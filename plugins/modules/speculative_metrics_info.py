@@ -272,7 +272,7 @@ from ansible.module_utils.urls import open_url
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import not_understood
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import ModuleContract, argspec
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import speculative_metrics_info
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.prometheus_text import require_prometheus_client
 
@@ -326,16 +326,18 @@ def execute(module):
     return summary
 
 
-# The argument spec's constraints (the action plugin's too).
-CONSTRAINTS = dict(
-    mutually_exclusive=[speculative_metrics_info.PROM_SOURCES, ("log_text", "log_path")],
-    required_one_of=[speculative_metrics_info.PROM_SOURCES + ("log_text", "log_path")],
+CONTRACT = ModuleContract(
+    argument_spec, execute,
+    constraints=dict(
+        mutually_exclusive=[speculative_metrics_info.PROM_SOURCES, ("log_text", "log_path")],
+        required_one_of=[speculative_metrics_info.PROM_SOURCES + ("log_text", "log_path")],
+    ),
+    module_options=dict(check_k8s=False, check_pyyaml=False),
 )
 
 
 def main():
-    module = KubeModule(argument_spec(), supports_check_mode=True, check_k8s=False, check_pyyaml=False, **CONSTRAINTS)
-    module.run(execute)
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

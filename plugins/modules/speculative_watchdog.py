@@ -175,7 +175,7 @@ baseline:
   type: dict
 """
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import INFERENCE_SERVICE_ARG_SPEC, KubeModule, argspec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import INFERENCE_SERVICE_ARG_SPEC, ModuleContract, argspec
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import watchdog
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.prometheus_text import require_prometheus_client
 
@@ -210,8 +210,11 @@ def execute(module):
     return watchdog.watch(module.api_client, module.params, check_mode=module.check_mode)
 
 
+CONTRACT = ModuleContract(argument_spec, execute)
+
+
 def main():
-    KubeModule(argument_spec(), supports_check_mode=True).run(execute)
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

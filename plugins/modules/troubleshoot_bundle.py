@@ -143,7 +143,7 @@ services:
 
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import troubleshoot
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import KubeModule, argspec
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import ModuleContract, argspec
 
 
 def argument_spec():
@@ -166,11 +166,14 @@ def argument_spec():
 
 def execute(module):
     troubleshoot.check_inputs(module.params)  # before the API server is asked
-    return troubleshoot.bundle(module.api_client, module.params, check_mode=module.check_mode, diff=module._diff)  # pylint: disable=protected-access
+    return troubleshoot.bundle(module.cluster, module.params, check_mode=module.check_mode, diff=module._diff)  # pylint: disable=protected-access
+
+
+CONTRACT = ModuleContract(argument_spec, execute)
 
 
 def main():
-    KubeModule(argument_spec(), supports_check_mode=True).run(execute)
+    CONTRACT.main()
 
 
 if __name__ == "__main__":

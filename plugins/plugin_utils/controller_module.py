@@ -8,11 +8,13 @@ compiled, Ansible's, kubernetes.core's and the collection's module_utils importe
 docs/DEVELOPING.md "make bench"). A deploy, verify or rollback is a handful of such tasks, each a few API calls. A
 module whose work is plain Python (isvc_manifest), or API calls made from the host the module would run on anyway (a
 cluster module over a local connection), gives the same answer from the action plugin's process. The module file keeps
-the documentation, the argument spec, its constraints (``CONSTRAINTS``), its error mapping (``RUN``) and ``execute``;
-`run_execute` validates the arguments with that same spec and constraints and calls that same ``execute``, so both
-answer alike (an error is the same ``msg``/``field``/``fix``, no_log values are masked alike).
+the documentation and its one ``CONTRACT`` (kube/module.py ``ModuleContract``: argument spec, constraints, failure
+keys, ``execute``); `run_execute` validates the arguments with that same spec and constraints, calls that same
+``execute`` and maps its failures with the same ``kube.module.failure_result``, so both answer alike (an error is the
+same ``msg``/``field``/``fix``, no_log values are masked alike).
 
-A cluster module's action plugin is `ControllerModuleAction` with the module's name. Anything that would make the
+A cluster module's action plugin is `ControllerModuleAction` with the ``CONTRACT`` it imports from its module file
+(``from ...plugins.modules import NAME`` then ``CONTRACT = NAME.CONTRACT``). Anything that would make the
 module process differ runs the module as before (`same_as_module_process`): another connection (a remote host, or
 ``delegate_to`` one), ``become`` (another user's kubeconfig), a task ``environment`` (``K8S_AUTH_*`` set there),
 ``async``, or a controller Python without the kubernetes library.
@@ -27,10 +29,6 @@ from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.parameters import remove_values
 from ansible.plugins.action import ActionBase
 from ansible.utils.vars import merge_hash
-
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
-
-_MODULES = "ansible_collections.alauda.spec_decoding.plugins.modules."
 
 
 class _Failed(Exception):
@@ -66,8 +64,8 @@ class TaskModule:
     def api_client(self):
         if self._api_client is None:
             # pylint: disable-next=import-outside-toplevel
-            from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client
-            self._api_client = get_api_client(**self.params).client.client
+            from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import authenticated_api_client
+            self._api_client = authenticated_api_client(**self.params)
         return self._api_client
 
     @property
@@ -78,16 +76,16 @@ class TaskModule:
         return of_module(self)
 
 
-def run_execute(action, result, argument_spec, execute, constraints=None, failed=None, timed_out=None, unexpected=None,
-                unexpected_types=Exception):
-    """`result` (the action's own, from ``ActionBase.run``) updated with what ``execute`` answers, or its failure.
+def run_execute(action, result, contract):
+    """`result` (the action's own, from ``ActionBase.run``) updated with what the module's ``execute`` answers, or its
+    failure.
 
-    `constraints` are the module's AnsibleModule keyword arguments (mutually_exclusive, required_if, ...);
-    `failed`, `timed_out`, `unexpected` and `unexpected_types` its ``kube.module.run`` arguments: a SpecDecodingError
-    fails with ``kube.module.failure``'s keys, such an unexpected exception with ``"<unexpected>: <error>"``, as the
-    module does; any other propagates, and Ansible reports it with its traceback, as it reports a module's."""
+    `contract` is the module's ``CONTRACT``: its arguments are validated with its argument spec and ``constraints``, and
+    an exception from ``execute`` becomes the result ``kube.module.failure_result`` maps it to with the module's
+    ``failure`` keys, as the module process's ``run`` does; any other propagates, and Ansible reports it with its
+    traceback, as it reports a module's."""
     try:
-        validation, params = action.validate_argument_spec(argument_spec=argument_spec, **(constraints or {}))
+        validation, params = action.validate_argument_spec(argument_spec=contract.argument_spec(), **contract.constraints)
     except AnsibleActionFail as exc:
         return dict(result, failed=True, changed=False, msg=str(exc))
     task = action._task  # pylint: disable=protected-access
@@ -95,28 +93,15 @@ def run_execute(action, result, argument_spec, execute, constraints=None, failed
     # manifest's YAML dumper (and anything else that checks types exactly) does not know.
     module = TaskModule(json.loads(json.dumps(params)), check_mode=bool(task.check_mode), diff=bool(task.diff),
                         no_log_values=validation._no_log_values)  # pylint: disable=protected-access
-    # kubernetes.core's CoreException (a kubeconfig it cannot load) is reported with its message, as its modules do.
     try:
-        # pylint: disable-next=import-outside-toplevel
-        from ansible_collections.kubernetes.core.plugins.module_utils.k8s.exceptions import CoreException
-    except ImportError:  # pragma: no cover - kubernetes.core is a dependency of the collection
-        CoreException = ()  # pylint: disable=invalid-name
-    try:
-        result.update(execute(module))
-    except SpecDecodingError as exc:
-        # imported here: kube.module imports kubernetes.core's module base, which a plain render does not need
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import failure  # pylint: disable=import-outside-toplevel
-        result.update(failure(exc, failed, timed_out), failed=True)
+        result.update(contract.execute(module))
     except _Failed as exc:
         result.update(exc.result, failed=True, changed=False)
     except Exception as exc:  # pylint: disable=broad-except
-        # the order of kube.module.run: the module's own mapping, then kubernetes.core's CoreException
-        if unexpected and isinstance(exc, unexpected_types):
-            result.update(dict(failed or {}), failed=True, changed=False, msg="%s: %s" % (unexpected, exc))
-        elif isinstance(exc, CoreException):  # pylint: disable=isinstance-second-argument-not-valid-type
-            result.update(failed=True, changed=False, msg=str(exc))
-        else:
+        out = contract.failure_result(exc)
+        if out is None:
             raise
+        result.update(out)
     if module.warnings:
         result["warnings"] = module.warnings
     # AnsibleModule masks no_log values in everything it returns (exit_json and fail_json alike)
@@ -135,33 +120,26 @@ def same_as_module_process(action):
     return client.HAS_KUBERNETES
 
 
-def module_parts(name):
-    """The module's argument spec, ``execute`` and the keyword arguments of `run_execute` (its ``CONSTRAINTS`` and
-    ``RUN``)."""
-    module = importlib.import_module(_MODULES + name)
-    return module.argument_spec(), module.execute, dict(constraints=getattr(module, "CONSTRAINTS", None), **getattr(module, "RUN", {}))
-
-
 class ControllerModuleAction(ActionBase):
-    """A cluster module's action plugin: ``MODULE``'s ``execute`` in the task's process when the module process would
+    """A cluster module's action plugin: ``CONTRACT``'s ``execute`` in the task's process when the module process would
     run on this machine anyway, the module otherwise.
 
-    The module file (and with it the kubernetes library and kubernetes.core's client, 0.6-0.9 CPU s) is imported when
-    the subclass is defined: the strategy imports an action plugin in ansible-playbook's own process before it forks
-    the task's worker, so every later task of the run inherits those imports instead of paying them again. A run whose
-    tasks all go to remote hosts pays that once, in ansible-playbook."""
+    The module file (and with it the kubernetes library and kubernetes.core's client, 0.6-0.9 CPU s) is imported with
+    the action plugin, which imports its ``CONTRACT``: the strategy imports an action plugin in ansible-playbook's own
+    process before it forks the task's worker, so every later task of the run inherits those imports instead of paying
+    them again. A run whose tasks all go to remote hosts pays that once, in ansible-playbook."""
 
     TRANSFERS_FILES = False
     _supports_check_mode = True
     _supports_async = True  # an async task runs the module, as ansible.builtin.normal runs it
-    MODULE = None
+    CONTRACT = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if cls.MODULE:
-            importlib.import_module(_MODULES + cls.MODULE)
-            # TaskModule.api_client's (it imports the kubernetes library's dynamic client)
-            importlib.import_module("ansible_collections.kubernetes.core.plugins.module_utils.k8s.client")
+        if cls.CONTRACT is None:
+            raise TypeError("%s: a ControllerModuleAction names its module's CONTRACT (CONTRACT = <module>.CONTRACT)" % cls.__module__)
+        # TaskModule.api_client's (it imports the kubernetes library's dynamic client)
+        importlib.import_module("ansible_collections.kubernetes.core.plugins.module_utils.k8s.client")
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -172,5 +150,4 @@ class ControllerModuleAction(ActionBase):
             if not wrap_async:
                 self._remove_tmp_path(self._connection._shell.tmpdir)  # pylint: disable=protected-access
             return result
-        spec, execute, kwargs = module_parts(self.MODULE)
-        return run_execute(self, result, spec, execute, **kwargs)
+        return run_execute(self, result, self.CONTRACT)

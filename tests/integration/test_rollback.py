@@ -149,20 +149,21 @@ def _params(**params):
 
 
 def _racing_cluster(k8s_client, namespace, edit):
-    """The module's real Cluster, with another writer editing the object right after each of the module's reads."""
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import rollback  # pylint: disable=import-outside-toplevel
+    """The module's real cluster service, with another writer editing the object right after the first of the module's
+    reads of the InferenceService."""
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.service import ClusterService  # pylint: disable=import-outside-toplevel
 
-    class Racing(rollback.Cluster):
+    class Racing(ClusterService):
         edits = 0
 
-        def get(self):
-            obj = super().get()
+        def inference_service(self, namespace, name):
+            obj = super().inference_service(namespace, name)
             if self.edits == 0:
                 self.edits += 1
                 edit()
             return obj
 
-    return Racing(k8s_client, namespace, NAME)
+    return Racing(k8s_client)
 
 
 def test_concurrent_edit_between_read_and_patch_is_detected(k8s_client, eagle3_service, namespace):

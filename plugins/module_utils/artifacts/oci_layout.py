@@ -19,6 +19,7 @@ import tarfile
 import tempfile
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import files as local_files
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.oci_blobs import (
     ANN_REF_NAME, BLOCK, MT_INDEX, MT_MANIFEST, BytesSource, DigestCache, FileBlobSource, canonical_json, resolve_digests, sha256_digest,
     tar_header, tar_padding,
@@ -195,9 +196,7 @@ def write_layout_dir(plan, directory, ref_name, cache=None):
                     continue
         except OSError:
             pass
-        with open(path + ".tmp", "wb") as fh:
-            fh.write(data)
-        os.replace(path + ".tmp", path)
+        local_files.write_whole(path, data)
         written += len(data)
     return written
 

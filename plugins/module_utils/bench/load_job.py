@@ -57,9 +57,8 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "alauda.spec_decoding", "app.kuber
 TTL_SECONDS = 3600
 # The log is read whole; the result is at most load_job_pod.MAX_RESULT_BYTES, the progress one line per request.
 MAX_LOG_BYTES = 12 * 1024 * 1024
-# A container that cannot start for one of these reasons never will without a change: fail at once, not at the timeout.
-STUCK_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError",
-                 "CreateContainerError", "RunContainerError")
+# The creates and the owner patches are Update operations under this manager (managedFields say who wrote them).
+FIELD_MANAGER = "alauda-spec-decoding-benchmark"
 # The metric families the controller reads from the pod's two scrapes (acceptance, prefix cache); the rest of a
 # /metrics page (hundreds of histogram lines) stays in the pod.
 METRIC_PREFIXES = tuple(spec_metrics.SPEC_PREFIXES) + tuple(bench_client.PREFIX_CACHE_PREFIXES) + (bench_client.CACHE_CONFIG_INFO,)
@@ -77,13 +76,11 @@ _MAIN = ("import sys\n"
          "sys.exit(main())\n") % load_job_pod.__name__
 
 
-def _kube():
-    """kube.client and kube.pods, imported on first use: they import the kubernetes library (about a second), which a
+def _service():
+    """kube/service.py, imported on first use: its calls import the kubernetes library (about a second), which a
     benchmark sent from the controller never needs."""
-    # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import client as kube_client
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as kube_pods
-    return kube_client, kube_pods
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import service as kube_service  # pylint: disable=import-outside-toplevel
+    return kube_service
 
 
 class LoadJobError(SpecDecodingError):
@@ -283,37 +280,38 @@ def parse_log(text):
 def api_client_for(options):
     """kubernetes.core's authenticated ApiClient from the ``load_job`` options (K8S_AUTH_* and the kubeconfig's defaults
     for the rest, as in kubernetes.core's modules)."""
-    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
-    return get_api_client(**{key: options.get(key) for key in _AUTH}).client.client
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import authenticated_api_client  # pylint: disable=import-outside-toplevel
+    return authenticated_api_client(**{key: options.get(key) for key in _AUTH})
 
 
 def module_api_client(module):
     """The client for a module's ``load_job`` options; fails the module, the Ansible way, without the kubernetes library
     (only a load from the cluster needs it: about a second to import, which a load from the controller never pays)."""
-    if not _kube()[0].HAS_KUBERNETES:
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import HAS_KUBERNETES  # pylint: disable=import-outside-toplevel
+    if not HAS_KUBERNETES:
         from ansible.module_utils.basic import missing_required_lib  # pylint: disable=import-outside-toplevel
         module.fail_json(msg=missing_required_lib("kubernetes"), field="load_from")
     return api_client_for(module.params["load_job"])
 
 
-def _path(namespace, kind, name=None):
-    base = "/apis/batch/v1/namespaces/%s/jobs" % namespace if kind == "Job" else \
-        "/api/v1/namespaces/%s/%s" % (namespace, {"ConfigMap": "configmaps", "Secret": "secrets"}[kind])
-    return base if name is None else "%s/%s" % (base, name)
+def _resource(kind):
+    kube_service = _service()
+    return {"ConfigMap": kube_service.CONFIG_MAP, "Secret": kube_service.SECRET, "Job": kube_service.JOB}[kind]
 
 
 def _api_error(action, obj, exc, hint=None):
     what = "%s %s/%s" % (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
-    return LoadJobError("%s %s failed: %s" % (action, what, _kube()[1].api_error_message(exc)), field="load_job",
+    return LoadJobError("%s %s failed: %s" % (action, what, _service().api_error_message(exc)), field="load_job",
                         hint=hint or "the identity needs create, patch and delete on configmaps and secrets, create, get and "
                                      "delete on jobs, list on pods and get on pods/log in the namespace (docs/rbac/benchmark.yaml)")
 
 
 class Run:
-    """One load Job: ``start()``, ``wait()`` for its pod's end, ``result()``, ``delete()``."""
+    """One load Job: ``start()``, ``wait()`` for its pod's end, ``result()``, ``delete()``; every call through the
+    cluster service (kube/service.py)."""
 
-    def __init__(self, api_client, options, objects, clock=time.monotonic, sleep=time.sleep, interval=1.0):
-        self.api_client, self.options = api_client, options
+    def __init__(self, cluster, options, objects, clock=time.monotonic, sleep=time.sleep, interval=1.0):
+        self.service, self.options = _service().service_of(cluster), options
         self.configmap, self.secret, self.job = objects
         self.name = self.job["metadata"]["name"]
         self.namespace = options["namespace"]
@@ -326,12 +324,12 @@ class Run:
     def start(self, dry_run=False):
         """Create the objects (all three as a server-side dry run with ``dry_run``: admission and RBAC answer, nothing
         is stored)."""
-        kube_client = _kube()[0]
-        query = {"dryRun": "All"} if dry_run else None
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import ApiException  # pylint: disable=import-outside-toplevel
         for obj in [o for o in (self.configmap, self.secret, self.job) if o is not None]:
             try:
-                created = kube_client.request(self.api_client, "POST", _path(self.namespace, obj["kind"]), body=obj, query=query)
-            except kube_client.ApiException as exc:
+                created = self.service.create(_resource(obj["kind"]), obj, namespace=self.namespace, field_manager=FIELD_MANAGER,
+                                              dry_run=dry_run)
+            except ApiException as exc:
                 raise _api_error("creating", obj, exc) from exc
             if not dry_run:
                 self.created.append((obj["kind"], created))
@@ -350,59 +348,60 @@ class Run:
                       "blockOwnerDeletion": False}]
         for kind, _obj in self.created[:-1]:
             try:
-                kube_client.request(self.api_client, "PATCH", _path(self.namespace, kind, self.name),
-                                    body={"metadata": {"ownerReferences": reference}}, content_type="application/merge-patch+json")
-            except kube_client.ApiException as exc:
+                self.service.merge_patch(_resource(kind), self.name, {"metadata": {"ownerReferences": reference}},
+                                         namespace=self.namespace, field_manager=FIELD_MANAGER)
+            except ApiException as exc:
                 raise _api_error("patching the owner of", {"kind": kind, "metadata": {"namespace": self.namespace, "name": self.name}},
                                  exc, hint="the identity needs patch on configmaps and secrets in the namespace") from exc
 
     def _pods(self):
-        kube_client = _kube()[0]
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import ApiException  # pylint: disable=import-outside-toplevel
         try:
-            answer = kube_client.request(self.api_client, "GET", "/api/v1/namespaces/%s/pods" % self.namespace,
-                                         query={"labelSelector": "%s=%s" % (LABEL, self.name)})
-        except kube_client.ApiException as exc:
+            return self.service.list(_service().POD, self.namespace, selector="%s=%s" % (LABEL, self.name))
+        except ApiException as exc:
             raise _api_error("listing the pods of", self.job, exc) from exc
-        return answer.get("items") or []
 
     def wait(self):
-        """The Job's pod after it ended (Succeeded or Failed); LoadJobError when it cannot start or the time is up."""
-        kube_client = _kube()[0]
-        deadline = self.clock() + self.options["timeout"] + 60
-        while True:
-            try:
-                job = kube_client.request(self.api_client, "GET", _path(self.namespace, "Job", self.name))
-            except kube_client.ApiException as exc:
-                raise _api_error("reading", self.job, exc) from exc
-            pods = self._pods()
-            ended = [p for p in pods if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed")]
-            failed = [p for p in ended if p["status"]["phase"] == "Failed"]
-            if failed or len(ended) >= self.expected:  # a failed pod fails the run at once (backoffLimit 0): its log says why
-                self.pods = failed[:1] or sorted(ended, key=_completion_index)[:self.expected]
-                self.pod = self.pods[0]
-                return self.pod
-            for pod in pods:
-                for status in (pod.get("status") or {}).get("containerStatuses") or []:
-                    waiting = (status.get("state") or {}).get("waiting") or {}
-                    if waiting.get("reason") in STUCK_REASONS:
-                        raise LoadJobError("the load Job's pod %s/%s cannot start: %s: %s" % (
-                            self.namespace, pod["metadata"]["name"], waiting["reason"], waiting.get("message") or ""),
-                            field="load_job.image", hint="give an image the nodes can pull and run, with python3 "
-                                                         "(load_job.image, load_job.image_pull_secrets, load_job.python)")
-            for condition in (job.get("status") or {}).get("conditions") or []:
-                if condition.get("type") == "Failed" and condition.get("status") == "True" and not pods:
-                    raise LoadJobError("the load Job %s/%s failed: %s: %s" % (
-                        self.namespace, self.name, condition.get("reason"), condition.get("message") or ""), field="load_job",
-                        hint="see the Job's events (kubectl describe job -n %s %s)" % (self.namespace, self.name))
-            if self.clock() > deadline:
-                raise LoadJobError("the load Job %s/%s did not end within %d s" % (self.namespace, self.name, self.options["timeout"]),
-                                   field="load_job.timeout", hint="raise load_job.timeout, or measure fewer requests")
-            self.sleep(self.interval)
+        """The Job's pod after it ended (Succeeded or Failed; the first failed one of several); LoadJobError when a pod
+        cannot start, the Job failed without a pod, or the time is up.
+
+        The wait is kube/wait.py's one loop on its table's Job row, through the cluster service: ended (Complete, or
+        Failed: a failed pod's log says why, so result() reads it), its pods looked at every ``interval`` for one that
+        cannot start (kube_wait.STUCK_REASONS: a pod's state does not change the Job); an API server outage is waited out."""
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import client as kube_client  # pylint: disable=import-outside-toplevel
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import wait as kube_wait  # pylint: disable=import-outside-toplevel
+        try:
+            job, _elapsed = self.service.wait_for(self.namespace, self.name, _service().JOB, timeout=self.options["timeout"] + 60,
+                                                  interval=self.interval, clock=self.clock, sleep=self.sleep, on_timeout=self._timed_out,
+                                                  finished=True, pod_selector="%s=%s" % (LABEL, self.name), pod_interval=self.interval)
+        except kube_wait.PodCannotStart as exc:
+            raise LoadJobError("the load Job's pod %s/%s cannot start: %s: %s" % (self.namespace, exc.pod, exc.reason, exc.detail),
+                               field="load_job.image", hint="give an image the nodes can pull and run, with python3 "
+                                                            "(load_job.image, load_job.image_pull_secrets, load_job.python)") from exc
+        except kube_client.ApiException as exc:
+            raise _api_error("reading", self.job, exc) from exc
+        ended = [p for p in self._pods() if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed")]
+        failed = [p for p in ended if p["status"]["phase"] == "Failed"]
+        if not ended:
+            # ended without a pod that ran (its deadline passed before one started, the pod was deleted): the Job says why
+            condition = next((c for c in (job.get("status") or {}).get("conditions") or []
+                              if c.get("type") in ("Failed", "Complete") and c.get("status") == "True"), {})
+            raise LoadJobError("the load Job %s/%s failed: %s: %s" % (
+                self.namespace, self.name, condition.get("reason"), condition.get("message") or ""), field="load_job",
+                hint="see the Job's events (kubectl describe job -n %s %s)" % (self.namespace, self.name))
+        # a failed pod fails the run (backoffLimit 0): its log says why
+        self.pods = failed[:1] or sorted(ended, key=_completion_index)[:self.expected]
+        self.pod = self.pods[0]
+        return self.pod
+
+    def _timed_out(self, _job, _elapsed, _why):
+        raise LoadJobError("the load Job %s/%s did not end within %d s" % (self.namespace, self.name, self.options["timeout"]),
+                           field="load_job.timeout", hint="raise load_job.timeout, or measure fewer requests")
 
     def log(self, pod=None):
         chunks, size = [], 0
         pod = pod or self.pod
-        for chunk in _kube()[1].stream_pod_log(self.api_client, self.namespace, pod["metadata"]["name"], container=CONTAINER):
+        for chunk in self.service.pod_log(self.namespace, pod["metadata"]["name"], container=CONTAINER):
             chunks.append(chunk)
             size += len(chunk)
             if size > MAX_LOG_BYTES:
@@ -446,18 +445,17 @@ class Run:
         return progress, result
 
     def delete(self):
-        kube_client = _kube()[0]
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import ApiException  # pylint: disable=import-outside-toplevel
         for kind, _obj in reversed(self.created):
-            query = {"propagationPolicy": "Background"} if kind == "Job" else None
             try:
-                kube_client.request(self.api_client, "DELETE", _path(self.namespace, kind, self.name), query=query)
-            except kube_client.ApiException as exc:
-                if getattr(exc, "status", None) != 404:
-                    raise _api_error("deleting", {"kind": kind, "metadata": {"namespace": self.namespace, "name": self.name}}, exc) from exc
+                # a 404 is no error: it is gone (the Job's TTL, or someone else)
+                self.service.delete(_resource(kind), self.name, self.namespace, propagation="Background" if kind == "Job" else None)
+            except ApiException as exc:
+                raise _api_error("deleting", {"kind": kind, "metadata": {"namespace": self.namespace, "name": self.name}}, exc) from exc
         self.created = []
 
 
-def prepare(api_client, params, sides, prompts, request_params, name=None, scrape_only=False):
+def prepare(cluster, params, sides, prompts, request_params, name=None, scrape_only=False):
     """The Run of the ``load_job`` options, nothing created yet; ValidationError for a missing option."""
     options = params["load_job"]
     check_options(options)
@@ -478,24 +476,24 @@ def prepare(api_client, params, sides, prompts, request_params, name=None, scrap
     request = job_request(params, sides, prompts, request_params, ca_text, scrape_only)
     request["pods"] = int(options.get("pods") or 1)
     objects = manifests(name, options, request, secret_env, ca_text)
-    return Run(api_client, options, objects)
+    return Run(cluster, options, objects)
 
 
-def dry_run(api_client, params, sides, prompts, request_params):
+def dry_run(cluster, params, sides, prompts, request_params):
     """Check mode: the objects go to the API server as a server-side dry run; the module's result (``load_job``:
     ``{"namespace", "name", "image", "dry_run"}``), nothing measured."""
-    run = prepare(api_client, params, sides, prompts, request_params)
+    run = prepare(cluster, params, sides, prompts, request_params)
     run.start(dry_run=True)
     job = {"namespace": run.namespace, "name": run.name, "image": run.options["image"], "dry_run": True}
     return {"changed": False, "load_job": job,
             "msg": "check mode: the load Job %s/%s passed the API server's dry run; nothing measured" % (run.namespace, run.name)}
 
 
-def measure(api_client, params, sides, prompts, request_params, progress, name=None, scrape_only=False):
+def measure(cluster, params, sides, prompts, request_params, progress, name=None, scrape_only=False):
     """Measure ``sides`` (``[(name, Endpoint)]``) from a Job in the cluster: ``{side: {"model", "records", "duration_s",
     "warmup", "metrics_before", "metrics_after"}}`` (``scrape_only``: ``{side: {"model", "metrics_after"}}``, no inference
     request sent). The pod's progress lines go to ``progress``."""
-    run = prepare(api_client, params, sides, prompts, request_params, name=name, scrape_only=scrape_only)
+    run = prepare(cluster, params, sides, prompts, request_params, name=name, scrape_only=scrape_only)
     progress.line("load from the cluster: Job %s/%s, image %s" % (run.namespace, run.name, run.options["image"]))
     try:
         run.start()

@@ -18,11 +18,13 @@ import json
 import os
 import shlex
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import files as local_files
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import request_classes
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import sweep_classes
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench.decision import LATENCY_ROWS, burst_notes, compare, decide
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench.plots import (
-    plot_acceptance, plot_classes, plot_k_curve, plot_k_schedule, plot_latency, plot_sweep_load,
+    plot_acceptance, plot_classes, plot_k_curve, plot_k_schedule, plot_latency, plot_sweep_classes, plot_sweep_load,
 )
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
@@ -178,7 +180,8 @@ def build_report(baseline, candidate, context, tolerances=None, acceptance=None,
         all_notes.append("the candidate proposed no drafts during the run: speculative decoding did not act on this workload")
     all_notes += burst_notes(b_sum, c_sum)
     # per request class, when the records name classes (bench/request_classes.py); absent otherwise
-    classes = request_classes.class_report(baseline, candidate, tolerances, load, acceptance)
+    classes = request_classes.class_report(baseline, candidate, tolerances, load, acceptance,
+                                           vllm_version=(context.get("runtime") or {}).get("vllm_version"))
     all_notes += (classes or {}).get("notes") or []
     sides = {}
     for name, side in (("baseline", baseline), ("candidate", candidate)):
@@ -376,10 +379,7 @@ def write_report(report, report_dir, records=None, plots=True, basename="report"
 
 
 def _atomic_write(path, text):
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
+    local_files.write_whole(path, text)
 
 
 # -- the sweep report -----------------------------------------------------------------------------------------------
@@ -408,6 +408,8 @@ def render_sweep_markdown(data):
         if be.get("pays_again_at"):
             lines += ["Keep holds again at %s after the first roll_back: the curve is not monotonic, re-measure." % ", ".join(
                 _fmt(x, 3) for x in be["pays_again_at"]), ""]
+    if result.get("classes"):  # per request class (bench/sweep_classes.py)
+        lines += sweep_classes.render_markdown(result["classes"])
     lines += ["## Points", "",
               "Medians (p99) per side; speedup = candidate output tok/s / baseline output tok/s.", "",
               "| Load | Side | TTFT ms | TPOT ms | ITL ms | Output tok/s | Speedup | Mean acceptance length | Decision |",
@@ -471,7 +473,8 @@ def render_sweep_markdown(data):
     if plots:
         lines += ["## Plots", ""]
         for key, label in (("load", "Speedup and TPOT against load"), ("k", "Per-position acceptance and expected gain per k"),
-                           ("k_schedule", "The k schedule beside the measured curve")):
+                           ("k_schedule", "The k schedule beside the measured curve"),
+                           ("classes", "Speedup per request class against load")):
             if plots.get(key):
                 lines += ["![%s](%s)" % (label, plots[key]), ""]
     if data.get("notes"):
@@ -559,6 +562,11 @@ def write_sweep_report(data, report_dir, basename="sweep", plots=True):
             plot_k_schedule(result["k"].get("per_load") or [], sched, os.path.join(report_dir, name))
             data["plots"]["k_schedule"] = name
             paths["plots"]["k_schedule"] = os.path.join(report_dir, name)
+        if result.get("classes"):
+            name = basename + "-classes.png"
+            plot_sweep_classes(result["classes"], os.path.join(report_dir, name))
+            data["plots"]["classes"] = name
+            paths["plots"]["classes"] = os.path.join(report_dir, name)
     paths["json"] = os.path.join(report_dir, basename + ".json")
     paths["markdown"] = os.path.join(report_dir, basename + ".md")
     _atomic_write(paths["json"], json.dumps(data, indent=1, sort_keys=True) + "\n")

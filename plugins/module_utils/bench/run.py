@@ -16,6 +16,7 @@ import os
 import threading
 import time
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import files as local_files
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import client as bench_client
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import plots as bench_plots
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
@@ -248,10 +249,7 @@ def _endpoint(params, side):
 
 
 def _write_json(path, data):
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    local_files.write_whole(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 def public_side(side):

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import files as local_files
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import client as bench_client
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import k_schedule as bench_k_schedule
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import k_schedule_confirm
@@ -29,6 +30,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import load_job as bench_load_job
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import run as bench_run
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import sweep_classes
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import workloads as bench_workloads
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench.sweep_analysis import LOAD_EPS, analyse
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench.sweep_sides import (
@@ -151,8 +153,10 @@ def validate_sweep(request_rates=None, concurrencies=None, num_speculative_token
 
 # -- plan and resume ------------------------------------------------------------------------------------------
 def prompts_sha256(prompts):
-    """A stable digest of the prompts in order (ids, chat messages and text), for the resume check."""
-    canon = [{"id": p.get("id"), "messages": p.get("messages"), "prompt": p.get("prompt")} for p in prompts or []]
+    """A stable digest of the prompts in order (ids, chat messages, text and, when named, the request class), for the resume
+    check. A prompt without a class hashes as before classes existed, so an earlier sweep's JSON still resumes."""
+    canon = [dict({"id": p.get("id"), "messages": p.get("messages"), "prompt": p.get("prompt")},
+                  **({"class": p["class"]} if p.get("class") else {})) for p in prompts or []]
     return hashlib.sha256(json.dumps(canon, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
@@ -237,10 +241,7 @@ def _unit_label(unit):
 
 
 def _write_json(path, data):
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    local_files.write_whole(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 def _read_resume(path):
@@ -407,6 +408,11 @@ def run_sweep(params, measure=None, api_client=None, check_mode=False):
             if unit["side"] in k_schedule_confirm.SIDES:  # the A/B's noise bound needs each request's TPOT
                 tpots = (bench_stats.tpot_of(r) for r in side.get("records") or [] if r.get("success"))
                 item["tpot_samples_ms"] = sorted(1000.0 * t for t in tpots if t is not None)
+            classes = sweep_classes.measured_classes(side, unit["side"]) if unit["side"] in sweep_classes.SIDES else None
+            if classes:  # per request class, from the records this JSON does not keep (bench/sweep_classes.py)
+                item["classes"] = classes
+                if unit["side"] == "candidate":
+                    item["classes_counters_check"] = sweep_classes.measured_counters_check(side)
             measurements.append(item)
             _write_json(json_path, data)  # after every measurement: an interrupted sweep resumes from here
 
@@ -425,6 +431,11 @@ def run_sweep(params, measure=None, api_client=None, check_mode=False):
             measurements, ab_units[0]["kind"], ab_picked, schedule_ab["schedule"], schedule_ab["num_speculative_tokens"],
             schedule_ab["fixed_k"], result["k"].get("recommended_k") or (result["k"].get("prediction") or {}).get("predicted_k"))
         result["notes"] += result["k"]["schedule_confirmation"]["notes"]
+    classes = sweep_classes.analyse_classes(measurements, sweep, params.get("tolerances") or None)
+    if classes:
+        result["classes"] = classes
+        result["notes"] += classes["notes"]
+        progress.line(sweep_classes.summary_line(classes))
     data.update(complete=True, context=context, result=result, notes=notes + result["notes"], checks=checks,
                 title=params.get("title") or "Speculative decoding load and k sweep", generated_at=bench_run.now())
     data["resumed"] = len(state["done"])
@@ -432,7 +443,10 @@ def run_sweep(params, measure=None, api_client=None, check_mode=False):
     progress.line("break-even: %s; target decision: %s; k: %s; report %s" % (
         result["break_even"]["reason"] if result["break_even"] else "n/a",
         (result["target"] or {}).get("decision", {}).get("decision", "n/a"), result["k"].get("reason"), paths["markdown"]))
-    return {"changed": False, "points": result["points"], "break_even": result["break_even"], "break_even_by_kind": result["break_even_by_kind"],
-            "decision": result["target"], "k": result["k"], "checks": checks, "notes": data["notes"], "resumed": data["resumed"],
-            "measured": len(state["todo"]), "report_markdown": paths["markdown"], "report_json": paths["json"], "plots": paths["plots"],
-            "progress_file": progress.path}
+    out = {"changed": False, "points": result["points"], "break_even": result["break_even"], "break_even_by_kind": result["break_even_by_kind"],
+           "decision": result["target"], "k": result["k"], "checks": checks, "notes": data["notes"], "resumed": data["resumed"],
+           "measured": len(state["todo"]), "report_markdown": paths["markdown"], "report_json": paths["json"], "plots": paths["plots"],
+           "progress_file": progress.path}
+    if result.get("classes"):  # only a sweep whose prompts name classes
+        out["classes"] = result["classes"]
+    return out

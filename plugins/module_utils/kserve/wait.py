@@ -8,8 +8,10 @@ previous revision would pass right after an apply. This waiter watches the objec
 status.observedGeneration == metadata.generation and Ready=True (polling where the watch is refused), and on
 timeout explains why, with the conditions and the predictor pods' states. Plain Python over a `kubernetes.client.ApiClient`.
 
-The checks per kind (InferenceService, LLMInferenceService) are here and go into ``kube/wait.py``'s readiness table; the
-loop that reads, watches and waits out an API server outage is its ``wait_for``.
+The checks per kind (InferenceService; LLMInferenceService and, asked with ``pools=True``, its pools' rollout) are here and
+go into ``kube/wait.py``'s readiness table; the loop that reads, watches and waits out an API server outage is its
+``wait_for``: this file has no loop of its own. ``wait_for_row`` waits on any row of that table for an InferenceService
+(ops/canary_wait.py's canary revisions) with this file's timeout error.
 """
 
 from __future__ import annotations
@@ -33,13 +35,13 @@ RUNTIME_FIX = ("create the ServingRuntime that spec.predictor.model.runtime name
                "enable it, or name one that exists and supports the model format (spec_decoding_runtime in the inventory)")
 
 
-class WaitTimeout(SpecDecodingError):
-    """The InferenceService did not become Ready at its generation in time."""
+class WaitTimeout(kube_wait.WaitTimeout):
+    """The InferenceService did not become Ready at its generation in time (``isvc``: as last read; ``pods``: its
+    predictor pods then)."""
 
     def __init__(self, message, isvc, pods, field=None, hint=None):
-        super().__init__(message, field=field, hint=hint)
+        super().__init__(message, isvc, pods, field=field, hint=hint)
         self.isvc = isvc
-        self.pods = pods
 
 
 def _pod_states(api_client, namespace, name):
@@ -97,9 +99,29 @@ def _ready_pending(state):
     return "not reconciled yet" if not state["up_to_date"] else "not Ready"
 
 
+def isvc_pending(obj, api_client=None):  # pylint: disable=unused-argument
+    """The InferenceService row: None when Ready at the current generation, else why not."""
+    return _ready_pending(isvc_readers.readiness(obj))
+
+
+# KServe's controller marks a pool ready from its Deployment's Available condition, True on the old pods during a rolling
+# update; the rollout does not change the LLMInferenceService (no watch event): look again this often.
+POOL_ROLLOUT_INTERVAL = 1.0
+
+
+def llmisvc_pending(obj, api_client=None, pools=False):
+    """The LLMInferenceService row: None when Ready at the current generation and, with ``pools``, every pool's workload
+    rolled out to it (llmisvc/cluster.rollout_pending reads them with ``api_client``: a LookAgain while one rolls out)."""
+    why = _ready_pending(llmisvc_status.readiness(obj))
+    if why is not None or not pools:
+        return why
+    rolling = llmisvc_cluster.rollout_pending(api_client, obj)
+    return None if rolling is None else kube_wait.LookAgain(rolling, POOL_ROLLOUT_INTERVAL)
+
+
 # The KServe kinds' rows of the one readiness table (kube/wait.py): Ready *at the current generation*.
-kube_wait.register("InferenceService", lambda obj: _ready_pending(isvc_readers.readiness(obj)))
-kube_wait.register("LLMInferenceService", lambda obj: _ready_pending(llmisvc_status.readiness(obj)))
+kube_wait.register("InferenceService", isvc_pending)
+kube_wait.register("LLMInferenceService", llmisvc_pending)
 
 
 class _Kind:
@@ -118,9 +140,6 @@ class _Kind:
         if not self.llm:
             return k8s_pods.get_inference_service(api_client, namespace, name)
         return llmisvc_cluster.get(api_client, namespace, name, self.version)
-
-    def rollout_pending(self, api_client, obj):
-        return llmisvc_cluster.rollout_pending(api_client, obj) if self.llm else None
 
     def readiness(self, obj):
         return llmisvc_status.readiness(obj) if self.llm else isvc_readers.readiness(obj)
@@ -157,11 +176,13 @@ def wait_ready(api_client, namespace, name, timeout=1200, interval=5, clock=time
     res = _Kind(kind, api_version)
 
     def check(obj):
+        # the table's row; an LLMInferenceService Ready at this generation whose pools still roll out is a LookAgain
+        why = kube_wait.pending(res.kind, obj, api_client, pools=True) if res.llm else kube_wait.pending(res.kind, obj)
+        if why is None:
+            return True
+        if isinstance(why, kube_wait.LookAgain):
+            return why.after
         state = res.readiness(obj)
-        if kube_wait.pending(res.kind, obj) is None:
-            # Ready at this generation; an LLMInferenceService's pool Deployments may still roll out (its status does
-            # not change meanwhile): look again in a second.
-            return True if res.rollout_pending(api_client, obj) is None else 1.0
         look_again = not res.llm and _raise_if_load_failed(api_client, namespace, name, obj, crash_loop_restarts, redact)
         if state.get("failed"):
             raise WaitTimeout("%s %s/%s cannot become Ready: %s" % (res.kind, namespace, name, state["failed"]), obj,
@@ -178,21 +199,17 @@ def wait_ready(api_client, namespace, name, timeout=1200, interval=5, clock=time
     return kube_service.service_of(api_client).wait_for(namespace, name, res, check, on_timeout, timeout, interval, clock, sleep, watch)
 
 
-def wait_until(api_client, namespace, name, done, timeout=1200, interval=5, clock=time.monotonic, sleep=time.sleep, watch=True,
-               what="the condition"):
-    """Wait until ``done(isvc)`` is true; like wait_ready (a watch from the last resourceVersion, reads every ``interval``
-    where watching is refused, outages waited out) but for any condition on the InferenceService (a canary step: both
-    revisions ready at a percent). Returns (isvc, elapsed seconds); raises WaitTimeout naming ``what`` (a str, or a
-    callable isvc -> str)."""
-    res = _Kind()
+def wait_for_row(api_client, namespace, name, row, timeout=1200, interval=5, clock=time.monotonic, sleep=time.sleep, watch=True,
+                 **options):
+    """Wait until the InferenceService passes the readiness table's row ``row`` (kube/wait.py; ``options`` are the row's,
+    e.g. ops/canary_wait.py's canary revisions): kube/wait's ``wait_ready`` with the InferenceService's reader (a 404
+    names it) and this file's timeout error. Returns (isvc, elapsed seconds); raises WaitTimeout naming the row's last
+    reason, with the conditions and the predictor pods."""
+    res, api_client = _Kind(), kube_service.service_of(api_client).api_client
 
-    def on_timeout(obj, elapsed):
+    def on_timeout(obj, elapsed, why):
         pods = _pod_states(api_client, namespace, name)
-        text = what(obj) if callable(what) else what
-        raise WaitTimeout("InferenceService %s/%s: %s after %ds: %s" % (namespace, name, text, int(elapsed), describe(obj, pods)), obj, pods)
+        raise WaitTimeout("InferenceService %s/%s: %s after %ds: %s" % (namespace, name, why, int(elapsed), describe(obj, pods)), obj, pods)
 
-    def check(obj):
-        answer = done(obj)  # a float: not yet, look again in that many seconds (a pod state, no event on the object)
-        return answer if isinstance(answer, float) else bool(answer)
-
-    return kube_service.service_of(api_client).wait_for(namespace, name, res, check, on_timeout, timeout, interval, clock, sleep, watch)
+    return kube_wait.wait_ready(api_client, namespace, name, res, row=row, timeout=timeout, interval=interval, clock=clock, sleep=sleep,
+                                watch=watch, on_timeout=on_timeout, **options)

@@ -48,13 +48,13 @@ def server_side_apply(module, k8s_client=None):
     A failure ends in ``module.fail_json`` with the keys kubernetes.core.k8s fails with. `k8s_client`: kubernetes.core's
     K8SClient (built from the module's auth options when not given)."""
     # pylint: disable=import-outside-toplevel
-    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import authenticated
     from ansible_collections.kubernetes.core.plugins.module_utils.k8s.runner import perform_action
     from ansible_collections.kubernetes.core.plugins.module_utils.k8s.service import K8sService
     params = module.params
     k8s_params = k8s_parameters(copy.deepcopy(params["definition"]), params["field_manager"], params["force_conflicts"])
     if k8s_client is None:
-        k8s_client = get_api_client(**params)
+        k8s_client = authenticated(**params)
     # kubernetes.core: check mode is a server-side dry run (its module sets this from AnsibleK8SModule.server_side_dry_run)
     k8s_client.dry_run = bool(module.check_mode)
     service = K8sService(k8s_client, _K8sModuleView(module, k8s_params))

@@ -47,15 +47,11 @@ except ImportError:  # pragma: no cover - reported by the calling module
     cel = None
     HAS_CEL = False
 
-try:
-    import yaml
-    HAS_YAML = True
-except ImportError:  # pragma: no cover - reported by the calling module
-    yaml = None
-    HAS_YAML = False
-
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError, optional_import
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import cel_library
+
+yaml = optional_import("yaml")[0]  # reported by the calling module
+HAS_YAML = yaml is not None
 
 LIBRARY = "cel-expr-python"
 RULES = "x-kubernetes-validations"

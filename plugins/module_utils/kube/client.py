@@ -42,6 +42,19 @@ def __getattr__(name):
     raise AttributeError("module %r has no attribute %r" % (__name__, name))
 
 
+def authenticated(module=None, **options):
+    """kubernetes.core's authenticated K8SClient (``get_api_client``: kubeconfig, context, host, api_key, certificates,
+    proxy, impersonation and the K8S_AUTH_* environment, as its modules read them) from a module or from connection
+    options: the one place the collection asks for a client (``.client.client`` is the kubernetes ApiClient)."""
+    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client  # pylint: disable=import-outside-toplevel
+    return get_api_client(module=module, **options)
+
+
+def authenticated_api_client(module=None, **options):
+    """The kubernetes ``ApiClient`` of ``authenticated``: what the cluster service (kube/service.py) is built on."""
+    return authenticated(module, **options).client.client
+
+
 def request(api_client, method, path, query=None, body=None, content_type="application/json", stream=False, timeout=None):
     """One API request by path with kubernetes.core's authenticated ``ApiClient``: the answer's JSON as plain dicts (the
     API's camelCase keys), or with ``stream=True`` the open urllib3 response (the caller reads it and releases it).

@@ -27,11 +27,6 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.defaults
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import HAS_KUBERNETES, ApiException  # noqa: F401  pylint: disable=unused-import
 
 
-def CustomObjectsApi(api_client):  # noqa: N802  pylint: disable=invalid-name
-    """kubernetes.client.CustomObjectsApi, imported on first use (kube/client.py says why)."""
-    return _client.CustomObjectsApi(api_client)
-
-
 try:
     from urllib3.exceptions import HTTPError as TransportError
 except ImportError:  # pragma: no cover - urllib3 comes with kubernetes

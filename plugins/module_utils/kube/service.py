@@ -41,6 +41,10 @@ class Resource(collections.namedtuple("Resource", "group version plural kind nam
         """The same kind at another API version (LLMInferenceService v1alpha1 / v1alpha2)."""
         return self._replace(version=version)
 
+    def get(self, api_client, namespace, name):
+        """The object (the ``kind`` interface of kube/wait.wait_for, which reads what it waits for with this)."""
+        return ClusterService(api_client).get(self, name, namespace)
+
     def label(self, name, namespace=None):
         return "%s %s" % (self.kind, "%s/%s" % (namespace, name) if self.namespaced and namespace else name)
 
@@ -53,6 +57,11 @@ CLUSTER_SERVING_RUNTIME = Resource(KSERVE_GROUP, "v1alpha1", "clusterservingrunt
 CONFIG_MAP = Resource("", "v1", "configmaps", "ConfigMap", True)
 PERSISTENT_VOLUME_CLAIM = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True)
 DEPLOYMENT = Resource("apps", "v1", "deployments", "Deployment", True)
+JOB = Resource("batch", "v1", "jobs", "Job", True)
+POD = Resource("", "v1", "pods", "Pod", True)
+EVENT = Resource("", "v1", "events", "Event", True)
+SECRET = Resource("", "v1", "secrets", "Secret", True)
+SERVICE_ACCOUNT = Resource("", "v1", "serviceaccounts", "ServiceAccount", True)
 
 
 def _pods():
@@ -86,12 +95,13 @@ class ClusterService:
         from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import request  # pylint: disable=import-outside-toplevel
         return request(self.api_client, method, path, **kwargs)
 
-    def get(self, res, name, namespace=None, missing="refuse", field="name"):
+    def get(self, res, name, namespace=None, missing="refuse", field="name", timeout=None):
         """The object as a dict. A 404 is a ValidationError naming it (``missing="refuse"``) or None (``missing="none"``);
-        any other refusal the client's ApiException, for the caller to say what it was reading."""
+        any other refusal the client's ApiException, for the caller to say what it was reading. ``timeout``: seconds
+        for the request (the client's default without)."""
         from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import ApiException  # pylint: disable=import-outside-toplevel
         try:
-            return self.request("GET", res.path(name, namespace))
+            return self.request("GET", res.path(name, namespace), timeout=timeout)
         except ApiException as exc:
             if getattr(exc, "status", None) != 404:
                 raise
@@ -101,9 +111,20 @@ class ClusterService:
                                   hint="check name and namespace (kubectl get %s%s)" % (
                                       res.plural, " -n %s" % namespace if res.namespaced and namespace else "")) from exc
 
-    def list(self, res, namespace=None, selector=None):
-        """The items of ``res`` (in ``namespace``; all namespaces without one). The client's ApiException on a refusal."""
-        return (self.request("GET", res.path(None, namespace), query={"labelSelector": selector}) or {}).get("items") or []
+    def list(self, res, namespace=None, selector=None, timeout=None):
+        """The items of ``res`` (in ``namespace``; all namespaces without one), whole objects as dicts (``pods`` gives
+        summaries). The client's ApiException on a refusal."""
+        return (self.request("GET", res.path(None, namespace), query={"labelSelector": selector}, timeout=timeout) or {}).get("items") or []
+
+    def delete(self, res, name, namespace=None, propagation=None):
+        """DELETE the object (``propagation``: Background, Foreground or Orphan for its dependents); a 404 is not an
+        error (it is gone). The client's ApiException for any other refusal."""
+        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import ApiException  # pylint: disable=import-outside-toplevel
+        try:
+            self.request("DELETE", res.path(name, namespace), query={"propagationPolicy": propagation})
+        except ApiException as exc:
+            if getattr(exc, "status", None) != 404:
+                raise
 
     def inference_service(self, namespace, name):
         """The InferenceService (kube/pods.get_inference_service: a 404 names it, another refusal is a PodAccessError)."""
@@ -147,10 +168,15 @@ class ClusterService:
 
     # -- the wait loop ------------------------------------------------------------------------------------------------
 
-    def wait_for(self, namespace, name, kind, check, on_timeout, timeout, interval, clock=time.monotonic, sleep=time.sleep,
-                 watch=True):
+    def wait_for(self, namespace, name, kind, check=None, on_timeout=None, timeout=1200, interval=5, clock=time.monotonic,
+                 sleep=time.sleep, watch=True, **row_options):
         """kube/wait.wait_for with this service's client (``kind``: group, version, plural, kind and get(api_client,
-        namespace, name); ``check`` and ``on_timeout`` as there)."""
+        namespace, name); ``check`` and ``on_timeout`` as there). Without ``check``: the readiness table's row of the
+        kind (kube/wait.wait_ready, ``row_options`` the row's, ``on_timeout(obj, elapsed, why)``), e.g. a Job ended and
+        its pods started: ``wait_for(ns, job, JOB, timeout=t, finished=True, pod_selector=sel)``."""
+        if check is None:
+            return kube_wait.wait_ready(self.api_client, namespace, name, kind, timeout=timeout, interval=interval, clock=clock, sleep=sleep,
+                                        watch=watch, on_timeout=on_timeout, **row_options)
         return kube_wait.wait_for(self.api_client, namespace, name, kind, check, on_timeout, timeout, interval, clock, sleep, watch)
 
 

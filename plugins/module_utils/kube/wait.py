@@ -1,24 +1,63 @@
 # -*- coding: utf-8 -*-
 # Copyright: Alauda
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The wait loop under every wait of the collection: read an object, check it, then watch it from the resourceVersion last
-read (or read it again every few seconds where the API server refuses the watch) until the check passes or time runs out;
-an API server outage (restart, overload) is waited out until the timeout.
+"""The one waiter of the collection: the wait loop and the table of per-kind readiness.
 
-What to wait for is the caller's: a ``kind`` (``group``, ``version``, ``plural``, ``kind`` and ``get(api_client,
-namespace, name)``) and a ``check(obj)``. What "ready" means per kind is one table, ``READINESS`` (as kubernetes.core's
-waiter has ``RESOURCE_PREDICATES``, plugins/module_utils/k8s/waiter.py at 6.2.0): kind -> ``pending(obj)``, None when the
-object is ready, else why not (the reason goes into the timeout message). Deployment and Job are here; the district that
-knows a kind registers its row (kserve/wait.py: InferenceService and LLMInferenceService, Ready *at the current
-generation*). Plain Python over a ``kubernetes.client.ApiClient``.
+The loop (``wait_for``): read an object, check it, then watch it from the resourceVersion last read (or read it again
+every few seconds where the API server refuses the watch) until the check passes or time runs out; an API server outage
+(restart, overload) is waited out until the timeout. No other module of the collection loops to wait for the cluster.
+
+The table (``READINESS``, as kubernetes.core's waiter has ``RESOURCE_PREDICATES``, plugins/module_utils/k8s/waiter.py at
+6.2.0, and its ``Waiter`` one loop over them): row name -> ``pending(obj, api_client=None, **options)``, None when the
+object is ready, else why not (the reason goes into the timeout message). A reason that is a ``LookAgain`` is progress
+the object itself does not report (its pods, the workloads it owns): no watch event would come, so the object is read
+again after ``.after`` seconds. A row may raise to fail the wait at once (a failed Job, a pod that cannot start).
+Deployment and Job are here; the district that knows a kind registers its rows on import (kserve/wait.py:
+InferenceService, LLMInferenceService and its pools, Ready *at the current generation*; ops/canary_wait.py: the canary
+revisions of an InferenceService step). ``wait_ready`` waits on one row. Plain Python over a ``kubernetes.client.ApiClient``.
 """
 
 from __future__ import annotations
 
+import time
+
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import writer
 
 
-def deployment_pending(dep):
+class LookAgain(str):
+    """A row's "not ready yet" (the reason, a str) about progress the object itself does not report (its pods, the
+    workloads it owns): the object does not change meanwhile, so the loop reads it again after ``after`` seconds instead
+    of waiting for a watch event."""
+
+    def __new__(cls, why, after):
+        text = super().__new__(cls, why)
+        text.after = after
+        return text
+
+
+class WaitTimeout(SpecDecodingError):
+    """The object did not pass its readiness row in time; ``obj`` is the object as last read, ``pods`` what the caller
+    listed of its pods (kserve/wait.py's WaitTimeout adds the InferenceService's)."""
+
+    def __init__(self, message, obj=None, pods=None, field=None, hint=None):
+        super().__init__(message, field=field, hint=hint)
+        self.obj = obj
+        self.pods = pods
+
+
+class PodCannotStart(SpecDecodingError):
+    """A pod of the awaited object waits in a state it will not leave by itself (an image that cannot be pulled, a
+    container that cannot be created): ``pod`` (its name), ``reason`` and ``detail`` (the kubelet's message)."""
+
+    def __init__(self, message, pod, reason, detail, field="image", hint=None):
+        super().__init__(message, field=field, hint=hint)
+        self.pod = pod
+        self.reason = reason
+        self.detail = detail
+
+
+def deployment_pending(dep, api_client=None):  # pylint: disable=unused-argument
     """Why a Deployment (a dict) has not finished rolling out to its current spec, or None: as ``kubectl rollout status``
     says (kubectl's DeploymentStatusViewer.Status): observedGeneration caught up, every replica updated and available,
     no old one left."""
@@ -34,9 +73,31 @@ def deployment_pending(dep):
     return None
 
 
-def job_pending(job):
+# A pod waiting for one of these will not start by itself (kubelet's container waiting reasons): waiting longer does not
+# help, the image or the pod spec must change. bench/load_job.py and ops/draft_preflight_pvc.py wait on their Jobs with it.
+STUCK_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError",
+                 "CreateContainerError", "RunContainerError")
+
+
+def stuck_pod(pods):
+    """The first pod (a dict as the API gives it) with a container waiting for one of STUCK_REASONS, as
+    ``(pod name, reason, message)``, or None."""
+    for pod in pods:
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            waiting = (status.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in STUCK_REASONS:
+                return (pod.get("metadata") or {}).get("name"), waiting["reason"], waiting.get("message") or ""
+    return None
+
+
+def job_pending(job, api_client=None, finished=False, pod_selector=None, pod_interval=1.0):
     """Why a Job (a dict) has not completed, or None: its Complete condition (batch/v1 JobCondition) is True. A Failed
-    condition raises: waiting does not help."""
+    condition raises (waiting does not help), unless ``finished``: then a Failed Job has ended too, and the caller reads
+    its pods (their logs say why).
+
+    With ``pod_selector`` (its pods' label selector, e.g. ``job-name=<name>``) and the ``api_client``, a Job not ended
+    yet has its pods listed: one that cannot start (STUCK_REASONS) raises PodCannotStart, else the reason is a
+    LookAgain after ``pod_interval`` seconds (a pod's state does not change the Job)."""
     name = (job.get("metadata") or {}).get("name")
     for condition in (job.get("status") or {}).get("conditions") or []:
         if condition.get("status") != "True":
@@ -44,27 +105,42 @@ def job_pending(job):
         if condition.get("type") == "Complete":
             return None
         if condition.get("type") == "Failed":
+            if finished:
+                return None
             raise SpecDecodingError("Job %s failed: %s: %s" % (name, condition.get("reason"), condition.get("message") or ""),
                                     field="name", hint="see the Job's events and its pod's log (kubectl describe job %s)" % name)
     status = job.get("status") or {}
-    return "Job %s not complete (%d active, %d succeeded)" % (name, status.get("active") or 0, status.get("succeeded") or 0)
+    why = "Job %s not complete (%d active, %d succeeded)" % (name, status.get("active") or 0, status.get("succeeded") or 0)
+    if pod_selector is None:
+        return why
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import client  # pylint: disable=import-outside-toplevel
+    namespace = (job.get("metadata") or {}).get("namespace")
+    pods = client.request(api_client, "GET", writer.object_path("", "v1", "pods", None, namespace),
+                          query={"labelSelector": pod_selector}).get("items") or []
+    stuck = stuck_pod(pods)
+    if stuck is not None:
+        pod, reason, detail = stuck
+        raise PodCannotStart("the pod %s/%s of Job %s cannot start: %s: %s" % (namespace, pod, name, reason, detail), pod, reason, detail,
+                             hint="give the Job an image the nodes can pull and run")
+    return LookAgain(why, pod_interval)
 
 
-# The table of per-kind readiness: kind -> pending(obj), None when ready. kserve/wait.py adds the KServe kinds.
+# The table of per-kind readiness: row name (a kind) -> pending(obj, api_client=None, **options), None when ready.
+# kserve/wait.py adds the KServe kinds, ops/canary_wait.py the canary revisions.
 READINESS = {"Deployment": deployment_pending, "Job": job_pending}
 
 
 def register(kind, check):
-    """Add ``kind``'s readiness, ``check(obj)`` -> None or why not, to the table (the district that knows the kind does
-    it, once, on import)."""
+    """Add ``kind``'s readiness, ``check(obj, api_client=None, **options)`` -> None or why not, to the table (the
+    district that knows the kind does it, once, on import)."""
     READINESS[kind] = check
 
 
-def pending(kind, obj):
-    """Why ``obj`` (of ``kind``) is not ready yet, or None: the table's row for the kind."""
+def pending(kind, obj, api_client=None, **options):
+    """Why ``obj`` (of ``kind``) is not ready yet, or None: the table's row for the kind (``options`` are the row's)."""
     if kind not in READINESS:
         raise SpecDecodingError("no readiness check for kind %s (known: %s)" % (kind, ", ".join(sorted(READINESS))), field="kind")
-    return READINESS[kind](obj)
+    return READINESS[kind](obj, api_client, **options)
 
 
 # An API server that restarts or sheds load answers with these (or not at all): worth waiting out, not a failure.
@@ -177,3 +253,32 @@ def wait_for(api_client, namespace, name, res, check, on_timeout, timeout, inter
                     raise
         obj = None
         sleep(min(interval, max(0.1, remaining)))
+
+
+def wait_ready(api_client, namespace, name, kind, row=None, timeout=1200, interval=5, clock=time.monotonic, sleep=time.sleep,
+               watch=True, on_timeout=None, **options):
+    """Wait until the object passes the table's row ``row`` (default: its kind's, ``kind.kind``) with the row's
+    ``options``: ``wait_for`` with the row as the check. Returns (obj, elapsed seconds).
+
+    ``kind`` is what ``wait_for`` reads and watches (a kube/service.py ``Resource`` such as ``JOB``, or a district's own
+    reader). On timeout
+    ``on_timeout(obj, elapsed, why)`` (why: the row's last reason) may raise the caller's error; otherwise, or when it
+    returns, a WaitTimeout naming the object, the reason and the time is raised."""
+    row = row or kind.kind
+    last = {"why": "not ready"}
+
+    def check(obj):
+        why = pending(row, obj, api_client, **options)
+        if why is None:
+            return True
+        last["why"] = why
+        return max(0.1, why.after) if isinstance(why, LookAgain) else False
+
+    def timed_out(obj, elapsed):
+        if on_timeout is not None:
+            on_timeout(obj, elapsed, last["why"])
+        raise WaitTimeout("%s %s/%s: %s after %ds" % (kind.kind, namespace, name, last["why"], int(elapsed)), obj, field="timeout",
+                          hint="raise the timeout if it is still progressing, else see the object's events (kubectl describe %s -n %s %s)"
+                          % (kind.plural, namespace, name))
+
+    return wait_for(api_client, namespace, name, kind, check, timed_out, timeout, interval, clock, sleep, watch)

@@ -39,7 +39,8 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import analysis
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import canary_window
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.defaults import DEFAULT_CONTAINER, KSERVE_GROUP, KSERVE_VERSION
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import service as kube_service
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.defaults import DEFAULT_CONTAINER
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import http_target
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_edit as vllm_edit
@@ -49,6 +50,9 @@ STANDARD_MIN_KSERVE = (0, 20)
 DEFAULT_CANARY_NAME = "spec"
 REVISION_LABEL = "serving.knative.dev/revision"
 APP_LABEL = "app"
+# The steps' merge patches are Update operations under this manager (not the client's default "OpenAPI-Generator"), so
+# managedFields say which fields the canary wrote; the deploy still treats it as foreign (kube/ssa_conflicts.py).
+CANARY_FIELD_MANAGER = "alauda-spec-decoding-canary"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -368,12 +372,12 @@ def revision_selectors(isvc, mode, canary_name):
 # -- on the cluster (kubernetes client objects from the calling module) --------------------------------------------------
 
 def apply_merge_patch(api_client, namespace, name, patch, dry_run=False):
-    """JSON merge patch of the InferenceService (server-side dry run in check mode); returns the object."""
-    kwargs = {"dry_run": "All"} if dry_run else {}
+    """JSON merge patch of the InferenceService through the one patch writer (kube/writer.merge_patch, on the cluster
+    service) as CANARY_FIELD_MANAGER (server-side dry run in check mode); returns the object. ``api_client``: the
+    ClusterService or a bare ApiClient."""
     try:
-        return k8s_pods.CustomObjectsApi(api_client).patch_namespaced_custom_object(
-            KSERVE_GROUP, KSERVE_VERSION, namespace, "inferenceservices", name, patch,
-            _content_type="application/merge-patch+json", **kwargs)
+        return kube_service.service_of(api_client).merge_patch(kube_service.INFERENCE_SERVICE, name, patch, namespace=namespace,
+                                                               field_manager=CANARY_FIELD_MANAGER, dry_run=dry_run)
     except k8s_pods.ApiException as exc:
         raise k8s_pods.PodAccessError("patching InferenceService %s/%s failed: %s" % (namespace, name, k8s_pods.api_error_message(exc)),
                                       field="name", hint="the identity needs patch on inferenceservices; read the message for a schema error") from exc

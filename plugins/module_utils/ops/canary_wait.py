@@ -3,9 +3,13 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Waiting for a canary step to take effect on the cluster (``canary_rollout``): both revisions ready with the canary on
 its percent, or one revision left after a promotion or a removal; a canary revision that crash-loops fails the wait at
-once. The patches, the readers of the two revisions and the observation are in ``canary``."""
+once. That readiness is the row ``CANARY`` of kube/wait.py's one readiness table (``canary_pending``); the wait is the one
+loop there (through kserve/wait.wait_for_row): this file has none. The patches, the readers of the two revisions and
+the observation are in ``canary``."""
 
 from __future__ import annotations
+
+import time
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait
@@ -41,42 +45,59 @@ def canary_crash_loop(api_client, namespace, name, isvc, mode, canary_name, rest
              "state=absent. wait_crash_loop_restarts=0 waits for wait_timeout instead")
 
 
-def wait_step(api_client, namespace, name, state, mode, canary_name, percent, timeout, retired=None, poll=0.5,
-              clock=None, sleep=None, stable_revision=None, crash_loop_restarts=0, redact=None):
-    """Wait until the step took effect: present - both revisions ready with the canary on ``percent``; promoted / absent -
-    Ready at the generation without a canary (Knative: 100% on one revision, ``stable_revision`` after a rollback), then no
-    pod of the ``retired`` revision (a label selector) left serving. Returns (isvc, elapsed, state); raises
-    isvc_wait.WaitTimeout, at once for a canary revision that crash-loops (``crash_loop_restarts``, see canary_crash_loop)."""
-    import time  # pylint: disable=import-outside-toplevel
-    clock, sleep = clock or time.monotonic, sleep or time.sleep
-    start = clock()
-    if state == "present":
-        def present(obj):
-            if rollout_state(obj, mode, canary_name, percent)["done"]:
-                return True
-            if not crash_loop_restarts:
-                return False
-            canary_crash_loop(api_client, namespace, name, obj, mode, canary_name, crash_loop_restarts, redact)
-            return 2.0  # restarts do not change the InferenceService (no watch event): look at the pods again
-        isvc, elapsed = isvc_wait.wait_until(api_client, namespace, name, present, timeout=timeout,
-                                             what=lambda obj: rollout_state(obj, mode, canary_name, percent)["why"])
-        return isvc, elapsed, rollout_state(isvc, mode, canary_name, percent)
+# The row's name in kube/wait.py's readiness table.
+CANARY = "InferenceService canary"
+# Restarts and retired pods do not change the InferenceService (no watch event): look at the pods again this often.
+CRASH_LOOP_INTERVAL = 2.0
+RETIRED_INTERVAL = 0.5
 
-    def settled(obj):
-        if mode == KNATIVE and not knative_settled(obj, state, stable_revision):
-            return False
-        return kube_wait.pending("InferenceService", obj) is None and not (obj.get("status") or {}).get("canaryStatuses")
+
+def settled_why(state, mode, stable_revision=None):
+    """What a promotion / removal waits for, as the timeout says it."""
     what = "not Ready without a canary at the current generation"
     if mode == KNATIVE:
         what += " (traffic %s)" % ("100% on the latest revision" if state == "promoted" else
                                    "100%% on %s" % (stable_revision or "the previous revision"))
-    isvc, _elapsed = isvc_wait.wait_until(api_client, namespace, name, settled, timeout=timeout, what=what)
-    while retired:
-        left = [p["name"] for p in canary_pods(api_client, namespace, name, retired)]
-        if not left:
-            break
-        if clock() - start >= timeout:
-            raise isvc_wait.WaitTimeout("InferenceService %s/%s: pods of the retired revision (%s) still serve after %ds: %s"
-                                        % (namespace, name, retired, int(clock() - start), ", ".join(left)), isvc, left)
-        sleep(poll)
-    return isvc, clock() - start, {"done": True, "why": "%s: 100%% on one revision" % state}
+    return what
+
+
+def canary_pending(isvc, api_client=None, state="present", mode=None, canary_name=None, percent=None, stable_revision=None,
+                   retired=None, crash_loop_restarts=0, redact=None, retired_interval=RETIRED_INTERVAL):
+    """The canary revisions' row: None when the step took effect, else why not. present - both revisions ready with the
+    canary on ``percent`` (canary.rollout_state); a canary revision crash-looping ``crash_loop_restarts`` times raises
+    (canary_crash_loop; its pods are read only with that option, then a LookAgain). promoted / absent - Ready at the
+    generation without a canary (Knative: 100% on one revision, ``stable_revision`` after a rollback), then no pod of the
+    ``retired`` revision (a label selector) left serving (a LookAgain while there is)."""
+    namespace, name = isvc["metadata"].get("namespace"), isvc["metadata"]["name"]
+    if state == "present":
+        rollout = rollout_state(isvc, mode, canary_name, percent)
+        if rollout["done"]:
+            return None
+        if not crash_loop_restarts:
+            return rollout["why"]
+        canary_crash_loop(api_client, namespace, name, isvc, mode, canary_name, crash_loop_restarts, redact)
+        return kube_wait.LookAgain(rollout["why"], CRASH_LOOP_INTERVAL)
+    if mode == KNATIVE and not knative_settled(isvc, state, stable_revision):
+        return settled_why(state, mode, stable_revision)
+    if kube_wait.pending("InferenceService", isvc) is not None or (isvc.get("status") or {}).get("canaryStatuses"):
+        return settled_why(state, mode, stable_revision)
+    left = [p["name"] for p in canary_pods(api_client, namespace, name, retired)] if retired else []
+    if left:
+        return kube_wait.LookAgain("pods of the retired revision (%s) still serve: %s" % (retired, ", ".join(left)), retired_interval)
+    return None
+
+
+kube_wait.register(CANARY, canary_pending)
+
+
+def wait_step(api_client, namespace, name, state, mode, canary_name, percent, timeout, retired=None, poll=RETIRED_INTERVAL,
+              clock=time.monotonic, sleep=time.sleep, stable_revision=None, crash_loop_restarts=0, redact=None):
+    """Wait until the step took effect (the ``CANARY`` row, see canary_pending). Returns (isvc, elapsed, state); raises
+    isvc_wait.WaitTimeout, at once for a canary revision that crash-loops (``crash_loop_restarts``, see canary_crash_loop)."""
+    isvc, elapsed = isvc_wait.wait_for_row(
+        api_client, namespace, name, CANARY, timeout=timeout, clock=clock, sleep=sleep, state=state, mode=mode, canary_name=canary_name,
+        percent=percent, stable_revision=stable_revision, retired=retired, crash_loop_restarts=crash_loop_restarts, redact=redact,
+        retired_interval=poll)
+    if state == "present":
+        return isvc, elapsed, rollout_state(isvc, mode, canary_name, percent)
+    return isvc, elapsed, {"done": True, "why": "%s: 100%% on one revision" % state}

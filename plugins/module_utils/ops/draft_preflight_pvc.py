@@ -10,10 +10,9 @@ from __future__ import annotations
 import time
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import air_gap, model_metadata, pvc_metadata
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import wait as kube_wait
 
-# A pod that cannot start for one of these never will within the preflight's time (bench/load_job.py has the same list).
-STUCK_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError",
-                 "CreateContainerError", "RunContainerError")
 MAX_LOG_BYTES = 64 << 20
 RBAC_HINT = ("the identity needs get on persistentvolumeclaims, create, get and delete on jobs, list on pods and get on pods/log "
              "in the PVC's namespace; or set spec_decoding_preflight: off")
@@ -121,36 +120,38 @@ def read_pvc_locations(connect, namespace, locations, image, timeout=120, air_ga
 
 
 def _wait(api_client, namespace, name, timeout, clock, sleep):
-    """The Job's pod once it ended; MetadataUnreadable when it cannot start, the Job failed without a pod, or time is up."""
+    """The Job's pod once it ended; MetadataUnreadable when it cannot start, the Job failed without a pod, or time is up.
+
+    The wait is kube/wait.py's one loop on its table's Job row: ended (Complete, or Failed: the pod's log then says why),
+    its pods looked at every second for one that cannot start (kube_wait.STUCK_REASONS). The Job's own activeDeadlineSeconds is
+    ``timeout``; 30 s more give the Job controller time to say so."""
     kube_client, kube_pods = _kube()
-    deadline = clock() + timeout + 30
-    while True:
-        try:
-            job = kube_client.request(api_client, "GET", "/apis/batch/v1/namespaces/%s/jobs/%s" % (namespace, name))
-            pods = kube_client.request(api_client, "GET", "/api/v1/namespaces/%s/pods" % namespace,
-                                       query={"labelSelector": "job-name=%s" % name}).get("items") or []
-        except kube_client.ApiException as exc:
-            raise _unreadable("reading the PVC read Job %s/%s failed: %s" % (namespace, name, kube_pods.api_error_message(exc))) from exc
-        ended = [p for p in pods if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed")]
-        if ended:
-            return ended[0]
-        for pod in pods:
-            for status in (pod.get("status") or {}).get("containerStatuses") or []:
-                waiting = (status.get("state") or {}).get("waiting") or {}
-                if waiting.get("reason") in STUCK_REASONS:
-                    raise _unreadable("the PVC read Job's pod %s/%s cannot start: %s: %s" % (
-                        namespace, pod["metadata"]["name"], waiting["reason"], waiting.get("message") or ""),
-                        field="pvc_image", hint="give pvc_image (the deploy: stage_pvc_image) an image the nodes can pull, with python3")
-        for condition in (job.get("status") or {}).get("conditions") or []:
-            if condition.get("type") == "Failed" and condition.get("status") == "True" and not pods:
-                raise _unreadable("the PVC read Job %s/%s failed: %s: %s" % (namespace, name, condition.get("reason"), condition.get("message") or ""),
-                                  hint="see the Job's events (kubectl describe job -n %s %s)" % (namespace, name))
-        if clock() > deadline:
-            raise _unreadable("the PVC read Job %s/%s did not end within %d s (a claim not bound, a node that cannot mount it?)"
-                              % (namespace, name, timeout), field="pvc_timeout",
-                              hint="check the claim is Bound and mountable (kubectl describe pod -n %s -l job-name=%s), or raise pvc_timeout"
-                              % (namespace, name))
-        sleep(1.0)
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import service as kube_service  # pylint: disable=import-outside-toplevel
+    cluster, selector = kube_service.service_of(api_client), "job-name=%s" % name
+    try:
+        job, _elapsed = cluster.wait_for(namespace, name, kube_service.JOB, timeout=timeout + 30, interval=1.0, clock=clock, sleep=sleep,
+                                         finished=True, pod_selector=selector)
+        pods = cluster.list(kube_service.POD, namespace, selector=selector)
+    except kube_wait.PodCannotStart as exc:
+        raise _unreadable("the PVC read Job's pod %s/%s cannot start: %s: %s" % (namespace, exc.pod, exc.reason, exc.detail),
+                          field="pvc_image", hint="give pvc_image (the deploy: stage_pvc_image) an image the nodes can pull, with python3") from exc
+    except kube_wait.WaitTimeout as exc:
+        raise _unreadable("the PVC read Job %s/%s did not end within %d s (a claim not bound, a node that cannot mount it?)"
+                          % (namespace, name, timeout), field="pvc_timeout",
+                          hint="check the claim is Bound and mountable (kubectl describe pod -n %s -l job-name=%s), or raise pvc_timeout"
+                          % (namespace, name)) from exc
+    except kube_client.ApiException as exc:
+        raise _unreadable("reading the PVC read Job %s/%s failed: %s" % (namespace, name, kube_pods.api_error_message(exc))) from exc
+    except SpecDecodingError as exc:  # the Job gone (deleted by hand): the check could not run
+        raise _unreadable("waiting for the PVC read Job %s/%s: %s" % (namespace, name, exc)) from exc
+    ended = [p for p in pods if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed")]
+    if ended:
+        return ended[0]
+    # ended without a pod that ran (its deadline passed before one started, the pod was deleted): the Job says why
+    condition = next((c for c in (job.get("status") or {}).get("conditions") or []
+                      if c.get("type") in ("Failed", "Complete") and c.get("status") == "True"), {})
+    raise _unreadable("the PVC read Job %s/%s failed: %s: %s" % (namespace, name, condition.get("reason"), condition.get("message") or ""),
+                      hint="see the Job's events (kubectl describe job -n %s %s)" % (namespace, name))
 
 
 def _log(api_client, namespace, pod):

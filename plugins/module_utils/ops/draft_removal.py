@@ -14,8 +14,8 @@ remove it, ``execute`` finds where the draft lives (ops/draft_location.py) and r
   (ops/draft_removal_modelcar.py), pushed under ``<tag>-nodraft`` (manifest last), and ``storageUri`` moves to
   its digest.
 
-``execute`` runs over a small cluster interface: module draft_artifacts gives it ops/draft_removal_cluster.py's
-``Cluster``, tests their own. Plain Python, no Ansible imports.
+``execute`` runs over its API calls: module draft_artifacts gives it ops/draft_removal_cluster.calls (functions over
+the cluster service), tests their own. Plain Python, no Ansible imports.
 """
 
 from __future__ import annotations

@@ -5,97 +5,117 @@
 LLMInferenceService, the namespace's other users of a PVC subdirectory, the JSON patch, the wait for Ready, the PVC
 and its annotations; and the registry client with the module's credentials for a Modelcar image.
 
-Each reaches the API through the cluster service (kube/service.py), which loads the kubernetes client inside the call
-that needs it, so the image rewrite alone does not.
+Each is a function over the cluster service (kube/service.py), which loads the kubernetes client inside the call that
+needs it, so the image rewrite alone does not; ``calls`` binds them to the module's parameters for ``execute``.
 """
 
 from __future__ import annotations
+
+import functools
+import types
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import service as kube_service
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import writer as kube_writer
 
 
-class Cluster:
-    """The API calls draft_removal.execute makes, on the cluster service (kube/service.py)."""
+def calls(cluster, params):
+    """The API calls ``draft_removal.execute`` makes, as functions over the cluster service bound to the module's
+    ``params`` (``cluster``: the ClusterService, or a bare ApiClient): get_isvc(), list_users(), patch_isvc(ops, dry_run),
+    wait_ready(), get_pvc(name), patch_pvc_annotations(name, annotations), and the service's api_client (the GitOps
+    owner's read). No cluster class of its own: the service is the one way to the cluster."""
+    service = kube_service.service_of(cluster)
+    return types.SimpleNamespace(
+        api_client=service.api_client,
+        get_isvc=functools.partial(get_isvc, service, params),
+        list_users=functools.partial(list_users, service, params),
+        patch_isvc=functools.partial(patch_isvc, service, params),
+        wait_ready=functools.partial(wait_ready, service, params),
+        get_pvc=functools.partial(get_pvc, service, params),
+        patch_pvc_annotations=functools.partial(patch_pvc_annotations, service, params),
+    )
 
-    def __init__(self, api_client, params):
-        self.service = kube_service.service_of(api_client)
-        self.api_client = self.service.api_client
-        self.params = params
 
-    def _error(self, what, exc):
-        return SpecDecodingError("%s failed: %s" % (what, kube_service.api_error_message(exc)), field="name")
+def _error(what, exc):
+    return SpecDecodingError("%s failed: %s" % (what, kube_service.api_error_message(exc)), field="name")
 
-    def _llm(self):
-        return self.params.get("kind") == "LLMInferenceService"
 
-    def _resource(self):
-        if self._llm():
-            return kube_service.LLM_INFERENCE_SERVICE.at(self.params["api_version"])
-        return kube_service.INFERENCE_SERVICE
+def _llm(params):
+    return params.get("kind") == "LLMInferenceService"
 
-    def get_isvc(self):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import (  # pylint: disable=import-outside-toplevel
-            cluster as llmisvc_cluster,
-        )
-        if self._llm():
-            return llmisvc_cluster.get(self.api_client, self.params["namespace"], self.params["name"], self.params["api_version"])
-        return self.service.inference_service(self.params["namespace"], self.params["name"])
 
-    def list_users(self):
-        """The namespace's InferenceServices and LLMInferenceServices (other users of a PVC), and the kinds that could
-        not be listed (a kind whose CRD is not installed has no objects)."""
-        objects, unchecked = [], []
-        for res in (kube_service.INFERENCE_SERVICE, kube_service.LLM_INFERENCE_SERVICE.at(self.params["api_version"])):
-            try:
-                items = self.service.list(res, self.params["namespace"])
-            except Exception as exc:  # pylint: disable=broad-except
-                if getattr(exc, "status", None) is None:
-                    raise
-                if getattr(exc, "status", None) == 404:
-                    continue
-                unchecked.append("%ss (listing them failed, so it is unknown whether one uses it: %s)" % (res.kind, kube_service.api_error_message(exc)))
+def _resource(params):
+    if _llm(params):
+        return kube_service.LLM_INFERENCE_SERVICE.at(params["api_version"])
+    return kube_service.INFERENCE_SERVICE
+
+
+def get_isvc(service, params):
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import (  # pylint: disable=import-outside-toplevel
+        cluster as llmisvc_cluster,
+    )
+    if _llm(params):
+        return llmisvc_cluster.get(service.api_client, params["namespace"], params["name"], params["api_version"])
+    return service.inference_service(params["namespace"], params["name"])
+
+
+def list_users(service, params):
+    """The namespace's InferenceServices and LLMInferenceServices (other users of a PVC), and the kinds that could
+    not be listed (a kind whose CRD is not installed has no objects)."""
+    objects, unchecked = [], []
+    for res in (kube_service.INFERENCE_SERVICE, kube_service.LLM_INFERENCE_SERVICE.at(params["api_version"])):
+        try:
+            items = service.list(res, params["namespace"])
+        except Exception as exc:  # pylint: disable=broad-except
+            if getattr(exc, "status", None) is None:
+                raise
+            if getattr(exc, "status", None) == 404:
                 continue
-            objects += [dict(item, kind=res.kind) for item in items]
-        return objects, unchecked
+            unchecked.append("%ss (listing them failed, so it is unknown whether one uses it: %s)" % (res.kind, kube_service.api_error_message(exc)))
+            continue
+        objects += [dict(item, kind=res.kind) for item in items]
+    return objects, unchecked
 
-    def patch_isvc(self, ops, dry_run=False):
-        # The rollback's field manager: a later deploy takes these fields back instead of refusing a foreign edit.
-        try:
-            return self.service.json_patch(self._resource(), self.params["name"], ops, namespace=self.params["namespace"],
-                                           dry_run=dry_run, read=self.get_isvc)
-        except Exception as exc:  # pylint: disable=broad-except
-            cause = exc.api_error if isinstance(exc, kube_writer.PatchConflict) else exc
-            if getattr(cause, "status", None) is None:
-                raise
-            raise self._error("patching InferenceService %s/%s" % (self.params["namespace"], self.params["name"]), cause) from exc
 
-    def wait_ready(self):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops.rollback import crash_loop_check  # pylint: disable=import-outside-toplevel
-        isvc, _elapsed = isvc_wait.wait_ready(self.api_client, self.params["namespace"], self.params["name"],
-                                              timeout=self.params["wait_timeout"], interval=self.params["wait_sleep"],
-                                              kind=self.params["kind"], api_version=self.params["api_version"] if self._llm() else None,
-                                              **crash_loop_check(self.params))
-        return isvc
+def patch_isvc(service, params, ops, dry_run=False):
+    # The rollback's field manager: a later deploy takes these fields back instead of refusing a foreign edit.
+    try:
+        return service.json_patch(_resource(params), params["name"], ops, namespace=params["namespace"], dry_run=dry_run,
+                                  read=functools.partial(get_isvc, service, params))
+    except Exception as exc:  # pylint: disable=broad-except
+        cause = exc.api_error if isinstance(exc, kube_writer.PatchConflict) else exc
+        if getattr(cause, "status", None) is None:
+            raise
+        raise _error("patching InferenceService %s/%s" % (params["namespace"], params["name"]), cause) from exc
 
-    def get_pvc(self, name):
-        try:
-            return self.service.get(kube_service.PERSISTENT_VOLUME_CLAIM, name, self.params["namespace"], missing="none")
-        except Exception as exc:  # pylint: disable=broad-except
-            if getattr(exc, "status", None) is None:
-                raise
-            raise self._error("reading PVC %s" % name, exc) from exc
 
-    def patch_pvc_annotations(self, name, annotations):
-        try:
-            self.service.merge_patch(kube_service.PERSISTENT_VOLUME_CLAIM, name, {"metadata": {"annotations": annotations}},
-                                     namespace=self.params["namespace"])
-        except Exception as exc:  # pylint: disable=broad-except
-            if getattr(exc, "status", None) is None:
-                raise
-            raise self._error("recording the removal on PVC %s" % name, exc) from exc
+def wait_ready(service, params):
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops.rollback import crash_loop_check  # pylint: disable=import-outside-toplevel
+    isvc, _elapsed = isvc_wait.wait_ready(service.api_client, params["namespace"], params["name"],
+                                          timeout=params["wait_timeout"], interval=params["wait_sleep"],
+                                          kind=params["kind"], api_version=params["api_version"] if _llm(params) else None,
+                                          **crash_loop_check(params))
+    return isvc
+
+
+def get_pvc(service, params, name):
+    try:
+        return service.get(kube_service.PERSISTENT_VOLUME_CLAIM, name, params["namespace"], missing="none")
+    except Exception as exc:  # pylint: disable=broad-except
+        if getattr(exc, "status", None) is None:
+            raise
+        raise _error("reading PVC %s" % name, exc) from exc
+
+
+def patch_pvc_annotations(service, params, name, annotations):
+    try:
+        service.merge_patch(kube_service.PERSISTENT_VOLUME_CLAIM, name, {"metadata": {"annotations": annotations}},
+                            namespace=params["namespace"])
+    except Exception as exc:  # pylint: disable=broad-except
+        if getattr(exc, "status", None) is None:
+            raise
+        raise _error("recording the removal on PVC %s" % name, exc) from exc
 
 
 def registry_opener(params, hide=None):

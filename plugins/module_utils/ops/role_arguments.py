@@ -22,12 +22,9 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.common.parameters import remove_values
 from ansible.module_utils.errors import ArgumentValueError
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError, optional_import
 
-try:
-    import yaml
-except ImportError:  # pragma: no cover - PyYAML comes with ansible-core on the controller
-    yaml = None
+yaml = optional_import("yaml")[0]  # PyYAML comes with ansible-core on the controller
 
 # Keys of an argument spec that are documentation, not rules (ArgumentSpecValidator does not take them).
 _DOC_KEYS = ("description", "short_description", "version_added", "author", "notes", "seealso")

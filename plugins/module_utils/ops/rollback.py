@@ -4,19 +4,19 @@
 """The rollback (strip every speculative flag) and the roll-forward (set it again) of one InferenceService.
 
 What module ``isvc_speculative`` does, as plain Python: ``check_params`` refuses contradicting options, ``run`` reads the
-InferenceService through a ``Cluster`` (one InferenceService on the cluster service, kube/service.py), builds the plan
-from the reads (ops/rollback_plan.py: what to strip, where the flag comes from, who owns the object) and ``act`` writes
-it: one guarded JSON patch (and the runtime copy or runtime edit when the flag comes from the ServingRuntime) through the
-one patch writer, the backup kept; then it waits (the one waiter) and removes the draft's storageUris entry when asked.
-Errors are SpecDecodingErrors that name the option and the fix.
+InferenceService and its runtime through the cluster service (kube/service.py: the module's, built once per task),
+builds the plan from the reads (ops/rollback_plan.py: what to strip, where the flag comes from, the runtime's fix, who
+owns the object) and ``act`` writes it through the same service: one guarded JSON patch (and the runtime copy or runtime
+edit when the flag comes from the ServingRuntime), the backup kept; then it waits (the one waiter) and removes the
+draft's storageUris entry when asked. Errors are SpecDecodingErrors that name the option and the fix.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import files as local_files
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.credentials import redact
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ConflictError, SpecDecodingError, ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops import owner as gitops_owner
@@ -50,75 +50,16 @@ def check_params(params):
         raise ValidationError("only apply to state=absent (the rollback)", field="runtime_copy/edit_runtime", hint="drop them")
 
 
-class Cluster:
-    """One InferenceService on the cluster service (kube/service.py): what the rollback reads and writes of it."""
-
-    def __init__(self, api_client, namespace, name, gitops_owner_policy="refuse", warn=None):
-        self.service = kube_service.service_of(api_client)
-        self.api_client = self.service.api_client
-        self.namespace = namespace
-        self.name = name
-        self.gitops_owner_policy = gitops_owner_policy
-        self.warn = warn
-
-    # -- reads (what the plan is built from) -----------------------------------------------------------------------
-
-    def get(self):
-        return self.service.inference_service(self.namespace, self.name)
-
-    def runtime_reader(self):
-        """The ServingRuntime / ClusterServingRuntime reads, one snapshot per plan (runtime_readers.ClientReader)."""
-        return runtime_readers.ClientReader(self.service)
-
-    def owner_of(self, obj, what, policy=None, warn=None):
-        """Who owns ``obj`` (gitops/owner.py); raises the refusal of a live write its owner would undo."""
-        return gitops_owner.check_live_write(self.api_client, obj, policy or self.gitops_owner_policy, what, warn=warn or self.warn)
-
-    # -- writes (the act) ------------------------------------------------------------------------------------------
-
-    def create_runtime(self, body, dry_run):
-        """Create (or, when it exists with our labels, keep) the per-service ServingRuntime copy."""
-        meta = body["metadata"]
-        existing = runtime_readers.ClientReader(self.service).get(serving_runtime.SERVING_RUNTIME, meta["namespace"], meta["name"])
-        if existing is not None:
-            if (existing["metadata"].get("labels") or {}).get(serving_runtime.COPY_FOR_LABEL) != meta["labels"][serving_runtime.COPY_FOR_LABEL]:
-                raise ValidationError("ServingRuntime %s/%s exists and was not made by this collection for %s" % (
-                    meta["namespace"], meta["name"], self.name), field="runtime_copy",
-                    hint="delete or rename that ServingRuntime, or use edit_runtime")
-            return existing, False
-        return self.service.create(kube_service.SERVING_RUNTIME, body, namespace=meta["namespace"], dry_run=dry_run), True
-
-    def patch_runtime(self, kind, name, ops, dry_run):
-        res = kube_service.SERVING_RUNTIME if kind == kube_service.SERVING_RUNTIME.kind else kube_service.CLUSTER_SERVING_RUNTIME
-        return self.service.json_patch(res, name, ops, namespace=self.namespace, dry_run=dry_run)
-
-    def patch(self, ops, dry_run):
-        # A named field manager: a later server-side apply (the deploy) that conflicts with this edit names the rollback.
-        return self.service.json_patch(kube_service.INFERENCE_SERVICE, self.name, ops, namespace=self.namespace, dry_run=dry_run,
-                                       read=self.get)
-
-    def wait_ready(self, params):
-        """The one waiter (kserve/wait.py over kube/wait.py): Ready at the generation, a crash loop failing at once."""
-        return isvc_wait.wait_ready(self.api_client, self.namespace, self.name, timeout=params["wait_timeout"],
-                                    interval=params["wait_sleep"], **crash_loop_check(params))
-
-
 def _api_error(exc):
     return kube_service.api_error_message(exc)
 
 
 def write_backup_file(params, doc):
+    """The backup document (with the object's namespace and name) at backup_file, readable by its owner only; written
+    whole (artifacts/files.py): a rerun after a kill finds the old backup or the new one."""
     path = rollback_plan.backup_path(params["backup_file"], params["namespace"], params["name"])
     payload = dict(doc, namespace=params["namespace"], name=params["name"])
-    tmp = path + ".tmp"
-    parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(payload, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
-    return path
+    return local_files.write_whole(path, json.dumps(payload, indent=2, sort_keys=True) + "\n", mode=0o600, make_parent=True)
 
 
 def crash_loop_check(params):
@@ -128,34 +69,45 @@ def crash_loop_check(params):
     return {"crash_loop_restarts": params["wait_crash_loop_restarts"], "redact": redact}
 
 
-def _runtime_reader(cluster):
-    """The cluster's runtime reads (a double without them reads through its api_client)."""
-    if hasattr(cluster, "runtime_reader"):
-        return cluster.runtime_reader()
-    return runtime_readers.ClientReader(cluster.api_client)
+# -- the reads and writes of one InferenceService on the cluster service --------------------------------------------
+
+def _read(service, params):
+    return service.inference_service(params["namespace"], params["name"])
 
 
-def _owner_check(cluster, params):
-    """The plan's owner question, ``owner_of(obj, what, warn)``, with the module's gitops_owner policy; a double without
-    ``owner_of`` answers from the object's own marks (gitops/owner.py reads no owner object without a client)."""
+def _patch(service, params, ops, dry_run):
+    # A named field manager (the writer's default, the rollback's): a later server-side apply (the deploy) that conflicts
+    # with this edit names the rollback. A failed ``test`` is judged on a fresh read of the object.
+    return service.json_patch(kube_service.INFERENCE_SERVICE, params["name"], ops, namespace=params["namespace"], dry_run=dry_run,
+                              read=lambda: _read(service, params))
+
+
+def _wait_ready(service, params):
+    """The one waiter (kserve/wait.py over kube/wait.py): Ready at the generation, a crash loop failing at once."""
+    return isvc_wait.wait_ready(service.api_client, params["namespace"], params["name"], timeout=params["wait_timeout"],
+                                interval=params["wait_sleep"], **crash_loop_check(params))
+
+
+def _owner_check(service, params):
+    """The plan's owner question, ``owner_of(obj, what, warn)``: gitops/owner.py's check with the module's gitops_owner
+    policy (it reads the owner object through the service's client only when the object's marks name one)."""
     policy = params.get("gitops_owner", "refuse")
-    if hasattr(cluster, "owner_of"):
-        return lambda obj, what, warn: cluster.owner_of(obj, what, policy=policy, warn=warn)
-    return lambda obj, what, warn: gitops_owner.check_live_write(getattr(cluster, "api_client", None), obj, policy, what, warn=warn)
+    return lambda obj, what, warn: gitops_owner.check_live_write(service.api_client, obj, policy, what, warn=warn)
 
 
-def run(cluster, params, check_mode=False, diff=False):
-    """Module isvc_speculative: (result, warnings). Each attempt reads the InferenceService, builds the plan from the reads
-    (rollback_plan.build) and acts on it (``act``); a patch refused because the object changed meanwhile plans again on a
-    fresh read, up to ``retries`` times."""
+def run(service, params, check_mode=False, diff=False):
+    """Module isvc_speculative: (result, warnings). ``service``: the task's cluster service (kube/service.ClusterService).
+    Each attempt reads the InferenceService, builds the plan from the reads (rollback_plan.build, the runtime read
+    through runtime_readers.ClientReader on the service) and acts on it (``act``); a patch refused because the object
+    changed meanwhile plans again on a fresh read, up to ``retries`` times."""
     warnings = []
     result = dict(changed=False, containers=[], patch=[], backup_truncated=False, attempts=0)
     attempts = 0
     while True:
-        isvc = cluster.get()
-        reader = _runtime_reader(cluster) if params["state"] == "absent" else None
+        isvc = _read(service, params)
+        reader = runtime_readers.ClientReader(service) if params["state"] == "absent" else None
         # the owner is asked before the first write only: a retry writes the same objects
-        plan = rollback_plan.build(params, isvc, reader=reader, owner_of=_owner_check(cluster, params) if attempts == 0 else None)
+        plan = rollback_plan.build(params, isvc, reader=reader, owner_of=_owner_check(service, params) if attempts == 0 else None)
         warnings.extend(plan.warnings)
         result.update(plan.result)
         if not plan.changed:
@@ -163,7 +115,7 @@ def run(cluster, params, check_mode=False, diff=False):
             break
         attempts += 1
         try:
-            act(cluster, params, plan, result, check_mode=check_mode, diff=diff)
+            act(service, params, plan, result, check_mode=check_mode, diff=diff)
         except kube_writer.PatchConflict as exc:
             if attempts <= params["retries"]:
                 continue
@@ -177,28 +129,28 @@ def run(cluster, params, check_mode=False, diff=False):
         return result, warnings
 
     if params["wait"]:
-        ready, elapsed = cluster.wait_ready(params)
+        ready, elapsed = _wait_ready(service, params)
         result["ready"] = {"ready": True, "generation": ready["metadata"].get("generation"), "elapsed": round(elapsed, 1)}
         result["resource"] = ready
     if params["remove_draft_artifacts"] and params["state"] == "absent":
-        result["draft_artifacts"] = remove_draft(params, cluster, result, warnings)
+        result["draft_artifacts"] = remove_draft(params, service, result, warnings)
     return result, warnings
 
 
-def act(cluster, params, plan, result, check_mode=False, diff=False):
-    """Write ``plan`` through the cluster: the runtime's fix first (a copy to switch to, or the shared runtime's strip),
-    the backup file, then the InferenceService's one guarded JSON patch (a server dry run in check mode). A
+def act(service, params, plan, result, check_mode=False, diff=False):
+    """Write ``plan`` through the cluster service: the runtime's fix first (a copy to switch to, or the shared runtime's
+    strip), the backup file, then the InferenceService's one guarded JSON patch (a server dry run in check mode). A
     PatchConflict (the InferenceService changed since it was read) passes through: the caller plans again."""
     if plan.runtime_fix is not None:
-        apply_runtime_fix(cluster, plan.runtime_fix, result, check_mode)
+        apply_runtime_fix(service, params, plan.runtime_fix, result, check_mode)
         if not plan.ops:
-            result.update(changed=True, resource=cluster.get() if not check_mode else plan.isvc)
-            result["config"] = rollback_plan.config_of(result["resource"])
+            resource = _read(service, params) if not check_mode else plan.isvc
+            result.update(isvc_patch.outcome(resource), changed=True, resource=resource)
             return
     if plan.backup is not None and params["backup"] in ("file", "both") and not check_mode:
         result["backup_file"] = write_backup_file(params, plan.backup)
     try:
-        after = cluster.patch(plan.ops, dry_run=check_mode)
+        after = _patch(service, params, plan.ops, dry_run=check_mode)
     except kube_writer.PatchConflict:
         raise
     except Exception as exc:  # pylint: disable=broad-except
@@ -206,22 +158,46 @@ def act(cluster, params, plan, result, check_mode=False, diff=False):
             raise
         raise SpecDecodingError("patching InferenceService %s/%s failed: %s" % (params["namespace"], params["name"], _api_error(exc)),
                                 field="name") from exc
-    result.update(changed=True, patch=plan.ops, resource=after, config=rollback_plan.config_of(after))
+    # the config it runs with now and, in diff mode, the diff: one question to patch_plan
+    result.update(isvc_patch.outcome(after, plan.isvc if diff else None), changed=True, patch=plan.ops, resource=after)
     if plan.backup is not None:
         result["backup"] = plan.backup
-    if diff:
-        result["diff"] = {"before": isvc_patch.diff_view(plan.isvc), "after": isvc_patch.diff_view(after)}
 
 
-def apply_runtime_fix(cluster, fix, result, check_mode):
+def _existing_copy(service, meta):
+    """The ServingRuntime named as the copy, or None (also when not readable: the create then says whether it may be
+    written); another refusal says what was read."""
+    try:
+        return service.get(kube_service.SERVING_RUNTIME, meta["name"], meta["namespace"], missing="none")
+    except ApiException as exc:
+        if getattr(exc, "status", None) == 403:
+            return None
+        raise SpecDecodingError("reading %ss failed: %s" % (serving_runtime.SERVING_RUNTIME, _api_error(exc)), field="runtime") from exc
+
+
+def _create_runtime_copy(service, params, body, dry_run):
+    """Create (or, when it exists with our labels, keep) the per-service ServingRuntime copy: (object, created)."""
+    meta = body["metadata"]
+    existing = _existing_copy(service, meta)
+    if existing is not None:
+        if (existing["metadata"].get("labels") or {}).get(serving_runtime.COPY_FOR_LABEL) != meta["labels"][serving_runtime.COPY_FOR_LABEL]:
+            raise ValidationError("ServingRuntime %s/%s exists and was not made by this collection for %s" % (
+                meta["namespace"], meta["name"], params["name"]), field="runtime_copy",
+                hint="delete or rename that ServingRuntime, or use edit_runtime")
+        return existing, False
+    return service.create(kube_service.SERVING_RUNTIME, body, namespace=meta["namespace"], dry_run=dry_run), True
+
+
+def apply_runtime_fix(service, params, fix, result, check_mode):
     """Create the per-service copy or patch the shared runtime (a server dry run in check mode)."""
     try:
         if fix["fix"] == "copy":
-            created, new = cluster.create_runtime(fix["body"], dry_run=check_mode)
+            created, new = _create_runtime_copy(service, params, fix["body"], dry_run=check_mode)
             result["runtime"]["copy_created"] = new
             result["runtime_copy"] = created
         elif fix["ops"]:
-            cluster.patch_runtime(fix["kind"], fix["name"], fix["ops"], dry_run=check_mode)
+            res = kube_service.SERVING_RUNTIME if fix["kind"] == kube_service.SERVING_RUNTIME.kind else kube_service.CLUSTER_SERVING_RUNTIME
+            service.json_patch(res, fix["name"], fix["ops"], namespace=params["namespace"], dry_run=check_mode)
     except Exception as exc:  # pylint: disable=broad-except
         # a PatchConflict (the runtime changed since it was read) is said as the API server said it
         cause = exc.api_error if isinstance(exc, kube_writer.PatchConflict) else exc
@@ -235,9 +211,9 @@ def apply_runtime_fix(cluster, fix, result, check_mode):
     result["changed"] = True
 
 
-def remove_draft(params, cluster, result, warnings):
+def remove_draft(params, service, result, warnings):
     """Drop the draft's storageUris entry once the rolled-back revision is Ready at its generation."""
-    isvc = cluster.get()
+    isvc = _read(service, params)
     state = isvc_readers.readiness(isvc)
     if not (state["ready"] and state["up_to_date"]):
         raise ValidationError("the rolled-back revision is not Ready at generation %s yet (observedGeneration %s); the draft stays"
@@ -254,9 +230,9 @@ def remove_draft(params, cluster, result, warnings):
             warnings.append(note)
         return {"removed": None, "note": note}
     if not result["changed"]:  # the rollback's own write checked the owner already
-        _owner_check(cluster, params)(isvc, "InferenceService %s/%s" % (params["namespace"], params["name"]), warnings.append)
+        _owner_check(service, params)(isvc, "InferenceService %s/%s" % (params["namespace"], params["name"]), warnings.append)
     try:
-        cluster.patch(ops, dry_run=False)
+        _patch(service, params, ops, dry_run=False)
     except Exception as exc:  # pylint: disable=broad-except
         cause = exc.api_error if isinstance(exc, kube_writer.PatchConflict) else exc
         if getattr(cause, "status", None) is None:
@@ -264,7 +240,7 @@ def remove_draft(params, cluster, result, warnings):
         raise SpecDecodingError("removing the draft's storageUris entry failed: %s" % _api_error(cause), field="remove_draft_artifacts") from exc
     result["changed"] = True
     if params["wait"]:
-        result["resource"], _elapsed = cluster.wait_ready(params)
+        result["resource"], _elapsed = _wait_ready(service, params)
     return {"removed": removed, "note": note}
 
 

@@ -120,30 +120,29 @@ def _strip_or_set(params, isvc, warnings):
     return isvc_patch.plan_set(isvc, canonical, container_name=params["container"]), canonical
 
 
-def _backup(params, plan):
-    """The backup document and its annotation value, when the plan changes a flag worth keeping (not on a roll-forward
-    from the backup itself)."""
-    strip = plan.strip
-    if params["state"] == "present" and params["restore_backup"]:
-        return
-    if not (plan.strip_changed and params["backup"] != "none" and (strip.previous_config is not None or strip.previous_raw or strip.legacy_flags)):
-        return
-    plan.backup = isvc_patch.backup_document(plan.isvc, strip)
-    if params["backup"] in ("annotation", "both"):
-        plan.annotation, plan.truncated = isvc_patch.backup_annotation_value(plan.backup)
-        if plan.truncated:
-            plan.warnings.append("the command lists are too big for the %s annotation (%d bytes max); only the config was kept there"
-                                 % (isvc_patch.BACKUP_ANNOTATION, isvc_patch.MAX_BACKUP_BYTES)
-                                 + ("" if params["backup"] == "both" else "; use backup: both with backup_file to keep them"))
+def _patch(params, plan):
+    """The InferenceService's guarded JSON patch and the backup (patch_plan.add_patch: kept when the plan changes a flag
+    worth keeping; not on a roll-forward from the backup itself)."""
+    restoring = params["state"] == "present" and params["restore_backup"]
+    strip = isvc_patch.add_patch(plan.isvc, plan.strip, backup="none" if restoring else params["backup"], guard=params["guard"])
+    plan.ops, plan.backup, plan.annotation, plan.truncated = strip.ops, strip.backup, strip.annotation, strip.truncated
+    if plan.truncated:
+        plan.warnings.append("the command lists are too big for the %s annotation (%d bytes max); only the config was kept there"
+                             % (isvc_patch.BACKUP_ANNOTATION, isvc_patch.MAX_BACKUP_BYTES)
+                             + ("" if params["backup"] == "both" else "; use backup: both with backup_file to keep them"))
 
 
 def _runtime(params, plan, reader):
-    """After the strip, does the runtime still pass a flag to vLLM? Refuse (ValidationError), or plan the copy or the
+    """After the strip, does the runtime still pass a flag to vLLM? Asked once (runtime.rollback_runtime: one selection,
+    one merge; the stripped command merged into the same runtime). Refuse (ValidationError), or plan the copy or the
     runtime edit into ``plan.runtime_fix`` (and the InferenceService's switch to the copy into ``plan.ops``)."""
     isvc = plan.isvc
     plan.runtime_checked = True
+    stripped = isvc_patch.apply_patch(isvc, plan.ops) if plan.ops else isvc
+    # the options are read only when a runtime's flag needs them (callers that never ask may leave them out)
+    fix = "copy" if params.get("runtime_copy") else "edit" if params.get("edit_runtime") else None
     try:
-        before = srt.effective_command(isvc, reader)
+        found = srt.rollback_runtime(isvc, stripped, reader, fix=fix)
     except ValidationError as exc:
         if exc.field not in ("spec.predictor.model.runtime", "spec.containers"):
             raise
@@ -152,42 +151,28 @@ def _runtime(params, plan, reader):
             if reader.forbidden else ""
         plan.warnings.append("%s%s: the runtime's command is not checked for --speculative-config" % (exc, why))
         return
-    plan.runtime = {"kind": before.kind, "name": before.runtime_name, "source": before.source(), "fix": "none"}
-    if before.runtime is None:
+    plan.runtime = found["runtime"]
+    if found["users"] is None:  # the runtime's flag does not reach vLLM after the strip
         return
-    stripped = isvc_patch.apply_patch(isvc, plan.ops) if plan.ops else isvc
-    after = srt.effective_command(stripped, reader)
-    if after.runtime_source not in after.sources():
-        return
-    users = reader.users(after)
-    plan.runtime_users = users
+    plan.runtime_users = found["users"]
     if plan.previous_config is None:
-        try:
-            plan.previous_config = before.config()
-        except SpecDecodingError:
-            pass
-    if params["runtime_copy"]:
-        body = srt.render_runtime_copy(after)
-        plan.runtime.update(fix="copy", copy=body["metadata"]["name"])
+        plan.previous_config = found["previous_config"]
+    plan.runtime_fix = found["fix"]
+    if fix == "copy":
+        copy_name = plan.runtime_fix["body"]["metadata"]["name"]
         model_path = "/spec/predictor/model/runtime"
         current = isvc["spec"]["predictor"]["model"].get("runtime")
         if current:
             switch = [{"op": "test", "path": model_path, "value": current},
-                      {"op": "replace", "path": model_path, "value": body["metadata"]["name"]}]
+                      {"op": "replace", "path": model_path, "value": copy_name}]
         else:
             switch = [{"op": "test", "path": "/metadata/resourceVersion", "value": isvc["metadata"]["resourceVersion"]},
-                      {"op": "add", "path": model_path, "value": body["metadata"]["name"]}]
-        plan.runtime_fix = {"fix": "copy", "body": body}
+                      {"op": "add", "path": model_path, "value": copy_name}]
         plan.ops = plan.ops + switch
-        return
-    if params["edit_runtime"]:
+    else:
         plan.warnings.append("edit_runtime: stripping --speculative-config from the %s %s; every InferenceService using it loses "
-                             "speculative decoding: %s" % (after.kind, after.runtime_name, ", ".join(users) or "none found"))
-        plan.runtime["fix"] = "edit"
-        plan.runtime_fix = {"fix": "edit", "kind": after.kind, "name": after.runtime_name, "runtime": after.runtime,
-                            "ops": srt.runtime_strip_patch(after.runtime, after.runtime_index)}
-        return
-    raise ValidationError(srt.rollback_refusal(after, users))
+                             "speculative decoding: %s" % (plan.runtime_fix["kind"], plan.runtime_fix["name"],
+                                                           ", ".join(plan.runtime_users) or "none found"))
 
 
 def build(params, isvc, reader=None, owner_of=None):
@@ -199,9 +184,7 @@ def build(params, isvc, reader=None, owner_of=None):
     strip, canonical = _strip_or_set(params, isvc, warnings)
     plan = RollbackPlan(isvc, strip, canonical)
     plan.warnings = warnings
-    _backup(params, plan)
-    if plan.strip_changed:
-        plan.ops = isvc_patch.build_patch(isvc, strip, annotation_value=plan.annotation, guard=params["guard"])
+    _patch(params, plan)
     plan.previous_config = strip.previous_config if params["state"] == "absent" else config_of(isvc)
     if params["state"] == "absent" and reader is not None:
         _runtime(params, plan, reader)

@@ -17,22 +17,20 @@ import tarfile
 import time
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import credentials
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import files as local_files
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import storage
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import engine_log
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as metrics_mod
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError, optional_import
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops import owner as gitops_owner
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import service as kube_service
 # The rules' readers over API objects serve the describe text and the summary too.
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops.troubleshoot_rules import (
     _condition, _conditions, _container_statuses, _events_for, _pod_name, diagnose, speculative_config_of, storage_uris,
 )
 
-try:
-    import yaml
-    HAS_YAML = True
-except ImportError:  # pragma: no cover
-    yaml = None
-    HAS_YAML = False
+yaml = optional_import("yaml")[0]
+HAS_YAML = yaml is not None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -156,8 +154,7 @@ def dump(obj):
 def write_archive(path, files, secrets=None, root="troubleshoot"):
     """Write ``{relative path: text}`` into a tar.gz at ``path`` (every text redacted first). Returns the member names."""
     names = []
-    tmp = path + ".tmp"
-    with tarfile.open(tmp, "w:gz") as tar:
+    with local_files.replacing(path) as tmp, tarfile.open(tmp, "w:gz") as tar:
         for rel in sorted(files):
             data = credentials.redact(files[rel], secrets).encode("utf-8")
             info = tarfile.TarInfo("%s/%s" % (root, rel))
@@ -166,7 +163,6 @@ def write_archive(path, files, secrets=None, root="troubleshoot"):
             info.mode = 0o644
             tar.addfile(info, io.BytesIO(data))
             names.append(info.name)
-    os.replace(tmp, path)
     return names
 
 
@@ -178,36 +174,30 @@ BUNDLE_DEFAULTS = {"tail_lines": 500, "timeout": 60}  # troubleshoot_bundle's de
 
 
 class Collector:
-    """Reads one InferenceService's objects and logs; every API error becomes a note, never a failure."""
+    """Reads one InferenceService's objects and logs through the cluster service (kube/service.py), as plain dicts;
+    every API error becomes a note, never a failure."""
 
-    def __init__(self, api_client, params):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import client  # pylint: disable=import-outside-toplevel
-        self.api_client = api_client
-        self.core = client.CoreV1Api(api_client)
-        self.apps = client.AppsV1Api(api_client)
-        self.custom = client.CustomObjectsApi(api_client)
+    def __init__(self, cluster, params):
+        self.service = kube_service.service_of(cluster)
+        self.api_client = self.service.api_client
         self.params = params
         self.notes = []
         self.secret_values = []
-
-    def plain(self, obj):
-        return self.api_client.sanitize_for_serialization(obj)
 
     def _try(self, what, func, *args, **kwargs):
         try:
             return func(*args, **kwargs)
         except Exception as exc:  # pylint: disable=broad-except
-            from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
-            self.notes.append("%s: %s" % (what, k8s_pods.api_error_message(exc) if hasattr(exc, "status") else exc))
+            self.notes.append("%s: %s" % (what, kube_service.api_error_message(exc) if hasattr(exc, "status") else exc))
             return None
 
     def storage_initializer(self):
         for ns in self.params["kserve_namespaces"]:
             try:
-                cm = self.core.read_namespaced_config_map(KSERVE_CONFIGMAP, ns, _request_timeout=self.params["timeout"])
+                cm = self.service.get(kube_service.CONFIG_MAP, KSERVE_CONFIGMAP, ns, timeout=self.params["timeout"])
             except Exception:  # pylint: disable=broad-except
                 continue
-            data = dict(cm.data or {})
+            data = dict(cm.get("data") or {})
             parsed = {"namespace": ns, "data": {}}
             for key, value in data.items():
                 try:
@@ -219,10 +209,9 @@ class Collector:
         return None
 
     def log(self, ns, pod, container, previous):
-        from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
         try:
-            chunks = k8s_pods.stream_pod_log(self.api_client, ns, pod, container=container, tail_lines=self.params["tail_lines"],
-                                             previous=previous, timeout=self.params["timeout"])
+            chunks = self.service.pod_log(ns, pod, container=container, tail_lines=self.params["tail_lines"], previous=previous,
+                                          timeout=self.params["timeout"])
             return b"".join(chunks).decode("utf-8", "replace")
         except SpecDecodingError as exc:
             if not previous:
@@ -243,19 +232,20 @@ class Collector:
                     if ref:
                         names.add(ref)
         for sa_name in sa_names:
-            sa = self._try("ServiceAccount %s/%s" % (ns, sa_name), self.core.read_namespaced_service_account, sa_name, ns,
-                           _request_timeout=self.params["timeout"])
-            for ref in (getattr(sa, "secrets", None) or []) + (getattr(sa, "image_pull_secrets", None) or []):
-                names.add(ref.name)
+            sa = self._try("ServiceAccount %s/%s" % (ns, sa_name), self.service.get, kube_service.SERVICE_ACCOUNT, sa_name, ns,
+                           timeout=self.params["timeout"]) or {}
+            for ref in (sa.get("secrets") or []) + (sa.get("imagePullSecrets") or []):
+                if ref.get("name"):
+                    names.add(ref["name"])
         for name in sorted(names):
             try:
-                secret = self.core.read_namespaced_secret(name, ns, _request_timeout=self.params["timeout"])
+                secret = self.service.get(kube_service.SECRET, name, ns, timeout=self.params["timeout"])
             except Exception:  # pylint: disable=broad-except
                 self.notes.append("Secret %s/%s not readable: its values are redacted by pattern only" % (ns, name))
                 continue
             import base64  # pylint: disable=import-outside-toplevel
-            data = dict(secret.data or {})
-            if secret.type == "kubernetes.io/service-account-token":
+            data = dict(secret.get("data") or {})
+            if secret.get("type") == "kubernetes.io/service-account-token":
                 data = {k: v for k, v in data.items() if k == "token"}   # namespace and ca.crt are not secret
             for value in data.values():
                 try:
@@ -278,7 +268,7 @@ class Collector:
             runtime as serving_runtime, runtime_readers,
         )
         try:
-            effective = serving_runtime.effective_command(snap["isvc"], runtime_readers.ClientReader(self.api_client))
+            effective = serving_runtime.effective_command(snap["isvc"], runtime_readers.ClientReader(self.service))
         except SpecDecodingError as exc:
             self.notes.append("runtime of %s/%s not resolved: %s" % (snap["namespace"], snap["name"], exc))
             return
@@ -288,30 +278,28 @@ class Collector:
     def collect(self, ns, name):
         snap = {"namespace": ns, "name": name, "pods": [], "events": [], "deployments": [], "logs": {}}
         from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import ApiException  # pylint: disable=import-outside-toplevel
+        timeout = self.params["timeout"]
         try:
-            snap["isvc"] = self.custom.get_namespaced_custom_object("serving.kserve.io", "v1beta1", ns, "inferenceservices", name,
-                                                                    _request_timeout=self.params["timeout"])
+            snap["isvc"] = self.service.request("GET", kube_service.INFERENCE_SERVICE.path(name, ns), timeout=timeout)
         except ApiException as exc:
-            from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods  # pylint: disable=import-outside-toplevel
             snap["isvc"] = None
-            snap["isvc_error"] = "InferenceService %s/%s: %s" % (ns, name, k8s_pods.api_error_message(exc))
+            snap["isvc_error"] = "InferenceService %s/%s: %s" % (ns, name, kube_service.api_error_message(exc))
         if snap.get("isvc"):
             self.runtime(snap)
             # Argo CD / Flux / Helm: read_owner answers an API refusal itself (readable false); anything else is a note
             snap["owner"] = self._try("reading the owner of %s/%s" % (ns, name), gitops_owner.read_owner, self.api_client, snap["isvc"])
         selector = "%s=%s" % (ISVC_LABEL, name)
-        pods = self._try("listing pods", self.core.list_namespaced_pod, ns, label_selector=selector, _request_timeout=self.params["timeout"])
-        snap["pods"] = [self.plain(p) for p in sorted((pods.items if pods else []), key=lambda p: p.metadata.name)]
-        deps = self._try("listing deployments", self.apps.list_namespaced_deployment, ns, label_selector=selector,
-                         _request_timeout=self.params["timeout"])
-        snap["deployments"] = [self.plain(d) for d in (deps.items if deps else [])]
+        pods = self._try("listing pods", self.service.list, kube_service.POD, ns, selector=selector, timeout=timeout) or []
+        snap["pods"] = sorted(pods, key=lambda p: p["metadata"]["name"])
+        snap["deployments"] = self._try("listing deployments", self.service.list, kube_service.DEPLOYMENT, ns, selector=selector,
+                                        timeout=timeout) or []
         related = {name} | {p["metadata"]["name"] for p in snap["pods"]} | {d["metadata"]["name"] for d in snap["deployments"]}
         prefixes = tuple(d["metadata"]["name"] + "-" for d in snap["deployments"]) + ("%s-predictor" % name,)
-        events = self._try("listing events", self.core.list_namespaced_event, ns, _request_timeout=self.params["timeout"])
-        for ev in (events.items if events else []):
-            obj = ev.involved_object
-            if obj and (obj.name in related or (obj.kind == "ReplicaSet" and obj.name.startswith(prefixes))):
-                snap["events"].append(self.plain(ev))
+        for ev in self._try("listing events", self.service.list, kube_service.EVENT, ns, timeout=timeout) or []:
+            obj = ev.get("involvedObject") or {}
+            obj_name = obj.get("name") or ""
+            if obj_name in related or (obj.get("kind") == "ReplicaSet" and obj_name.startswith(prefixes)):
+                snap["events"].append(ev)
         snap["events"].sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
         for pod in snap["pods"]:
             pname = pod["metadata"]["name"]
@@ -440,10 +428,11 @@ def check_inputs(params):
         raise ValidationError("%s exists and is not a directory" % params["dest"], field="dest", hint="give a directory for the bundle")
 
 
-def bundle(api_client, params, check_mode=False, diff=False):
+def bundle(cluster, params, check_mode=False, diff=False):
     """Collect every named InferenceService, diagnose it and write the archive and the summary (only the member names
-    with check_mode); returns troubleshoot_bundle's result. Run check_inputs first."""
-    collector = Collector(api_client, params)
+    with check_mode); returns troubleshoot_bundle's result. ``cluster``: the ClusterService (or a bare ApiClient). Run
+    check_inputs first."""
+    collector = Collector(cluster, params)
     targets = []
     for item in params["names"]:
         ns, _sep, name = item.rpartition("/")
@@ -465,7 +454,7 @@ def bundle(api_client, params, check_mode=False, diff=False):
     for snap in snaps:
         findings = diagnose(snap)
         snap["vllm_version"], snap["engine_line_config"] = _engine_facts(snap)
-        snap["preflight"] = preflight_of(api_client, snap)
+        snap["preflight"] = preflight_of(collector.api_client, snap)
         sections.append(service_summary(snap, findings))
         likely = next((f for f in findings if f["severity"] == "error"), None)
         services.append({"namespace": snap["namespace"], "name": snap["name"], "likely_cause": likely["cause"] if likely else

@@ -14,7 +14,7 @@ import json
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_edit as vllm_edit
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 # the JSON-pointer helpers live with the one patch writer; imported here for the callers that plan with this module
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.writer import (  # noqa: F401  pylint: disable=unused-import
     apply_patch, escape_pointer, tests_hold,
@@ -72,14 +72,16 @@ class Plan:
 
     def __init__(self, changes, previous_config, previous_raw, containers, legacy_flags=None):
         self.changes = changes
+        self.changed = bool(changes)
         self.previous_config = previous_config  # dict or None
         self.previous_raw = previous_raw  # the flag text when it could not be parsed (e.g. "$SPEC")
         self.containers = containers  # names of the containers touched
         self.legacy_flags = legacy_flags or {}  # {flag: value} of vLLM's pre-0.10 flags removed (no config dict for them)
-
-    @property
-    def changed(self):
-        return bool(self.changes)
+        # add_patch's: the guarded JSON patch, the backup document, its annotation value, only the config fitted there
+        self.ops = []
+        self.backup = None
+        self.annotation = None
+        self.truncated = False
 
 
 def _occurrences(container):
@@ -329,6 +331,34 @@ def diff_view(isvc):
     if BACKUP_ANNOTATION in annotations:
         view["annotations"] = {BACKUP_ANNOTATION: annotations[BACKUP_ANNOTATION]}
     return view
+
+
+def add_patch(isvc, plan, backup="none", guard="value"):
+    """``plan`` with its write, in one step (the rollback's plan asks once): ``plan.ops`` the guarded JSON patch
+    (build_patch), ``plan.backup`` the backup document when the plan removes a flag worth keeping (a config, its
+    unparsed text or legacy flags) and ``backup`` is annotation, file or both, ``plan.annotation`` its annotation value
+    (backup annotation or both; then in the patch) and ``plan.truncated`` (only the config fitted there). Returns ``plan``."""
+    if not plan.changed:
+        return plan
+    if backup != "none" and (plan.previous_config is not None or plan.previous_raw or plan.legacy_flags):
+        plan.backup = backup_document(isvc, plan)
+        if backup in ("annotation", "both"):
+            plan.annotation, plan.truncated = backup_annotation_value(plan.backup)
+    plan.ops = build_patch(isvc, plan, annotation_value=plan.annotation, guard=guard)
+    return plan
+
+
+def outcome(after, before=None):
+    """What a write reports of the object the API server answered: ``config``, the speculative config it runs with (None
+    also when it cannot be read) and, given the object as it was read (``before``), ``diff`` (diff_view of both)."""
+    try:
+        config = current_config(after)
+    except SpecDecodingError:
+        config = None
+    out = {"config": config}
+    if before is not None:
+        out["diff"] = {"before": diff_view(before), "after": diff_view(after)}
+    return out
 
 
 # --------------------------------------------------------------------------------------------------

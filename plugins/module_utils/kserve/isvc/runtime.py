@@ -181,7 +181,7 @@ def _args_reach_engine(command):
 class Effective:
     """The kserve-container an InferenceService runs, and where each speculative flag in it comes from."""
 
-    def __init__(self, isvc, runtime, kind, container, command_from, runtime_args_count, runtime_index=None):
+    def __init__(self, isvc, runtime, kind, container, command_from, runtime_args_count, runtime_index=None, base=None):
         self.isvc = isvc
         self.runtime = runtime
         self.kind = kind
@@ -189,7 +189,34 @@ class Effective:
         self.command_from = command_from  # source of the command list
         self.runtime_args_count = runtime_args_count
         self.runtime_index = runtime_index
+        self.base = base  # the runtime's kserve-container as read (with_own merges an edited predictor into it again)
         self.args_reach = _args_reach_engine(container.get("command"))
+
+    def with_own(self, isvc):
+        """The Effective of ``isvc``: this InferenceService with only its own command/args edited (the rollback's strip),
+        on the runtime already selected and merged. KServe's merge of the other fields does not depend on command and
+        args, so only those are merged again, as ``MergeRuntimeContainers`` does (a non-empty command replaces the
+        runtime's; the args are the runtime's, then the InferenceService's), and their placeholders replaced: no second
+        selection, read or strategic merge."""
+        if self.runtime is None:
+            return effective_command(isvc, None)  # the predictor's own containers: nothing is merged or read
+        own = container_of_model(((isvc.get("spec") or {}).get("predictor") or {}).get("model"))
+        lists = {"name": self.container.get("name")}
+        command = own.get("command") or self.base.get("command")
+        if command:
+            lists["command"] = list(command)
+        args = list(self.base.get("args") or []) + list(own.get("args") or [])
+        if args:
+            lists["args"] = args
+        lists = replace_placeholders(lists, isvc.get("metadata") or {}, self.runtime_name)
+        container = dict(self.container)
+        for field in ("command", "args"):
+            if field in lists:
+                container[field] = lists[field]
+            else:
+                container.pop(field, None)
+        return Effective(isvc, self.runtime, self.kind, container, SOURCE_ISVC if own.get("command") else SOURCE_OF_KIND[self.kind],
+                         self.runtime_args_count, runtime_index=self.runtime_index, base=self.base)
 
     @property
     def runtime_name(self):
@@ -270,7 +297,7 @@ def effective_command(isvc, reader):
     merged = merge_runtime_container(base, own)
     merged = replace_placeholders(merged, meta, (runtime.get("metadata") or {}).get("name"))
     command_from = SOURCE_ISVC if own.get("command") else SOURCE_OF_KIND[kind]
-    return Effective(isvc, runtime, kind, merged, command_from, len(base.get("args") or []), runtime_index=index)
+    return Effective(isvc, runtime, kind, merged, command_from, len(base.get("args") or []), runtime_index=index, base=base)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -453,6 +480,43 @@ def users_of_runtime(kind, name, namespace, isvcs, namespaced_names=None):
         if hit:
             users.append("%s/%s" % (ns, meta.get("name")))
     return sorted(set(users))
+
+
+def rollback_runtime(isvc, stripped, reader, fix=None):
+    """The rollback's question to the runtime, from one selection and one merge: after the InferenceService's own strip
+    (``stripped``: the object as the strip leaves it), does the runtime still pass a speculative flag to vLLM?
+
+    ``fix``: None (refuse), ``"copy"`` (a per-service runtime copy without the flag) or ``"edit"`` (strip the shared
+    runtime). Returns ``{"runtime": {kind, name, source, fix[, copy]}, "users", "previous_config", "fix"}``: ``source``
+    where the flag vLLM ran with came from; ``users`` the InferenceServices sharing the runtime, read only when its flag
+    remains (else None); ``previous_config`` the config vLLM ran with (None when unreadable or the flag does not remain);
+    ``fix`` None, ``{"fix": "copy", "body"}`` or ``{"fix": "edit", "kind", "name", "runtime", "ops"}``. Raises the refusal
+    (rollback_refusal) when the flag remains and no fix is asked, and effective_command's ValidationError when the runtime
+    cannot be merged in."""
+    before = effective_command(isvc, reader)
+    out = {"runtime": {"kind": before.kind, "name": before.runtime_name, "source": before.source(), "fix": "none"},
+           "users": None, "previous_config": None, "fix": None}
+    if before.runtime is None:
+        return out
+    after = before.with_own(stripped)
+    if after.runtime_source not in after.sources():
+        return out
+    out["users"] = users = reader.users(after)
+    try:
+        out["previous_config"] = before.config()
+    except SpecDecodingError:
+        pass
+    if fix == "copy":
+        body = render_runtime_copy(after)
+        out["runtime"].update(fix="copy", copy=body["metadata"]["name"])
+        out["fix"] = {"fix": "copy", "body": body}
+    elif fix == "edit":
+        out["runtime"]["fix"] = "edit"
+        out["fix"] = {"fix": "edit", "kind": after.kind, "name": after.runtime_name, "runtime": after.runtime,
+                      "ops": runtime_strip_patch(after.runtime, after.runtime_index)}
+    else:
+        raise ValidationError(rollback_refusal(after, users))
+    return out
 
 
 def rollback_refusal(effective, users):

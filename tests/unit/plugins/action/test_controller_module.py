@@ -13,6 +13,8 @@ from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import ModuleContract
+from ansible_collections.alauda.spec_decoding.plugins.modules import isvc_speculative, isvc_wait, kserve_info
 from ansible_collections.alauda.spec_decoding.plugins.plugin_utils import controller_module
 from ansible_collections.alauda.spec_decoding.plugins.plugin_utils.controller_module import run_execute
 
@@ -60,46 +62,40 @@ class _Validating:
 
 
 def test_an_api_error_the_reads_do_not_handle_is_the_message_in_both_processes():
-    """The module maps a dropped connection to "kserve_info: <error>" (kube.module.run's `unexpected`); the in-process
+    """The module maps a dropped connection to "kserve_info: <error>" (its CONTRACT's failure keys); the in-process
     run does the same with the same mapping, and lets anything else through as Ansible reports a module's traceback."""
-    from ansible_collections.alauda.spec_decoding.plugins.modules import kserve_info as module  # pylint: disable=import-outside-toplevel
     action = _Validating({"name": "llama", "namespace": "models"})
-    spec = {"name": {"type": "str"}, "namespace": {"type": "str"}}
 
     def refused(_module):
         raise ConnectionRefusedError(111, "Connection refused")
 
-    res = run_execute(action, {}, spec, refused, **module.RUN)
+    res = run_execute(action, {}, kserve_info.CONTRACT.with_execute(refused))
     assert res == {"failed": True, "changed": False, "msg": "kserve_info: [Errno 111] Connection refused"}
 
     def bug(_module):
         raise KeyError("spec")
 
     with pytest.raises(KeyError):
-        run_execute(action, {}, spec, bug, **module.RUN)
+        run_execute(action, {}, kserve_info.CONTRACT.with_execute(bug))
 
 
 def test_the_modules_constraints_refuse_in_the_task_process_as_in_the_module():
-    """isvc_speculative's mutually_exclusive and required_if reach the in-process validation (its CONSTRAINTS)."""
-    spec, execute, kwargs = controller_module.module_parts("isvc_speculative")
+    """isvc_speculative's mutually_exclusive and required_if (its CONTRACT's constraints) reach the in-process
+    validation, before execute runs."""
     ran = []
-    res = run_execute(_Validating({"name": "a", "namespace": "b", "config": {"method": "ngram"}, "restore_backup": "x"}),
-                      {}, spec, lambda m: ran.append(m) or {}, **{k: v for k, v in kwargs.items() if k == "constraints"})
+    contract = isvc_speculative.CONTRACT.with_execute(lambda m: ran.append(m) or {})
+    res = run_execute(_Validating({"name": "a", "namespace": "b", "config": {"method": "ngram"}, "restore_backup": "x"}), {}, contract)
     assert res["failed"] and "mutually exclusive: config|restore_backup" in res["msg"] and not ran
-    res = run_execute(_Validating({"name": "a", "namespace": "b", "backup": "file"}), {}, spec, execute, constraints=kwargs["constraints"])
+    res = run_execute(_Validating({"name": "a", "namespace": "b", "backup": "file"}), {}, isvc_speculative.CONTRACT)
     assert res["failed"] and "backup is file but all of the following are missing: backup_file" in res["msg"]
-    assert execute is importlib.import_module("ansible_collections.alauda.spec_decoding.plugins.modules.isvc_speculative").execute
 
 
 def test_a_refusal_and_a_timeout_carry_the_modules_own_keys():
-    """isvc_wait's RUN: a refusal returns ready false and an empty resource, as the module's fail_json does."""
-    spec, dummy, kwargs = controller_module.module_parts("isvc_wait")
-    kwargs.pop("constraints")
-
+    """isvc_wait's failure keys: a refusal returns ready false and an empty resource, as the module's fail_json does."""
     def refuse(_module):
         raise SpecDecodingError("not found", field="name", hint="create it")
 
-    res = run_execute(_Validating({"name": "a", "namespace": "b"}), {}, spec, refuse, **kwargs)
+    res = run_execute(_Validating({"name": "a", "namespace": "b"}), {}, isvc_wait.CONTRACT.with_execute(refuse))
     assert res == {"failed": True, "changed": False, "msg": "name: not found. Fix: create it", "field": "name", "fix": "create it",
                    "ready": False, "resource": {}}
 
@@ -114,28 +110,27 @@ def test_check_and_diff_mode_reach_execute_and_no_log_values_are_masked():
         module.warn("the password is s3cret")
         return {"changed": False, "echo": "s3cret", "file": "read-at-run-time"}
 
-    res = run_execute(_Validating({"name": "a", "password": "s3cret"}, check_mode=True, diff=True), {}, spec, execute)
+    res = run_execute(_Validating({"name": "a", "password": "s3cret"}, check_mode=True, diff=True), {},
+                      ModuleContract(lambda: spec, execute))
     assert seen == {"check": True, "diff": True}
     assert "s3cret" not in repr(res) and "read-at-run-time" not in repr(res)
     assert res["echo"] == "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER" and res["warnings"] == ["the password is ********"]
 
 
-def test_every_action_plugin_names_a_module_with_its_parts():
-    """A ControllerModuleAction's MODULE has the argument spec and execute run_execute needs, and its main() uses the
-    same CONSTRAINTS and RUN (one place for both processes)."""
+def test_every_action_plugin_runs_the_contract_its_module_file_declares():
+    """Each action plugin imports its module file and runs that file's CONTRACT, the one main() runs: a
+    ControllerModuleAction by the module of its own name, isvc_manifest's plugin always in-process."""
     names = sorted(f[:-3] for f in os.listdir(ACTIONS) if f.endswith(".py") and f != "__init__.py")
     checked = 0
     for name in names:
         action = importlib.import_module("ansible_collections.alauda.spec_decoding.plugins.action." + name).ActionModule
-        if not issubclass(action, controller_module.ControllerModuleAction):
-            continue
-        assert action.MODULE == name
-        spec, execute, kwargs = controller_module.module_parts(name)
-        assert isinstance(spec, dict) and callable(execute)
-        source = open(os.path.join(ACTIONS, "..", "modules", name + ".py")).read().split("def main():", 1)[1]
-        if kwargs.get("constraints"):
-            assert "**CONSTRAINTS" in source, name
-        if set(kwargs) - {"constraints"}:
-            assert "**RUN" in source, name
+        module = importlib.import_module("ansible_collections.alauda.spec_decoding.plugins.modules." + name)
+        assert action.CONTRACT is module.CONTRACT, name
+        assert issubclass(action, controller_module.ControllerModuleAction) == (name != "isvc_manifest"), name
         checked += 1
-    assert checked >= 13
+    assert checked >= 19
+
+
+def test_a_controller_action_without_a_contract_is_refused_when_defined():
+    with pytest.raises(TypeError, match="CONTRACT"):
+        type("ActionModule", (controller_module.ControllerModuleAction,), {})

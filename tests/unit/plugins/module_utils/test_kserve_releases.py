@@ -16,6 +16,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc i
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import cluster as llmisvc_cluster
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import flags as llmisvc_flags
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as k8s_pods
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import service as kube_service
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import engine_config_info, rollback
 from tests.testbed import crds
 from tests.testbed.controlplane import _load_crd
@@ -130,21 +131,22 @@ def test_llmisvc_rollback_refuses_and_writes_nothing(monkeypatch):
     _refused(info, "spec.speculator")
 
 
-class _Cluster:
-    api_client = None
+class _Cluster(kube_service.ClusterService):
+    """The cluster service: the InferenceService read, no write allowed."""
 
     def __init__(self, obj):
+        super().__init__(None)
         self.obj = obj
 
-    def get(self):
+    def inference_service(self, namespace, name):
         return copy.deepcopy(self.obj)
 
-    def patch(self, ops, dry_run):
+    def json_patch(self, res, name, ops, **_kwargs):
         pytest.fail("the rollback wrote %s" % ops)
 
 
 def test_isvc_rollback_refuses_and_writes_nothing():
-    params = {"state": "absent", "container": None, "config": None, "restore_backup": False}
+    params = {"namespace": "models", "name": "llama", "state": "absent", "container": None, "config": None, "restore_backup": False}
     with pytest.raises(ValidationError) as info:
         rollback.run(_Cluster(_isvc(speculativeDecoding={"method": "eagle3"})), params)
     _refused(info, "spec.predictor.speculativeDecoding")

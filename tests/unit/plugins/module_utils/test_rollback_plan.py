@@ -2,12 +2,16 @@
 import copy
 import json
 import os
+import sys
 
 import pytest
 import yaml
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import patch_plan
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops import owner as gitops_owner
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import service as kube_service
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import writer
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import rollback
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import rollback_plan
@@ -91,36 +95,173 @@ def test_a_flag_from_the_shared_runtime_is_refused_or_planned_as_a_copy_or_an_ed
     assert any("every InferenceService using it loses" in w for w in edited.warnings)
 
 
-class _Cluster:
-    """The act's side of the cluster: what was written, in order."""
-    api_client = None
+class _Reads:
+    """The runtime reads of the cluster service (custom_objects' shape): one ServingRuntime, no InferenceService listed."""
+
+    def __init__(self, rt):
+        self.rt = rt
+
+    def get_namespaced_custom_object(self, _group, _version, _namespace, plural, name):
+        if plural == "servingruntimes" and name == self.rt["metadata"]["name"]:
+            return copy.deepcopy(self.rt)
+        raise _NotFound()
+
+    def get_cluster_custom_object(self, *_args):
+        raise _NotFound()
+
+    def list_namespaced_custom_object(self, _group, _version, _namespace, plural, label_selector=None):
+        return {"items": [copy.deepcopy(self.rt)] if plural == "servingruntimes" else []}
+
+    def list_cluster_custom_object(self, *_args, **_kwargs):
+        return {"items": []}
+
+
+class _NotFound(Exception):
+    status = 404
+
+
+class _Cluster(kube_service.ClusterService):
+    """The cluster service the act writes through: what was written, in order (the owner asked: gitops/owner.py's check,
+    recorded by the ``owner_asked`` fixture)."""
 
     def __init__(self, isvc, rt):
+        super().__init__(None)
         self.obj, self.rt, self.writes = isvc, rt, []
 
-    def get(self):
+    def inference_service(self, namespace, name):
         return copy.deepcopy(self.obj)
 
-    def runtime_reader(self):
-        return _Reader(self.rt)
+    def custom_objects(self):
+        return _Reads(self.rt)
 
-    def owner_of(self, obj, what, policy=None, warn=None):
-        self.writes.append(("owner", what, policy))
-        return {"kind": "none"}
+    def get(self, res, name, namespace=None, missing="refuse", field="name", **_kwargs):
+        return copy.deepcopy(self.rt) if res.kind == "ServingRuntime" and name == self.rt["metadata"]["name"] else None
 
-    def patch_runtime(self, kind, name, ops, dry_run):
-        self.writes.append(("runtime", kind, name, dry_run))
+    def create(self, res, body, namespace=None, field_manager=None, dry_run=False):
+        self.writes.append(("create", res.kind, body["metadata"]["name"], dry_run))
+        return copy.deepcopy(body)
 
-    def patch(self, ops, dry_run):
+    def json_patch(self, res, name, ops, namespace=None, field_manager=None, dry_run=False, read=None):
+        if res.kind != "InferenceService":
+            self.writes.append(("runtime", res.kind, name, dry_run))
+            return None
         self.writes.append(("isvc", dry_run))
         self.obj = writer.apply_patch(self.obj, ops)
         return copy.deepcopy(self.obj)
 
 
-def test_the_act_writes_the_runtime_fix_then_nothing_else_when_the_object_itself_has_no_flag():
-    cluster = _Cluster(_isvc_on_runtime(), _runtime(["--speculative-config", json.dumps(FLAG)]))
+@pytest.fixture
+def owner_asked(monkeypatch):
+    """Every owner question of the act, as ``("owner", what, policy)`` into the cluster's writes (it answers: no owner)."""
+    def asking(cluster):
+        def check_live_write(_api_client, _obj, policy, what, warn=None):
+            cluster.writes.append(("owner", what, policy))
+            return {"kind": "none"}
+        monkeypatch.setattr(gitops_owner, "check_live_write", check_live_write)
+        return cluster
+    return asking
+
+
+def test_the_act_writes_the_runtime_fix_then_nothing_else_when_the_object_itself_has_no_flag(owner_asked):
+    cluster = owner_asked(_Cluster(_isvc_on_runtime(), _runtime(["--speculative-config", json.dumps(FLAG)])))
     result, warnings = rollback.run(cluster, dict(PARAMS, edit_runtime=True, gitops_owner="ignore"))
     assert result["changed"] and result["attempts"] == 1 and result["runtime"]["fix"] == "edit"
     assert cluster.writes == [("owner", "InferenceService ns/llama", "ignore"), ("owner", "ServingRuntime vllm-runtime", "ignore"),
                               ("runtime", "ServingRuntime", "vllm-runtime", False)]
     assert any("edit_runtime" in w for w in warnings)
+
+
+# -- one way through: each file the rollback reaches is entered at most three times (issue #46) ----------------------
+
+PLUGINS = os.path.realpath(os.path.join(os.path.dirname(rollback.__file__), "..", ".."))
+ENTRIES_MAX = 3
+# vllm/'s own files call each other for every word of a command (the lexer, the flag registry): counted as one district,
+# printed, not held to the bound
+VLLM = os.path.join("module_utils", "vllm") + os.sep
+
+
+def _file_entries(call):
+    """(result of ``call()``, {file: entries}, entries into vllm/ as a whole): a file of plugins/ is entered when a call
+    lands in it from another file while it is not already on the stack (calls made while a module is imported do not
+    count)."""
+    entries, district, stack = {}, [0], []
+
+    def where(frame):
+        if frame.f_code.co_name == "<module>":
+            return "<import>"
+        path = os.path.realpath(frame.f_code.co_filename)
+        return path[len(PLUGINS) + 1:] if path.startswith(PLUGINS + os.sep) else "-"
+
+    def profile(frame, event, _arg):
+        if event == "call":
+            here = where(frame)
+            if here not in ("-", "<import>") and "<import>" not in stack:
+                if here not in stack:
+                    entries[here] = entries.get(here, 0) + 1
+                if here.startswith(VLLM) and not any(f.startswith(VLLM) for f in stack):
+                    district[0] += 1
+            stack.append(here)
+        elif event == "return" and stack:
+            stack.pop()
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        result = call()
+    finally:
+        sys.setprofile(previous)
+    return result, entries, district[0]
+
+
+def _guide_on_runtime(flag_in_runtime):
+    """The guide's Example 2 on its ServingRuntime: the flag in the InferenceService's script, or (``flag_in_runtime``)
+    only in the runtime's args, which the script passes on with "$@"."""
+    isvc = _guide()
+    rt = _runtime(["--speculative-config", json.dumps(FLAG)] if flag_in_runtime else None)
+    rt["metadata"].update(name=isvc["spec"]["predictor"]["model"]["runtime"], namespace="llm-demo")
+    rt["spec"]["supportedModelFormats"] = [{"name": "transformers", "autoSelect": True}]
+    if flag_in_runtime:
+        script = isvc["spec"]["predictor"]["model"]["command"][2]
+        script = "".join(line for line in script.splitlines(True) if "--speculative-config" not in line)
+        isvc["spec"]["predictor"]["model"]["command"][2] = script.replace("--enable-prefix-caching", '--enable-prefix-caching "$@"')
+    return isvc, rt
+
+
+@pytest.mark.parametrize("flag_in_runtime", [False, True], ids=["flag in the InferenceService's script", "flag in the ServingRuntime's args, runtime_copy"])
+def test_a_rollback_enters_each_file_at_most_three_times(monkeypatch, flag_in_runtime):
+    isvc, rt = _guide_on_runtime(flag_in_runtime)
+    cluster = _Cluster(isvc, rt)
+    # the wait is the waiter's (its own tests): Ready at once
+    monkeypatch.setattr(isvc_wait, "wait_ready", lambda *_a, **_k: (cluster.inference_service(None, None), 0.0))
+    params = dict(PARAMS, namespace="llm-demo", name="llama31-8b-eagle3", wait=True, runtime_copy=flag_in_runtime)
+    (result, warnings), entries, vllm_entries = _file_entries(lambda: rollback.run(cluster, params, diff=True))
+    table = "\n".join("%4d  %s" % (n, f) for f, n in sorted(entries.items(), key=lambda item: (-item[1], item[0])))
+    print("entries per file (vllm/ entered %d times as a district):\n%s" % (vllm_entries, table))
+    # the rollback itself happened, as rollback_one.yml's isvc_speculative task does it
+    assert result["changed"] and result["ready"]["ready"] and warnings == []
+    assert result["previous_config"] == (FLAG if flag_in_runtime else
+                                         {"method": "eagle3", "model": "/mnt/models/draft", "num_speculative_tokens": 3})
+    assert result["runtime"]["source"] == ("serving_runtime" if flag_in_runtime else "inference_service")
+    assert result["runtime"]["fix"] == ("copy" if flag_in_runtime else "none") and result["config"] is None
+    assert "--speculative-config" not in cluster.obj["spec"]["predictor"]["model"]["command"][2]
+    copied = [("create", "ServingRuntime", result["runtime"]["copy"], False)] if flag_in_runtime else []
+    assert "diff" in result and cluster.writes == copied + [("isvc", False)]
+    over = {f: n for f, n in entries.items() if n > ENTRIES_MAX and not f.startswith(VLLM)}
+    assert not over, "files entered more than %d times:\n%s" % (ENTRIES_MAX, table)
+    assert entries["module_utils/kserve/isvc/runtime.py"] == 1  # one selection and merge, the stripped command merged into it
+
+
+def test_the_backup_file_is_written_whole_for_its_owner_and_rolls_forward_exactly(tmp_path):
+    isvc, rt = _guide_on_runtime(False)
+    cluster = _Cluster(isvc, rt)
+    path = tmp_path / "backups" / "llama.json"  # its folder is made by the write
+    params = dict(PARAMS, namespace="llm-demo", name="llama31-8b-eagle3", backup="both", backup_file=str(path))
+    result, _warnings = rollback.run(cluster, params)
+    assert result["backup_file"] == str(path) and os.listdir(path.parent) == [path.name]  # no temporary file left
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    assert saved["namespace"] == "llm-demo" and saved["config"] == result["previous_config"] == {
+        "method": "eagle3", "model": "/mnt/models/draft", "num_speculative_tokens": 3}
+    assert "--speculative-config" not in cluster.obj["spec"]["predictor"]["model"]["command"][2]
+    forward, _warnings = rollback.run(cluster, dict(params, state="present", restore_backup=True, backup="file"))
+    assert forward["changed"] and cluster.obj["spec"]["predictor"]["model"]["command"] == isvc["spec"]["predictor"]["model"]["command"]

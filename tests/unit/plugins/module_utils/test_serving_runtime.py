@@ -326,3 +326,53 @@ def test_legacy_flag_in_shared_runtime_is_located_and_refused_by_name():
     msg = sr.rollback_refusal(eff, ["ns/a"])
     assert "gets --speculative-model, --num-speculative-tokens from the ServingRuntime shared" in msg and "Nothing was changed" in msg
     assert eff.as_dict()["speculative_config_error"] and "legacy" in eff.as_dict()["speculative_config_error"]
+
+
+# -- the rollback's second look: the stripped predictor merged into the runtime already read -----------------------------
+
+@pytest.mark.parametrize("rt_command", [None, [], VLLM + ["--model={{.Name}}"]], ids=["no runtime command", "empty", "runtime command"])
+@pytest.mark.parametrize("own", [
+    {}, {"args": []}, {"args": ["--speculative-config", json.dumps(EAGLE), "--x={{.Labels.modelDir}}"]},
+    {"command": ["bash", "-c", 'exec vllm serve "$@" --name {{.Name}}', "bash"]}, {"command": [], "args": ["--port", "1"]},
+], ids=["none", "empty args", "args", "script command", "empty command"])
+def test_with_own_is_the_merge_of_the_edited_predictor_into_the_same_runtime(rt_command, own):
+    """Effective.with_own (what the rollback asks after its strip) gives what selecting and merging the edited object from
+    the start gives, for every shape of runtime and predictor command/args KServe's merge treats differently."""
+    rt = runtime("vllm-runtime", args=["--speculative-config", json.dumps(NGRAM), "--served-model-name={{.Name}}"], command=rt_command)
+    rt["spec"]["containers"][0]["env"] = [{"name": "A", "value": "1"}]
+    before = isvc(args=["--speculative-config", json.dumps(EAGLE)], env=[{"name": "A", "value": "2"}])
+    edited = isvc(env=[{"name": "A", "value": "2"}], **own)
+    reader = Reader([rt])
+    derived = sr.effective_command(before, reader).with_own(edited)
+    fresh = sr.effective_command(edited, Reader([rt]))
+    assert derived.container == fresh.container and derived.container["env"] == [{"name": "A", "value": "2"}]
+    assert (derived.command_from, derived.runtime_args_count, derived.args_reach, derived.sources()) == (
+        fresh.command_from, fresh.runtime_args_count, fresh.args_reach, fresh.sources())
+    assert derived.container["args"][1] == json.dumps(NGRAM) and "--served-model-name=llama" in derived.container["args"]
+
+
+def test_rollback_runtime_reads_the_runtime_once_and_plans_the_fix():
+    rt = runtime("vllm-runtime", args=["--speculative-config", json.dumps(NGRAM)])
+    reads = []
+
+    class Counting(Reader):
+        def get(self, kind, namespace, name):
+            reads.append(("get", kind, name))
+            return super().get(kind, namespace, name)
+
+        def users(self, effective):
+            reads.append(("users", effective.runtime_name))
+            return ["ns/llama"]
+
+    own = isvc(args=["--speculative-config", json.dumps(EAGLE)])
+    stripped = isvc()
+    found = sr.rollback_runtime(own, stripped, Counting([rt]), fix="edit")
+    assert reads == [("get", sr.SERVING_RUNTIME, "vllm-runtime"), ("users", "vllm-runtime")]
+    assert found["runtime"] == {"kind": sr.SERVING_RUNTIME, "name": "vllm-runtime", "source": "inference_service", "fix": "edit"}
+    assert found["users"] == ["ns/llama"] and found["previous_config"] == EAGLE
+    assert found["fix"]["ops"] == sr.runtime_strip_patch(rt, 0)
+    with pytest.raises(ValidationError) as refused:
+        sr.rollback_runtime(own, stripped, Counting([rt]))
+    assert "runtime_copy" in str(refused.value) and "edit_runtime" in str(refused.value)
+    # a runtime without the flag: nothing to fix, nobody listed
+    assert sr.rollback_runtime(own, stripped, Reader([runtime("vllm-runtime")]))["users"] is None

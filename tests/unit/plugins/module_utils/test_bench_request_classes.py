@@ -14,6 +14,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from tests.loopback_http import OpenAIStream, serving
 from tests.paths import read_capture
+from tests.request_class_records import class_records as _records, spec_decoding_block as _block
 
 
 # -- the workload ------------------------------------------------------------------------------------------------------------
@@ -81,25 +82,6 @@ def test_client_keeps_class_and_block_not_for_n_above_one():
 
 
 # -- per-class statistics and decision ----------------------------------------------------------------------------------------
-def _records(klass, tpot, n=12, tokens=60, block=None, ttft=0.05):
-    out = []
-    for i in range(n):
-        gap = tpot * (1 + 0.03 * (i % 5))
-        t0 = ttft * (1 + 0.02 * (i % 3))
-        out.append({"success": True, "prompt_id": "%s/%d" % (klass, i % 2), "request_class": klass, "ttft": t0,
-                    "itl": [gap] * (tokens - 1), "latency": t0 + gap * (tokens - 1), "output_tokens": tokens,
-                    "prompt_tokens": 100, "spec_decoding": block})
-    return out
-
-
-def _block(steps, drafted, accepted, k=3):
-    # a histogram with `accepted` tokens over `steps` steps: `accepted // k` full accepts, the rest one each
-    full, rest = divmod(accepted, k)
-    hist = [steps - full - rest, rest] + [0] * (k - 2) + [full]
-    return {"num_spec_steps": steps, "num_draft_tokens": drafted, "num_accepted_draft_tokens": accepted, "num_spec_tokens": k,
-            "acceptance_histogram": hist, "mean_acceptance_length": 1 + accepted / steps, "draft_acceptance_rate": accepted / drafted}
-
-
 def _sides(code_block=None, chat_block=None):
     code_block = code_block or _block(20, 60, 40)
     chat_block = chat_block or _block(50, 150, 10)

@@ -14,6 +14,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import sweep_classes
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from tests.png_file import check_png
+from tests.request_class_records import class_records as _records, spec_decoding_block as _block
 
 LOADS = [1.0, 2.0, 4.0, 8.0]
 BASE_TPOT = 0.020
@@ -21,25 +22,6 @@ BASE_TPOT = 0.020
 CANDIDATE_TPOT = {"code": [0.011, 0.011, 0.012, 0.012], "chat": [0.024, 0.025, 0.026, 0.028], "mixed": [0.012, 0.015, 0.024, 0.030]}
 SPEC = {"name": "llama-ngram-predictor", "port": 80}
 BASE = {"name": "llama-baseline-predictor", "port": 80}
-
-
-def _records(klass, tpot, n=12, tokens=60, block=None, ttft=0.05):
-    out = []
-    for i in range(n):
-        gap = tpot * (1 + 0.03 * (i % 5))
-        t0 = ttft * (1 + 0.02 * (i % 3))
-        out.append({"success": True, "prompt_id": "%s/%d" % (klass, i % 2), "request_class": klass, "ttft": t0,
-                    "itl": [gap] * (tokens - 1), "latency": t0 + gap * (tokens - 1), "output_tokens": tokens,
-                    "prompt_tokens": 100, "spec_decoding": block})
-    return out
-
-
-def _block(steps, drafted, accepted, k=3):
-    full, rest = divmod(accepted, k)
-    hist = [steps - full - rest, rest] + [0] * (k - 2) + [full]
-    return {"num_spec_steps": steps, "num_draft_tokens": drafted, "num_accepted_draft_tokens": accepted, "num_spec_tokens": k,
-            "acceptance_histogram": hist, "mean_acceptance_length": 1 + accepted / steps, "draft_acceptance_rate": accepted / drafted}
-
 
 # `chat`'s responses carry no per-request block (the release has none, n > 1, a stream without usage): not reported
 BLOCKS = {"code": _block(20, 60, 40), "chat": None, "mixed": _block(30, 90, 30)}

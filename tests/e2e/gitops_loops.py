@@ -17,6 +17,7 @@ ARGO_APPS = "/apis/argoproj.io/v1alpha1/namespaces/argocd/applications"
 GITREPOS = "/apis/source.toolkit.fluxcd.io/v1/namespaces/%s/gitrepositories"
 KUSTOMIZATIONS = "/apis/kustomize.toolkit.fluxcd.io/v1/namespaces/%s/kustomizations"
 ISVC = "/apis/serving.kserve.io/v1beta1/namespaces/%s/inferenceservices/%s"
+PER_REQUEST_FLAG = "--per-request-spec-decode-metrics"
 SPEC_FLAG = "--speculative-config"
 
 
@@ -66,8 +67,14 @@ def overlay_files(render_dir, name):
         isvc = yaml.safe_load(fh)
     model = isvc["spec"]["predictor"]["model"]
     args = list(model["args"])
-    at = next(i for i, a in enumerate(args) if a.split("=", 1)[0] == SPEC_FLAG)
-    model["args"] = args[:at] + args[at + (1 if "=" in args[at] else 2):]
+    base = list(args)
+    # the base serves the target alone: without the flag, and without --per-request-spec-decode-metrics, which vLLM 0.32
+    # refuses without a speculative config (what the rollback's strip also takes)
+    for flag in (SPEC_FLAG, PER_REQUEST_FLAG):
+        at = next((i for i, a in enumerate(base) if a.split("=", 1)[0] == flag), None)
+        if at is not None:
+            base = base[:at] + base[at + (1 if "=" in base[at] else 2):]
+    model["args"] = base
     patch = {"apiVersion": isvc["apiVersion"], "kind": isvc["kind"],
              "metadata": {"name": name, "namespace": isvc["metadata"]["namespace"]},
              "spec": {"predictor": {"model": {"args": args}}}}

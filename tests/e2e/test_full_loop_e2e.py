@@ -203,13 +203,14 @@ def test_deploy_eagle3_verify_benchmark_rollback_in_process_pods(
         generation = api.get(ISVC % (namespace, NAME))["metadata"]["generation"]
         deployed = git_server.head(repo)
         _run(tmp_path, "playbooks/rollback.yml", dict(common, rollback_mode="git"), kubeconfig, timings)
-        # one commit that removes the flag's line from the rendered file, synced by Argo CD, nothing patched live
+        # one commit that removes the flag's line from the rendered file, synced by Argo CD, nothing patched live; with it the
+        # line of --per-request-spec-decode-metrics (vLLM 0.32 refuses it without a speculative config: the strip takes both)
         assert git_server.changed_files(repo, "main") == [rendered]
         before, after = (git_server.show(repo, rev, rendered).splitlines() for rev in (deployed, "main"))
-        at = [i for i, line in enumerate(before) if "--speculative-config" in line]
-        assert len(at) == 1, before
-        expected = before[:at[0]] + before[at[0] + 1:]
-        if not before[at[0]].endswith("\\"):  # the script's last line: the line before it no longer continues
+        at = [i for i, line in enumerate(before) if "--speculative-config" in line or "--per-request-spec-decode-metrics" in line]
+        assert len(at) == 2 and at[1] == at[0] + 1 and "--speculative-config" in before[at[1]], before
+        expected = before[:at[0]] + before[at[1] + 1:]
+        if not before[at[1]].endswith("\\"):  # the script's last lines: the line before them no longer continues
             expected[at[0] - 1] = expected[at[0] - 1][:-1].rstrip()
         assert after == expected, (before, after)
         assert gitops_loops.synced(api, app, git_server.head(repo))

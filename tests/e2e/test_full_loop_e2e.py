@@ -102,14 +102,18 @@ def _spec_counters(text):
 
 def _rolled_back_pod(api, namespace, name, old):
     """The one pod serving after the rollback: a new pod, whose own engine line says speculative_config=None on the target
-    and whose command is the old pod's without the flag and its value, nothing else."""
+    and whose command is the old pod's without the flag and its value (and the per-request metrics flag), nothing else."""
     new = _pods(api, namespace, name)
     assert [p["metadata"]["name"] for p in new] != [old["metadata"]["name"]] and len(new) == 1, new
     line = _engine_line(_log(api, namespace, new[0]["metadata"]["name"]))
     assert "speculative_config=None" in line and "model='/mnt/models/target'" in line, line
     before, after = _words(old), _words(new[0])
-    at = before.index("--speculative-config")
-    assert after == before[:at] + before[at + 2:], (before, after)
+    expected = list(before)
+    # the strip takes --per-request-spec-decode-metrics with the flag: vLLM 0.32 refuses it without a speculative config
+    for flag in ("--speculative-config", "--per-request-spec-decode-metrics"):
+        at = expected.index(flag)
+        expected = expected[:at] + expected[at + 2:]
+    assert after == expected, (before, after)
     return new[0]
 
 

@@ -384,8 +384,7 @@ class Run:
         failed = [p for p in ended if p["status"]["phase"] == "Failed"]
         if not ended:
             # ended without a pod that ran (its deadline passed before one started, the pod was deleted): the Job says why
-            condition = next((c for c in (job.get("status") or {}).get("conditions") or []
-                              if c.get("type") in ("Failed", "Complete") and c.get("status") == "True"), {})
+            condition = kube_wait.job_end(job)
             raise LoadJobError("the load Job %s/%s failed: %s: %s" % (
                 self.namespace, self.name, condition.get("reason"), condition.get("message") or ""), field="load_job",
                 hint="see the Job's events (kubectl describe job -n %s %s)" % (self.namespace, self.name))
@@ -399,14 +398,8 @@ class Run:
                            field="load_job.timeout", hint="raise load_job.timeout, or measure fewer requests")
 
     def log(self, pod=None):
-        chunks, size = [], 0
         pod = pod or self.pod
-        for chunk in self.service.pod_log(self.namespace, pod["metadata"]["name"], container=CONTAINER):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > MAX_LOG_BYTES:
-                break
-        return b"".join(chunks).decode("utf-8", "replace")
+        return self.service.pod_log_text(self.namespace, pod["metadata"]["name"], max_bytes=MAX_LOG_BYTES, container=CONTAINER)
 
     def result(self):
         """``(progress lines, result)``, the pods' results merged (load_job_merge) when there are several; LoadJobError

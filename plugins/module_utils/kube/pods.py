@@ -170,6 +170,18 @@ def stream_pod_log(api_client, namespace, pod, container=DEFAULT_CONTAINER, sinc
         resp.release_conn()
 
 
+def read_pod_log(api_client, namespace, pod, max_bytes=None, **kwargs):
+    """A pod container's log as text (stream_pod_log's chunks, ``kwargs`` as there), read up to the first chunk past
+    ``max_bytes`` when given: a Job's result block, a bundle's tail, never a runaway log held whole."""
+    chunks, size = [], 0
+    for chunk in stream_pod_log(api_client, namespace, pod, **kwargs):
+        chunks.append(chunk)
+        size += len(chunk)
+        if max_bytes is not None and size > max_bytes:
+            break
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
 def proxy_get(api_client, namespace, pod, port=DEFAULT_HTTP_PORT, path="metrics", scheme="http", timeout=30):
     """GET ``path`` on a pod's port through the API server's pod proxy; returns the body as text."""
     target = "%s:%s" % (pod, port) if scheme == "http" else "%s:%s:%s" % (scheme, pod, port)

@@ -139,6 +139,10 @@ class ClusterService:
     def pod_log(self, namespace, pod, **kwargs):
         return _pods().stream_pod_log(self.api_client, namespace, pod, **kwargs)
 
+    def pod_log_text(self, namespace, pod, max_bytes=None, **kwargs):
+        """The log as text, up to the first chunk past ``max_bytes`` (kube/pods.read_pod_log)."""
+        return _pods().read_pod_log(self.api_client, namespace, pod, max_bytes=max_bytes, **kwargs)
+
     def proxy_get(self, namespace, pod, **kwargs):
         return _pods().proxy_get(self.api_client, namespace, pod, **kwargs)
 

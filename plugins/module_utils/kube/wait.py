@@ -90,6 +90,12 @@ def stuck_pod(pods):
     return None
 
 
+def job_end(job):
+    """The Job's first True Complete or Failed condition (batch/v1 JobCondition), ``{}`` while it runs."""
+    return next((c for c in (job.get("status") or {}).get("conditions") or []
+                 if c.get("type") in ("Failed", "Complete") and c.get("status") == "True"), {})
+
+
 def job_pending(job, api_client=None, finished=False, pod_selector=None, pod_interval=1.0):
     """Why a Job (a dict) has not completed, or None: its Complete condition (batch/v1 JobCondition) is True. A Failed
     condition raises (waiting does not help), unless ``finished``: then a Failed Job has ended too, and the caller reads
@@ -99,16 +105,12 @@ def job_pending(job, api_client=None, finished=False, pod_selector=None, pod_int
     yet has its pods listed: one that cannot start (STUCK_REASONS) raises PodCannotStart, else the reason is a
     LookAgain after ``pod_interval`` seconds (a pod's state does not change the Job)."""
     name = (job.get("metadata") or {}).get("name")
-    for condition in (job.get("status") or {}).get("conditions") or []:
-        if condition.get("status") != "True":
-            continue
-        if condition.get("type") == "Complete":
-            return None
-        if condition.get("type") == "Failed":
-            if finished:
-                return None
-            raise SpecDecodingError("Job %s failed: %s: %s" % (name, condition.get("reason"), condition.get("message") or ""),
-                                    field="name", hint="see the Job's events and its pod's log (kubectl describe job %s)" % name)
+    condition = job_end(job)
+    if condition.get("type") == "Complete" or condition and finished:
+        return None
+    if condition:
+        raise SpecDecodingError("Job %s failed: %s: %s" % (name, condition.get("reason"), condition.get("message") or ""),
+                                field="name", hint="see the Job's events and its pod's log (kubectl describe job %s)" % name)
     status = job.get("status") or {}
     why = "Job %s not complete (%d active, %d succeeded)" % (name, status.get("active") or 0, status.get("succeeded") or 0)
     if pod_selector is None:

@@ -148,21 +148,14 @@ def _wait(api_client, namespace, name, timeout, clock, sleep):
     if ended:
         return ended[0]
     # ended without a pod that ran (its deadline passed before one started, the pod was deleted): the Job says why
-    condition = next((c for c in (job.get("status") or {}).get("conditions") or []
-                      if c.get("type") in ("Failed", "Complete") and c.get("status") == "True"), {})
+    condition = kube_wait.job_end(job)
     raise _unreadable("the PVC read Job %s/%s failed: %s: %s" % (namespace, name, condition.get("reason"), condition.get("message") or ""),
                       hint="see the Job's events (kubectl describe job -n %s %s)" % (namespace, name))
 
 
 def _log(api_client, namespace, pod):
     kube_client, kube_pods = _kube()
-    chunks, size = [], 0
     try:
-        for chunk in kube_pods.stream_pod_log(api_client, namespace, pod, container=pvc_metadata.CONTAINER):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > MAX_LOG_BYTES:
-                break
+        return kube_pods.read_pod_log(api_client, namespace, pod, max_bytes=MAX_LOG_BYTES, container=pvc_metadata.CONTAINER)
     except (kube_pods.PodAccessError, kube_client.ApiException) as exc:
         raise _unreadable("reading the log of the PVC read Job's pod %s/%s failed: %s" % (namespace, pod, exc)) from exc
-    return b"".join(chunks).decode("utf-8", "replace")

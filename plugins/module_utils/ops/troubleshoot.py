@@ -210,9 +210,8 @@ class Collector:
 
     def log(self, ns, pod, container, previous):
         try:
-            chunks = self.service.pod_log(ns, pod, container=container, tail_lines=self.params["tail_lines"], previous=previous,
-                                          timeout=self.params["timeout"])
-            return b"".join(chunks).decode("utf-8", "replace")
+            return self.service.pod_log_text(ns, pod, container=container, tail_lines=self.params["tail_lines"], previous=previous,
+                                             timeout=self.params["timeout"])
         except SpecDecodingError as exc:
             if not previous:
                 self.notes.append(str(exc))

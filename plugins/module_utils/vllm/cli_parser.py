@@ -164,10 +164,12 @@ class Role:
     ``kind``: ``option`` (an option word; ``action`` None for an unknown one), ``value`` (a value of the option word at
     ``owner``), ``positional``, ``dotted`` (a dotted key word, its group's option ``group`` as written and its ``path``),
     ``dotted_value`` (the value of the dotted word at ``owner``), ``separator`` (``--``), ``error`` (argparse exits on it:
-    ambiguous option, missing value). ``explicit`` is the ``=value`` part of an option word.
+    ambiguous option, missing value). ``explicit`` is the ``=value`` part of an option word. ``speculative``: the word
+    sets speculative decoding (an option word of one of its dests, its value, a dotted word resolving to one), set by
+    ``read`` once per word so a reader asks an attribute, not this file, per word.
     """
 
-    __slots__ = ("kind", "action", "option", "owner", "explicit", "group", "path", "note")
+    __slots__ = ("kind", "action", "option", "owner", "explicit", "group", "path", "note", "speculative")
 
     def __init__(self, kind, action=None, option=None, owner=None, explicit=None, group=None, path=None, note=None):
         self.kind = kind
@@ -178,6 +180,7 @@ class Role:
         self.group = group
         self.path = path
         self.note = note
+        self.speculative = False
 
     def key(self):
         """What the word means, for comparing two readings of the same words (dest or kind)."""
@@ -190,21 +193,57 @@ class Role:
 
 class Reading:
     """The roles of a list of words (the arguments after ``vllm serve`` or after the api_server module), and the dotted
-    groups in the order vLLM appends them (``[(group as written, action or None, {path: value word index})]``)."""
+    groups in the order vLLM appends them (``[(group as written, action or None, {path: value word index})]``).
+
+    ``shift`` (read_all with ``drop``): the first word whose meaning changes once the dropped words are gone, as
+    ``(index in the words, key before, key after)``, or None."""
 
     def __init__(self, words, roles, groups):
         self.words = words
         self.roles = roles
         self.groups = groups
+        self.shift = None
 
-    def speculative_indices(self, reg):
+    def speculative_indices(self, reg=None):  # pylint: disable=unused-argument
         """Indices of the words that set speculative decoding: the option words of its dests, their values, and the words
-        of dotted groups that resolve to one of them."""
-        out = []
-        for index, role in enumerate(self.roles):
-            if role.kind in ("option", "value", "dotted", "dotted_value") and reg.speculative(role.action):
-                out.append(index)
-        return out
+        of dotted groups that resolve to one of them (``reg``: the registry the words were read with; kept for callers)."""
+        return [index for index, role in enumerate(self.roles) if role.speculative]
+
+
+def read_all(regions, reg=None, drop=None):
+    """The Readings of several word lists in one call, for a reader that has a whole command (a script's invocations,
+    argv, the same words with and without the pod's env): ``regions`` is ``[(words, unknown)]`` as for ``read``, and
+    identical regions are read once. ``drop(position, reading)`` (optional) names the words a caller removes from
+    ``regions[position]`` (a set of indices, or None): the rest is read again and ``reading.shift`` says the first word
+    vLLM would then read differently (a multi-value option taking the positional model once a flag is gone)."""
+    reg = reg or registry()
+    readings = []
+    seen = {}
+    for position, (words, unknown) in enumerate(regions):
+        unknown = frozenset(unknown)
+        key = (tuple(words), unknown)
+        reading = seen.get(key)
+        if reading is None:
+            reading = seen[key] = read(words, reg, unknown)
+        gone = drop(position, reading) if drop is not None else None
+        if gone:
+            reading = _with_shift(reading, words, unknown, gone, reg)
+        readings.append(reading)
+    return readings
+
+
+def _with_shift(reading, words, unknown, gone, reg):
+    """A copy of ``reading`` whose ``shift`` compares each kept word's meaning before and after ``gone`` is removed."""
+    kept = [i for i in range(len(words)) if i not in gone]
+    position = {old: new for new, old in enumerate(kept)}
+    after = read([words[i] for i in kept], reg, {position[i] for i in unknown if i in position})
+    out = Reading(reading.words, reading.roles, reading.groups)
+    for old, role in zip(kept, after.roles):
+        was, now = reading.roles[old].key(), role.key()
+        if was != now:
+            out.shift = (old, was, now)
+            break
+    return out
 
 
 def read(words, reg=None, unknown=()):
@@ -287,6 +326,8 @@ def read(words, reg=None, unknown=()):
         for k in range(taken):
             roles[order[pos + 1 + k]] = Role("value", action, option, owner=index)
         pos += 1 + taken
+    for role in roles:
+        role.speculative = role.kind in ("option", "value", "dotted", "dotted_value") and reg.speculative(role.action)
     return Reading(list(words), roles, resolved)
 
 

@@ -6,8 +6,9 @@ occurrence readers of vllm/command_line.py (the reader lives there; this is the 
 
 Scripts are edited at the byte level with the bash-compatible lexer (vllm/shell_lexer.py): only the flag and its value
 go, plus the whitespace/continuation that held them, so the script stays valid (no dangling ``\\``, no blank line that
-ends the command early) and every other byte is unchanged. A flag is inserted after the last argument of the vLLM
-invocation, in the script's own continued-line style.
+ends the command early) and every other byte is unchanged (the removal is vllm/command_strip.py's, one pass over one
+scan; a strip without env, and the rollback's checked strip, are vllm/command_line.py's command read once). A flag is
+inserted after the last argument of the vLLM invocation, in the script's own continued-line style.
 
 Plain Python, no Ansible imports.
 """
@@ -18,64 +19,18 @@ import json
 import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.command_line import (
-    config_from_occurrences, container_env, find_occurrences, invokes_vllm, is_shell_script, looks_like_script, strip_problems,
+    config_from_occurrences, container_env, find_occurrences, invokes_vllm, is_shell_script, looks_like_script,
 )
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.command_scan import scan_script
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import per_request_metrics
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.command_scan import scan_script, scan_variants
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.command_strip import anchor as _anchor
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.command_strip import strip_found, strip_text
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.shell_lexer import ShellSyntaxError, simple_commands, tokenize
 
 # --------------------------------------------------------------------------------------------------
 # Stripping
 # --------------------------------------------------------------------------------------------------
-
-
-def _removal_span(text, start, end):
-    """Span to delete for a flag (+value) at text[start:end] so the script stays valid and tidy."""
-    # left context
-    left = start
-    while left > 0 and text[left - 1] in " \t":
-        left -= 1
-    at_line_start = left == 0 or text[left - 1] == "\n"
-    continued_from_above = at_line_start and left >= 2 and text[left - 2] == "\\" and _escaped_newline(text, left - 1)
-    # right context
-    right = end
-    while right < len(text) and text[right] in " \t":
-        right += 1
-    cont_after = text.startswith("\\\n", right)
-    line_ends_after = right >= len(text) or text[right] == "\n" or text[right] == "#"
-
-    if at_line_start and cont_after:
-        # `  --flag value \` on its own continued line: drop the whole line, the previous `\` carries on
-        return left, right + 2
-    if continued_from_above and (line_ends_after or not cont_after):
-        if line_ends_after:
-            # last line of a continued command: drop it together with the previous line's ` \`
-            p = left - 2
-            while p > 0 and text[p - 1] in " \t":
-                p -= 1
-            return p, end
-        # followed by more words on the same line: keep the line, drop flag + value + following blanks
-        return start, right
-    if at_line_start:
-        if right >= len(text):
-            # the last line holds only the flag: remove it with the newline before it
-            return (left - 1 if left > 0 else left), right
-        if text[right] == "\n":
-            return left, right + 1
-        return start, right
-    # mid-line: drop the blanks before the flag, keep what follows
-    return left, end
-
-
-def _escaped_newline(text, nl_index):
-    """True when the newline at nl_index is preceded by an odd number of backslashes (a continuation)."""
-    count = 0
-    i = nl_index - 1
-    while i >= 0 and text[i] == "\\":
-        count += 1
-        i -= 1
-    return count % 2 == 1
 
 
 def strip_script(text, keep_anchor=False, env=None):
@@ -84,39 +39,9 @@ def strip_script(text, keep_anchor=False, env=None):
     With keep_anchor, the first ``--speculative-config <value>`` stays (set_speculative_config replaces it). ``env``: the
     container's env (a word such as ``"$SPEC_ARGS"`` whose value from the pod spec is a flag goes too).
     """
-    env = container_env(env) if env is not None else None
-    removed = False
-    for _attempt in range(10000):
-        occ = scan_script(text, env)
-        if keep_anchor:
-            anchor = _anchor(occ)
-            occ = [o for o in occ if o is not anchor]
-        if not occ:
-            return _strip_per_request_metrics(text) if removed and not keep_anchor else text
-        last = occ[-1]
-        start = last.flag_token.start
-        end = last.value_token.end if last.value_token is not None else last.flag_token.end
-        a, b = _removal_span(text, start, end)
-        text = text[:a] + text[b:]
-        removed = True
-    return text  # pragma: no cover
-
-
-def _strip_per_request_metrics(text):
-    """The script without --per-request-spec-decode-metrics: vLLM refuses it once the speculative config is gone
-    (vllm/per_request_metrics.py), so a strip takes it with the speculative flags."""
-    try:
-        tokens = tokenize(text)
-    except ShellSyntaxError:
-        return text
-    for start, end in per_request_metrics.script_spans(tokens):  # last first: the earlier spans keep their offsets
-        a, b = _removal_span(text, start, end)
-        text = text[:a] + text[b:]
-    return text
-
-
-def _anchor(occurrences):
-    return next((o for o in occurrences if o.kind == "json" and o.has_value), None)
+    occ = scan_script(text, container_env(env) if env is not None else None)
+    kept = _anchor(occ) if keep_anchor else None
+    return strip_text(text, [o for o in occ if o is not kept], companions=not keep_anchor)
 
 
 def strip_speculative_config(items, keep_anchor=False, env=None):
@@ -124,72 +49,26 @@ def strip_speculative_config(items, keep_anchor=False, env=None):
     none. ``env``: the container's env, for words whose value the pod spec gives."""
     if items is None:
         return None
-    items = list(items)
-    occ = find_occurrences(items, env)
-    anchor = _anchor(occ) if keep_anchor else None
-    if not occ or occ == [anchor]:
-        return items
-    drop = set()
-    scripts = set()
-    for o in occ:
-        if o.form.startswith("script"):
-            scripts.add(o.index)
-        elif o is anchor:
-            continue
-        else:
-            drop.add(o.index)
-            if o.value_index is not None:
-                drop.add(o.value_index)
-    result = []
-    for i, word in enumerate(items):
-        if i in drop:
-            continue
-        if i in scripts:
-            keep_here = anchor is not None and anchor.index == i
-            new = strip_script(word, keep_anchor=keep_here, env=env)
-            if not new.strip() and not is_shell_script(items, i):
-                continue  # the element held nothing but the flag and its value
-            result.append(new)
-            continue
-        result.append(word)
-    if anchor is None:  # vLLM refuses --per-request-spec-decode-metrics without a speculative config: it goes too
-        companions = set(per_request_metrics.argv_spans(result))
-        result = [w for i, w in enumerate(result) if i not in companions]
-    return result
-
-
-_REFUSAL_HINTS = {
-    "eval": "move the vLLM command out of the eval string (or its flags into literal words of the command), then rerun the rollback",
-    "multi-value option": "put the positional model right after `vllm serve` (before any option that takes several values), then "
-                          "rerun the rollback",
-    "variable": "write the vLLM flags literally in the command, or give the variable its value in the container's env, then rerun "
-                "the rollback",
-    "parameter expansion": "write the vLLM flags literally in the command instead of the ${VAR:+...} expansion, then rerun the rollback",
-    "command substitution": "write the vLLM flags literally in the command instead of the $(...) substitution, then rerun the rollback",
-    "script syntax": "fix the script (bash -n shows where), then rerun the rollback",
-}
+    if not keep_anchor and env is None:
+        return list(command_line.read(tuple(items)).stripped)  # the command read once (cached)
+    ((found, _problems),), scripts = scan_variants(items, [(container_env(env) if env is not None else None, False)])
+    return strip_found(items, found, scripts, keep_anchor=keep_anchor)
 
 
 def strip_checked(items, env=None, field="command"):
     """strip_speculative_config for a rollback that must not claim a clean command that is not: refuses (ValidationError
     naming each construct) when the vLLM invocation holds what the strip cannot resolve (an eval string, a run-time
     expansion where vLLM may read an option, a pod-spec variable carrying a flag, a multi-value option that would take
-    the positional model once the flag is gone; see vllm/command_scan.py), and checks its own result: no flag left."""
+    the positional model once the flag is gone; see vllm/command_scan.py), and checks its own result: no flag left.
+    ``env``: the container's env (None: the pod spec sets no variable, every expansion is unknown). The command is
+    read once (vllm/command_line.py ``read``)."""
     if items is None:
         return None
-    env = env if env is not None else {}  # no env: the pod spec sets no variable, every expansion is unknown
-    problems = strip_problems(items, env)
-    if problems:
-        raise ValidationError(
-            "cannot strip the speculative flags word-exact: %s" % "; ".join(
-                "%s %r (%s)" % (p["construct"], p["text"][:120], p["why"]) for p in problems[:5]),
-            field=field, hint=_REFUSAL_HINTS.get(problems[0]["construct"], _REFUSAL_HINTS["variable"]))
-    new = strip_speculative_config(items, env=env)
-    left = find_occurrences(new, env)
-    if left:  # pragma: no cover - a defect of the editor, never a user error
-        raise ValidationError("the strip left %s in place" % ", ".join(o.flag for o in left), field=field,
-                              hint="report this command to the collection's maintainers")
-    return new
+    command = command_line.read(tuple(items), command_line.env_key(env if env is not None else {}))
+    if command.refusal is not None:
+        message, hint = command.refusal
+        raise ValidationError(message, field=field, hint=hint)
+    return list(command.checked)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -6,7 +6,10 @@ editor that strips and sets them is vllm/command_edit.py, on the same registry a
 
 The one reader of the vLLM command: command_words (the argv vLLM receives, ``bash -c`` scripts opened, variables
 expanded from the container's env) and option_value / find_option (the last ``--flag V`` of any option: ``--port``,
-``--model``, ``--served-model-name``...). Every other module that needs an option of the command asks these.
+``--model``, ``--served-model-name``...). Every other module that needs an option of the command asks these. A caller
+with several questions about one command or args list (its flags, their config, the strip, whether it is a shell
+script) asks ``read`` once: the Command it returns carries every answer as a plain attribute, and ``read`` is cached
+on the words and the env, so the rollback's plan, the runtime merge and the outcome share one reading of each list.
 
 A list element is either one argv word (``--speculative-config``, its value, ``--speculative-config=<json>``,
 ``-sc``, ``--spec-method``...) or a shell script (the element after ``bash -c``/``sh -c``, or any element that
@@ -36,17 +39,21 @@ Plain Python, no Ansible imports.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.command_scan import scan, scan_script
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.command_scan import scan, scan_script, scan_variants
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.command_strip import refusal, strip_found
+# The word predicates (where the vLLM invocation is) and the Occurrence live in vllm/command_scan.py, the flag registry in
+# vllm/speculative_flags.py; their names stay importable from here, where the readers always found them.
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.command_scan import (  # noqa: F401  pylint: disable=unused-import
+    Occurrence, invocation_end, invokes_vllm, is_shell_script, looks_like_script, script_shell_index,
+)
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.shell_lexer import ShellSyntaxError, simple_commands, tokenize
-# The flag registry and the word predicates live in vllm/speculative_flags.py; their names stay importable from here, where
-# the readers always found them.
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.speculative_flags import (  # noqa: F401  pylint: disable=unused-import
-    DOTTED, LEGACY_FLAGS, NO_VALUE, OPTION_RE, OPTIONAL_BOOL, SPECULATIVE_FLAGS, VALUE, FlagSpec, Occurrence, classify_flag,
-    flag_spellings, invocation_end, invokes_vllm, is_shell_script, looks_like_script, script_shell_index,
+    DOTTED, LEGACY_FLAGS, NO_VALUE, OPTION_RE, OPTIONAL_BOOL, SPECULATIVE_FLAGS, VALUE, FlagSpec, classify_flag, flag_spellings,
 )
 
 _OPTION_RE = OPTION_RE
@@ -384,3 +391,78 @@ def option_value(items, flags, env=None):
     (or KServe's model server) runs with, e.g. ``option_value(command + args, "--port", container["env"])``."""
     found = find_option(items, flags, env)
     return None if found is None else found[1]
+
+
+# --------------------------------------------------------------------------------------------------
+# One command read once: what every caller asks of it, as plain attributes
+# --------------------------------------------------------------------------------------------------
+
+def env_key(env):
+    """The key ``read`` takes for a container's env (Kubernetes' list of ``{name, value}``, or a dict): its JSON text with
+    sorted keys, None without one. A caller outside vllm/ writes ``json.dumps(env, sort_keys=True)`` at the call itself,
+    so that a read already made costs it no call into this district (``read`` is a cache)."""
+    return None if env is None else json.dumps(env, sort_keys=True)
+
+
+class Command:
+    """One command or args list (``items``, a tuple of words) read once, with its container's env (``env``: env_key's
+    text; None: no env). What a caller asks of it is a plain attribute, all of it computed here from one scan of the
+    list (vllm/command_scan.py ``scan_variants``: expansions unknown, and with the env and the strip's problems):
+
+    ``occurrences`` the speculative flags of the vLLM invocation, word by word as vLLM's parser reads them, expansions
+    unknown (find_occurrences(items)); ``config`` the speculative config they give vLLM (config_from_occurrences) or
+    None, ``config_error`` the ValidationError that reading raises instead (None when it reads); ``raws`` each flag's
+    value text; ``legacy`` the legacy flags (legacy_flags); ``shell_script`` the script of the list's first
+    ``<shell> -c`` (None: no shell script); ``stripped`` the list without any speculative flag (strip_speculative_config
+    without env); ``env_occurrences`` the flags with the env's values known; ``checked`` the rollback's strip with the env
+    (command_edit.strip_checked), or None and ``refusal`` (``(message, hint)``) when the strip cannot vouch for the
+    result (vllm/command_scan.py's problems) or its result still holds a flag.
+
+    Shared through ``read``'s cache by every caller: nothing here is changed after it is built (tuples, not lists)."""
+
+    def __init__(self, items, env=None):
+        self.items = items
+        env_dict = container_env(json.loads(env) if env is not None else None)  # no env: no variable is set
+        ((plain, _none), (found, problems)), scripts = scan_variants(items, [(None, False), (env_dict, True)])
+        self.occurrences = tuple(plain)
+        self.env_occurrences = tuple(found)
+        self.raws = tuple(o.raw or "" for o in plain)
+        self.legacy = legacy_flags(plain)
+        self.config, self.config_error = None, None
+        try:
+            self.config = config_from_occurrences(plain)
+        except ValidationError as exc:
+            self.config_error = exc
+        self.shell_script = items[min(scripts)] if scripts else None
+        self.stripped = tuple(strip_found(items, plain, scripts)) if plain else items
+        self.checked, self.refusal = items, None
+        unique = []
+        for problem in problems:
+            if problem not in unique:  # the pieces of one split variable say the same thing
+                unique.append(problem)
+        if unique:
+            self.checked, self.refusal = None, refusal(unique)
+        elif found:
+            checked = self.stripped if _removals(found) == _removals(plain) else tuple(strip_found(items, found, scripts))
+            # the result read as the next caller will read it (the same cached Command): no flag may be left
+            left = found if checked == items else read(checked, env).env_occurrences if checked else ()
+            if left:  # pragma: no cover - a defect of the editor, never a user error
+                self.checked, self.refusal = None, ("the strip left %s in place" % ", ".join(o.flag for o in left),
+                                                    "report this command to the collection's maintainers")
+            else:
+                self.checked = checked
+
+
+def _removals(occurrences):
+    """What a strip of ``occurrences`` removes: two scans with the same removals strip to the same list."""
+    return [(o.index, o.form, o.value_index, o.flag_token.start if o.flag_token is not None else None,
+             o.value_token.end if o.value_token is not None else None) for o in occurrences]
+
+
+@functools.lru_cache(maxsize=512)
+def read(items, env=None):
+    """The Command of ``items`` (a tuple of words: a container's command or args) with ``env`` (env_key's text of the
+    container's env, None without one), read once: a later read of the same words and env is answered from the cache
+    without running any of this district's code. The one entry point for a caller that asks several questions of one
+    command (its flags, their config, the strip, where the script is)."""
+    return Command(items, env)

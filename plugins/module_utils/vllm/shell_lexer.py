@@ -338,3 +338,32 @@ def simple_commands(tokens):
     if current:
         commands.append(current)
     return commands
+
+
+_ASSIGNMENT_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.S)
+
+
+def with_assignments(tokens, env):
+    """``env`` plus the script's own literal assignments (``MODEL=/mnt/models``, ``export PORT=8080``): a command of
+    nothing but assignments sets shell variables a later command can expand."""
+    out = dict(env)
+    for cmd in simple_commands(tokens):
+        words = [tok for tok, _is_arg in cmd if tok.kind == "word"]
+        if words and words[0].value in ("export", "readonly", "declare", "local"):
+            words = words[1:]
+        matches = [_ASSIGNMENT_RE.fullmatch(tok.value) if tok.literal else None for tok in words]
+        if words and all(matches):
+            out.update(m.groups() for m in matches)
+    return out
+
+
+def lex_script(text, envs=()):
+    """One script read for a reader that needs it whole: ``(tokens, commands, {env position: tokens})`` - the tokens as
+    written (``tokenize`` without env), their simple commands, and for each env of ``envs`` that is not None the tokens
+    with that env and the script's own assignments expanded (``with_assignments``). Raises ShellSyntaxError."""
+    tokens = tokenize(text)
+    expanded = {}
+    for position, env in enumerate(envs):
+        if env is not None:
+            expanded[position] = tokenize(text, with_assignments(tokens, env))
+    return tokens, simple_commands(tokens), expanded

@@ -15,6 +15,7 @@ import json
 import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_flags
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_releases
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_rules as rules
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import speculative_schedule
@@ -67,11 +68,11 @@ _REFUSED_FIELDS = frozenset(("tensor_parallel_size",))
 _KEY_HINTS, _REMOVED_HINTS = rules.KEY_HINTS, rules.REMOVED_HINTS
 
 # Separate flags that older vLLM had and that no longer exist; they make the server refuse to start.
-# Derived from vllm_command.SPECULATIVE_FLAGS (the one registry of speculative flags): flag -> what to write instead.
-REMOVED_FLAGS = {name: spec.replacement for name, spec in vllm_command.LEGACY_FLAGS.items()}
+# Derived from speculative_flags.SPECULATIVE_FLAGS (the one registry of speculative flags): flag -> what to write instead.
+REMOVED_FLAGS = {name: spec.replacement for name, spec in speculative_flags.LEGACY_FLAGS.items()}
 # The shorthand flags (flag -> the JSON key it sets, from the same registry); each is mutually exclusive with that key in
 # the JSON. Which release has which flag is data (each table's shorthand_flags, read from its vllm/engine/arg_utils.py).
-SHORTHAND_FLAGS = {spec.name: spec.key for spec in vllm_command.SPECULATIVE_FLAGS if spec.kind == "split"}
+SHORTHAND_FLAGS = {spec.name: spec.key for spec in speculative_flags.SPECULATIVE_FLAGS if spec.kind == "split"}
 
 PRESETS = {
     # The guide's conservative starting points.

@@ -1,8 +1,9 @@
 # -*- coding: utf-8 -*-
 # Copyright: Alauda
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The registry of vLLM's speculative-decoding flags by name (every release's, the legacy pre-0.10 flags included), the
-Occurrence a reader reports, and the word predicates the readers share (a ``<shell> -c`` script, a vLLM invocation).
+"""The registry of vLLM's speculative-decoding flags by name (every release's, the legacy pre-0.10 flags included).
+(The Occurrence a reader reports and where the vLLM invocation is in a list or script are vllm/command_scan.py's, the
+scan that asks them word by word.)
 
 Which word of a command vLLM 0.32 reads as which option (abbreviations, ``-sc``, dotted keys, nargs) is
 vllm/cli_parser.py, on the option table taken from vLLM's own parser; this registry names the flags and what each means
@@ -12,8 +13,6 @@ vllm/cli_parser.py, on the option table taken from vLLM's own parser; this regis
 from __future__ import annotations
 
 import re
-
-_SCRIPT_SHELLS = ("bash", "sh", "dash", "zsh", "ksh", "ash")
 
 # --------------------------------------------------------------------------------------------------
 # The one registry of vLLM's speculative-decoding flags
@@ -135,86 +134,3 @@ def takes_next(spec, word):
     if spec.kind == "legacy" and OPTION_RE.match(str(word)):
         return False  # argparse refuses an option as the value: the next word is the next option, not ours
     return True
-
-
-class Occurrence:
-    """One speculative flag found in a list: where it is and what it says."""
-
-    __slots__ = ("index", "kind", "key", "raw", "form", "flag_token", "value_token", "has_value", "literal", "flag", "group", "value_index")
-
-    def __init__(self, index, kind, key, raw, form, flag_token=None, value_token=None, has_value=True, literal=True, flag=None,
-                 group=None, value_index=None):
-        self.index = index  # list element holding the flag
-        self.kind = kind  # json | dotted | split | legacy
-        self.key = key
-        self.raw = raw  # the value text as vLLM receives it (None: no value)
-        self.form = form  # argv | argv_inline | script | script_inline
-        self.flag_token = flag_token
-        self.value_token = value_token
-        self.has_value = has_value
-        self.literal = literal  # False: the value is a shell expansion ($VAR, $(...)) known only at run time
-        self.flag = flag  # the flag's registry name (``--speculative-model`` for ``--speculative_model=x`` too)
-        self.group = group  # dotted keys: the option as written before the dot (``-sc``, ``--speculative-config``); vLLM
-        # gathers each group into one JSON and the last group replaces any --speculative-config JSON
-        self.value_index = value_index  # argv: the list index of the value word (None: inline or none)
-
-    def as_dict(self):
-        return {"index": self.index, "kind": self.kind, "key": self.key, "value": self.raw, "form": self.form, "flag": self.flag}
-
-    def __repr__(self):  # pragma: no cover - debugging aid
-        return "Occurrence(%s, %s, %r, %s)" % (self.index, self.flag, self.raw, self.form)
-
-
-# ``-c`` alone or in a cluster of the shell's one-letter options (``sh -ec``, ``bash -lc``).
-_SHELL_C_RE = re.compile(r"-[A-Za-z]*c[A-Za-z]*")
-
-
-def script_shell_index(items, index):
-    """The index of the shell when items[index] is the script of ``<shell> [options] -c`` in the same list, else None."""
-    if index < 2 or not _SHELL_C_RE.fullmatch(str(items[index - 1])):
-        return None
-    shell = index - 2
-    while shell > 0 and str(items[shell]).startswith("-"):
-        shell -= 1
-    name = str(items[shell]).rsplit("/", 1)[-1]
-    return shell if name in _SCRIPT_SHELLS or name.startswith("bash") else None
-
-
-def is_shell_script(items, index):
-    """True when items[index] is the script of ``<shell> -c`` (``bash -c``, ``sh -ec``, ``/bin/bash -lc``) in the same list."""
-    return script_shell_index(items, index) is not None
-
-
-def looks_like_script(text):
-    """A string with shell separators in it: worth lexing as a script."""
-    return isinstance(text, str) and any(c in text for c in " \t\n;&|")
-
-
-def invokes_vllm(words):
-    """True when argv words (strings) run vLLM's OpenAI server: ``-m vllm.entrypoints...``, ``[path/]vllm serve`` or an
-    entrypoints ``.py`` file."""
-    words = [str(w) for w in words]
-    for i, val in enumerate(words):
-        nxt = words[i + 1] if i + 1 < len(words) else ""
-        if val == "-m" and nxt.startswith("vllm.entrypoints"):
-            return True
-        if val.rsplit("/", 1)[-1] == "vllm" and nxt == "serve":
-            return True
-        if ("vllm.entrypoints" in val or "vllm/entrypoints/" in val) and val.endswith(".py"):
-            return True
-    return False
-
-
-def invocation_end(words):
-    """The index just after the words that start vLLM's server (``[path/]vllm serve``, ``-m vllm.entrypoints...``, an
-    entrypoints ``.py`` file), where vLLM's own arguments begin; None when ``words`` hold no such invocation."""
-    words = [str(w) for w in words]
-    for i, val in enumerate(words):
-        nxt = words[i + 1] if i + 1 < len(words) else ""
-        if val == "-m" and nxt.startswith("vllm.entrypoints"):
-            return i + 2
-        if val.rsplit("/", 1)[-1] == "vllm" and nxt == "serve":
-            return i + 2
-        if ("vllm.entrypoints" in val or "vllm/entrypoints/" in val) and val.endswith(".py"):
-            return i + 1
-    return None

@@ -15,6 +15,7 @@ import json
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_edit as vllm_edit
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc.readers import speculative_config_of
 # the JSON-pointer helpers live with the one patch writer; imported here for the callers that plan with this module
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.writer import (  # noqa: F401  pylint: disable=unused-import
     apply_patch, escape_pointer, tests_hold,
@@ -84,16 +85,29 @@ class Plan:
         self.truncated = False
 
 
-def _occurrences(container):
-    return vllm_command.find_occurrences(container.command or []) + vllm_command.find_occurrences(container.args or [])
+# An empty list reads the same with any env: read once, here.
+_NO_WORDS = vllm_command.read(())
+
+
+def _command(items, env=None):
+    """vLLM's reading of one of a container's lists (vllm/command_line.read: made once per words and env, so the plan, the
+    runtime check and the outcome ask the same one; the env as its JSON, vllm_command.env_key's text)."""
+    if not items:
+        return _NO_WORDS
+    return vllm_command.read(tuple(items), json.dumps(env, sort_keys=True) if env else None)
+
+
+def _commands(container):
+    return [_command(container.command, container.env), _command(container.args, container.env)]
 
 
 def _container_config(container):
     """(config dict or None, raw text or None) of one container's flags."""
+    commands = _commands(container)
     try:
-        return vllm_command.find_speculative_config(container.command, container.args), None
+        return speculative_config_of(commands), None
     except ValidationError:
-        return None, " ".join(o.raw or "" for o in _occurrences(container))
+        return None, " ".join(raw for command in commands for raw in command.raws)
 
 
 def current_config(isvc):
@@ -130,7 +144,11 @@ def plan_strip(isvc, container_name=None):
             if not old:
                 continue
             _check_list(old, "%s.%s" % (container.name, field))
-            new = vllm_edit.strip_checked(old, container.env, field="%s.%s" % (container.name, field))
+            command = _command(old, container.env)
+            if command.refusal is not None:  # what the strip cannot vouch for (vllm/command_line.py Command)
+                message, hint = command.refusal
+                raise ValidationError(message, field="%s.%s" % (container.name, field), hint=hint)
+            new = list(command.checked)
             if new != old:
                 changes.append(Change("%s/%s" % (container.path, field), old, new))
                 touched = True
@@ -138,7 +156,10 @@ def plan_strip(isvc, container_name=None):
             names.append(container.name)
             if previous is None and raw is None:
                 previous, raw = _container_config(container)
-            for flag, value in vllm_command.legacy_flags(_occurrences(container)).items():
+            found = {}  # {flag: value} of the legacy flags over command then args, a repeated flag's last value
+            for command in _commands(container):
+                found.update(command.legacy)
+            for flag, value in found.items():
                 legacy.setdefault(flag, value)
     return Plan(changes, previous, raw, names, legacy)
 
@@ -151,7 +172,7 @@ def _check_list(items, field):
 def _vllm_container(containers):
     """The container to add the flag to: one that already has a flag, else the one that runs vLLM."""
     for container in containers:
-        if vllm_command.find_occurrences(container.command or []) or vllm_command.find_occurrences(container.args or []):
+        if any(command.occurrences for command in _commands(container)):
             return container
     for container in containers:
         text = " ".join(container.command or []) + " " + " ".join(container.args or [])

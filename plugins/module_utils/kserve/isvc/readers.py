@@ -9,6 +9,8 @@ Plain Python, no Ansible imports, no API calls (``kube/pods.py`` reads the objec
 
 from __future__ import annotations
 
+import copy
+
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.defaults import DEFAULT_CONTAINER
@@ -85,3 +87,17 @@ def isvc_speculative_flags(isvc):
                 entry["error"] = str(exc)
         out.append(entry)
     return out
+
+
+def speculative_config_of(commands):
+    """The speculative config vLLM takes from a container's lists read by vllm/command_line.read (``commands``: their
+    Commands in argv order, e.g. command then args), or None; raises the ValidationError of a flag that cannot be read.
+    vLLM reads them as one argv (config_from_occurrences over all their flags); a list that alone has flags already
+    holds that answer (a copy: the Command is shared through read's cache), so only flags in several lists are combined
+    again."""
+    flagged = [command for command in commands if command.occurrences]
+    if len(flagged) > 1:
+        return vllm_command.config_from_occurrences([occ for command in flagged for occ in command.occurrences])
+    if flagged and flagged[0].config_error is not None:
+        raise copy.copy(flagged[0].config_error)  # a fresh one: the Command keeps its own
+    return copy.deepcopy(flagged[0].config) if flagged else None

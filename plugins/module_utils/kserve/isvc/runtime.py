@@ -28,12 +28,14 @@ Plain Python, no Ansible imports: modules pass in objects they read, or a reader
 from __future__ import annotations
 
 import copy
+import json
 import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_edit as vllm_edit
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import strategic_merge
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc.readers import speculative_config_of
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc.runtime_selection import (
     CLUSTER_SERVING_RUNTIME, GROUP, RUNTIME_VERSION, SERVING_RUNTIME, select_runtime,
 )
@@ -169,13 +171,21 @@ def runtime_container(runtime, kind, name=CONTAINER_NAME):
 # The effective command
 # --------------------------------------------------------------------------------------------------
 
+# An empty list reads the same with any env: read once, here.
+_NO_WORDS = vllm_command.read(())
+
+
+def _command(items, env=None):
+    """vLLM's reading of one list of a container (vllm/command_line.read: made once per words and env, so the rollback's
+    plan, this merge and the outcome ask the same one; the env as its JSON, vllm_command.env_key's text)."""
+    if not items:
+        return _NO_WORDS
+    return vllm_command.read(tuple(items), json.dumps(env, sort_keys=True) if env else None)
+
+
 def _args_reach_engine(command):
-    """False when the command is ``<shell> -c '<script>'`` and the script never reads its arguments."""
-    items = list(command or [])
-    for i, word in enumerate(items):
-        if vllm_command.is_shell_script(items, i):
-            return bool(_SCRIPT_ARGS.search(word))
-    return True
+    """False when the command (its Command) is ``<shell> -c '<script>'`` and the script never reads its arguments."""
+    return command.shell_script is None or bool(_SCRIPT_ARGS.search(command.shell_script))
 
 
 class Effective:
@@ -190,7 +200,9 @@ class Effective:
         self.runtime_args_count = runtime_args_count
         self.runtime_index = runtime_index
         self.base = base  # the runtime's kserve-container as read (with_own merges an edited predictor into it again)
-        self.args_reach = _args_reach_engine(container.get("command"))
+        # vLLM's reading of the merged command and args, each made once (read again with the same words: the same one)
+        self.commands = (_command(container.get("command"), container.get("env")), _command(container.get("args"), container.get("env")))
+        self.args_reach = _args_reach_engine(self.commands[0])
 
     def with_own(self, isvc):
         """The Effective of ``isvc``: this InferenceService with only its own command/args edited (the rollback's strip),
@@ -229,9 +241,9 @@ class Effective:
     def occurrences(self):
         """[(occurrence, source, field, reaches_engine)] in argv order."""
         found = []
-        for occ in vllm_command.find_occurrences(self.container.get("command") or []):
+        for occ in self.commands[0].occurrences:
             found.append((occ, self.command_from, "command", True))
-        for occ in vllm_command.find_occurrences(self.container.get("args") or []):
+        for occ in self.commands[1].occurrences:
             source = self.runtime_source if occ.index < self.runtime_args_count else SOURCE_ISVC
             found.append((occ, source, "args", self.args_reach))
         return found
@@ -254,8 +266,7 @@ class Effective:
 
     def config(self):
         """The speculative config vLLM receives (vLLM's own precedence), or None."""
-        occ = [o for o, _s, _f, r in self.occurrences() if r]
-        return vllm_command.config_from_occurrences(occ) if occ else None
+        return speculative_config_of(self.commands if self.args_reach else self.commands[:1])
 
     def ignored(self):
         """Flags in the args that a ``bash -c`` command without ``"$@"`` never passes to vLLM."""
@@ -398,16 +409,17 @@ def flag_locations(isvc, effective=None):
     return where, (SOURCE_ISVC if where else None)
 
 
-def _strip_container(container):
-    """(new command, new args) of a runtime container without any speculative flag."""
-    return (vllm_edit.strip_speculative_config(container.get("command")),
-            vllm_edit.strip_speculative_config(container.get("args")))
+def _strip_container(container, env=None):
+    """(new command, new args) of a runtime container without any speculative flag (vLLM's reading of each list; the strip
+    reads no env, so ``env``, the merged container's, only finds the reading the Effective already made)."""
+    return tuple(None if container.get(field) is None else list(_command(container[field], env).stripped) for field in ("command", "args"))
 
 
-def runtime_strip_patch(runtime, index):
-    """JSON patch (test + replace) removing the speculative flags from the runtime's kserve-container, or []."""
+def runtime_strip_patch(runtime, index, env=None):
+    """JSON patch (test + replace) removing the speculative flags from the runtime's kserve-container, or [] (``env``: as
+    for _strip_container)."""
     container = runtime["spec"]["containers"][index]
-    new_command, new_args = _strip_container(container)
+    new_command, new_args = _strip_container(container, env)
     ops = []
     for field, new in (("command", new_command), ("args", new_args)):
         old = container.get(field)
@@ -439,7 +451,7 @@ def render_runtime_copy(effective):
     meta = effective.isvc["metadata"]
     spec = copy.deepcopy(runtime.get("spec") or {})
     container = spec["containers"][effective.runtime_index]
-    new_command, new_args = _strip_container(container)
+    new_command, new_args = _strip_container(container, effective.container.get("env"))
     for field, new in (("command", new_command), ("args", new_args)):
         if new:
             container[field] = new
@@ -513,7 +525,7 @@ def rollback_runtime(isvc, stripped, reader, fix=None):
     elif fix == "edit":
         out["runtime"]["fix"] = "edit"
         out["fix"] = {"fix": "edit", "kind": after.kind, "name": after.runtime_name, "runtime": after.runtime,
-                      "ops": runtime_strip_patch(after.runtime, after.runtime_index)}
+                      "ops": runtime_strip_patch(after.runtime, after.runtime_index, after.container.get("env"))}
     else:
         raise ValidationError(rollback_refusal(after, users))
     return out

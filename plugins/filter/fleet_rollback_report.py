@@ -24,6 +24,13 @@ options:
     type: list
     elements: dict
     required: true
+  failures:
+    description: The role's C(rollback_failures), one per service whose per-service tasks failed (P(alauda.spec_decoding.fleet_rollback_failure#filter)).
+    type: list
+    elements: dict
+  cluster_down:
+    description: The message of the failure that found the API server unreachable; the services not run then are left for a rerun.
+    type: str
 """
 
 EXAMPLES = r"""
@@ -39,16 +46,25 @@ _value:
   contains:
     services:
       description:
-        - C({service, kind, found, speculative, sources, done, why}) per selected service; C(done) is V(rolled_back),
-          V(committed_for_review), V(unchanged) (its per-service run found nothing to strip), V(skipped_without_flag) (no
-          per-service run) or V(not_run).
+        - C({service, kind, found, speculative, sources, done, why, error, rollout}) per selected service; C(done) is
+          V(rolled_back), V(committed_for_review), V(unchanged) (its per-service run found nothing to strip), V(failed)
+          (C(error) - C(task), C(field), C(message), C(fix), C(unreachable)), V(skipped_without_flag) (no per-service run)
+          or V(not_run) (left for a rerun after the API server stopped answering).
+        - C(rollout) - C(generation), C(observed_generation) and a C(note) when a rollout was in progress at the discovery.
       type: list
       elements: dict
     totals:
       description:
         - C(selected), C(with_flag), C(rolled_back), C(committed_for_review), C(unchanged), C(skipped_without_flag),
-          C(undecided), C(forbidden_namespaces), C(api_requests_to_find) (the discovery's requests).
+          C(failed), C(not_run), C(acted_on) (the services the per-service tasks were for), C(mid_rollout), C(undecided),
+          C(forbidden_namespaces), C(api_requests_to_find) (the discovery's requests).
       type: dict
+    cluster_down:
+      description: The failure's message when the API server stopped answering during the run, else null.
+      type: str
+    api_server:
+      description: The API server the discovery read.
+      type: str
 """
 
 from ansible.errors import AnsibleFilterError
@@ -56,10 +72,10 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import fleet_rollback
 
 
-def fleet_rollback_report(plan, results):
-    if not isinstance(plan, dict) or not isinstance(results, list):
-        raise AnsibleFilterError("fleet_rollback_report expects the plan (a dictionary) and rollback_results (a list)")
-    return fleet_rollback.report(plan, results)
+def fleet_rollback_report(plan, results, failures=None, cluster_down=None):
+    if not isinstance(plan, dict) or not isinstance(results, list) or not isinstance(failures or [], list):
+        raise AnsibleFilterError("fleet_rollback_report expects the plan (a dictionary), rollback_results and failures (lists)")
+    return fleet_rollback.report(plan, results, failures or [], cluster_down or None)
 
 
 class FilterModule:

@@ -22,6 +22,8 @@ description:
     (LLMInferenceServiceConfigs from one LIST per namespace and one in O(llmisvc_system_namespace)).
   - Says per service whether a speculative flag reaches vLLM and from where (the InferenceService's command, args or
     env, the ServingRuntime or ClusterServingRuntime, a preset), and the run's totals, the API requests it made among them.
+  - An API server that does not answer (connection refused, reset or timed out) fails the module with one message naming
+    it (field C(kubeconfig)).
   - Reads only. Pods are not read; the engine line on the pods (M(alauda.spec_decoding.engine_config_info)) proves what runs.
 author:
   - Alauda Platform Team (@alauda)
@@ -111,7 +113,9 @@ services:
     - C(where) - each occurrence - C(source), C(field) (V(command), V(args), V(env), V(command/args)), C(flag), C(form), and
       C(reaches_engine) (false for args a C(bash -c) command never passes on); for an LLMInferenceService also C(pool) and C(container).
     - C(runtime) - kind and name of the runtime KServe selects (InferenceService). C(speculative_config) - what vLLM receives.
-    - C(ready), C(up_to_date) - the InferenceService's Ready condition and whether it is at its generation.
+    - C(ready), C(up_to_date) - the InferenceService's Ready condition and whether it is at its generation; C(generation),
+      C(observed_generation) - C(metadata.generation) and C(status.observedGeneration) (a rollout in progress when the second
+      is lower); C(stripped_by_rollback) - it carries the backup annotation of an earlier rollback.
     - C(error) - why the service could not be judged (the others are judged all the same); C(warnings) - what was not checked.
     - C(undecided) - why C(speculative) may be wrong although the service was read (its runtime could not be found or read,
       an LLMInferenceService preset could not be listed, a flag hidden where the reader cannot see), else null. The
@@ -124,6 +128,11 @@ services:
        where: [{source: cluster_serving_runtime, field: args, flag: "--speculative-config", form: argv, reaches_engine: true}],
        runtime: {kind: ClusterServingRuntime, name: vllm}, speculative_config: {method: ngram, num_speculative_tokens: 3},
        ready: true, up_to_date: true, error: null, warnings: [], undecided: null}
+api_server:
+  description: The URL of the API server that was read (from the kubeconfig and context).
+  returned: always
+  type: str
+  sample: https://api.cluster-a.example.com:6443
 forbidden:
   description: Each LIST the API server refused, with the kind, the namespace (null for a cluster-wide LIST), the status and its message.
   returned: always
@@ -159,7 +168,7 @@ def argument_spec():
 
 def execute(module):
     fleet.check_params(module.params)  # before the client is built: a selection of nothing needs no cluster
-    result = fleet.discover(fleet.CountingClient(module.api_client), module.params)
+    result = fleet.run(lambda: module.api_client, module.params)  # built inside: a cluster that is down is named
     result["changed"] = False
     return result
 

@@ -12,6 +12,9 @@ a runtime, one of the ClusterServingRuntimes when a service names one), written 
 from __future__ import annotations
 
 import json
+import os
+import threading
+import time
 import uuid
 
 import pytest
@@ -224,5 +227,234 @@ def test_rollback_role_over_the_fleet_writes_only_where_a_flag_reaches_vllm(tmp_
     summary = run.result("Summary")["msg"]
     assert summary[0].startswith("8 InferenceService(s) selected; rolled back: %s/isvc-1, %s/isvc-0; already without speculative "
                                  "decoding: %s/isvc-0, " % (fleet.a, fleet.c, fleet.a)), summary
-    assert summary[0].endswith("totals: 8 selected, 2 with a flag, 2 rolled back, 6 without a flag (not written), "
-                               "0 forbidden namespace(s), 5 API request(s) to find them"), summary
+    assert summary[0].endswith("totals: 8 selected, 2 with a flag, 2 rolled back, 6 without a flag (not written), 0 failed, "
+                               "0 left for a rerun, 0 forbidden namespace(s), 5 API request(s) to find them"), summary
+    assert (totals["failed"], totals["not_run"], totals["acted_on"]) == (0, 0, 2)
+
+
+# --------------------------------------------------------------------------------------------------
+# Several clusters and the faults (issue 53): one rollback.yml run over three inventory hosts, one per cluster
+# --------------------------------------------------------------------------------------------------
+
+def _cpu_seconds(pids):
+    """CPU seconds (user + system) the processes ``pids`` have used so far (/proc/<pid>/stat)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            with open("/proc/%d/stat" % pid) as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def _by_host(run, fragment):
+    """The result per host of the last task named like ``fragment``."""
+    out = {}
+    for name, host, result in run.tasks:
+        if fragment in name:
+            out[host] = result
+    return out
+
+
+def _container_isvc(name, labels, args):
+    return {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService", "metadata": {"name": name, "labels": labels},
+            "spec": {"predictor": {"containers": [{"name": "kserve-container", "image": "vllm/vllm-openai:v0.11.2",
+                                                   "args": ["--model", "/mnt/models"] + args}]}}}
+
+
+# The second API server's InferenceService CRD: KServe's group, kind and status subresource, its schema left open (KServe's
+# 0.7 MB schema took 7-20 s to install here; what this test runs there is the rollback's wiring, which the session's API
+# server, with KServe's own CRDs, runs too).
+SECOND_CLUSTER_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "inferenceservices.serving.kserve.io"},
+    "spec": {"group": "serving.kserve.io", "scope": "Namespaced",
+             "names": {"kind": "InferenceService", "listKind": "InferenceServiceList", "plural": "inferenceservices",
+                       "singular": "inferenceservice", "shortNames": ["isvc"]},
+             "versions": [{"name": "v1beta1", "served": True, "storage": True, "subresources": {"status": {}},
+                           "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}}
+
+
+def _second_cluster(k8s_binaries, crd_dir, run):
+    """A second API server (no controller manager, no stand-in: status is what this test writes) with an InferenceService
+    CRD and namespace fleet-two: t0 and t2 with the flag, Ready at their generation; t1 with the flag in a rollout
+    (generation 2, observedGeneration 1); t3 without it."""
+    from tests.testbed.controlplane import ControlPlane  # pylint: disable=import-outside-toplevel
+    cp2 = ControlPlane(bin_dir=k8s_binaries, controller_manager=False).start()
+    try:
+        crd_dir.mkdir()
+        (crd_dir / "isvc.json").write_text(json.dumps(SECOND_CLUSTER_CRD))
+        cp2.install_crds(str(crd_dir), files=["isvc.json"])
+        api = cp2.rest()
+        try:
+            api.post("/api/v1/namespaces", {"metadata": {"name": "fleet-two"}})
+            path = "%s/v1beta1/namespaces/fleet-two/inferenceservices" % KSERVE
+            for name, args in (("t0", FLAG), ("t1", FLAG), ("t2", FLAG), ("t3", [])):
+                api.post(path, _container_isvc(name, {"fleet-run": run}, args))
+                if name == "t1":  # a newer spec than KServe has reconciled: generation 2
+                    api.patch("%s/%s" % (path, name), {"spec": {"predictor": {"minReplicas": 1}}})
+                generation = api.get("%s/%s" % (path, name))["metadata"]["generation"]
+                api.patch("%s/%s/status" % (path, name), {"status": {
+                    "observedGeneration": 1, "conditions": [{"type": "Ready", "status": "True"}]}})
+                assert (name, generation) in (("t1", 2), (name, 1))
+        finally:
+            api.close()
+    except BaseException:
+        cp2.stop()
+        raise
+    return cp2
+
+
+def _main_cluster_account(controlplane, api, d, run):
+    """A ServiceAccount that may read and patch InferenceServices and read ServingRuntimes in ``d`` only: the other listed
+    namespace refuses its LIST (the forbidden-namespace fault)."""
+    role = "fleet-roller-%s" % run
+    api.post("%s/namespaces/%s/roles" % (RBAC, d), {"metadata": {"name": role}, "rules": [
+        {"apiGroups": ["serving.kserve.io"], "resources": ["inferenceservices"], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": ["serving.kserve.io"], "resources": ["servingruntimes"], "verbs": ["get", "list"]}]})
+    api.post("%s/namespaces/%s/rolebindings" % (RBAC, d), {"metadata": {"name": role}, "roleRef": {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": "fleet-roller", "namespace": d}]})
+    return controlplane.kubeconfig_for_service_account(d, "fleet-roller")
+
+
+def test_rollback_over_three_clusters_goes_on_past_a_failing_service_a_forbidden_namespace_and_api_servers_that_are_down(
+        tmp_path, controlplane, k8s_binaries):
+    """rollback.yml over an inventory of one host per cluster (rollback_serial 2, rollback_cluster_max_fail_percentage 50):
+    batch 1 is `down` (an API server nobody listens on) and `main` (the session's API server, as an account that may not
+    list namespace e); batch 2 is `two` (a second API server, stopped by this test once the first strip landed).
+
+    * down: its host fails at the end, naming the cluster and the address; nothing else stops for it.
+    * main: d/s1's flag comes from its ServingRuntime (refused without runtime_copy): recorded as failed, with the
+      refusal; d/s0 and d/s2 rolled back; e is named as forbidden and its service keeps its flag; the budget of 100 lets
+      the host pass, so 1 of 2 hosts of batch 1 failed (50%, not over the cluster budget) and batch 2 runs.
+    * two: t0's strip is written, then its API server stops during the wait: the host fails naming that API server, t1
+      (mid-rollout: reported with its generations) and t2 are left for a rerun. The rerun, once the server is back, finds
+      t0 stripped but not Ready (its wait and proof again, no write), strips t1 and t2, and passes."""
+    from tests.ansible_run import run_playbook  # pylint: disable=import-outside-toplevel
+    from tests.testbed.controlplane import free_port  # pylint: disable=import-outside-toplevel
+    run = uuid.uuid4().hex[:6]
+    api = controlplane.rest()
+    t_start = time.monotonic()
+    cp2 = _second_cluster(k8s_binaries, tmp_path / "crds", run)
+    phases = {"second API server with the CRD and 4 services": time.monotonic() - t_start}
+    try:
+        with module_namespace(controlplane, "fleet-d") as d, module_namespace(controlplane, "fleet-e") as e:
+            labels = {"fleet-run": run}
+            api.post("%s/v1alpha1/namespaces/%s/servingruntimes" % (KSERVE, d), _runtime("plain-rt", d))
+            api.post("%s/v1alpha1/namespaces/%s/servingruntimes" % (KSERVE, d), _runtime("spec-rt", d, args=FLAG))
+            for ns, name, runtime, args in ((d, "s0", "plain-rt", FLAG), (d, "s1", "spec-rt", None), (d, "s2", "plain-rt", FLAG),
+                                            (d, "s3", "plain-rt", None), (e, "s0", "plain-rt", FLAG)):
+                api.post("%s/v1beta1/namespaces/%s/inferenceservices" % (KSERVE, ns), _isvc(name, runtime, labels, args=args))
+            account = _main_cluster_account(controlplane, api, d, run)
+            dead = tmp_path / "down.kubeconfig"
+            dead_port = free_port()
+            dead.write_text(json.dumps({"apiVersion": "v1", "kind": "Config", "current-context": "down",
+                                        "clusters": [{"name": "down", "cluster": {"server": "https://127.0.0.1:%d" % dead_port,
+                                                                                  "insecure-skip-tls-verify": True}}],
+                                        "users": [{"name": "u", "user": {"token": "t"}}],
+                                        "contexts": [{"name": "down", "context": {"cluster": "down", "user": "u"}}]}))
+            inventory = tmp_path / "clusters.yml"
+            inventory.write_text(json.dumps({"all": {
+                "vars": {"rollback_names": [], "rollback_label_selector": "fleet-run=%s" % run, "rollback_wait": False,
+                         "rollback_verify": False},
+                "children": {
+                    "cluster_down": {"hosts": {"down": {"spec_decoding_kubeconfig": str(dead)}}},
+                    "cluster_main": {"hosts": {"main": {"spec_decoding_kubeconfig": account, "rollback_namespaces": [d, e],
+                                                        "rollback_max_fail_percentage": 100}}},
+                    "cluster_two": {"hosts": {"two": {"spec_decoding_kubeconfig": cp2.kubeconfig, "rollback_namespaces": ["fleet-two"],
+                                                      "rollback_wait": True, "rollback_wait_timeout": 5, "rollback_wait_sleep": 1}}}}}}))
+            t0_path = "%s/v1beta1/namespaces/fleet-two/inferenceservices/t0" % KSERVE
+            api2 = cp2.rest()
+            outcome = {}
+
+            def play():
+                outcome["run"] = run_playbook(tmp_path, "playbooks/rollback.yml", inventory=str(inventory), extra_vars={
+                    "rollback_hosts": "all", "rollback_serial": 2, "rollback_cluster_max_fail_percentage": 50})
+
+            thread = threading.Thread(target=play)
+            thread.start()
+            try:
+                deadline = time.monotonic() + 240
+                while "--speculative-config" in json.dumps(api2.get(t0_path)["spec"]):
+                    assert thread.is_alive() and time.monotonic() < deadline, "t0 was never stripped: %s" % (
+                        outcome.get("run") and outcome["run"].output)
+                    time.sleep(0.05)
+            finally:
+                api2.close()
+            cp2_cpu = _cpu_seconds(cp2.pids())
+            cp2.stop_apiserver()  # mid-run: t0 written, its wait under way, t1 and t2 not yet
+            thread.join(240)
+            first = outcome["run"]
+            phases["rollback.yml over the three clusters"] = first.wall
+            phases["the run's CPU"] = first.cpu
+            assert first.rc != 0, first.output
+            verdicts = _by_host(first, "Fail when the cluster's rollback failed")
+            assert verdicts["down"]["msg"].startswith("cluster down: not rolled back, its services could not be read: kubeconfig: "
+                                                      "the API server 127.0.0.1:%d did not answer" % dead_port), verdicts["down"]
+            assert verdicts["main"].get("skipped"), verdicts["main"]
+            assert verdicts["two"]["msg"].startswith("cluster two (API server %s) stopped answering during the run (" % cp2.server), verdicts
+            assert "0 rolled back, 3 left (fleet-two/t0, fleet-two/t1, fleet-two/t2)" in verdicts["two"]["msg"], verdicts["two"]
+
+            facts = _by_host(first, "Record per service what was found and done")
+            main = facts["main"]["ansible_facts"]["rollback_fleet"]
+            done = {s["service"]: s["done"] for s in main["services"]}
+            assert done == {"%s/s0" % d: "rolled_back", "%s/s1" % d: "failed", "%s/s2" % d: "rolled_back",
+                            "%s/s3" % d: "skipped_without_flag"}, done
+            error = [s["error"] for s in main["services"] if s["done"] == "failed"][0]
+            assert error["task"].endswith("Strip the speculative config from %s/s1" % d), error
+            assert "gets --speculative-config from the ServingRuntime spec-rt" in error["message"] and "runtime_copy" in error["message"]
+            assert not error["unreachable"]
+            assert (main["totals"]["failed"], main["totals"]["acted_on"], main["totals"]["forbidden_namespaces"]) == (1, 3, [e])
+            summary = _by_host(first, "Summary")["main"]["msg"]
+            assert any(line.startswith("%s: not read, its services were not rolled back (" % e) for line in summary), summary
+            assert any(line.startswith('%s/s1: failed at "' % d) for line in summary), summary
+
+            two = facts["two"]["ansible_facts"]["rollback_fleet"]
+            done = {s["service"]: s["done"] for s in two["services"]}
+            assert done == {"fleet-two/t0": "failed", "fleet-two/t1": "not_run", "fleet-two/t2": "not_run",
+                            "fleet-two/t3": "skipped_without_flag"}, done
+            t0_error = [s["error"] for s in two["services"] if s["done"] == "failed"][0]
+            assert t0_error["unreachable"] and "cannot reach the API server" in t0_error["message"], t0_error
+            rollout = {s["service"]: s["rollout"] for s in two["services"] if s["rollout"]}
+            assert list(rollout) == ["fleet-two/t1"] and (rollout["fleet-two/t1"]["generation"],
+                                                          rollout["fleet-two/t1"]["observed_generation"]) == (2, 1), rollout
+
+            after = {}
+            for ns, name in ((d, "s0"), (d, "s1"), (d, "s2"), (e, "s0")):
+                after[(ns, name)] = json.dumps(api.get("%s/v1beta1/namespaces/%s/inferenceservices/%s" % (KSERVE, ns, name))["spec"])
+            assert ["--speculative-config" in after[k] for k in ((d, "s0"), (d, "s2"), (e, "s0"))] == [False, False, True]
+            assert "--speculative-config" not in after[(d, "s1")]  # its flag is in the runtime, which nothing edited
+            assert "--speculative-config" in json.dumps(api.get("%s/v1alpha1/namespaces/%s/servingruntimes/spec-rt" % (KSERVE, d)))
+
+            t_restart = time.monotonic()
+            cp2.start_apiserver()
+            phases["the second API server started again"] = time.monotonic() - t_restart
+            api2 = cp2.rest()
+            try:
+                t0_generation = api2.get(t0_path)["metadata"]["generation"]
+                rerun = run_playbook(tmp_path, "playbooks/rollback.yml", inventory=str(inventory), extra_vars={
+                    "rollback_hosts": "two", "rollback_wait": False})
+                phases["the rerun on the cluster that was down"] = rerun.wall
+                phases["the rerun's CPU"] = rerun.cpu
+                phases["the second API server's CPU (etcd, kube-apiserver before and after its stop)"] = cp2_cpu + _cpu_seconds(cp2.pids())
+                assert rerun.rc == 0, rerun.output
+                report = rerun.result("Record per service what was found and done")["ansible_facts"]["rollback_fleet"]
+                by = {s["service"]: s for s in report["services"]}
+                assert {k: v["done"] for k, v in by.items()} == {
+                    "fleet-two/t0": "unchanged", "fleet-two/t1": "rolled_back", "fleet-two/t2": "rolled_back",
+                    "fleet-two/t3": "skipped_without_flag"}, by
+                assert by["fleet-two/t0"]["why"].startswith("stripped by an earlier rollback and not Ready at its generation yet")
+                assert by["fleet-two/t1"]["rollout"]["observed_generation"] == 1
+                assert api2.get(t0_path)["metadata"]["generation"] == t0_generation  # not written again
+                for name in ("t1", "t2"):
+                    assert "--speculative-config" not in json.dumps(api2.get(t0_path.replace("/t0", "/" + name))["spec"])
+            finally:
+                api2.close()
+    finally:
+        api.close()
+        cp2.stop()
+        print("fleet over clusters, seconds: %s (load average %.1f)" % (", ".join("%s %.1f" % item for item in phases.items()),
+                                                                        os.getloadavg()[0]))

@@ -22,12 +22,16 @@ KServe selects, the merged kserve-container, each occurrence's source and whethe
 
 from __future__ import annotations
 
+import re
+
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import patch_plan as isvc_patch_plan
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import readers as isvc_readers
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import runtime as srt
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import flags as llm_flags
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llm_model
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.releases import refuse_unknown_speculative_fields
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.wait import transient_error
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 
 ISVC = "InferenceService"
@@ -227,7 +231,11 @@ def isvc_record(isvc, reader):
     source, field command/args/env, flag, form, reaches_engine), ``runtime``, ``speculative_config``."""
     rec = _record(ISVC, isvc)
     status = isvc_readers.readiness(isvc)
-    rec.update(ready=status["ready"], up_to_date=status["up_to_date"])
+    rec.update(ready=status["ready"], up_to_date=status["up_to_date"], generation=status["generation"],
+               observed_generation=status["observed_generation"],
+               # an earlier rollback stripped it (isvc_speculative's backup annotation): the fleet rollback proves it again
+               # while it is not Ready at its generation
+               stripped_by_rollback=isvc_patch_plan.BACKUP_ANNOTATION in ((isvc.get("metadata") or {}).get("annotations") or {}))
     try:
         refuse_unknown_speculative_fields(isvc)
         result, warnings, _problem, effective = srt.resolve(isvc, reader, missing_runtime="warn")
@@ -417,6 +425,33 @@ def discover(client, params):
                             "not found (as %s)" % " or ".join(kinds)})
     forbidden = [f for listing in listings for f in listing.forbidden]
     return {"services": records, "forbidden": forbidden, "totals": totals(records, client, forbidden, listings)}
+
+
+def run(api_client, params, request=None):
+    """``discover`` over kubernetes.core's ApiClient (``api_client``, or a callable that builds it: kubernetes.core's
+    ``get_api_client`` asks the server for /version), with ``api_server`` (the URL the client talks to) in the result.
+    An API server that does not answer (refused, reset, timed out: ``kube.wait.transient_error``) fails the whole
+    discovery with one message that names it, as a fleet rollback reports a cluster that is down."""
+    server = params.get("host")
+    try:
+        if callable(api_client):
+            api_client = api_client()
+        server = getattr(getattr(api_client, "configuration", None), "host", None) or server
+        result = discover(CountingClient(api_client, request=request), params)
+    except SpecDecodingError:
+        raise
+    except Exception as exc:  # pylint: disable=broad-except
+        reason = transient_error(exc)
+        if reason is None:
+            raise
+        if not server:  # the client was not built: urllib3 names the host and port it could not reach
+            found = re.search(r"host='([^']+)', port=(\d+)", str(exc))
+            server = "%s:%s" % found.groups() if found else "(unknown)"
+        raise SpecDecodingError("the API server %s did not answer: %s" % (server, reason), field="kubeconfig",
+                                hint="check that the cluster is up and that kubeconfig/context (spec_decoding_kubeconfig, "
+                                     "spec_decoding_context) point at it, then run again") from exc
+    result["api_server"] = server
+    return result
 
 
 def totals(records, client, forbidden, listings=()):

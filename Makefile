@@ -64,7 +64,8 @@ try-local:
 bench: setup
 	@hack/bench.sh
 
-# The fleet discovery bench alone (tests/bench/bench_fleet.py, issue 53; `make bench` runs it with the others).
+# The fleet rollback bench alone: the fleet against a kubernetes.core loop on two API servers (tests/bench/bench_fleet.py,
+# issue 53; `make bench` runs it with the others).
 .PHONY: bench-fleet
 bench-fleet: setup
 	@hack/bench.sh fleet

@@ -262,3 +262,66 @@ def test_verify_playbook_fails_without_the_flag_and_checks_a_rollback(tmp_path, 
     assert run.rc != 0
     message = run.result("Check the speculative flag")["msg"]
     assert "still carries a speculative flag" in message and "verify_speculative=false asks for none" in message, message
+
+
+def test_verify_playbook_over_a_selector_verifies_each_flagged_service_and_goes_on_past_a_failure(
+        tmp_path, k8s_client, kubeconfig, kserve, namespace):
+    """The fleet form (issue 53): a label selector and a name, found with one discovery; the service whose pods run the
+    flag's config is verified, the one whose pods run without it fails its engine check, the named one that does not exist
+    fails its own check, and the one without a flag is reported, not verified; the run fails at the end, not at the first."""
+    from kubernetes import client
+    api = client.CustomObjectsApi(k8s_client)
+    # a runtime KServe auto-selects, so that the discovery decides where each flag comes from (none from it)
+    api.create_namespaced_custom_object("serving.kserve.io", "v1alpha1", namespace, "servingruntimes", {
+        "apiVersion": "serving.kserve.io/v1alpha1", "kind": "ServingRuntime", "metadata": {"name": "vllm-rt"},
+        "spec": {"supportedModelFormats": [{"name": "vllm", "autoSelect": True}],
+                 "containers": [{"name": "kserve-container", "image": "vllm/vllm-openai:v0.11.2", "args": ["--port=8080"]}]}})
+    services = (("fa", ["--speculative-config", EAGLE3_JSON], capture("eagle3"), {"fleet": "verify"}),
+                ("fb", ["--speculative-config", NGRAM_JSON], capture("baseline"), {"fleet": "verify"}),
+                ("fc", ["--port", "8080"], capture("baseline"), {"fleet": "verify"}),
+                ("other", ["--speculative-config", EAGLE3_JSON], capture("eagle3"), {}))  # not selected: no label
+    for name, args, log, labels in services:  # created together, so that the stand-in rolls them out side by side
+        kserve.set_behaviour(namespace, name, logs={"kserve-container": log})
+        manifest = isvc_manifest(name, args)
+        manifest["metadata"]["labels"] = labels
+        api.create_namespaced_custom_object("serving.kserve.io", "v1beta1", namespace, "inferenceservices", manifest)
+
+    def ready(name):
+        isvc = api.get_namespaced_custom_object("serving.kserve.io", "v1beta1", namespace, "inferenceservices", name)
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in (isvc.get("status") or {}).get("conditions") or [])
+    deadline = time.monotonic() + 90
+    while not all(ready(name) for name in ("fa", "fb", "fc")):
+        assert time.monotonic() < deadline, kserve.errors[-3:]
+        time.sleep(0.3)
+    run = run_playbook(tmp_path, playbook="playbooks/verify.yml", kubeconfig=kubeconfig,
+                       extra_vars={"verify_label_selector": "fleet=verify", "verify_names": ["missing"],
+                                   "verify_namespaces": [namespace], "verify_wait_timeout": 60, "verify_wait_interval": 1})
+    assert run.rc != 0, run.output
+    found = run.result("Find the services to verify")
+    assert sorted(s["name"] for s in found["services"]) == ["fa", "fb", "fc", "missing"]
+    fleet = run.result("Record per service what was found and verified")["ansible_facts"]["verify_fleet"]
+    done = {s["service"]: s["done"] for s in fleet["services"]}
+    assert done == {"%s/fa" % namespace: "verified", "%s/fb" % namespace: "failed", "%s/missing" % namespace: "failed",
+                    "%s/fc" % namespace: "skipped_without_flag"}, fleet
+    totals = fleet["totals"]
+    assert (totals["selected"], totals["with_flag"], totals["verified_ok"], totals["failed"], totals["without_flag"],
+            totals["not_checked"], totals["forbidden_namespaces"]) == (4, 2, 1, 2, 1, 0, [])
+    # the selector's LIST, the named one's LIST (field selector), the namespace's ServingRuntimes, the ClusterServingRuntimes
+    assert totals["api_requests_to_find"] == found["totals"]["api_requests"] == 4, found["totals"]
+    lines = run.result("Fleet summary")["msg"]
+    assert lines[0].startswith("totals: 4 selected, 2 with a flag, 1 verified ok, 2 failed, 1 without a flag"), lines
+    assert "%s/fa: verified - engine on 1 pod(s): method=eagle3 model=/mnt/models/tiny-eagle3 num_spec_tokens=3" % namespace in lines[1]
+    assert lines[1].endswith("[flag from inference_service]"), lines
+    assert lines[2].startswith("%s/fb: FAILED at 'Check the engine-config line on every predictor pod'" % namespace), lines
+    assert lines[3] == "%s/fc: without speculative decoding, not verified" % namespace
+    assert lines[4].startswith("%s/missing: FAILED at 'Check that the InferenceService exists'" % namespace), lines
+    # each verified service printed its own summary too, and the run failed at the end, naming the failed ones
+    assert run.result("Summary")["msg"][0] == "InferenceService %s/fa: Ready at generation 1" % namespace
+    message = run.result("Check that every verified service passed")["msg"]
+    assert message.startswith("2 of 3 service(s) failed their verify: %s/fb, %s/missing" % (namespace, namespace)), message
+    # verify_name as an extra var would override every selected service: refused before anything is read
+    run = run_playbook(tmp_path, playbook="playbooks/verify.yml", kubeconfig=kubeconfig,
+                       extra_vars={"verify_label_selector": "fleet=verify", "verify_namespaces": [namespace], "verify_name": "fa"})
+    assert run.rc != 0
+    message = run.result("Check that verify_name and verify_namespace are not extra vars")["msg"]
+    assert "which would override every selected service" in message and "verify_names" in message, message

@@ -86,19 +86,21 @@ def serving_pods(api_client, namespace, name, kind):
     return [p["name"] for p in pods]
 
 
-def read_baseline(api_client, namespace, name):
-    """The recorded baseline (``{"figures", "recorded_at", "source"}``) or None when there is none."""
+def read_baseline(api_client, namespace, name, configmap=None):
+    """The recorded baseline (``{"figures", "recorded_at", "source"}``) or None when there is none; ``configmap``: another
+    baseline's ConfigMap than the service-wide one (the per-class one, ops/watchdog_classes.py)."""
+    configmap = configmap or baseline_name(name)
     try:
-        cm = kube_client.request(api_client, "GET", "/api/v1/namespaces/%s/configmaps/%s" % (namespace, baseline_name(name)))
+        cm = kube_client.request(api_client, "GET", "/api/v1/namespaces/%s/configmaps/%s" % (namespace, configmap))
     except kube_client.ApiException as exc:
         if getattr(exc, "status", None) == 404:
             return None
-        raise k8s_pods.PodAccessError("reading ConfigMap %s/%s failed: %s" % (namespace, baseline_name(name), k8s_pods.api_error_message(exc)),
+        raise k8s_pods.PodAccessError("reading ConfigMap %s/%s failed: %s" % (namespace, configmap, k8s_pods.api_error_message(exc)),
                                       field="name", hint="the identity needs get on configmaps in that namespace") from exc
     try:
         return json.loads(((cm or {}).get("data") or {}).get(BASELINE_KEY) or "null")
     except ValueError as exc:
-        raise ValidationError("ConfigMap %s/%s holds no JSON baseline: %s" % (namespace, baseline_name(name), exc), field="record_baseline",
+        raise ValidationError("ConfigMap %s/%s holds no JSON baseline: %s" % (namespace, configmap, exc), field="record_baseline",
                               hint="record it again (record_baseline: true)") from exc
 
 
@@ -143,21 +145,35 @@ def get_owner(api_client, namespace, name, kind, api_version="v1alpha2"):
 
 # -- windows ---------------------------------------------------------------------------------------------------------------
 
-def measure_window(api_client, namespace, name, params, sleep, clock):
-    """One window over every serving pod: ``(figures, error)``; error says why the window could not be measured."""
+def measure_window(api_client, namespace, name, params, sleep, clock, carry=None):
+    """One window over every serving pod: ``(figures, error)``; error says why the window could not be measured.
+
+    ``carry`` (a dict the caller keeps across consecutive windows) holds the last window's end: when the same pods serve,
+    their end pages and targets are this window's start, so each pod's /metrics is read once per window and its port
+    looked up once per run (issue 53: a watch over N services costs N pods' reads per window, not twice that). A changed
+    pod set, or a window that could not be measured, starts afresh with its own first read."""
+    carry = {} if carry is None else carry
     pods = serving_pods(api_client, namespace, name, params["resource_kind"])
     if not pods:
+        carry.clear()
         return None, "no serving pod of %s %s/%s is running" % (params["resource_kind"], namespace, name)
-    targets = canary.pod_targets(api_client, namespace, pods, params["container"], params.get("port"), params.get("scheme"))
-    first, lost = canary.scrape_pods(api_client, namespace, targets, params.get("model_name"), params["timeout"])
-    start = clock()
+    names = sorted(pods)
+    if carry.get("pods") == names:
+        targets, first, lost, start = carry["targets"], carry["pages"], [], carry["at"]
+    else:
+        targets = canary.pod_targets(api_client, namespace, pods, params["container"], params.get("port"), params.get("scheme"))
+        first, lost = canary.scrape_pods(api_client, namespace, targets, params.get("model_name"), params["timeout"])
+        start = clock()
+    carry.clear()
     sleep(params["interval"])
     later, lost_later = canary.scrape_pods(api_client, namespace, targets, params.get("model_name"), params["timeout"])
+    end = clock()
     missing = sorted(set(lost) | set(lost_later))
     if missing:
         return None, "no vLLM /metrics from the pods %s" % ", ".join(missing)
+    carry.update(pods=names, targets=targets, pages=later, at=end)
     deltas = [canary_window.window_delta(page, first.get(pod)) for pod, page in sorted(later.items())]
-    figures = analysis.window_figures(deltas, clock() - start)
+    figures = analysis.window_figures(deltas, end - start)
     figures["pod_names"] = sorted(later)
     figures["spec_found"] = any(d["spec"].found for d in deltas)
     return figures, None
@@ -206,10 +222,13 @@ def watch(api_client, params, check_mode=False, sleep=None, clock=None):
                     reasons=["no baseline recorded for %s %s/%s (ConfigMap %s)" % (kind, ns, name, baseline_name(name))],
                     msg="unknown: no baseline; record one when the rollout is verified (record_baseline: true) - nothing done")
 
+    carry = {}  # each window's end is the next one's start
+
     def measure(_index):
         try:
-            figures, error = measure_window(api_client, ns, name, params, sleep, clock)
+            figures, error = measure_window(api_client, ns, name, params, sleep, clock, carry)
         except SpecDecodingError as exc:
+            carry.clear()
             figures, error = None, str(exc)
         return judge_window(figures, error, checks, base, params, budgets.window_confidence(params["confidence"]))
     run = analysis.run(measure, budgets, sleep=sleep)

@@ -111,6 +111,21 @@ options:
     description: Seconds for each C(/metrics) request.
     type: int
     default: 30
+  request_classes:
+    description:
+      - Watch per request class instead (issue 52) - the classes the routing plan sends to this speculative service (the
+        annotation of the plan's route). vLLM's C(/metrics) carry no class, so the watchdog sends each class's C(probes)
+        itself to the serving pods (the pod proxy), reads the acceptance in each response's C(metrics.speculative_decoding)
+        (vLLM 0.32+ with C(--per-request-spec-decode-metrics)) and judges it against the class's baseline (the ConfigMap
+        C(<name>-spec-decoding-class-baseline), recorded with O(record_baseline=true)) with the acceptance checks.
+      - A class that collapses gets RV(action=route_back) and RV(route) - the route without that class's rule, so its requests
+        take the default rule, the baseline; the other classes stay. The module writes nothing; the watch role writes RV(route)
+        with the benchmark role's routing write modes (Git or server-side apply).
+      - Keys - C(probes) (class to a list of prompts, required), C(route) (the route's manifest, e.g. from Git) or C(route_name)
+        (the live HTTPRoute; for an LLMInferenceService its own router is read), C(model) (default O(model_name), else O(name)),
+        C(max_tokens) (default 64), C(baseline) (class to C(requests) and C(acceptance) with its counters - the A/B report's
+        per-class C(acceptance) will do - instead of the recorded ones).
+    type: dict
 extends_documentation_fragment:
   - alauda.spec_decoding.inference_service
   - kubernetes.core.k8s_auth_options
@@ -145,6 +160,18 @@ EXAMPLES = r"""
       - {name: tpot-bound, figure: tpot_median, max: 80}  # ms, whatever the baseline was
       - {name: first-position, figure: position_1_rate, min: 0.5, dry_run: true}
   register: watched
+
+- name: Per request class - a class whose acceptance collapsed goes back to the baseline, the others stay
+  alauda.spec_decoding.speculative_watchdog:
+    name: llama-ngram
+    namespace: models
+    min_requests: 8
+    request_classes:
+      route_name: report-classes
+      probes:
+        code: "{{ lookup('ansible.builtin.file', 'probes/code.json') | from_json }}"
+        summarize: "{{ lookup('ansible.builtin.file', 'probes/summarize.json') | from_json }}"
+  register: watched_classes
 """
 
 RETURN = r"""
@@ -153,7 +180,7 @@ state:
   returned: always
   type: str
 action:
-  description: C(roll_back) when C(collapsed), else C(none).
+  description: C(roll_back) when C(collapsed), else C(none); with O(request_classes) C(route_back) when a class collapsed.
   returned: always
   type: str
 would_roll_back:
@@ -171,12 +198,27 @@ analysis:
   type: dict
 baseline:
   description: The baseline compared with (where it came from, when recorded) or, with O(record_baseline), the one recorded.
-  returned: always
+  returned: without O(request_classes)
+  type: dict
+classes:
+  description: With O(request_classes), per class its C(state), C(verdict), C(reasons) and probe C(figures).
+  returned: with O(request_classes)
+  type: list
+  elements: dict
+routed_back:
+  description: With O(request_classes), the classes whose acceptance collapsed (RV(action) is C(route_back)).
+  returned: with O(request_classes)
+  type: list
+  elements: str
+route:
+  description: With O(request_classes) and a collapsed class, the route's manifest without that class's rule; else null.
+  returned: with O(request_classes)
   type: dict
 """
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import INFERENCE_SERVICE_ARG_SPEC, ModuleContract, argspec
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import watchdog
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import watchdog_classes
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.prometheus_text import require_prometheus_client
 
 
@@ -202,10 +244,13 @@ def argument_spec():
         port=dict(type="str"),
         scheme=dict(type="str", choices=["http", "https"]),
         timeout=dict(type="int", default=30),
+        request_classes=dict(type="dict"),
     )
 
 
 def execute(module):
+    if module.params.get("request_classes"):
+        return watchdog_classes.watch_classes(module.api_client, module.params, check_mode=module.check_mode)
     require_prometheus_client(module)
     return watchdog.watch(module.api_client, module.params, check_mode=module.check_mode)
 

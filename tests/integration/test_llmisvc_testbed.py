@@ -17,6 +17,8 @@ from tests.paths import read_capture
 
 from tests.testbed.kubelet import free_port_on, host_ipv4
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import routing_plan
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import router as llmisvc_router
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_line as vllm_command
 
@@ -142,6 +144,14 @@ def test_schema_rejection_and_bad_input_write_nothing(kubeconfig, k8s_client, ll
                                        "llmisvc": {"image": "i", "parallelism": {"tensor": 4}}})
     assert bad.failed and bad["field"] == "speculative.draft_tensor_parallel_size"
     from kubernetes import client  # pylint: disable=import-outside-toplevel
+    # the routing plan in the LLMInferenceService's own router (issue #52): the real API server takes the rendered object
+    # with the rules in spec.router.route.http.spec (a server-side dry run: nothing written) and keeps them as rendered
+    plan = routing_plan.build_plan({"classes": [{"class": "code", "decision": "keep"}, {"class": "chat", "decision": "roll_back"}]},
+                                   {"name": NAME + "-kserve-workload-svc", "port": 8000}, {"name": "baseline", "port": 8000})
+    routed = llmisvc_router.with_route(_render(namespace)["manifest"], routing_plan.llmisvc_router(plan, NAME, namespace)["spec"]["router"]["route"])
+    taken = client.CustomObjectsApi(k8s_client).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, routed, dry_run="All")
+    assert [(r["name"], r["matches"], r["backendRefs"][0]["name"]) for r in taken["spec"]["router"]["route"]["http"]["spec"]["rules"]] == [
+        (r["name"], r["matches"], r["backendRefs"][0]["name"]) for r in routing_plan.route_rules(plan)]
     items = client.CustomObjectsApi(k8s_client).list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
     assert items == []
 

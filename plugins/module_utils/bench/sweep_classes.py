@@ -19,7 +19,8 @@ The same statistics as the A/B's per-class report (bench/request_classes.py) and
 - The guard (``guard``): with ``target_qps``, a class goes to the speculative pool only when it meets keep at the
   target load's sweep point and its break-even is not below the target load; otherwise to the baseline, with the reason.
   A crossing without a margin to interpolate takes its last keep load as the break-even (the lowest load the sweep
-  cannot vouch beyond). bench/routing_plan.py reads it.
+  cannot vouch beyond). bench/routing_plan.py reads it; ``decisions_at_target`` gives the block's decisions at the target
+  load in the A/B's shape, for a routing plan built from the sweep alone (tune.yml).
 
 Plain Python, no Ansible imports.
 """
@@ -193,6 +194,25 @@ def analyse_classes(measurements, sweep, keep_rule=None):
     return {"kind": kind, "target_qps": sweep.get("target_qps"), "classes": entries, "counters_check": checks,
             "speculative_classes": [e["class"] for e in entries if e["class"] is not None and (e["guard"] or {}).get("pool") == "speculative"],
             "notes": notes}
+
+
+def is_block(value):
+    """Whether ``value`` is this module's ``classes`` block (what ``analyse_classes`` returns)."""
+    return isinstance(value, dict) and value.get("kind") in UNIT and isinstance(value.get("classes"), list)
+
+
+def decisions_at_target(block):
+    """The block's decisions at the target load in the shape of the A/B's ``classes`` block (bench/request_classes.py
+    ``class_report``), so the routing plan can be built from a sweep alone: per class ``decision``, ``outcome``,
+    ``gain_confidence``, ``speedup`` and ``reasons`` of its target's sweep point; a class without figures at the target has
+    no decision (the plan sends it to the baseline)."""
+    out = []
+    for entry in block["classes"]:
+        target = entry.get("target") or {}
+        out.append({"class": entry["class"], "decision": target.get("decision"), "outcome": target.get("outcome"),
+                    "gain_confidence": target.get("gain_confidence"), "speedup": target.get("speedup"),
+                    "reasons": list(target.get("reasons") or ["the sweep has no figures of this class at the target load"])})
+    return {"classes": out}
 
 
 def summary_line(block):

@@ -14,6 +14,7 @@ import copy
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc.model import DEFAULT_API_VERSION, GROUP, KIND
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc.flags import flags, strip
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import router as router_rules
 
 # ----------------------------------------------------------------------------------------------------------------
 # Benchmark twin
@@ -64,5 +65,7 @@ def baseline_twin(obj, name=None, suffix=None, found_flags=None):
     patch, _changes = strip(obj)
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import patch_plan as isvc_patch  # pylint: disable=import-outside-toplevel
     stripped = isvc_patch.apply_patch(obj, patch)
-    return {"apiVersion": obj.get("apiVersion") or "%s/%s" % (GROUP, DEFAULT_API_VERSION), "kind": KIND,
+    # the routing plan's rules stay with the candidate: the twin gets the route KServe manages from its preset
+    made = {"apiVersion": obj.get("apiVersion") or "%s/%s" % (GROUP, DEFAULT_API_VERSION), "kind": KIND,
             "metadata": bench_twin.twin_metadata(meta, name, suffix), "spec": copy.deepcopy(stripped["spec"])}
+    return router_rules.without_plan(made)

@@ -18,6 +18,7 @@ One vLLM start for the speculative pod, one for the rolled-back pod.
 """
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
@@ -47,13 +48,20 @@ COLLAPSED_RATES = [0.0, 0.0, 0.0]
 KNOWN_CURVE = {"method": "custom_class", "model": "known_curve_proposer.KnownCurveProposer", "num_speculative_tokens": K}
 # Windows of a few seconds instead of the default 5 minutes, long enough for about three times the product's min_requests at the
 # request rate measured just before under the same curve (a loaded machine serves fewer; a collapsed proposer makes
-# every request take more steps); the checks, budgets and min_requests stay the product's.
-INTERVAL = 4
+# every request take more steps); the checks, budgets and min_requests stay the product's. At least 2 s (4 until stop 49:
+# at the 24-62 requests/s measured here a 4 s window held 2.5-4 x the 3 x min_requests the rate asks for).
+INTERVAL = 2
 MAX_INTERVAL = 30
 MIN_REQUESTS = watchdog_module.argument_spec()["min_requests"]["default"]
 # Seconds a /metrics read may take before the window counts as unreadable (the default 30 s would only make the stopped
 # window longer).
 SCRAPE_TIMEOUT = 3
+# The same for the window of the stopped pod, whose every read times out: the kubernetes client's urllib3 pool tries a
+# timed-out GET four times (Retry(3), read errors of idempotent methods), so each of the window's two scrapes takes 4 x
+# the timeout: that window took 28 s at 3 s (and a 4 s window), 10-12 s at 1 s. The running pod's reads keep SCRAPE_TIMEOUT.
+STOPPED_SCRAPE_TIMEOUT = 1
+# Seconds of traffic over which the request rate that sizes a window is measured (at 24-62 requests/s here: 36-93 requests).
+RATE_SECONDS = 1.5
 CLIENTS = 4  # the server's --max-num-seqs
 MAX_TOKENS = 16
 PROMPTS = tuple("Note %d: %s" % (i, text) for i, text in enumerate(vllm_harness.REPETITIVE_PROMPTS + ("one two three four five six seven " * 6,)))
@@ -91,7 +99,7 @@ class Traffic:
         for thread in self.threads:
             thread.join(timeout=30)
 
-    def interval(self, seconds=3.0):
+    def interval(self, seconds=RATE_SECONDS):
         """A window length for about 3 x min_requests at the rate served over the next ``seconds``."""
         before = sum(self.done)
         time.sleep(seconds)
@@ -118,6 +126,19 @@ class Traffic:
             api.close()
 
 
+def _ready_after_startup(api, namespace, pod):
+    """Seconds from vLLM's `Application startup complete.` (the pod log's own timestamp) to the pod's Ready condition (1 s
+    resolution): the kubelet's startupProbe cadence (pod_process.probe_cadence), printed, not asserted."""
+    log = api.request("GET", "/api/v1/namespaces/%s/pods/%s/log" % (namespace, pod), query={"timestamps": "true"}, raw=True)
+    line = next((line for line in log.splitlines() if "Application startup complete" in line), None)
+    conditions = api.get("/api/v1/namespaces/%s/pods/%s" % (namespace, pod))["status"].get("conditions") or []
+    ready = next((c["lastTransitionTime"] for c in conditions if c["type"] == "Ready" and c["status"] == "True"), None)
+    if line is None or ready is None:
+        return None
+    started = datetime.datetime.strptime(line[:26], "%Y-%m-%dT%H:%M:%S.%f")
+    return round((datetime.datetime.strptime(ready, "%Y-%m-%dT%H:%M:%SZ") - started).total_seconds(), 1)
+
+
 def _control(path, rates):
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as handle:
@@ -128,6 +149,10 @@ def _control(path, rates):
 def test_watchdog_on_real_vllm_healthy_unknown_then_collapsed_and_rolled_back(
         controlplane, kubeconfig, kserve, kubelet, namespace, tiny_checkpoints, tmp_path):  # noqa: F811
     started = time.monotonic()
+    steps = {}  # step -> seconds since the test started, when it ended (printed and in the e2e timings)
+
+    def step(name):
+        steps[name] = round(time.monotonic() - started, 1)
     api = controlplane.rest()
     # The pod's /tmp is its own (tests/testbed/pod_sandbox.py): the proposer and its control file live where the pod sees
     # the host's files.
@@ -156,6 +181,8 @@ def test_watchdog_on_real_vllm_healthy_unknown_then_collapsed_and_rolled_back(
         assert len(pods) == 1
         pod = pods[0]["metadata"]["name"]
         ready_s = time.monotonic() - started
+        step("ready")
+        ready_after_startup = _ready_after_startup(api, namespace, pod)
         generation = api.get(ISVC % (namespace, NAME))["metadata"]["generation"]
         # The rendered command really ran (what test_process_pod_e2e.py checked before this test covered it): bash -x of
         # the rendered script reached exec, and the engine line of that process names the tiny target on the PVC and the
@@ -170,12 +197,14 @@ def test_watchdog_on_real_vllm_healthy_unknown_then_collapsed_and_rolled_back(
         assert proof["differences"] == [] and proof["expected"]["method"] == "custom_class", proof["differences"]
         for prompt in PROMPTS:  # the proposer drafts only for a prompt it has seen: the first run records each
             _complete(api, namespace, pod, prompt)
+        step("engine line, prompts seen")
         args = {"name": NAME, "namespace": namespace, "kubeconfig": kubeconfig, "timeout": SCRAPE_TIMEOUT}
 
         with Traffic(controlplane, namespace, pod, generation) as traffic:
             args["interval"] = healthy_interval = traffic.interval()
             recorded = run_module("speculative_watchdog", dict(args, record_baseline=True))
             assert not recorded.failed and recorded["state"] == "recorded", recorded.msg
+            step("baseline")
             base = recorded["baseline"]["figures"]["acceptance"]
             # conditional 0.9/0.8/0.7: per-position 0.9, 0.72, 0.504, about 0.71 of the draft tokens accepted
             assert 0.5 < base["draft_acceptance_rate"] < 0.9, base
@@ -184,16 +213,18 @@ def test_watchdog_on_real_vllm_healthy_unknown_then_collapsed_and_rolled_back(
             healthy = run_module("speculative_watchdog", dict(args, count=1))
             assert not healthy.failed and healthy["state"] == "healthy", (healthy.msg, healthy.get("reasons"))
             assert [w["verdict"] for w in healthy["analysis"]["windows"]] == ["pass"], healthy["analysis"]
+            step("healthy")
 
             # /metrics unreadable for a window: the pod's vLLM process group is stopped (every scrape times out)
             group = kubelet.process_pod(namespace, pod).container("kserve-container").proc.pid
             os.killpg(group, signal.SIGSTOP)
             stopped.append(group)
             try:
-                unknown = run_module("speculative_watchdog", dict(args, count=1, interval=INTERVAL))
+                unknown = run_module("speculative_watchdog", dict(args, count=1, interval=INTERVAL, timeout=STOPPED_SCRAPE_TIMEOUT))
             finally:
                 os.killpg(group, signal.SIGCONT)
                 stopped.clear()
+            step("unknown")
             assert not unknown.failed and unknown["state"] == "unknown" and unknown["action"] == "none", unknown.msg
             assert unknown["analysis"]["counts"]["error"] == 1, unknown["analysis"]
             assert "no vLLM /metrics from the pods %s" % pod in unknown["analysis"]["windows"][0]["reasons"][0], unknown["analysis"]
@@ -203,11 +234,13 @@ def test_watchdog_on_real_vllm_healthy_unknown_then_collapsed_and_rolled_back(
             # the proposer's acceptance collapses; watch.yml with the product's defaults but the window length
             _control(control, COLLAPSED_RATES)
             collapse_interval = traffic.interval()
+            step("collapsed rate")
             extra = {"watch_names": ["%s/%s" % (namespace, NAME)], "watch_interval": collapse_interval, "watch_wait_timeout": 600,
                      "watch_report_dir": str(tmp_path / "report")}
             playbook_started = time.monotonic()
             run = run_playbook(tmp_path, "playbooks/watch.yml", extra_vars=extra, kubeconfig=kubeconfig, timeout=900)
             playbook_s = time.monotonic() - playbook_started
+            step("watch.yml")
         assert run.rc == 0, run.output
         assert sum(traffic.done) > 0
 
@@ -228,6 +261,7 @@ def test_watchdog_on_real_vllm_healthy_unknown_then_collapsed_and_rolled_back(
         assert proof["speculative_config"] is None and "speculative_config=None" in proof["line"], proof["line"]
         assert [p["name"] for p in proof["pods"]] == [p["metadata"]["name"] for p in new_pods] != [pod], proof["pods"]
         assert all(p["speculative_config"] is None for p in proof["pods"]), proof["pods"]
+        step("rolled-back engine line")
     finally:
         for group in stopped:
             os.killpg(group, signal.SIGCONT)
@@ -235,14 +269,18 @@ def test_watchdog_on_real_vllm_healthy_unknown_then_collapsed_and_rolled_back(
         api.delete("/api/v1/persistentvolumes/%s" % pv)
         api.close()
         shutil.rmtree(folder, ignore_errors=True)
+    step("cleaned up")
     seconds = round(time.monotonic() - started, 1)
     vllm_harness.TIMINGS.append({"scenario": "watchdog: healthy, unknown (SIGSTOP), collapsed and rolled back on a process pod",
-                                 "seconds": seconds, "first_pod_ready_s": round(ready_s, 1), "watch_playbook_s": round(playbook_s, 1)})
+                                 "seconds": seconds, "first_pod_ready_s": round(ready_s, 1), "watch_playbook_s": round(playbook_s, 1),
+                                 "pod_ready_after_vllm_startup_s": ready_after_startup,
+                                 "steps_ended_at_s": steps})
     windows = [("baseline", recorded["baseline"]["figures"])] + [
         ("%s %d" % (label, w["index"]), w["figures"]) for label, res in (("healthy", healthy["analysis"]), ("collapse", watched["analysis"]))
         for w in res["windows"]]
     print("\nwatchdog e2e: %.1f s (speculative pod ready after %.1f s, watch.yml with the rollback %.1f s), %d requests sent, "
-          "%d failed (stopped or replaced pod); request rates %s/s, windows %d s healthy, %d s collapsed\n  %s\n  unknown window: %s" % (
-              seconds, ready_s, playbook_s, sum(traffic.done), sum(traffic.errors), traffic.rates, healthy_interval, collapse_interval,
+          "%d failed (stopped or replaced pod); pod Ready %s s after vLLM's startup line; request rates %s/s, windows %d s healthy, "
+          "%d s collapsed\n  %s\n  unknown window: %s" % (
+              seconds, ready_s, playbook_s, sum(traffic.done), sum(traffic.errors), ready_after_startup, traffic.rates, healthy_interval, collapse_interval,
               "\n  ".join("%s: %d requests, acceptance rate %.3f" % (label, f["requests"], f["acceptance"]["draft_acceptance_rate"])
                           for label, f in windows), unknown["analysis"]["windows"][0]["reasons"][0]))

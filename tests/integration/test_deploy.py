@@ -188,11 +188,12 @@ def test_stale_ready_from_the_previous_generation_does_not_pass(tmp_path, kubeco
     kserve.set_behaviour(namespace, "stale", ready_after=0.2)
     assert run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", extra_vars=_vars(namespace, "stale"), kubeconfig=kubeconfig).rc == 0
     first = _get(k8s_client, namespace, "stale")
-    # The next revision never gets ready: the wait must fail although Ready=True is still there from generation 1.
+    # The next revision never gets ready: the wait must fail although Ready=True is still there from generation 1. A wait
+    # that took the old Ready passes at once, so 4 s tell it apart as 8 did (the run waits for the whole timeout).
     kserve.set_behaviour(namespace, "stale", never_ready=True, generation=first["metadata"]["generation"] + 1)
     run = run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", kubeconfig=kubeconfig,
                        extra_vars=_vars(namespace, "stale", spec_decoding_speculative={"num_speculative_tokens": 2},
-                                        spec_decoding_wait_timeout=8))
+                                        spec_decoding_wait_timeout=4))
     assert run.rc != 0
     failed = run.result("Wait for Ready")
     assert failed["failed"] is True and failed["ready"] is False

@@ -237,6 +237,9 @@ class KubeletStandIn(ProcessMode):
         self.pods_dir = None
         self.images = ImageStore()  # process mode's images: add_registry(); root filesystems under the state dir
         self.backoff_seconds = 10.0  # the kubelet's crash back-off base (pod annotation testbed.alauda.io/backoff-seconds)
+        # Process mode's longest probe period (pod_process.probe_cadence: the failure threshold scaled, the time to fail
+        # kept); None runs every probe at its own periodSeconds.
+        self.probe_period_max = 1.0
         self.stopping = False
         self.errors = []
 

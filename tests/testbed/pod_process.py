@@ -9,7 +9,9 @@ A pod is in process mode when its annotation `testbed.alauda.io/run` is `process
 - writes each container's stdout and stderr, line by line, as CRI records to the log files the kubelet's
   /containerLogs serves (`follow`, `tailLines`, `sinceTime`, `previous`); a restart moves the log to `previous`;
 - probes as the kubelet does: startupProbe, then livenessProbe and readinessProbe (httpGet, tcpSocket, exec) with their
-  delays, periods, timeouts and thresholds; Ready follows the readiness of every container;
+  delays, periods, timeouts and thresholds; Ready follows the readiness of every container. A period longer than the
+  kubelet stand-in's `probe_period_max` (1 s by default) runs at that period with the failure threshold scaled to keep
+  the probe's time to fail (`probe_cadence`): a pod is seen ready within a second of its server, not up to 10 s later;
 - binds a termination-log file per container at its `terminationMessagePath` (in the container's own /dev tmpfs by
   default) and fills `terminated.message` from it as the kubelet does (FallbackToLogsOnError: the log's tail when the
   file is empty and the container failed);
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import datetime
 import http.client
+import math
 import os
 import shutil
 import signal
@@ -48,6 +51,23 @@ def _now():
 
 def _stamp(ts) -> str:
     return ts.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def probe_cadence(probe: dict, period_max: float | None) -> tuple[float, int]:
+    """(seconds between two runs of ``probe``, failures in a row that fail it): the probe's ``periodSeconds`` and
+    ``failureThreshold`` (the kubelet's defaults 10 and 3), with the period at most ``period_max`` seconds (the
+    kubelet stand-in's ``probe_period_max``; None: the probe's own) and the failure threshold raised by the same factor,
+    so that the time a probe is given before it fails (threshold x period) stays the probe's own. Only the moment a
+    passing probe is seen moves: a vLLM predictor's startupProbe (period 10 s) saw its server ready 0-10 s after vLLM's
+    `Application startup complete.`, a wait no test asserts anything about; with a 1 s period, within about a second
+    (a pod whose server answered 3, 6 and 9 s after it started: Ready after 10.6 s each time, then after 4.6, 7.4 and
+    10.6 s). The success threshold is a count of passes, as the kubelet's; a probe that hangs until its timeout is given
+    more time to fail, never less."""
+    period = float(probe.get("periodSeconds", 10))
+    failures = int(probe.get("failureThreshold", 3))
+    if period_max is None or period <= period_max:
+        return period, failures
+    return float(period_max), int(math.ceil(failures * period / period_max))
 
 
 class _Container:
@@ -104,6 +124,7 @@ class ProcessPod:
         self.done = threading.Event()
         self._wake = threading.Event()
         self._last_status = None
+        self._transitions = {}  # condition type -> (status, lastTransitionTime)
         self._lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name=f"pod-{self.ns}/{self.name}", daemon=True)
 
@@ -391,14 +412,15 @@ class ProcessPod:
                                                 "ok": 0, "fail": 0, "result": None})
         if now < state["next"]:
             return state["result"] if kind == "readinessProbe" else None
-        state["next"] = now + probe.get("periodSeconds", 10)
+        period, failures = probe_cadence(probe, self.kubelet.probe_period_max)
+        state["next"] = now + period
         if self._run_probe(c, probe):
             state["ok"], state["fail"] = state["ok"] + 1, 0
             if state["ok"] >= probe.get("successThreshold", 1):
                 state["result"] = True
         else:
             state["ok"], state["fail"] = 0, state["fail"] + 1
-            if state["fail"] >= probe.get("failureThreshold", 3):
+            if state["fail"] >= failures:
                 state["result"] = False
         return state["result"]
 
@@ -472,7 +494,13 @@ class ProcessPod:
         start = _stamp(self.start_time)
 
         def cond(kind, ok, reason=None, message=None):
-            out = {"type": kind, "status": "True" if ok else "False", "lastProbeTime": None, "lastTransitionTime": start}
+            # lastTransitionTime: when the condition last changed status, as the kubelet reports it (the pod's start
+            # for the first status)
+            value = "True" if ok else "False"
+            seen = self._transitions.get(kind)
+            if seen is None or seen[0] != value:
+                seen = self._transitions[kind] = (value, start if seen is None else _stamp(_now()))
+            out = {"type": kind, "status": value, "lastProbeTime": None, "lastTransitionTime": seen[1]}
             if not ok and reason:
                 out.update(reason=reason, message=message)
             return out

@@ -71,7 +71,10 @@ def request(api_client, method, path, query=None, body=None, content_type="appli
     if hasattr(api_client, "param_serialize"):  # kubernetes >= 31: serialise, call, deserialise are separate steps
         prepared = api_client.param_serialize(method.upper(), path, query_params=query_params, header_params=headers,
                                               body=body, auth_settings=["BearerToken"])
-        answer = api_client.call_api(*prepared, _request_timeout=timeout)
+        if timeout is not None and method.upper() == "GET":
+            answer = _get_once(api_client, prepared, timeout)
+        else:
+            answer = api_client.call_api(*prepared, _request_timeout=timeout)
         if not 200 <= answer.status <= 299:
             answer.read()
             api_client.response_deserialize(answer, {})  # raises ApiException (or its subclass for the status)
@@ -87,6 +90,20 @@ def request(api_client, method, path, query=None, body=None, content_type="appli
     finally:
         raw.release_conn()
     return json.loads(data) if data else None
+
+
+def _get_once(api_client, prepared, timeout):
+    """A GET with a ``timeout`` (a pod's /metrics or log through the proxy): one attempt, so the timeout is the whole
+    request's. The client's connection pool retries a timed-out read three more times (urllib3's default ``Retry``), which
+    made the watchdog's 30 s per /metrics read about 2 minutes on a pod that stopped answering, and each read of the
+    watchdog's, the canary's and verify's 4 times their timeout. What ``RESTClientObject.request`` does for a GET
+    (kubernetes 31+), with ``retries=False``."""
+    import urllib3  # pylint: disable=import-outside-toplevel
+    from kubernetes.client import rest  # pylint: disable=import-outside-toplevel
+    method, url, headers = prepared[0], prepared[1], prepared[2]
+    raw = api_client.rest_client.pool_manager.request(method, url, fields={}, headers=headers, preload_content=False,
+                                                      timeout=urllib3.Timeout(total=timeout), retries=False)
+    return rest.RESTResponse(raw)
 
 
 # The typed API classes (_LAZY_APIS) are reached through __getattr__ and so are not listed here.

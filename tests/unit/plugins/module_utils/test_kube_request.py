@@ -99,6 +99,37 @@ def test_a_page_that_stops_half_way_is_a_pod_access_error(api_client, pod):
         k8s_pods.proxy_get(api_client, "ns", pod, port=8080, timeout=0.5)
 
 
+def test_a_get_with_a_timeout_is_tried_once():
+    """A pod that accepts and never answers (a SIGSTOPped vLLM behind the pod proxy): the read times out once, on one
+    connection - the timeout is the request's, not each of the pool's four attempts' (urllib3's default Retry)."""
+    import socket  # pylint: disable=import-outside-toplevel
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    accepted = []
+
+    def accept():
+        while True:
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                return
+    threading.Thread(target=accept, daemon=True).start()
+    config = kubernetes.client.Configuration()
+    config.host = "http://127.0.0.1:%d" % listener.getsockname()[1]
+    api = kubernetes.client.ApiClient(config)
+    started = time.monotonic()
+    try:
+        with pytest.raises(k8s_pods.PodAccessError, match="GET /metrics on pod ns/silent port 8080 .* failed"):
+            k8s_pods.proxy_get(api, "ns", "silent", port=8080, timeout=0.4)
+        seconds = time.monotonic() - started
+    finally:
+        listener.close()
+        for conn in accepted:
+            conn.close()
+    assert len(accepted) == 1 and 0.4 <= seconds < 1.2, (len(accepted), seconds)
+
+
 def test_an_error_answer_raises_the_clients_api_exception_with_the_servers_message(api_client):
     with pytest.raises(kube_client.ApiException) as caught:
         kube_client.request(api_client, "GET", "/api/v1/namespaces/ns/pods/x")

@@ -45,7 +45,8 @@ import re
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.command_scan import scan, scan_script, scan_variants
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.command_strip import refusal, strip_found
+# a module, not its names: command_strip -> per_request_metrics -> speculative_config -> this file is a cycle at import time
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_strip
 # The word predicates (where the vLLM invocation is) and the Occurrence live in vllm/command_scan.py, the flag registry in
 # vllm/speculative_flags.py; their names stay importable from here, where the readers always found them.
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm.command_scan import (  # noqa: F401  pylint: disable=unused-import
@@ -434,16 +435,16 @@ class Command:
         except ValidationError as exc:
             self.config_error = exc
         self.shell_script = items[min(scripts)] if scripts else None
-        self.stripped = tuple(strip_found(items, plain, scripts)) if plain else items
+        self.stripped = tuple(command_strip.strip_found(items, plain, scripts)) if plain else items
         self.checked, self.refusal = items, None
         unique = []
         for problem in problems:
             if problem not in unique:  # the pieces of one split variable say the same thing
                 unique.append(problem)
         if unique:
-            self.checked, self.refusal = None, refusal(unique)
+            self.checked, self.refusal = None, command_strip.refusal(unique)
         elif found:
-            checked = self.stripped if _removals(found) == _removals(plain) else tuple(strip_found(items, found, scripts))
+            checked = self.stripped if _removals(found) == _removals(plain) else tuple(command_strip.strip_found(items, found, scripts))
             # the result read as the next caller will read it (the same cached Command): no flag may be left
             left = found if checked == items else read(checked, env).env_occurrences if checked else ()
             if left:  # pragma: no cover - a defect of the editor, never a user error

@@ -143,7 +143,8 @@ def test_argocd_automated_without_self_heal_leaves_drift(request, api, argocd, g
     path = application(argo_spec(git_server, repo, target, {"automated": {}, "syncOptions": ["CreateNamespace=true"]}))
     wait_for(lambda: app_status(api, path).get("sync", {}).get("status") == "Synced", what="Synced")
     api.patch(f"/api/v1/namespaces/{target}/configmaps/settings", {"data": {"mode": "edited-live"}})
-    wait_for(lambda: app_status(api, path)["sync"]["status"] == "OutOfSync", what="OutOfSync after drift")
+    # the stand-in refreshes every second; 60 s because a loaded 2-core machine once kept it from that for 20 s
+    wait_for(lambda: app_status(api, path)["sync"]["status"] == "OutOfSync", what="OutOfSync after drift", timeout=60.0)
     argocd.wait_idle()
     argocd.wait_idle()
     assert cm_value(api, target) == "edited-live"

@@ -112,8 +112,9 @@ def test_watchdog_records_a_baseline_ignores_an_unreadable_window_and_rolls_back
 def test_schedule_renders_a_cronjob_with_least_privilege_and_only_the_watch_variables(tmp_path):
     import yaml  # pylint: disable=import-outside-toplevel
     out = tmp_path / "watch"
-    extra = {"watch_names": ["models/llm", "llm2"], "watch_namespaces": ["team-a"], "watch_target": "schedule",
-             "watch_schedule_output_dir": str(out), "watch_schedule_namespace": "ops", "watch_interval": 120}
+    # names and a label selector (the fleet form, issue 53): the job gets both and finds the selected services again
+    extra = {"watch_names": ["models/llm", "llm2"], "watch_namespaces": ["team-a"], "watch_label_selector": "team=llm",
+             "watch_target": "schedule", "watch_schedule_output_dir": str(out), "watch_schedule_namespace": "ops", "watch_interval": 120}
     run = run_playbook(tmp_path, "playbooks/watch.yml", extra_vars=extra)
     assert run.rc == 0, run.output
     docs = {p.name: yaml.safe_load(p.read_text()) for p in out.glob("*.yaml") if p.name != "kustomization.yaml"}
@@ -130,4 +131,5 @@ def test_schedule_renders_a_cronjob_with_least_privilege_and_only_the_watch_vari
     # extra vars override role vars: a rollback_names here would roll back every watched service, not the collapsed ones
     assert not [k for k in job_vars if k.startswith("rollback_")]
     assert job_vars["watch_names"] == ["models/llm", "team-a/llm2"] and job_vars["watch_target"] == "cluster"
+    assert job_vars["watch_label_selector"] == "team=llm" and job_vars["watch_namespaces"] == ["team-a", "models"]
     assert float(job_vars["watch_interval"]) == 120

@@ -9,9 +9,10 @@ A pod is in process mode when its annotation `testbed.alauda.io/run` is `process
 - writes each container's stdout and stderr, line by line, as CRI records to the log files the kubelet's
   /containerLogs serves (`follow`, `tailLines`, `sinceTime`, `previous`); a restart moves the log to `previous`;
 - probes as the kubelet does: startupProbe, then livenessProbe and readinessProbe (httpGet, tcpSocket, exec) with their
-  delays, periods, timeouts and thresholds; Ready follows the readiness of every container. A period longer than the
-  kubelet stand-in's `probe_period_max` (1 s by default) runs at that period with the failure threshold scaled to keep
-  the probe's time to fail (`probe_cadence`): a pod is seen ready within a second of its server, not up to 10 s later;
+  delays, periods, timeouts and thresholds; Ready follows the readiness of every container. Until it passes, a startup
+  or readiness probe with a period longer than the kubelet stand-in's `probe_period_max` (1 s by default) runs at that
+  period with the failure threshold scaled to keep the probe's time to fail (`probe_cadence`): a pod is seen ready
+  within a second of its server, not up to 10 s later; liveness and a passing readiness probe keep their own period;
 - binds a termination-log file per container at its `terminationMessagePath` (in the container's own /dev tmpfs by
   default) and fills `terminated.message` from it as the kubelet does (FallbackToLogsOnError: the log's tail when the
   file is empty and the container failed);
@@ -412,7 +413,11 @@ class ProcessPod:
                                                 "ok": 0, "fail": 0, "result": None})
         if now < state["next"]:
             return state["result"] if kind == "readinessProbe" else None
-        period, failures = probe_cadence(probe, self.kubelet.probe_period_max)
+        # the short cadence only until the probe passes (startup, readiness until Ready): what it buys is a pod seen
+        # ready soon after its server; liveness and a passing readiness probe keep their own period, as every probe of
+        # every running pod at 1 s cost the integration tier CPU for nothing
+        fast = kind != "livenessProbe" and state["result"] is not True
+        period, failures = probe_cadence(probe, self.kubelet.probe_period_max if fast else None)
         state["next"] = now + period
         if self._run_probe(c, probe):
             state["ok"], state["fail"] = state["ok"] + 1, 0

@@ -304,6 +304,15 @@ def _result(owner, obj, ops, changed, check_mode, answer):
             "diff": {"before": _view(obj, kind), "after": _view(after, kind)}}
 
 
+# How often a pause plans again on a fresh read when only the owner's resourceVersion moved (see pause).
+STATUS_ONLY_REPLANS = 2
+
+
+def _guarded(obj, kind):
+    """What a pause's guards hold on ``obj``: the sync switch's value and the annotations."""
+    return json.dumps([_plain(current_value(obj, kind)), ((obj or {}).get("metadata") or {}).get("annotations")], sort_keys=True)
+
+
 def pause(api_client, owner, run_id, check_mode=False):
     """Pause the owner's sync and record what it was (see the module docstring). Returns the module's result: changed,
     owner, previous (the record's), record, paused (True), resumed (False), already_paused, paused_by_others, patch,
@@ -311,8 +320,21 @@ def pause(api_client, owner, run_id, check_mode=False):
     if not run_id:
         raise ValidationError("a run id is required to pause", field="run_id", hint="pass the run's id (e.g. the rollback's run id)")
     obj = read_owner(api_client, owner)
-    plan = plan_pause(obj, owner, run_id)
-    answer = _send(api_client, owner, plan["ops"], check_mode, "pause") if plan["ops"] else None
+    kind = owner_ref(owner)[0]
+    for attempt in range(STATUS_ONLY_REPLANS + 1):
+        plan = plan_pause(obj, owner, run_id)
+        try:
+            answer = _send(api_client, owner, plan["ops"], check_mode, "pause") if plan["ops"] else None
+            break
+        except ConflictError:
+            # Where the pause guards with resourceVersion (spec.suspend or the annotations absent: RFC 6902 cannot test
+            # for absence), a controller's status write fails the patch too: Flux's kustomize-controller and Argo CD's
+            # application controller write status on every reconcile. When what the pause changes and guards is as it was
+            # read, plan again on the fresh object; a real edit of it stays a conflict, with nothing written.
+            fresh = read_owner(api_client, owner)
+            if attempt == STATUS_ONLY_REPLANS or _guarded(fresh, kind) != _guarded(obj, kind):
+                raise
+            obj = fresh
     result = _result(owner, obj, plan["ops"], bool(plan["ops"]), check_mode, answer)
     result.update(previous=plan["record"]["previous"], record=plan["record"], paused=True, resumed=False,
                   already_paused=plan["already_paused"], paused_by_others=plan["paused_by_others"], warnings=plan["warnings"])

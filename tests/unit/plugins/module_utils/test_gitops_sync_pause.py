@@ -213,14 +213,41 @@ def test_a_422_whose_test_no_longer_holds_is_a_conflict_with_nothing_written(mon
     reads = [application(SYNC_POLICY), application(dict(SYNC_POLICY, automated={"prune": False}), rv="42")]
 
     def request(api_client, method, path, **kwargs):
-        if method == "GET":
-            return reads.pop(0)
+        if method == "GET":  # the read, then the edited object on every later read
+            return reads.pop(0) if len(reads) > 1 else copy.deepcopy(reads[0])
         raise _ApiError(422, "the server rejected our request due to an error in our request")
     monkeypatch.setattr(client, "request", request)
     with pytest.raises(ConflictError) as err:
         sync_pause.pause(object(), ARGO, "run-1")
     assert "nothing was written" in str(err.value) and "run the task again" in str(err.value)
     assert isinstance(err.value, SpecDecodingError)
+
+
+@pytest.mark.parametrize("suspend", [None, False])
+def test_a_status_write_between_the_read_and_the_pause_is_planned_again_on_the_fresh_read(monkeypatch, suspend):
+    """Flux's controller writes a Kustomization's status on each reconcile: without annotations (or spec.suspend) the pause
+    guards with resourceVersion, which that write moves. Spec and annotations as read: the pause plans again and is written; an
+    edit of what it guards stays the conflict (test above)."""
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import client
+    monkeypatch.setattr(client, "ApiException", _ApiError)
+    live = {"obj": kustomization(suspend, rv="7")}
+    patches = []
+
+    def request(api_client, method, path, body=None, **kwargs):
+        if method == "GET":
+            return copy.deepcopy(live["obj"])
+        patches.append(body)
+        if len(patches) == 1:  # the controller's status write landed first
+            live["obj"] = kustomization(suspend, rv="8")
+            raise _ApiError(422, "the server rejected our request due to an error in our request")
+        assert patch_plan.tests_hold(live["obj"], body)
+        live["obj"] = patch_plan.apply_patch(live["obj"], [op for op in body if op["op"] != "test"])
+        return live["obj"]
+    monkeypatch.setattr(client, "request", request)
+    result = sync_pause.pause(object(), FLUX, "run-1")
+    assert result["changed"] and live["obj"]["spec"]["suspend"] is True and len(patches) == 2
+    guards = [op for op in patches[1] if op["path"] == "/metadata/resourceVersion"]
+    assert guards == [{"op": "test", "path": "/metadata/resourceVersion", "value": "8"}]  # no annotations to test: planned on the fresh read
 
 
 def test_pause_needs_a_run_id():

@@ -26,17 +26,9 @@ CHECKS = ("verify", "watch")
 WATCH_STATES = ("healthy", "degraded", "collapsed", "no_traffic", "unknown")
 
 
-def _key(item):
-    return "%s/%s" % (item["namespace"], item["name"])
-
-
 def _check_name(check):
     if check not in CHECKS:
         raise ValidationError("%r is not a fleet check" % (check,), field="check", hint="use %s" % " or ".join(CHECKS))
-
-
-def _order(target):
-    return target["namespace"], target["name"]
 
 
 def _classify(record, check):
@@ -68,7 +60,8 @@ def plan(discovery, check="verify"):
             not_checked.append({"service": key, "why": why})
         else:
             without.append(key)
-    return {"check": check, "targets": sorted(flagged, key=_order) + sorted(others, key=_order), "not_checked": not_checked,
+    order = fleet_rollback.target_order
+    return {"check": check, "targets": sorted(flagged, key=order) + sorted(others, key=order), "not_checked": not_checked,
             "without_flag": without, "forbidden": base["forbidden"], "records": base["records"], "api_requests": base["api_requests"]}
 
 
@@ -120,7 +113,7 @@ def report(the_plan, results, rolled_back=None):
     check = the_plan.get("check") or "verify"
     _check_name(check)
     verb = "verified" if check == "verify" else "watched"
-    by_service = {r.get("service") or _key(r): r for r in results or []}
+    by_service = {r.get("service") or fleet_rollback.service_key(r): r for r in results or []}
     records = the_plan.get("records") or {}
     services, lines = [], []
 
@@ -131,7 +124,7 @@ def report(the_plan, results, rolled_back=None):
                          "done": done, "why": why, "error": error})
 
     for target in the_plan.get("targets") or []:
-        key = _key(target)
+        key = fleet_rollback.service_key(target)
         done, error, text = (_verify_entry if check == "verify" else _watch_entry)(by_service.get(key))
         add(key, done, target["why"], error)
         sources = (records.get(key) or {}).get("sources") or []

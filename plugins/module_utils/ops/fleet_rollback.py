@@ -45,7 +45,8 @@ EVERY = {
 }
 
 
-def _key(record):
+def service_key(record):
+    """``namespace/name`` of a discovery record, a plan's target or a per-service result (the fleet roles' key)."""
     return "%s/%s" % (record["namespace"], record["name"])
 
 
@@ -66,7 +67,8 @@ def _once_per_namespace(forbidden):
     return list(out.values())
 
 
-def _order(target):
+def target_order(target):
+    """The order the per-service tasks run in: by namespace, then name."""
     return target["namespace"], target["name"]
 
 
@@ -110,11 +112,11 @@ def plan(discovery, mode="live", remove_draft=False):
             flagged.append(dict(namespace=record["namespace"], name=record["name"],
                                 why="stripped by an earlier rollback and not Ready at its generation yet: waited for and proven again"))
         else:
-            without.append(_key(record))
-    return {"targets": sorted(flagged, key=_order) + sorted(undecided, key=_order),
+            without.append(service_key(record))
+    return {"targets": sorted(flagged, key=target_order) + sorted(undecided, key=target_order),
             "without_flag": sorted(without),
             "forbidden": _once_per_namespace((discovery or {}).get("forbidden") or []),
-            "records": {_key(r): r for r in records},
+            "records": {service_key(r): r for r in records},
             "api_requests": ((discovery or {}).get("totals") or {}).get("api_requests", 0),
             "api_server": (discovery or {}).get("api_server")}
 
@@ -152,7 +154,7 @@ def report(the_plan, results, failures=None, cluster_down=None):
     failed = {item.get("service"): item for item in failures or []}
     services = []
     for target in the_plan.get("targets") or []:
-        key = "%s/%s" % (target["namespace"], target["name"])
+        key = service_key(target)
         result = by_service.get(key)
         done, why, error = "not_run", target["why"], None
         if key in failed:

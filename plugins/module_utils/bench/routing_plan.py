@@ -164,9 +164,12 @@ def build_plan(classes, speculative, baseline, class_header=DEFAULT_CLASS_HEADER
 
 
 def _backend(ref):
-    # group "" and kind Service are the CRD's defaults, left to the API server (the test bed's 1.20 API server refused an
-    # explicit group "" as "must be of type string: null")
-    out = {"name": ref["name"], "port": ref["port"], "weight": 1}
+    # kind Service is written although it is the CRD's default: parentRefs and rules are atomic lists, and an applied
+    # list that leaves out a defaulted field differs from the stored one on every apply, so the API server writes a new
+    # managedFields time (and resourceVersion) on each rerun in a new second (kubernetes/kubernetes#121404, seen with
+    # Gateway API's CRDs). group "" is left out: the API server stores it as absent (the test bed's 1.20 API server
+    # refused an explicit "" as "must be of type string: null").
+    out = {"kind": "Service", "name": ref["name"], "port": ref["port"], "weight": 1}
     if ref.get("namespace"):
         out["namespace"] = ref["namespace"]
     return out
@@ -194,7 +197,10 @@ def _parent_refs(parent_refs):
         field = "parent_refs[%d]" % index
         if not isinstance(ref, dict) or not isinstance(ref.get("name"), str) or not ref["name"]:
             raise ValidationError("must name its Gateway", field=field, hint="e.g. {name: inference-gateway, namespace: gateways}")
-        out.append({k: ref[k] for k in ("group", "kind", "namespace", "name", "sectionName", "port") if ref.get(k) is not None})
+        # group and kind as the CRD defaults them, written out for the same reason as a backend's kind (_backend)
+        entry = {"group": "gateway.networking.k8s.io", "kind": "Gateway"}
+        entry.update({k: ref[k] for k in ("group", "kind", "namespace", "name", "sectionName", "port") if ref.get(k) is not None})
+        out.append(entry)
     return out
 
 

@@ -209,7 +209,7 @@ def probe_classes(spec, classes, model, send):
 
 def read_baseline(api_client, namespace, name):
     """The per-class baseline recorded for ``name`` (its own ConfigMap, read as the service-wide one is), or None."""
-    return watchdog.read_baseline(api_client, namespace, name, configmap=baseline_name(name))
+    return watchdog.read_baseline(api_client, namespace, name, configmap=baseline_name(name), key=BASELINE_KEY)
 
 
 def baseline_configmap(owner, kind, figures, now=None):

@@ -54,6 +54,7 @@ VALID_ARGS = {
     "llmisvc_speculative": {"name": "a", "namespace": "b"},
     "modelcar_image": {"target_dir": "/nonexistent"},
     "pvc_stage_plan": {"pvc_name": "models", "items": []},
+    "request_class_routing_info": {"gateway_url": "http://a", "route": {}},
     "server_side_apply": {"definition": {}, "field_manager": "m"},
     "serving_runtime_info": {"namespace": "b", "name": "vllm"},
     "spec_benchmark": {"report_dir": "/nonexistent", "baseline_url": "http://a", "candidate_url": "http://b"},

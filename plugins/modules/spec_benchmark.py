@@ -329,6 +329,10 @@ baseline:
     - The summary's C(burst_delivered) counts the completed requests whose stream arrived in bursts (at least 8
       chunks, median gap between chunks under 0.1 ms). C(burst_delivered_median_gap_ms) is the median gap between
       those requests' chunks (null when there are none). Baselines saved before these keys existed count as 0.
+    - C(client) says whether the side's load client kept up with its schedule, C(kept_up) (with C(why) when not), from
+      C(send_lag_ms) (C(p50), C(p99), C(max)) and C(cpu_ratio_max) (the client's CPU over its measured requests, of a
+      core); C(sent_from) is V(controller) or V(load_job) (then C(pods), C(start_skew_s)). Baselines saved before it
+      existed lack the key.
   returned: always
   type: dict
 candidate:

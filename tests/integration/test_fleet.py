@@ -458,3 +458,160 @@ def test_rollback_over_three_clusters_goes_on_past_a_failing_service_a_forbidden
         cp2.stop()
         print("fleet over clusters, seconds: %s (load average %.1f)" % (", ".join("%s %.1f" % item for item in phases.items()),
                                                                         os.getloadavg()[0]))
+
+
+# --------------------------------------------------------------------------------------------------
+# The mid-rollout fault with the wait on (issue 53): the rollback waits for the generation its strip made, not the one
+# that was rolling out, and proves it on the pods of that generation
+# --------------------------------------------------------------------------------------------------
+
+# How long after m0's strip KServe's controller (the stand-in) gets to it again: the wait sees Ready at the old generation
+# meanwhile.
+HELD_S = 0.5
+
+
+def test_rollback_waits_for_the_generation_it_wrote_when_a_service_is_mid_rollout(kubeconfig, controlplane, kserve, namespace, monkeypatch):
+    """Three services on the session's test bed (KServe stand-in, the kubelet stand-in's pods logging vLLM 0.32's engine
+    lines: ngram for the generations that carry the flag, the baseline's after): m0 and m1 with the flag, m2 without.
+    m0 is mid-rollout when the discovery reads it: its spec was edited (generation 2) while KServe's controller has not
+    got to it (the stand-in holds its reconcile of m0: status still Ready at observedGeneration 1, the generation-1 pods
+    running). The rollback's modules then run in this process as the role runs them (fleet_speculative_info, the plan,
+    isvc_speculative with wait: true and engine_config_info per target; the role's wiring is the playbook tests' above):
+
+    * m0: the strip makes generation 3 while the status still says Ready at generation 1; the wait does not take that, it
+      returns only once KServe reconciled generation 3 (released HELD_S after the strip landed) and its pods are Ready, and
+      the engine line of generation 3's pods proves speculative_config=None; the rollout's own edit is kept.
+    * m1 rolled back and proven; m2 not written (same spec and generation, no field of the rollback's manager).
+    * the report: m0 mid-rollout with its generations, 2 rolled back, 1 without a flag, nothing failed or left."""
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import fleet_rollback  # pylint: disable=import-outside-toplevel
+    from tests.paths import read_capture  # pylint: disable=import-outside-toplevel
+    started = time.monotonic()
+    api = controlplane.rest()
+    base = "%s/v1beta1/namespaces/%s/inferenceservices" % (KSERVE, namespace)
+    run = uuid.uuid4().hex[:6]
+    hold, stop = threading.Event(), threading.Event()
+    real_reconcile = kserve.reconcile
+
+    def reconcile(rest, isvc):
+        meta = isvc["metadata"]
+        if hold.is_set() and (meta["namespace"], meta["name"]) == (namespace, "m0"):
+            return  # KServe's controller has not got to m0 yet: its status stays as it was
+        real_reconcile(rest, isvc)
+
+    monkeypatch.setattr(kserve, "reconcile", reconcile)
+    timings = {}
+    ngram_line, baseline_line = read_capture("ngram", "startup.log"), read_capture("baseline", "startup.log")
+    try:
+        api.post("%s/v1alpha1/namespaces/%s/servingruntimes" % (KSERVE, namespace), _runtime("plain-rt", namespace))
+        for name, args in (("m0", FLAG), ("m1", FLAG), ("m2", None)):
+            kserve.set_behaviour(namespace, name, ready_after=0.3, log_text=baseline_line)
+            # the generations that carry the flag log the ngram engine line: the first, and m0's rollout (its second)
+            for generation in (1, 2) if name == "m0" else (1,) if args else ():
+                kserve.set_behaviour(namespace, name, ready_after=0.3, log_text=ngram_line, generation=generation)
+            api.post(base, _isvc(name, "plain-rt", {"fleet-run": run}, args=args))
+        # m0 serves at its first generation before its rollout starts (m1's wait and m2's reads need nothing of the kind)
+        deadline = time.monotonic() + 30
+        while not _ready_at_generation(api.get("%s/m0" % base)):
+            assert time.monotonic() < deadline, api.get("%s/m0" % base).get("status")
+            time.sleep(0.1)
+        before = {name: api.get("%s/%s" % (base, name)) for name in ("m0", "m1", "m2")}
+        timings["ready"] = time.monotonic() - started
+        hold.set()
+        rollout_env = [{"name": "ROLLOUT", "value": "2"}]
+        api.patch("%s/m0" % base, {"spec": {"predictor": {"model": {"env": rollout_env}}}})
+        rolling = api.get("%s/m0" % base)
+        assert (rolling["metadata"]["generation"], rolling["status"]["observedGeneration"]) == (2, 1), rolling["status"]
+
+        discovery = run_module("fleet_speculative_info", {"kubeconfig": kubeconfig, "namespaces": [namespace],
+                                                          "label_selector": "fleet-run=%s" % run, "kinds": ["InferenceService"]})
+        assert not discovery.failed, discovery
+        the_plan = fleet_rollback.plan(discovery)
+        assert [(t["namespace"], t["name"]) for t in the_plan["targets"]] == [(namespace, "m0"), (namespace, "m1")]
+        assert the_plan["without_flag"] == ["%s/m2" % namespace]
+
+        def release_after_the_strip():
+            """KServe gets to m0 again HELD_S after the strip's generation 3 is written (the wait meanwhile sees Ready at 1)."""
+            watcher = controlplane.rest()
+            try:
+                limit = time.monotonic() + 30
+                while watcher.get("%s/m0" % base)["metadata"]["generation"] < 3 and time.monotonic() < limit and not stop.is_set():
+                    time.sleep(0.05)
+                stop.wait(HELD_S)
+            finally:
+                watcher.close()
+                hold.clear()
+                kserve.wake()
+
+        releaser = threading.Thread(target=release_after_the_strip, daemon=True)
+        releaser.start()
+        timings["discovery"] = time.monotonic() - started
+        results = []
+        for target in the_plan["targets"]:
+            t_strip = time.monotonic()
+            strip = run_module("isvc_speculative", {
+                "kubeconfig": kubeconfig, "name": target["name"], "namespace": target["namespace"], "state": "absent",
+                "wait": True, "wait_timeout": 30, "wait_sleep": 1})
+            timings[target["name"]] = time.monotonic() - t_strip
+            assert not strip.failed, strip
+            if target["name"] == "m0":
+                releaser.join(5)
+            proof = None
+            for _attempt in range(20):  # the role's rollback_verify_retries: a pod of the old generation still terminating
+                proof = run_module("engine_config_info", {"kubeconfig": kubeconfig, "name": target["name"],
+                                                          "namespace": target["namespace"], "expected": {"enabled": False}})
+                if not proof.failed:
+                    break
+                time.sleep(0.2)
+            assert not proof.failed, proof
+            timings[target["name"] + " proven"] = time.monotonic() - t_strip
+            results.append({"isvc": fleet_rollback.service_key(target), "changed": strip["changed"], "strip": strip, "proof": proof,
+                            "generation": strip["resource"]["metadata"]["generation"], "verified": True})
+        after = {name: api.get("%s/%s" % (base, name)) for name in ("m0", "m1", "m2")}
+        pods = api.get("/api/v1/namespaces/%s/pods" % namespace)["items"]
+    finally:
+        stop.set()
+        hold.clear()
+        api.close()
+
+    by = {r["isvc"].split("/", 1)[1]: r for r in results}
+    m0 = by["m0"]
+    # the wait returned for the generation the strip wrote, Ready there, and not before KServe reconciled it
+    # (a wait that took the status as it was during the hold would have returned it at observedGeneration 1)
+    waited = m0["strip"]["resource"]
+    assert (waited["metadata"]["generation"], waited["status"]["observedGeneration"]) == (3, 3), waited["status"]
+    assert [c["status"] for c in waited["status"]["conditions"] if c["type"] == "Ready"] == ["True"], waited["status"]
+    assert m0["strip"]["ready"]["generation"] == 3 and after["m0"]["status"]["observedGeneration"] == 3, m0["strip"]["ready"]
+    assert timings["m0"] >= HELD_S, "the wait took the Ready of generation 1 for the rollback's: %.2f s" % timings["m0"]
+    assert m0["strip"]["previous_config"] == NGRAM and m0["strip"]["config"] is None
+    # proven on generation 3's pods only: the baseline engine line, speculative_config=None
+    proven = m0["proof"]["pods"]
+    assert proven and all(p["found"] for p in proven), proven
+    generations = {p["metadata"]["name"]: (p["metadata"].get("annotations") or {}).get("testbed.alauda.io/isvc-generation") for p in pods}
+    assert {generations[p["name"]] for p in proven} == {"3"}, (proven, generations)
+    assert m0["proof"]["speculative_config"] is None and "speculative_config=None" in m0["proof"]["line"]
+    # nothing half-written: the flag gone from both, the rollout's own edit kept, the backup there; m2 untouched
+    for name in ("m0", "m1"):
+        assert "--speculative-config" not in json.dumps(after[name]["spec"]), name
+        assert "spec-decoding.alauda.io/previous-speculative-config" in after[name]["metadata"]["annotations"], name
+    assert after["m0"]["spec"]["predictor"]["model"]["env"] == rollout_env
+    assert by["m1"]["strip"]["ready"]["generation"] == 2 and by["m1"]["proof"]["speculative_config"] is None
+    assert after["m2"]["spec"] == before["m2"]["spec"]
+    assert after["m2"]["metadata"]["generation"] == before["m2"]["metadata"]["generation"] == 1
+    assert ROLLBACK_FIELD_MANAGER not in [e.get("manager") for e in after["m2"]["metadata"].get("managedFields") or []]
+
+    report = fleet_rollback.report(the_plan, results)
+    done = {s["service"]: (s["done"], s["rollout"] and (s["rollout"]["generation"], s["rollout"]["observed_generation"]))
+            for s in report["services"]}
+    assert done == {"%s/m0" % namespace: ("rolled_back", (2, 1)), "%s/m1" % namespace: ("rolled_back", None),
+                    "%s/m2" % namespace: ("skipped_without_flag", None)}, done
+    totals = report["totals"]
+    assert (totals["rolled_back"], totals["skipped_without_flag"], totals["mid_rollout"], totals["failed"], totals["not_run"]) == \
+        (2, 1, 1, 0, 0), totals
+    print("mid-rollout rollback with the wait: %s; %.1f s in all" % (
+        ", ".join("%s %.2f s" % item for item in timings.items()), time.monotonic() - started))
+
+
+def _ready_at_generation(isvc):
+    status = isvc.get("status") or {}
+    ready = [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]
+    return bool(ready) and ready[0].get("status") == "True" and status.get("observedGeneration") == isvc["metadata"]["generation"]

@@ -359,7 +359,9 @@ def measure_side(endpoint, prompts, params, runs_per_prompt=5, warmup=3, concurr
     ``before_measure`` (optional) runs between warmup and the measured requests, e.g. the first /metrics
     scrape, so warmup traffic stays out of the metric deltas. ``shard``: ``(index, count)``, this client sends
     only requests ``index, index + count, ...`` of the schedule, each at its offset in the whole seeded schedule
-    (a load Job pod's part); its records carry ``schedule_index``.
+    (a load Job pod's part); its records carry ``schedule_index``. ``client``: what sending the measured requests cost
+    this process, CPU seconds over wall seconds (with the records' send lag, whether the client kept up:
+    bench/load_job_merge.py ``client_summary``).
     """
     endpoint.resolve_model()
     warm = warmup_schedule(prompts, warmup)
@@ -370,6 +372,7 @@ def measure_side(endpoint, prompts, params, runs_per_prompt=5, warmup=3, concurr
         raise BenchmarkRequestError("every warmup request to %s failed; first error: %s" % (endpoint.url, warm_failed[0]["error"]),
                                     field=endpoint.field, hint="check the URL, model name, token and request parameters")
     extra = before_measure() if before_measure else None
+    cpu, wall = time.process_time(), time.perf_counter()  # the measured requests' cost to this process, from here
     measured = schedule(prompts, runs_per_prompt)
     offsets = None
     if shard is not None:
@@ -378,6 +381,7 @@ def measure_side(endpoint, prompts, params, runs_per_prompt=5, warmup=3, concurr
         measured, offsets = [measured[i] for i in picked], [everyone[i] for i in picked]
     records, duration = run_requests(endpoint, measured, params, concurrency, request_rate,
                                      arrival, seed, progress, label=label, offsets=offsets)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     if shard is not None:
         for index, record in zip(picked, records):
             record["schedule_index"] = index
@@ -385,7 +389,8 @@ def measure_side(endpoint, prompts, params, runs_per_prompt=5, warmup=3, concurr
         raise BenchmarkRequestError("every measured request to %s failed; first error: %s" % (endpoint.url, records[0]["error"]),
                                     field=endpoint.field, hint="check the server logs and the request parameters")
     return {"records": records, "duration_s": duration, "before": extra,
-            "warmup": {"requests": len(warm_records), "failed": len(warm_failed), "duration_s": warm_duration}}
+            "warmup": {"requests": len(warm_records), "failed": len(warm_failed), "duration_s": warm_duration},
+            "client": {"cpu_s": round(cpu, 4), "wall_s": round(wall, 4), "cpu_ratio": round(cpu / wall, 4) if wall > 0 else None}}
 
 
 # -- /metrics around a measured run ---------------------------------------------------------------------------

@@ -508,13 +508,19 @@ def _completion_index(pod):
     return int(((pod.get("metadata") or {}).get("annotations") or {}).get("batch.kubernetes.io/job-completion-index") or 0)
 
 
+def client_summary(side):
+    """Whether the client kept up with its schedule, by this collection's bounds (load_job_merge.client_summary with
+    MAX_SEND_LAG_P99_MS and MAX_CLIENT_CPU), for a side measured by the load Job's pods or from the controller."""
+    return load_job_merge.client_summary(side, MAX_SEND_LAG_P99_MS, MAX_CLIENT_CPU)
+
+
 def kept_up(sides, pods, progress):
     """Whether the client kept up with its schedule, per side (load_job_merge.client_summary, kept as the side's
     ``client_summary``) and in the progress log; a ValidationError naming the figures and the fix (more pods) instead
     of measurements a decision cannot trust."""
     summaries = {}
     for name, side in sides.items():
-        summaries[name] = side["client_summary"] = load_job_merge.client_summary(side, MAX_SEND_LAG_P99_MS, MAX_CLIENT_CPU)
+        summaries[name] = side["client_summary"] = dict(client_summary(side), sent_from="load_job")
         progress.line(load_job_merge.describe(name, summaries[name]))
     refused = load_job_merge.refusal(summaries, pods)
     if refused is not None:

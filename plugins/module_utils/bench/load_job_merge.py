@@ -14,7 +14,9 @@ whole window). The pods start when the kubelet starts them: how far apart (``sta
 ``client_summary`` says, for every run (one pod or many), whether the client kept up: the send lag against the
 schedule (p50, p99, max: ``run_requests``' ``send_lag``) and each pod's CPU over its measured requests (process CPU
 seconds / wall seconds). ``refusal`` is the error a decision gets instead when either is over its bound
-(load_job.MAX_SEND_LAG_P99_MS, MAX_CLIENT_CPU): the figures and the fix, more pods.
+(load_job.MAX_SEND_LAG_P99_MS, MAX_CLIENT_CPU): the figures and the fix, more pods. A load sent from the controller gets
+the same summary (bench/run.py ``side_of``); every A/B report shows them (``markdown_lines``: its "Load client" section)
+and notes a side whose client fell behind (``client_notes``).
 """
 
 from __future__ import annotations
@@ -78,12 +80,20 @@ def client_summary(side, max_lag_ms, max_cpu):
             "kept_up": not why, "why": why}
 
 
+def sent_from(summary):
+    """Where a side's load was sent from, in words: the controller, or the load Job's pods (``summary["sent_from"]``)."""
+    if summary.get("sent_from") == "controller":
+        return "the controller"
+    return "load Job, %d pod%s" % (summary["pods"], "" if summary["pods"] == 1 else "s")
+
+
 def describe(name, summary):
     """One progress line of a side's client figures."""
     lag = summary["send_lag_ms"]
-    return "%s client (%d pod%s): send lag p50 %s ms, p99 %s ms, max %s ms; CPU %s of a core; pods started %.2f s apart: %s" % (
-        name, summary["pods"], "" if summary["pods"] == 1 else "s", lag["p50"], lag["p99"], lag["max"], summary["cpu_ratio_max"],
-        summary["start_skew_s"] or 0.0, "kept up" if summary["kept_up"] else "did NOT keep up")
+    skew = "" if summary.get("sent_from") == "controller" else "; pods started %.2f s apart" % (summary["start_skew_s"] or 0.0)
+    return "%s client (%s): send lag p50 %s ms, p99 %s ms, max %s ms; CPU %s of a core%s: %s" % (
+        name, sent_from(summary), lag["p50"], lag["p99"], lag["max"], summary["cpu_ratio_max"], skew,
+        "kept up" if summary["kept_up"] else "did NOT keep up")
 
 
 def refusal(summaries, pods):
@@ -96,3 +106,38 @@ def refusal(summaries, pods):
                            field="load_job.pods",
                            hint="spread the load over more client pods: set load_job.pods to %d (or more), each sends a shard of the same "
                                 "schedule; or give the Job's pod more CPU (load_job.resources)" % (pods * 2))
+
+
+def _ms(value):
+    return "n/a" if value is None else "%.1f" % value
+
+
+def client_notes(baseline_client, candidate_client):
+    """The A/B report's note per side whose client fell behind its schedule (its ``client``, a ``client_summary``): its
+    TTFT and ITL then carry the client's own lateness. A load Job's run gets no decision then (``refusal``, load_job.kept_up);
+    a load sent from the controller is said in the report."""
+    notes = []
+    for name, client in (("baseline", baseline_client), ("candidate", candidate_client)):
+        if client and not client.get("kept_up"):
+            notes.append("the %s's client (%s) did not keep up with its schedule (%s): its TTFT and ITL carry the client's own "
+                         "lateness, not only the server's. Fix: send the load from the cluster with more client pods (load_from: "
+                         "cluster, load_job.pods), or measure at a lower load" % (name, sent_from(client), "; ".join(client.get("why") or [])))
+    return notes
+
+
+def markdown_lines(baseline_client, candidate_client):
+    """The A/B report's "Load client" section: per side where the load was sent from, the send lag, the client's CPU and
+    whether it kept up; nothing for sides without the figures (a baseline saved by an older collection)."""
+    clients = [(name, client) for name, client in (("baseline", baseline_client), ("candidate", candidate_client)) if client]
+    if not clients:
+        return []
+    lines = ["## Load client", "", "Whether each side's client kept up with its schedule: the send lag (how late a request went out "
+             "once a thread was free for it) and the client's CPU over its measured requests (bounds: send lag p99, CPU of a core).", "",
+             "| Side | Sent from | Send lag p50 / p99 / max (ms) | Client CPU (of a core) | Kept up |", "|---|---|---|---|---|"]
+    for name, client in clients:
+        lag = client.get("send_lag_ms") or {}
+        cpu = client.get("cpu_ratio_max")
+        cells = (name, sent_from(client), _ms(lag.get("p50")), _ms(lag.get("p99")), _ms(lag.get("max")),
+                 "n/a" if cpu is None else "%.2f" % cpu, "yes" if client.get("kept_up") else "**no**")
+        lines.append("| %s | %s | %s / %s / %s | %s | %s |" % cells)
+    return lines + [""]

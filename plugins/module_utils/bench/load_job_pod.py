@@ -50,8 +50,8 @@ def _scrape(endpoint, request):
 
 def _scrape_into(scrapes, endpoint, request):
     scrapes["before"] = _scrape(endpoint, request)
-    # the measured requests start now: the wall clock (the pods' common time) and the process's CPU from here on
-    scrapes["epoch"], scrapes["cpu"], scrapes["wall"] = time.time(), time.process_time(), time.perf_counter()
+    # the measured requests start now: the wall clock, the pods' common time (the client's CPU: measure_side's "client")
+    scrapes["epoch"] = time.time()
 
 
 def shard_concurrency(concurrency, index, count):
@@ -98,11 +98,10 @@ def measure(request, token=None, headers=None, index=0):
             endpoint, request["prompts"], request["params"], runs_per_prompt=protocol["runs_per_prompt"], warmup=protocol["warmup"],
             concurrency=concurrency, request_rate=protocol["request_rate"], arrival=protocol["arrival"],
             seed=protocol["seed"], progress=_progress, label=side["name"], before_measure=before, shard=shard)
-        cpu, wall = time.process_time() - scrapes["cpu"], time.perf_counter() - scrapes["wall"]
         out["sides"][side["name"]] = {
             "model": endpoint.model, "records": result["records"], "duration_s": result["duration_s"], "warmup": result["warmup"],
             "metrics_before": scrapes.get("before"), "metrics_after": _scrape(endpoint, request), "epoch": scrapes["epoch"],
-            "client": {"cpu_s": round(cpu, 4), "wall_s": round(wall, 4), "cpu_ratio": round(cpu / wall, 4) if wall > 0 else None}}
+            "client": result["client"]}
     return out
 
 

@@ -19,6 +19,7 @@ import os
 import shlex
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import files as local_files
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import load_job_merge
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import request_classes
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import sweep_classes
@@ -174,6 +175,7 @@ def build_report(baseline, candidate, context, tolerances=None, acceptance=None,
     comparison = compare(b_sum, c_sum, acceptance)
     all_notes = list(notes or [])
     all_notes += prefix_cache_notes(baseline.get("prefix_cache"), candidate.get("prefix_cache"))
+    all_notes += load_job_merge.client_notes(baseline.get("client"), candidate.get("client"))
     if acceptance is None:
         all_notes.append("no speculative-decoding metrics on the candidate's /metrics: is speculative decoding enabled there?")
     elif not acceptance.get("num_drafts"):
@@ -308,6 +310,7 @@ def render_markdown(report):
             name, _state_text(prefix_caching_state(cache)), _fmt(cache.get("hits"), 0), _fmt(cache.get("queries"), 0),
             _fmt(cache.get("hit_rate"), pct=True)))
     lines.append("")
+    lines += load_job_merge.markdown_lines(report["baseline"].get("client"), report["candidate"].get("client"))
 
     lines += ["## Decision checks", "", "| Check | Baseline | Candidate | Change | Tolerance | Not worse | Sure it is better | Noise test |",
               "|---|---|---|---|---|---|---|---|"]

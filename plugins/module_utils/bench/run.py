@@ -22,6 +22,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import decision as bench_decision
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import load_job as bench_load_job
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import load_job_merge
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import workloads as bench_workloads
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import prometheus_text
@@ -143,6 +144,12 @@ def side_of(name, endpoint, measured, progress):
     before, after = measured.get("metrics_before"), measured.get("metrics_after")
     cache = bench_client.prefix_cache_window(before, after, model)
     summary = bench_stats.summarize_run(measured["records"], measured["duration_s"])
+    # whether the client kept up with its schedule, for every side: the load Job's pods said it already (and a run they
+    # could not measure cleanly got no decision: load_job.kept_up); a load sent from here is said here
+    client = measured.get("client_summary")
+    if client is None:
+        client = dict(bench_load_job.client_summary(measured), sent_from="controller")
+        progress.line(load_job_merge.describe(name, client))
     progress.line("%s done: %d ok, %d failed, %.1f s, median TTFT %s ms, median TPOT %s ms, %.1f output tok/s" % (
         name, summary["completed"], summary["failed"], summary["duration_s"], _r(summary["ttft_ms"]["median"]),
         _r(summary["tpot_ms"]["median"]), summary["output_throughput"] or 0))
@@ -154,6 +161,7 @@ def side_of(name, endpoint, measured, progress):
         "prefix_cache": cache,
         "warmup": measured["warmup"],
         "acceptance": acceptance(before, after, model),
+        "client": client,
         "records": measured["records"],
     }
 

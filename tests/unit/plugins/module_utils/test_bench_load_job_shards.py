@@ -1,5 +1,6 @@
 """The load Job scaled out (issue 53): shards of one seeded schedule, their results merged with the same statistics, the
-send lag against the schedule, and the refusal of a decision the client could not measure cleanly. Requests go to a real
+send lag against the schedule, the refusal of a decision the client could not measure cleanly, and every report (a load
+sent from the controller too) saying whether its client kept up. Requests go to a real
 loopback streaming server (tests/loopback_http.py); each "pod" is load_job_pod.measure run in this process, as the pod runs it."""
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import load_job
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import load_job_merge
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import load_job_pod
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import report as bench_report
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import run as bench_run
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
 from tests.loopback_http import OpenAIStream, serving
@@ -157,3 +160,61 @@ def test_a_pod_of_a_job_that_is_not_indexed_refuses_to_guess_its_shard(url):
     with pytest.raises(SpecDecodingError) as info:
         load_job_pod.measure(_request(url, pods=2), index=None)
     assert info.value.field == "load_job.pods" and "JOB_COMPLETION_INDEX" in str(info.value)
+
+
+class _Lines:
+    def __init__(self):
+        self.lines = []
+
+    def line(self, text):
+        self.lines.append(text)
+
+    def request(self, label, done, total, record):
+        self.lines.append(bench_client.request_line(label, done, total, record))
+
+
+def test_a_load_sent_from_the_controller_says_whether_its_client_kept_up(url):
+    """Not only the load Job's pods: a side measured from the controller carries its client figures too, and says them."""
+    params = {"warmup": 1, "runs_per_prompt": 2, "concurrency": 2, "request_rate": 40.0, "arrival": "poisson", "seed": 1,
+              "scrape_metrics": False}
+    progress = _Lines()
+    side = bench_run.measure("baseline", bench_client.Endpoint(url, model="tiny"), PROMPTS, params, {"params": PARAMS}, progress)
+    client = side["client"]
+    assert client["sent_from"] == "controller" and client["pods"] == 1 and client["kept_up"], client
+    assert client["send_lag_ms"]["p99"] is not None and client["send_lag_ms"]["p50"] <= client["send_lag_ms"]["p99"] < 100.0
+    # the CPU of the measured requests over their wall time: this process's (the fake server's threads are in it too)
+    assert client["cpu_ratio_max"] is not None and 0.0 < client["cpu_ratio_max"] < 2.0
+    said = [line for line in progress.lines if "baseline client (the controller)" in line]
+    assert len(said) == 1 and said[0].endswith(": kept up") and "pods started" not in said[0], progress.lines
+
+
+def test_every_report_says_whether_each_client_kept_up():
+    """The A/B report's "Load client" section and its note: the figures of both sides, the one that fell behind named with the
+    fix (a load Job's run that fell behind gets no decision at all: the refusal test above)."""
+    fine = load_job.client_summary({"records": [{"send_lag": 0.002}] * 50, "clients": [{"cpu_ratio": 0.3}, {"cpu_ratio": 0.25}]})
+    fine["sent_from"] = "load_job"
+    behind = dict(load_job.client_summary({"records": [{"send_lag": 0.25}] * 50, "client": {"cpu_ratio": 0.97}}), sent_from="controller")
+    assert fine["kept_up"] and not behind["kept_up"]
+    summary = bench_stats.summarize_run([{"success": True, "ttft": 0.05, "itl": [0.01] * 9, "latency": 0.14, "output_tokens": 10,
+                                          "prompt_tokens": 5}] * 4, 1.0)
+    base = {"url": "http://b", "model": "m", "api": "chat", "warmup": {"requests": 1, "failed": 0}, "summary": summary,
+            "prefix_cache": None, "client": fine}
+    cand = dict(base, url="http://c", client=behind)
+    request = {"api": "chat", "workload": "w", "num_prompts": 4, "temperature": 0.0, "max_tokens": 10, "seed": 0, "concurrency": 2,
+               "request_rate": None, "arrival": None, "runs_per_prompt": 1, "warmup_requests": 1, "sampling": {"seed": 0}}
+    context = bench_report.build_context({"gpu_model": "cpu", "gpu_count": 0, "model": "m", "dtype": "float32", "vllm_version": "0.32.0",
+                                          "image": "i", "baseline_command": ["vllm", "serve"], "candidate_command": ["vllm", "serve"]},
+                                         request)
+    report = bench_report.build_report(base, cand, context)
+    assert report["baseline"]["client"] == fine and report["candidate"]["client"] == behind  # the JSON report keeps both
+    notes = [n for n in report["notes"] if "keep up" in n]
+    assert len(notes) == 1 and notes[0].startswith("the candidate's client (the controller) did not keep up with its schedule (")
+    assert "send lag p99 250.0 ms" in notes[0] and "0.97 of a CPU" in notes[0] and "load_job.pods" in notes[0]
+    markdown = bench_report.render_markdown(report)
+    section = markdown.split("## Load client", 1)[1].split("\n## ", 1)[0]
+    assert "| baseline | load Job, 2 pods | 2.0 / 2.0 / 2.0 | 0.30 | yes |" in section, section
+    assert "| candidate | the controller | 250.0 / 250.0 / 250.0 | 0.97 | **no** |" in section, section
+    # a saved baseline from before the figures: no row for it, no note
+    older = bench_report.build_report(dict(base, client=None), dict(cand, client=fine), context)
+    assert not [n for n in older["notes"] if "keep up" in n]
+    assert "| baseline |" not in bench_report.render_markdown(older).split("## Load client", 1)[1].split("\n## ", 1)[0]

@@ -60,8 +60,10 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import twin as llmisvc_twin
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+from ansible_collections.alauda.spec_decoding.plugins.plugin_utils.plain_data import plain_arguments
 
 
+@plain_arguments  # the twin deep-copies the object: not Ansible's lazy containers (plugin_utils/plain_data.py)
 def baseline_twin(isvc, name=None, suffix=bench_twin.DEFAULT_SUFFIX, flags=None):
     """InferenceService dict -> the manifest of its baseline twin."""
     if not isinstance(isvc, dict):

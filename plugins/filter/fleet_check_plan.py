@@ -71,8 +71,10 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import fleet_checks
+from ansible_collections.alauda.spec_decoding.plugins.plugin_utils.plain_data import plain_arguments
 
 
+@plain_arguments  # plain data, not Ansible's lazy containers (plugin_utils/plain_data.py)
 def fleet_check_plan(discovery, check="verify"):
     if not isinstance(discovery, dict):
         raise AnsibleFilterError("fleet_check_plan expects the result of fleet_speculative_info (a dictionary), got %s"

@@ -66,8 +66,10 @@ _value:
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import fleet_rollback
+from ansible_collections.alauda.spec_decoding.plugins.plugin_utils.plain_data import plain_arguments
 
 
+@plain_arguments  # plain data, not Ansible's lazy containers (plugin_utils/plain_data.py)
 def fleet_rollback_plan(discovery, mode="live", remove_draft=False):
     if not isinstance(discovery, dict):
         raise AnsibleFilterError("fleet_rollback_plan expects the result of fleet_speculative_info (a dictionary), got %s"

@@ -18,7 +18,8 @@ description:
   - C(invalid) lists the values a role's argument spec refuses, in one line each naming the inventory variable (for
     example C(spec_decoding_method), not the role's C(inference_service_method)), the value, what is allowed and the
     nearest choice, and a draft method with a target URI but no draft, with an example in the target's scheme.
-  - The role C(alauda.spec_decoding.inventory_check) calls it first in every playbook.
+  - The role C(alauda.spec_decoding.inventory_check) runs the same check first in every playbook, through the lookup of the
+    same name (C(alauda.spec_decoding.inventory_problems), which loads one file where a collection filter loads them all).
 author:
   - Alauda Platform Team (@alauda)
 options:

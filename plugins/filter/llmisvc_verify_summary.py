@@ -76,8 +76,10 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import verify as llmisvc_verify
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+from ansible_collections.alauda.spec_decoding.plugins.plugin_utils.plain_data import plain_arguments
 
 
+@plain_arguments  # plain data, not Ansible's lazy containers (plugin_utils/plain_data.py)
 def llmisvc_verify_summary(engine, namespace, name, acceptance=None, generation=None):
     if not isinstance(engine, dict) or "pools" not in engine:
         raise AnsibleFilterError("llmisvc_verify_summary expects the registered result of llmisvc_engine_config_info (with pools), "

@@ -141,10 +141,12 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import routing_plan as plans
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
+from ansible_collections.alauda.spec_decoding.plugins.plugin_utils.plain_data import plain_arguments
 
 RENDERS = ("httproute", "llmisvc_route", "llmisvc", "plan")
 
 
+@plain_arguments  # plain data, not Ansible's lazy containers (plugin_utils/plain_data.py)
 def routing_plan(report, speculative_service=None, baseline_service=None, render="httproute", name="spec-decoding-classes",
                  namespace=None, parent_refs=None, class_header=plans.DEFAULT_CLASS_HEADER, model_aliases=None,
                  model_header=plans.DEFAULT_MODEL_HEADER, gateway_api_crds=None, guard=None, llmisvc_name=None,

@@ -69,8 +69,10 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import command_edit as vllm_edit
+from ansible_collections.alauda.spec_decoding.plugins.plugin_utils.plain_data import plain_arguments
 
 
+@plain_arguments  # plain data, not Ansible's lazy containers (plugin_utils/plain_data.py)
 def strip_speculative_config(items, env=None):
     """list of str -> the same list without any speculative flag (refused when that cannot be vouched for)."""
     if items is None:

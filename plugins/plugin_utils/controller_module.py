@@ -22,13 +22,19 @@ module process differ runs the module as before (`same_as_module_process`): anot
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 
-from ansible.errors import AnsibleActionFail
+from ansible.errors import AnsibleActionFail, AnsibleError
 from ansible.module_utils.common.parameters import remove_values
 from ansible.plugins.action import ActionBase
+from ansible.plugins.loader import filter_loader, test_loader
 from ansible.utils.vars import merge_hash
+
+# One filter of this collection: asking for it loads them all (load_jinja_plugins).
+COLLECTION_FILTER = "alauda.spec_decoding.isvc_readiness"
+_JINJA_PLUGINS_LOADED = []
 
 
 class _Failed(Exception):
@@ -108,6 +114,29 @@ def run_execute(action, result, contract):
     return remove_values(result, module.no_log_values) if module.no_log_values else result
 
 
+def load_jinja_plugins():
+    """Load the collection's filters and ansible-core's own filters and tests in this process, once.
+
+    Why: ansible-core 2.19 answers the first collection filter a process templates by importing every file of the
+    collection's plugins/filter/ with the module_utils they import (ansible/plugins/loader.py,
+    Jinja2Loader.get_with_context: a file may hold several filters, so it walks them all), and the first builtin filter
+    or test by wrapping every one of them (Jinja2Loader._ensure_non_collection_wrappers). A task's worker is a fork of
+    ansible-playbook and what it loads dies with it: each task whose template names a collection filter (the deploy's
+    apply ``failed_when``, its wait condition) paid 0.1-0.25 s for that again, and a ``| bool`` or ``is skipped`` the
+    wrappers. Called from `ControllerModuleAction` when ansible-playbook's strategy loads the first such action plugin,
+    before it forks that task's worker: every later worker inherits them. Only a speed-up: when this process cannot
+    load them (no collection loader: a plain Python import of the plugin), the worker loads them as before."""
+    if _JINJA_PLUGINS_LOADED:
+        return
+    _JINJA_PLUGINS_LOADED.append(True)
+    try:
+        filter_loader.get(COLLECTION_FILTER)
+        filter_loader.get("ansible.builtin.bool")
+        test_loader.get("ansible.builtin.skipped")
+    except (AnsibleError, KeyError, ImportError):
+        pass
+
+
 def same_as_module_process(action):
     """Whether the module process would run here, as this user, with this environment."""
     task = action._task  # pylint: disable=protected-access
@@ -140,6 +169,13 @@ class ControllerModuleAction(ActionBase):
             raise TypeError("%s: a ControllerModuleAction names its module's CONTRACT (CONTRACT = <module>.CONTRACT)" % cls.__module__)
         # TaskModule.api_client's (it imports the kubernetes library's dynamic client)
         importlib.import_module("ansible_collections.kubernetes.core.plugins.module_utils.k8s.client")
+        load_jinja_plugins()
+        # What ansible-playbook has loaded up to here (the module file, the kubernetes library, the filters) lives as long
+        # as the process: gc.freeze() moves it out of the cyclic collector's generations, so that neither ansible-playbook's
+        # own full collections nor those of each worker it forks walk those objects again (the fork case of Python's
+        # gc.freeze documentation). A no-op redeploy used 0.45 CPU s less (2.83 -> 2.36, 5 interleaved runs on the test bed).
+        # Frozen objects are still freed by reference counting; a reference cycle among them is kept until the process exits.
+        gc.freeze()
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)

@@ -237,6 +237,9 @@ def bad_input_runs(tmp_path_factory, kubeconfig, controlplane):
         cases = [(cid, {"ansible.builtin.include_role": {"name": "alauda.spec_decoding.inference_service"},
                         "vars": dict(_vars(namespace, "bad-%d" % index, **overrides), inference_service_method="eagle3")})
                  for index, (cid, overrides, _field) in enumerate(BAD)]
+        # test_invalid_name_is_refused_before_writing's case
+        cases.append((INVALID_NAME, {"ansible.builtin.include_role": {"name": "alauda.spec_decoding.inference_service"},
+                                     "vars": dict(_vars(namespace, INVALID_NAME), inference_service_method="eagle3")}))
         run, results = run_cases(tmp_path_factory.mktemp("deploy-bad-input"), cases, kubeconfig=kubeconfig)
         yield run, results, namespace
 
@@ -251,10 +254,16 @@ def test_bad_input_fails_before_writing(bad_input_runs, k8s_client, index, overr
     assert _get(k8s_client, namespace, "bad-%d" % index) is None
 
 
-def test_invalid_name_is_refused_before_writing(tmp_path, kubeconfig, k8s_client, namespace):
-    run = run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", kubeconfig=kubeconfig, extra_vars=_vars(namespace, "Llama_EAGLE3"))
-    assert run.rc != 0
-    assert run.result("Render the InferenceService")["msg"].startswith("name:")
+INVALID_NAME = "Llama_EAGLE3"
+
+
+def test_invalid_name_is_refused_before_writing(bad_input_runs, k8s_client):
+    """A case of bad_input_runs (one ansible-playbook run for all of them)."""
+    run, results, namespace = bad_input_runs
+    result = results[INVALID_NAME]
+    assert result["msg"] != DID_NOT_FAIL, run.output
+    assert result["task"].split(" : ")[-1] == "Render the InferenceService", result
+    assert result["msg"].startswith("name:"), result["msg"]
     from kubernetes import client  # pylint: disable=import-outside-toplevel
     assert client.CustomObjectsApi(k8s_client).list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"] == []
 

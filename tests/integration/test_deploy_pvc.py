@@ -16,9 +16,10 @@ import shutil
 
 import pytest
 
-from tests.ansible_run import run_playbook
+from tests.ansible_run import DID_NOT_FAIL, run_cases, run_playbook
 from tests.integration.test_deploy import BASE_VARS, _get, _script
 from tests.integration.test_stage_pvc import DRAFT, TARGET, StagerPod, _batch, _core, _free_port, _tree, _write_model
+from tests.testbed.fixtures import module_namespace
 
 PVC = "model-store"
 NAME = "llama-eagle3"
@@ -194,15 +195,30 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("overrides,expect", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
-def test_bad_staging_input_fails_before_anything_is_written(tmp_path, kubeconfig, k8s_client, namespace, overrides, expect):
-    target_dir, draft_dir = _models(tmp_path)
-    run = _deploy(tmp_path, kubeconfig, _deploy_vars(namespace, target_dir, draft_dir, **overrides))
-    assert run.rc != 0
-    msg = run.failed[-1]["msg"]
+@pytest.fixture(scope="module")
+def bad_staging_runs(tmp_path_factory, kubeconfig, controlplane):
+    """Every BAD case in one ansible-playbook run (a block/rescue per case, the role included as deploy-eagle3.yml does,
+    as tests/integration/test_deploy.py's bad_input_runs), in a namespace of its own: (run, {case: {msg, task}}, namespace).
+    One run instead of one per case: about 2.5 CPU s of ansible-playbook start and collection load each."""
+    tmp = tmp_path_factory.mktemp("deploy-pvc-bad-input")
+    target_dir, draft_dir = _models(tmp)
+    with module_namespace(controlplane, "deploy-pvc-bad-input") as namespace:
+        cases = [(cid, {"ansible.builtin.include_role": {"name": "alauda.spec_decoding.inference_service"},
+                        "vars": dict(_deploy_vars(namespace, target_dir, draft_dir, **overrides), inference_service_method="eagle3")})
+                 for cid, overrides, _expect in BAD]
+        run, results = run_cases(tmp, cases, kubeconfig=kubeconfig, timeout=900)
+        yield run, results, namespace
+
+
+@pytest.mark.parametrize("case,expect", [(b[0], b[2]) for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_staging_input_fails_before_anything_is_written(bad_staging_runs, k8s_client, case, expect):
+    run, results, namespace = bad_staging_runs
+    msg = results[case]["msg"]
+    assert msg != DID_NOT_FAIL, run.output
     assert expect in msg and "Fix:" in msg, msg
+    # Nothing of any case was written: the namespace holds no InferenceService, PVC, stager ConfigMap or Job.
     assert _get(k8s_client, namespace, NAME) is None
     assert not _core(k8s_client).list_namespaced_persistent_volume_claim(namespace).items
     assert not _core(k8s_client).list_namespaced_config_map(namespace, label_selector="app.kubernetes.io/component=model-stager").items
     assert not _batch(k8s_client).list_namespaced_job(namespace).items
-    assert not re.search(r"Start the stager Job", " ".join(n for n, _h, _r in run.tasks))
+    assert not re.search(r"Start the stager Job", " ".join(run.case_tasks(case)))

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests.ansible_run import run_playbook
+from tests.module_run import run_module
 from tests.paths import read_capture
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
@@ -235,15 +236,12 @@ def test_roll_forward_restores_the_backup_exactly(tmp_path, kubeconfig, k8s_clie
     assert again.result("Roll forward")["changed"] is False
 
 
-def test_missing_inference_service_is_a_clear_error(tmp_path, kubeconfig, namespace, controlplane):
-    run = run_playbook(tmp_path, tasks="""
-    - name: Roll back a service that does not exist
-      alauda.spec_decoding.isvc_speculative:
-        name: nope
-        namespace: %s
-    """ % namespace, kubeconfig=kubeconfig)
-    assert run.rc != 0
-    assert "InferenceService %s/nope not found" % namespace in run.result("Roll back a service")["msg"]
+def test_missing_inference_service_is_a_clear_error(kubeconfig, namespace, controlplane):
+    # The module in-process (tests/module_run.py), not in a playbook: only its answer is under test, and the contract test
+    # (tests/unit/plugins/modules/test_module_contract.py) holds that answer the same through both ways a task runs it.
+    res = run_module("isvc_speculative", {"kubeconfig": kubeconfig, "name": "nope", "namespace": namespace})
+    assert res.failed
+    assert "InferenceService %s/nope not found" % namespace in res.msg
 
 
 def test_label_selector_selects_only_matching_services(tmp_path, kubeconfig, k8s_client, kserve, namespace):
@@ -265,9 +263,10 @@ def test_label_selector_selects_only_matching_services(tmp_path, kubeconfig, k8s
 
 def test_least_privilege_role_is_enough_and_a_token_without_it_is_refused(tmp_path, kubeconfig, k8s_client, controlplane,
                                                                           eagle3_service, namespace):
-    out = tmp_path / "schedule"
-    render_schedule(tmp_path, kubeconfig, namespace, out)
-    cron = yaml.safe_load((out / ("cronjob-%s-spec-decoding-rollback.yaml" % namespace)).read_text())
+    # applied only: the CronJob and the job's variables as the role rendered and applied them (its files are
+    # tests/unit/plugins/filter/test_rollback_schedule_problems.py's)
+    out = render_schedule(tmp_path, kubeconfig, namespace, None)
+    cron = next(m for m in out.result("Render the CronJob")["ansible_facts"]["rollback_schedule_manifests"] if m["kind"] == "CronJob")
     assert cron["spec"]["concurrencyPolicy"] == "Forbid"
     from kubernetes import client  # pylint: disable=import-outside-toplevel
     role = client.RbacAuthorizationV1Api(k8s_client).read_namespaced_role("spec-decoding-rollback", namespace)
@@ -299,10 +298,12 @@ def test_least_privilege_role_is_enough_and_a_token_without_it_is_refused(tmp_pa
 
 
 def render_schedule(tmp_path, kubeconfig, namespace, out, **more):
-    """Render and apply role rollback_schedule (suspended CronJob) for the test service into ``namespace``."""
+    """Render and apply role rollback_schedule (suspended CronJob) for the test service into ``namespace``; the manifests
+    are also written to ``out`` unless it is None (each file is a module run of ansible.builtin.copy, about 0.5 s:
+    a test that reads no file passes None and takes what it needs from the run, see cron_job_vars)."""
     role_vars = {"rollback_schedule_namespace": namespace, "rollback_schedule_names": [NAME],
                  "rollback_schedule_cronjob_api_version": "batch/v1beta1", "rollback_schedule_suspend": True,
-                 "rollback_schedule_output_dir": str(out), "rollback_schedule_apply": True}
+                 "rollback_schedule_output_dir": "" if out is None else str(out), "rollback_schedule_apply": True}
     role_vars.update(more)
     tasks = [{"name": "Render and apply the schedule", "ansible.builtin.include_role": {"name": "alauda.spec_decoding.rollback_schedule"},
               "vars": role_vars}]
@@ -313,8 +314,13 @@ def render_schedule(tmp_path, kubeconfig, namespace, out, **more):
 
 def cron_job_vars(out, namespace, **more):
     """The variables the rendered CronJob runs rollback.yml with, with the test's short waits (and ``more``) on top;
-    the job's interpreter path is its image's, not this machine's."""
-    cm = yaml.safe_load((out / ("configmap-%s-spec-decoding-rollback-vars.yaml" % namespace)).read_text())
+    the job's interpreter path is its image's, not this machine's. ``out``: the directory render_schedule wrote, or its
+    run (the ConfigMap as the role rendered and applied it)."""
+    if hasattr(out, "result"):
+        manifests = out.result("Render the CronJob")["ansible_facts"]["rollback_schedule_manifests"]
+        cm = next(m for m in manifests if m["kind"] == "ConfigMap" and m["metadata"]["name"] == "spec-decoding-rollback-vars")
+    else:
+        cm = yaml.safe_load((out / ("configmap-%s-spec-decoding-rollback-vars.yaml" % namespace)).read_text())
     job_vars = json.loads(cm["data"]["vars.yml"])
     job_vars.pop("ansible_python_interpreter")
     job_vars.update(rollback_wait_timeout=60, rollback_wait_sleep=1, rollback_verify_delay=1, **more)

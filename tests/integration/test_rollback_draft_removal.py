@@ -140,21 +140,22 @@ def test_scheduled_rollback_service_account_removes_a_pvc_draft_with_the_rendere
     from kubernetes import client  # pylint: disable=import-outside-toplevel
     from tests.integration.test_rollback import cron_job_vars, render_schedule  # pylint: disable=import-outside-toplevel
 
-    def schedule(out, remove):
-        render_schedule(tmp_path, kubeconfig, namespace, out, rollback_schedule_remove_draft_artifacts=remove)
-        return cron_job_vars(out, namespace, rollback_draft_job_poll_interval=1, rollback_draft_job_timeout=120,
+    def schedule(remove):
+        # applied only (no files: the job's variables come from the rendered ConfigMap in the run)
+        run = render_schedule(tmp_path, kubeconfig, namespace, None, rollback_schedule_remove_draft_artifacts=remove)
+        return cron_job_vars(run, namespace, rollback_draft_job_poll_interval=1, rollback_draft_job_timeout=120,
                              rollback_draft_job_image=JOB_IMAGE)
 
     root = pvc_service["root"]
     job_sa = controlplane.kubeconfig_for_service_account(namespace, "spec-decoding-rollback")
     # without the flag's rules: the rollback itself works, removing the draft is forbidden and nothing is removed
-    job_vars = dict(schedule(tmp_path / "plain", remove=False), rollback_remove_draft_artifacts=True)
+    job_vars = dict(schedule(remove=False), rollback_remove_draft_artifacts=True)
     with StagerPod(k8s_client, kubelet, namespace, str(root)) as pod:
         refused = run_playbook(tmp_path, "playbooks/rollback.yml", extra_vars=job_vars, kubeconfig=job_sa, timeout=900)
     assert refused.rc != 0 and "forbidden" in refused.output.lower(), refused.output
     assert not pod.played and sorted(os.listdir(str(root))) == ["draft", "target"]
 
-    job_vars = schedule(tmp_path / "with-removal", remove=True)
+    job_vars = schedule(remove=True)
     assert job_vars["rollback_remove_draft_artifacts"] is True
     rules = client.RbacAuthorizationV1Api(k8s_client).read_namespaced_role("spec-decoding-rollback", namespace).rules
     assert (("batch",), ("jobs",), ("create", "delete", "get", "list")) in [

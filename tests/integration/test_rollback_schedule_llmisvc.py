@@ -53,11 +53,12 @@ def test_scheduled_llminferenceservice_rollback_with_the_rendered_rbac_then_a_re
         {"name": "VLLM_ADDITIONAL_ARGS", "valueFrom": {"configMapKeyRef": {"name": ARGS_CONFIGMAP, "key": "extra"}}})
     _api(k8s_client).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
 
-    out = tmp_path / "schedule"
-    render_schedule(tmp_path, kubeconfig, namespace, out, rollback_schedule_names=[NAME],
-                    rollback_schedule_resource_kind="LLMInferenceService", rollback_schedule_api_version=VERSION,
-                    rollback_schedule_kserve_namespace=kserve_namespace, rollback_schedule_wait_timeout=60,
-                    rollback_schedule_extra_vars={"rollback_wait_sleep": 1, "rollback_verify_delay": 1})
+    # applied only: the manifests as the role rendered and applied them (its files are
+    # tests/unit/plugins/filter/test_rollback_schedule_problems.py's)
+    render = render_schedule(tmp_path, kubeconfig, namespace, None, rollback_schedule_names=[NAME],
+                             rollback_schedule_resource_kind="LLMInferenceService", rollback_schedule_api_version=VERSION,
+                             rollback_schedule_kserve_namespace=kserve_namespace, rollback_schedule_wait_timeout=60,
+                             rollback_schedule_extra_vars={"rollback_wait_sleep": 1, "rollback_verify_delay": 1})
     rbac = client.RbacAuthorizationV1Api(k8s_client)
     # only the kind's rules in the target namespace; get on the presets in KServe's namespace
     assert _rules(rbac.read_namespaced_role(SCHEDULE, namespace)) == LLM_RULES
@@ -65,10 +66,12 @@ def test_scheduled_llminferenceservice_rollback_with_the_rendered_rbac_then_a_re
         (("serving.kserve.io",), ("llminferenceserviceconfigs",), ("get",))]
     binding = rbac.read_namespaced_role_binding(SCHEDULE + "-presets", kserve_namespace)
     assert [(s.kind, s.namespace, s.name) for s in binding.subjects] == [("ServiceAccount", namespace, SCHEDULE)]
-    job_vars = yaml.safe_load(yaml.safe_load((out / ("configmap-%s-%s-vars.yaml" % (namespace, SCHEDULE))).read_text())["data"]["vars.yml"])
+    rendered = {(m["kind"], m["metadata"]["namespace"], m["metadata"]["name"]): m
+                for m in render.result("Render the CronJob")["ansible_facts"]["rollback_schedule_manifests"]}
+    job_vars = yaml.safe_load(rendered[("ConfigMap", namespace, SCHEDULE + "-vars")]["data"]["vars.yml"])
     assert job_vars["rollback_resource_kind"] == "LLMInferenceService" and job_vars["rollback_api_version"] == VERSION
     assert job_vars["rollback_llmisvc_config_namespace"] == kserve_namespace
-    pod = yaml.safe_load((out / ("cronjob-%s-%s.yaml" % (namespace, SCHEDULE))).read_text())["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    pod = rendered[("CronJob", namespace, SCHEDULE)]["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == SCHEDULE
     container, volumes = pod["containers"][0], pod["volumes"]
     assert container["command"][:2] == ["ansible-playbook", "alauda.spec_decoding.rollback"]

@@ -9,6 +9,7 @@ Job's status to Complete or Failed from the script's exit code.
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import http.server
 import json
@@ -22,8 +23,9 @@ import uuid
 
 import pytest
 
-from tests.ansible_run import run_playbook
+from tests.ansible_run import DID_NOT_FAIL, run_cases, run_playbook
 from tests.testbed import ports
+from tests.testbed.fixtures import module_namespace
 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts.artifact_sync import bundle
 
@@ -65,9 +67,10 @@ def _storage(k8s_client):
     return client.StorageV1Api(k8s_client)
 
 
-@pytest.fixture
-def storage_class(k8s_client):
-    """A StorageClass (no provisioner runs; nothing binds, which the role does not need)."""
+@contextlib.contextmanager
+def _storage_classes(k8s_client):
+    """make(expandable=False): a StorageClass (no provisioner runs; nothing binds, which the role does not need); all
+    deleted on exit."""
     names = []
 
     def make(expandable=False):
@@ -78,23 +81,40 @@ def storage_class(k8s_client):
         names.append(name)
         return name
 
-    yield make
-    for name in names:
-        _storage(k8s_client).delete_storage_class(name)
+    try:
+        yield make
+    finally:
+        for name in names:
+            _storage(k8s_client).delete_storage_class(name)
 
 
 @pytest.fixture
-def mirror(tmp_path):
-    """An HTTP mirror on loopback serving the target model as a directory listing."""
-    root = _write_model(str(tmp_path / "mirror" / "Meta-Llama-3.1-8B-Instruct"), seed=1)
+def storage_class(k8s_client):
+    with _storage_classes(k8s_client) as make:
+        yield make
+
+
+@contextlib.contextmanager
+def _serving_mirror(base):
+    """An HTTP mirror on loopback serving the target model (written under `base`) as a directory listing."""
+    root = _write_model(os.path.join(str(base), "mirror", "Meta-Llama-3.1-8B-Instruct"), seed=1)
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=root)
     handler.log_message = lambda *a: None
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    yield {"root": root, "url": "http://127.0.0.1:%d/" % httpd.server_address[1]}
-    httpd.shutdown()
-    httpd.server_close()
+    try:
+        yield {"root": root, "url": "http://127.0.0.1:%d/" % httpd.server_address[1]}
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture
+def mirror(tmp_path):
+    """An HTTP mirror on loopback serving the target model as a directory listing."""
+    with _serving_mirror(tmp_path) as served:
+        yield served
 
 
 class StagerPod:
@@ -366,27 +386,10 @@ def test_controller_port_in_use_fails_clearly_and_starts_no_job(tmp_path, kubeco
     assert run.result("Remove the file servers' ready markers")["changed"] and not os.path.exists(ready_dir), ready_dir
 
 
-def test_missing_source_fails_before_anything_is_written(tmp_path, kubeconfig, k8s_client, namespace):
-    items = [{"name": TARGET, "subdir": "target", "source": str(tmp_path / "no-such-dir")}]
-    run = _run_role(tmp_path, kubeconfig, _vars(namespace, "models", items, stage_pvc_controller_address="127.0.0.1"))
-    assert run.rc != 0
-    msg = run.failed[-1]["msg"]
-    assert "stage_pvc_items[0].source" in msg and "does not exist" in msg
-    assert _nothing_written(k8s_client, namespace, "models") is None
-
-
-def test_storage_class_absent_fails_before_anything_is_written(tmp_path, kubeconfig, k8s_client, namespace, mirror):
-    items = [{"name": TARGET, "subdir": "target", "source": mirror["url"]}]
-    run = _run_role(tmp_path, kubeconfig, _vars(namespace, "models", items, stage_pvc_storage_class="no-such-class"))
-    assert run.rc != 0
-    msg = run.failed[-1]["msg"]
-    assert "stage_pvc_storage_class: StorageClass 'no-such-class' does not exist" in msg
-    assert _nothing_written(k8s_client, namespace, "models") is None
-
-
-@pytest.fixture
-def make_pvc(k8s_client, tmp_path):
-    """A PVC, optionally bound to a static PV (only bound claims can expand)."""
+@contextlib.contextmanager
+def _pvc_maker(k8s_client, tmp_path):
+    """make(namespace, name, size, sc, annotations=None, bound=False): a PVC, optionally bound to a static PV (only bound
+    claims can expand); the PVs deleted on exit."""
     volumes = []
 
     def make(namespace, name, size, sc, annotations=None, bound=False):
@@ -409,38 +412,27 @@ def make_pvc(k8s_client, tmp_path):
                 "phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": size}}})
         return _core(k8s_client).read_namespaced_persistent_volume_claim(name, namespace)
 
-    yield make
-    for pv in volumes:
-        _core(k8s_client).delete_persistent_volume(pv)
+    try:
+        yield make
+    finally:
+        for pv in volumes:
+            _core(k8s_client).delete_persistent_volume(pv)
 
 
-def test_pvc_too_small_fails_before_anything_is_written(tmp_path, kubeconfig, k8s_client, namespace, storage_class, make_pvc):
-    sc = storage_class(expandable=False)
-    before = make_pvc(namespace, "models", "1Gi", sc, bound=True)
-    items = [{"name": TARGET, "subdir": "target", "source": "volume:/models/llama", "size_bytes": 16 * (1 << 30)}]
-    run = _run_role(tmp_path, kubeconfig, _vars(namespace, "models", items, stage_pvc_source_volume={"nfs": {"server": "nfs.internal", "path": "/"}}))
-    assert run.rc != 0
-    msg = run.failed[-1]["msg"]
-    assert "PVC models is 1Gi but the models need 18Gi" in msg and "does not allow expansion" in msg and "Fix:" in msg
-    after = _nothing_written(k8s_client, namespace, "models")
-    assert after.metadata.resource_version == before.metadata.resource_version
+@pytest.fixture
+def make_pvc(k8s_client, tmp_path):
+    """A PVC, optionally bound to a static PV (only bound claims can expand)."""
+    with _pvc_maker(k8s_client, tmp_path) as make:
+        yield make
 
 
-def test_expandable_pvc_grows_and_shrinking_is_refused(tmp_path, kubeconfig, k8s_client, namespace, storage_class, kubelet, make_pvc):
+def test_expandable_pvc_grows(tmp_path, kubeconfig, k8s_client, namespace, storage_class, kubelet, make_pvc):
+    """The refusals on an expandable PVC (a size below the files, a shrink) are cases of refusal_runs."""
     sc = storage_class(expandable=True)
     make_pvc(namespace, "models", "1Gi", sc, bound=True)
     items = [{"name": TARGET, "subdir": "target", "source": "volume:/models/llama", "size_bytes": 3 * (1 << 30)}]
-    extra = _vars(namespace, "models", items, stage_pvc_source_volume={"nfs": {"server": "nfs.internal", "path": "/"}}, stage_pvc_size="2Gi")
-    run = _run_role(tmp_path, kubeconfig, extra)
-    assert run.rc != 0 and "stage_pvc_size: 2Gi is smaller than the 3.0 GiB of model files" in run.failed[-1]["msg"]
-    extra["stage_pvc_size"] = "500Mi"
-    items[0]["size_bytes"] = 100 * MIB
-    run = _run_role(tmp_path, kubeconfig, extra)
-    assert run.rc != 0 and "would shrink it" in run.failed[-1]["msg"]
-    _nothing_written(k8s_client, namespace, "models")
+    extra = _vars(namespace, "models", items, stage_pvc_source_volume={"nfs": {"server": "nfs.internal", "path": "/"}})
     # Computed size above the current one: the PVC is expanded (the stager then fails: no such NFS here).
-    extra.pop("stage_pvc_size")
-    items[0]["size_bytes"] = 3 * (1 << 30)
     with StagerPod(k8s_client, kubelet, namespace, str(tmp_path / "pvc"), outcome="Failed"):
         run = _run_role(tmp_path, kubeconfig, extra)
     assert run.rc != 0 and "The stager Job" in run.failed[-1]["msg"]
@@ -475,10 +467,56 @@ def test_subdirectory_holding_a_different_model_is_refused_without_force(tmp_pat
     assert len(pod.played) == 1
 
 
-def test_air_gapped_inventory_refuses_the_public_hub(tmp_path, kubeconfig, k8s_client, namespace):
-    items = [{"name": TARGET, "subdir": "target", "source": "hf://meta-llama/Llama-3.1-8B-Instruct"}]
-    run = _run_role(tmp_path, kubeconfig, _vars(namespace, "models", items, stage_pvc_air_gapped=True))
-    assert run.rc != 0
-    msg = run.failed[-1]["msg"]
-    assert "air-gapped" in msg and "huggingface.co" in msg and "stage_pvc_hf_endpoint" in msg
-    assert _nothing_written(k8s_client, namespace, "models") is None
+# Refusals before anything is written, each a case of one ansible-playbook run (a block/rescue per case, the role included
+# as _run_role includes it) in one namespace, each case with a PVC name of its own: about 2.5 CPU s of ansible-playbook
+# start and collection load per case saved. (case, PVC name, extra vars over _vars, what the message must say)
+NFS = {"nfs": {"server": "nfs.internal", "path": "/"}}
+REFUSALS = [
+    ("missing-source", "missing", {"stage_pvc_controller_address": "127.0.0.1"}, ["stage_pvc_items[0].source", "does not exist"]),
+    ("storage-class-absent", "no-class", {"stage_pvc_storage_class": "no-such-class"},
+     ["stage_pvc_storage_class: StorageClass 'no-such-class' does not exist"]),
+    ("air-gapped-public-hub", "hub", {"stage_pvc_air_gapped": True}, ["air-gapped", "huggingface.co", "stage_pvc_hf_endpoint"]),
+    ("pvc-too-small", "models", {"stage_pvc_source_volume": NFS},
+     ["PVC models is 1Gi but the models need 18Gi", "does not allow expansion", "Fix:"]),
+    # an expandable PVC of 1Gi: a size below the files, and a size below the PVC's
+    ("size-below-files", "grow", {"stage_pvc_source_volume": NFS, "stage_pvc_size": "2Gi"},
+     ["stage_pvc_size: 2Gi is smaller than the 3.0 GiB of model files"]),
+    ("would-shrink", "grow", {"stage_pvc_source_volume": NFS, "stage_pvc_size": "500Mi"}, ["would shrink it"]),
+]
+
+
+def _refusal_items(case, mirror_url, missing_dir):
+    return {"missing-source": [{"name": TARGET, "subdir": "target", "source": missing_dir}],
+            "storage-class-absent": [{"name": TARGET, "subdir": "target", "source": mirror_url}],
+            "air-gapped-public-hub": [{"name": TARGET, "subdir": "target", "source": "hf://meta-llama/Llama-3.1-8B-Instruct"}],
+            "pvc-too-small": [{"name": TARGET, "subdir": "target", "source": "volume:/models/llama", "size_bytes": 16 * (1 << 30)}],
+            "size-below-files": [{"name": TARGET, "subdir": "target", "source": "volume:/models/llama", "size_bytes": 3 * (1 << 30)}],
+            "would-shrink": [{"name": TARGET, "subdir": "target", "source": "volume:/models/llama", "size_bytes": 100 * MIB}]}[case]
+
+
+@pytest.fixture(scope="module")
+def refusal_runs(tmp_path_factory, kubeconfig, controlplane, k8s_client):
+    """(run, {case: {msg, task}}, namespace, {PVC name: resourceVersion before the run})."""
+    tmp = tmp_path_factory.mktemp("stage-pvc-refusals")
+    with module_namespace(controlplane, "stage-pvc-refusals") as namespace, _serving_mirror(tmp) as served, \
+            _storage_classes(k8s_client) as storage_class, _pvc_maker(k8s_client, tmp) as make_pvc:
+        before = {"models": make_pvc(namespace, "models", "1Gi", storage_class(expandable=False), bound=True),
+                  "grow": make_pvc(namespace, "grow", "1Gi", storage_class(expandable=True), bound=True)}
+        cases = [(case, {"ansible.builtin.include_role": {"name": "alauda.spec_decoding.stage_pvc"},
+                         "vars": _vars(namespace, pvc, _refusal_items(case, served["url"], str(tmp / "no-such-dir")), **more)})
+                 for case, pvc, more, _needles in REFUSALS]
+        run, results = run_cases(tmp, cases, kubeconfig=kubeconfig, timeout=300)
+        yield run, results, namespace, {name: pvc.metadata.resource_version for name, pvc in before.items()}
+
+
+@pytest.mark.parametrize("case,pvc,needles", [(r[0], r[1], r[3]) for r in REFUSALS], ids=[r[0] for r in REFUSALS])
+def test_bad_settings_fail_before_anything_is_written(refusal_runs, k8s_client, case, pvc, needles):
+    run, results, namespace, versions = refusal_runs
+    msg = results[case]["msg"]
+    assert msg != DID_NOT_FAIL, run.output
+    assert all(needle in msg for needle in needles), msg
+    after = _nothing_written(k8s_client, namespace, pvc)
+    if pvc in versions:  # an existing PVC is left as it was
+        assert after.metadata.resource_version == versions[pvc]
+    else:
+        assert after is None

@@ -5,6 +5,7 @@ compared with the one built in: the candidate's chunk gap is ``GAP * (0.5 + 0.25
 baseline's constant ``GAP``, so its TPOT equals the baseline's at 3 requests in flight. Its TTFT is lower at every
 load, and its throughput crosses later than its TPOT (its TTFT is shorter), so TPOT crosses first, at 3.
 """
+import contextlib
 import json
 import os
 import sys
@@ -29,16 +30,36 @@ def candidate_slowdown(in_flight):
     return 0.5 + 0.25 * (max(in_flight, 1) - 1)
 
 
-@pytest.fixture(scope="module")
-def servers():
-    base = paced_handler("paced-base", 0.020, GAP)
-    # The candidate's TTFT is half the baseline's: a 10 ms margin that thread scheduling on two busy cores (servers and
-    # client share this process) cannot close, so TTFT never crosses before TPOT by accident (a 5 ms margin did).
-    cand = paced_handler("paced-ngram", 0.010, GAP, candidate_slowdown, spec_rates=[0.9, 0.1, 0.05])
+@contextlib.contextmanager
+def paced_servers(gap):
+    """The baseline, the k=3 candidate and the k=1 server, every time (TTFT and chunk gap) a multiple of ``gap``."""
+    base = paced_handler("paced-base", 2 * gap, gap)
+    # The candidate's TTFT is half the baseline's: a 10 ms margin (at GAP) that thread scheduling on two busy cores (servers
+    # and client share this process) cannot close, so TTFT never crosses before TPOT by accident (a 5 ms margin did).
+    cand = paced_handler("paced-ngram", gap, gap, candidate_slowdown, spec_rates=[0.9, 0.1, 0.05])
     # the k=1 server is faster than the k=3 one at every load: lower TTFT, 60% of its chunk gap
-    k1 = paced_handler("paced-ngram-k1", 0.006, GAP, lambda n: 0.6 * candidate_slowdown(n), spec_rates=[0.9])
+    k1 = paced_handler("paced-ngram-k1", 0.6 * gap, gap, lambda n: 0.6 * candidate_slowdown(n), spec_rates=[0.9])
     with serving(base) as b_url, serving(cand) as c_url, serving(k1) as k_url:
         yield {"baseline": (b_url, base), "candidate": (c_url, cand), "confirm": (k_url, k1)}
+
+
+@pytest.fixture(scope="module")
+def servers():
+    with paced_servers(GAP) as found:
+        yield found
+
+
+# The k confirmation's A/B (k=1 against k=3 at 5 requests/s, about one in flight) is decided by a rank test on 5 requests a
+# side, which shows the gain only when nearly every k=1 request beats every k=3 one. At GAP their TPOTs are 3 and 5 ms: a
+# stall of a few ms of the client thread (two loaded cores) swapped requests, or left the chunks read in one burst, and the
+# run once said `rejected`. At three times GAP they are 9 and 15 ms (42 ms a request apart, chunks 9 ms apart).
+CONFIRM_GAP = 3 * GAP
+
+
+@pytest.fixture(scope="module")
+def confirm_servers():
+    with paced_servers(CONFIRM_GAP) as found:
+        yield found
 
 
 # What the paced servers stand for, as vLLM prints it in its engine-config line (engine_config_info's result shape).
@@ -145,7 +166,8 @@ def check_k_schedule(out):
     assert "-k-schedule.png" in md and png_size(out["plots"]["k_schedule"]) == (1200, 500)
 
 
-def test_predicted_k_is_confirmed_by_a_measured_ab(servers, tmp_path):
+def test_predicted_k_is_confirmed_by_a_measured_ab(confirm_servers, tmp_path):
+    servers = confirm_servers
     first = run_module("spec_sweep", args(servers, tmp_path, concurrencies=None, request_rates=[5.0, 10.0], target_qps=5.0,
                                           verify_cost_ratio=0.2))
     assert not first.failed, first.msg

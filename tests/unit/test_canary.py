@@ -66,7 +66,6 @@ class SpeculativeVllm(FakeVllm):
                 self.per_pos.labels(position=str(pos), **labels).inc(round(10 * acceptance))
 
 
-
 def test_histogram_delta_counts_equal_prometheus_clients_own_counts():
     rng = random.Random(7)
     server = FakeVllm()

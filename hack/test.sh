@@ -63,7 +63,9 @@ tier_units() {
   # sshd (Debian's openssh-server) for the SSH transport of the Git tests (tests/testbed/ssh_git.py); a no-op once installed.
   python -m tests.testbed.ssh_git >/dev/null
   # Two workers on two cores: the unit tests are independent (tmp_path, their own loopback servers) and mostly CPU.
-  run_pytest units tests/unit -q -p no:cacheprovider -n "${ALAUDA_UNIT_WORKERS:-2}"
+  # worksteal: a worker whose queue ran dry takes pending tests from the other's. With xdist's default (load) the queues
+  # were fixed early, and at stop 51 one worker ran 179 s of tests while the other ran out at 144 s (195 s tier).
+  run_pytest units tests/unit -q -p no:cacheprovider -n "${ALAUDA_UNIT_WORKERS:-2}" --dist worksteal
 }
 
 tier_integration() {

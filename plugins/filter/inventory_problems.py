@@ -22,25 +22,13 @@ description:
     same name (C(alauda.spec_decoding.inventory_problems), which loads one file where a collection filter loads them all).
 author:
   - Alauda Platform Team (@alauda)
+extends_documentation_fragment:
+  - alauda.spec_decoding.inventory_check
 options:
   _input:
     description: The host's variables, C(hostvars[inventory_hostname]).
     type: dict
     required: true
-  method:
-    description: The speculative method the playbook sets itself (C(deploy-eagle3.yml) sets V(eagle3)); empty reads C(spec_decoding_method).
-    type: str
-    default: ""
-  method_source:
-    description: What set O(method), named in the messages (for example C(playbooks/deploy-eagle3.yml)).
-    type: str
-    default: ""
-  roles:
-    description:
-      - The roles the play runs (C(ansible_play_role_names)). Values are checked against those roles' argument specs only,
-        since one inventory variable may feed roles that allow different values. Omitted, against every role's.
-    type: list
-    elements: str
 """
 
 EXAMPLES = r"""

@@ -18,19 +18,8 @@ description:
   - Returns one dict, C(unknown) and C(invalid), as the filter does.
 author:
   - Alauda Platform Team (@alauda)
-options:
-  method:
-    description: The speculative method the playbook sets itself; empty reads C(spec_decoding_method).
-    type: str
-    default: ""
-  method_source:
-    description: What set O(method), named in the messages.
-    type: str
-    default: ""
-  roles:
-    description: The roles the play runs (C(ansible_play_role_names)); omitted, every role's argument spec is used.
-    type: list
-    elements: str
+extends_documentation_fragment:
+  - alauda.spec_decoding.inventory_check
 """
 
 EXAMPLES = r"""

@@ -20,22 +20,30 @@ from tests.testbed.rest import ApiError
 
 PROCESS = {"testbed.alauda.io/run": "process", "testbed.alauda.io/backoff-seconds": "0.5"}
 
-# Answers POST /v1/completions with the pod's name and the class header it saw (an OpenAI-shaped body), GET with 200.
-SERVER = r"""
-import http.server, json, os
+# The pod scripts' shared part: a handler whose GET answers 200 and whose `answer(self)` (each script's own) makes the JSON
+# body of a POST; `{answer}` is that function's code, at the module's top level.
+POD_SERVER = r"""
+import copy, http.server, json, os
+{answer}
 class H(http.server.BaseHTTPRequestHandler):
     def _send(self, body):
         self.send_response(200); self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
     def do_GET(self):
-        self._send(b"{}")
+        self._send(b"{{}}")
     def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self._send(json.dumps({"served_by": os.environ["HOSTNAME"], "class": self.headers.get("x-request-class")}).encode())
+        self._send(json.dumps(answer(self)).encode())
     def log_message(self, *a):
         pass
 http.server.HTTPServer(("", 8080), H).serve_forever()
 """
+
+# Answers POST /v1/completions with the pod's name and the class header it saw (an OpenAI-shaped body), GET with 200.
+SERVER = POD_SERVER.format(answer=r"""
+def answer(handler):
+    handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
+    return {"served_by": os.environ["HOSTNAME"], "class": handler.headers.get("x-request-class")}
+""")
 
 
 @pytest.fixture
@@ -139,31 +147,21 @@ def test_the_plans_httproute_routes_each_class_to_its_pool(controlplane, kubelet
 # capture, with --per-request-spec-decode-metrics: each carries metrics.speculative_decoding), in turn per class (a prompt
 # starting with "def " is class code, any other chat); the class named by COLLAPSED gets the same responses with no draft
 # token accepted. Every answer names the pod that served it.
-SPEC_SERVER = r"""
-import copy, http.server, json, os
+SPEC_SERVER = POD_SERVER.format(answer=r"""
 CAPTURED = json.loads(os.environ["CAPTURED"])
 SEEN = {}
-class H(http.server.BaseHTTPRequestHandler):
-    def _send(self, body):
-        self.send_response(200); self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
-    def do_GET(self):
-        self._send(b"{}")
-    def do_POST(self):
-        prompt = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}").get("prompt") or ""
-        klass = "code" if prompt.startswith("def ") else "chat"
-        SEEN[klass] = SEEN.get(klass, 0) + 1
-        answer = copy.deepcopy(CAPTURED[(SEEN[klass] - 1) % len(CAPTURED)])
-        if klass == os.environ["COLLAPSED"]:
-            block = answer["metrics"]["speculative_decoding"]
-            block.update(num_accepted_draft_tokens=0, mean_acceptance_length=1.0, draft_acceptance_rate=0.0,
-                         acceptance_histogram=[block["num_spec_steps"]] + [0] * block["num_spec_tokens"])
-        answer["served_by"] = os.environ["HOSTNAME"]
-        self._send(json.dumps(answer).encode())
-    def log_message(self, *a):
-        pass
-http.server.HTTPServer(("", 8080), H).serve_forever()
-"""
+def answer(handler):
+    prompt = json.loads(handler.rfile.read(int(handler.headers.get("Content-Length") or 0)) or b"{}").get("prompt") or ""
+    klass = "code" if prompt.startswith("def ") else "chat"
+    SEEN[klass] = SEEN.get(klass, 0) + 1
+    body = copy.deepcopy(CAPTURED[(SEEN[klass] - 1) % len(CAPTURED)])
+    if klass == os.environ["COLLAPSED"]:
+        block = body["metrics"]["speculative_decoding"]
+        block.update(num_accepted_draft_tokens=0, mean_acceptance_length=1.0, draft_acceptance_rate=0.0,
+                     acceptance_histogram=[block["num_spec_steps"]] + [0] * block["num_spec_tokens"])
+    body["served_by"] = os.environ["HOSTNAME"]
+    return body
+""")
 # the recorded non-streamed responses of vLLM 0.32 (tests/fixtures/vllm/ngram_perreq)
 CAPTURED = [json.loads(chunk.split("\n", 1)[0]) for chunk in read_capture("ngram_perreq", "requests.txt").split("--- RESPONSE:\n")[1:]
             if chunk.startswith("{")]

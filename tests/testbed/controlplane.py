@@ -315,6 +315,18 @@ class ControlPlane:
             time.sleep(0.05)
         raise ControlPlaneError(f"etcd did not report healthy at {client}/health within 20 s:\n{self.log_tail('etcd')}")
 
+    def _audit_args(self, pkid):
+        """With ALAUDA_TESTBED_AUDIT_LOG=<file>: the API server's audit log at Metadata level (who asked what, with its
+        user agent), to find which client makes a tier's requests; off by default (it costs the API server CPU)."""
+        path = os.environ.get("ALAUDA_TESTBED_AUDIT_LOG")
+        if not path:
+            return []
+        policy = os.path.join(pkid, "audit-policy.json")
+        with open(policy, "w", encoding="utf-8") as fh:
+            json.dump({"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "rules": [
+                {"level": "Metadata", "omitStages": ["RequestReceived"]}]}, fh)
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={path}.{self.ports['apiserver']}", "--audit-log-format=json"]
+
     def _start_apiserver(self) -> None:
         pkid = os.path.join(self.state_dir, "pki")
         cert, key = self.apiserver_cert
@@ -347,7 +359,7 @@ class ControlPlane:
             "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,DefaultTolerationSeconds,ResourceQuota,"
             "LimitRanger",
             "--v=1",
-        ])
+        ] + self._audit_args(pkid))
         time.sleep(0.2)
         if self.procs["kube-apiserver"].poll() is not None:
             raise self._died("kube-apiserver")
@@ -393,7 +405,7 @@ class ControlPlane:
             f"--root-ca-file={self.ca.cert_path}",
             # No kubelet heartbeats here (the stand-in node is static), no cloud: keep those controllers off.
             "--controllers=*,-nodelifecycle,-nodeipam,-cloud-node-lifecycle,-service,-route,-attachdetach,"
-            "-persistentvolume-binder,-persistentvolume-expander,-pvc-protection,-pv-protection,-ttl",
+            "-persistentvolume-binder,-persistentvolume-expander,-ttl",
             "--v=1",
         ])
         time.sleep(0.1)

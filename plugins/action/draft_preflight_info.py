@@ -10,8 +10,9 @@ task's process has paid once. When and how: plugin_utils/controller_module.py.
 
 from __future__ import annotations
 
-from ansible_collections.alauda.spec_decoding.plugins.modules import draft_preflight_info
+# controller_module first: it serves the module's imports from the bytecode cache (plugin_utils/bytecode_cache.py)
 from ansible_collections.alauda.spec_decoding.plugins.plugin_utils.controller_module import ControllerModuleAction
+from ansible_collections.alauda.spec_decoding.plugins.modules import draft_preflight_info
 
 
 class ActionModule(ControllerModuleAction):

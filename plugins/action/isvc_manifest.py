@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.alauda.spec_decoding.plugins.modules import isvc_manifest
+# controller_module first: it serves the module's imports from the bytecode cache (plugin_utils/bytecode_cache.py)
 from ansible_collections.alauda.spec_decoding.plugins.plugin_utils.controller_module import run_execute
+from ansible_collections.alauda.spec_decoding.plugins.modules import isvc_manifest
 
 
 class ActionModule(ActionBase):

@@ -6,8 +6,9 @@ argument spec and ``execute``, without a module process. When and why: plugin_ut
 
 from __future__ import annotations
 
-from ansible_collections.alauda.spec_decoding.plugins.modules import isvc_wait
+# controller_module first: it serves the module's imports from the bytecode cache (plugin_utils/bytecode_cache.py)
 from ansible_collections.alauda.spec_decoding.plugins.plugin_utils.controller_module import ControllerModuleAction
+from ansible_collections.alauda.spec_decoding.plugins.modules import isvc_wait
 
 
 class ActionModule(ControllerModuleAction):

@@ -9,8 +9,9 @@ process they cost a redeploy 1.5-2 s, more than the server-side apply itself. Wh
 
 from __future__ import annotations
 
-from ansible_collections.alauda.spec_decoding.plugins.modules import kserve_info
+# controller_module first: it serves the module's imports from the bytecode cache (plugin_utils/bytecode_cache.py)
 from ansible_collections.alauda.spec_decoding.plugins.plugin_utils.controller_module import ControllerModuleAction
+from ansible_collections.alauda.spec_decoding.plugins.modules import kserve_info
 
 
 class ActionModule(ControllerModuleAction):

@@ -7,8 +7,9 @@ plugin_utils/controller_module.py."""
 
 from __future__ import annotations
 
-from ansible_collections.alauda.spec_decoding.plugins.modules import server_side_apply
+# controller_module first: it serves the module's imports from the bytecode cache (plugin_utils/bytecode_cache.py)
 from ansible_collections.alauda.spec_decoding.plugins.plugin_utils.controller_module import ControllerModuleAction
+from ansible_collections.alauda.spec_decoding.plugins.modules import server_side_apply
 
 
 class ActionModule(ControllerModuleAction):

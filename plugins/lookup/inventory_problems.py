@@ -40,6 +40,13 @@ _raw:
 
 from ansible.plugins.lookup import LookupBase
 
+# The first task of every playbook: the collection files it imports are read from their .pyc from here on
+# (plugin_utils/bytecode_cache.py), not compiled from source in every run.
+from ansible_collections.alauda.spec_decoding.plugins.plugin_utils import bytecode_cache
+
+bytecode_cache.install()
+
+# pylint: disable-next=wrong-import-position
 from ansible_collections.alauda.spec_decoding.plugins.filter.inventory_problems import inventory_problems
 
 

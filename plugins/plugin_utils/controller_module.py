@@ -32,6 +32,12 @@ from ansible.plugins.action import ActionBase
 from ansible.plugins.loader import filter_loader, test_loader
 from ansible.utils.vars import merge_hash
 
+from ansible_collections.alauda.spec_decoding.plugins.plugin_utils import bytecode_cache
+
+# The collection's files imported from here on (the module file, module_utils, filters, kubernetes.core's client) are read
+# from their .pyc instead of compiled from source in every process (plugin_utils/bytecode_cache.py). An action plugin
+# imports this file before its module file, so that its module is among them.
+bytecode_cache.install()
 # One filter of this collection: asking for it loads them all (load_jinja_plugins).
 COLLECTION_FILTER = "alauda.spec_decoding.isvc_readiness"
 _JINJA_PLUGINS_LOADED = []

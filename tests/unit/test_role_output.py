@@ -28,7 +28,9 @@ def test_a_gitops_render_says_where_it_wrote_and_check_mode_on_a_new_directory_w
     assert said == ("Would write (check mode) models-llama-eagle3.yaml, kustomization.yaml in %s (commit the directory, or point "
                     "spec_decoding_gitops_dir elsewhere)" % out), said
     # the kustomization's diff in check mode still lists the manifest the render would write
-    assert check.result("Write kustomization.yaml")["changed"] is True
+    written = check.result("and kustomization.yaml")
+    assert written["changed"] is True and written["written"] == ["models-llama-eagle3.yaml", "kustomization.yaml"]
+    assert written["resources"] == ["models-llama-eagle3.yaml"]
 
     run = run_playbook(tmp_path, "playbooks/deploy-eagle3.yml", inventory=inventory, extra_vars={"spec_decoding_gitops_dir": str(out)})
     assert run.rc == 0, run.output

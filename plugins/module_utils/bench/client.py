@@ -9,10 +9,10 @@ the clock starts right before the request is sent; every server-sent event ``dat
 the final ``usage`` event (``stream_options.include_usage``) gives ``completion_tokens`` and, from a vLLM 0.32+ server
 started with ``--per-request-spec-decode-metrics``, the request's own ``metrics.speculative_decoding`` block (vLLM
 ``entrypoints/openai/completion/serving.py`` ``completion_stream_generator``: it rides on that usage chunk, only for
-``n == 1``; kept as ``spec_decoding``, None when the chunk has none). Requests run on
-a pool of ``concurrency`` threads (each with a keep-alive connection) and are released at a target request
-rate (Poisson arrivals or a fixed interval, seeded) or all at once; warmup requests run first and are
-discarded.
+``n == 1``; kept as ``spec_decoding``, None when the chunk has none). Requests run in one asyncio event loop
+(bench/stream_client.py: ``concurrency`` workers, each with a keep-alive connection, as ``vllm bench serve`` runs them) and
+are released at a target request rate (Poisson arrivals or a fixed interval, seeded) or all at once; warmup requests run
+first and are discarded.
 
 Standard library only, but for the /metrics pages around a run: those are read by ``prometheus_text``
 (prometheus_client, imported guardedly; the module checks ``prometheus_text.HAS_PROMETHEUS_CLIENT``).
@@ -20,25 +20,22 @@ Standard library only, but for the /metrics pages around a run: those are read b
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
-import queue
 import random
 import ssl
-import threading
 import time
 from urllib.parse import urlsplit
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stream_client
+# still this module's names (ops/verify_classes.py reads a block with it)
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench.stream_client import SPEC_DECODING_KEYS, spec_decoding_block  # noqa: F401  pylint: disable=unused-import
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import prometheus_text
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError
 
 APIS = ("chat", "completions")
 ARRIVALS = ("poisson", "fixed")
-# The summary keys of vLLM's per-request block (vLLM 0.32 ``entrypoints/generate/base/protocol.py``,
-# ``SpeculativeDecodingMetrics``); the ``detailed`` level's per-step arrays are not kept: the reports and the /metrics
-# check use the sums.
-SPEC_DECODING_KEYS = ("mean_acceptance_length", "draft_acceptance_rate", "acceptance_histogram", "num_spec_steps",
-                      "num_draft_tokens", "num_accepted_draft_tokens", "num_spec_tokens")
 _RESERVED_BODY_KEYS = ("model", "messages", "prompt", "stream", "stream_options", "max_tokens", "max_completion_tokens",
                        "temperature", "seed")
 
@@ -82,9 +79,18 @@ class Endpoint:
 
     # -- plumbing ---------------------------------------------------------------------------------------
     def connect(self):
+        """A blocking connection (http.client): the GETs, and ``stream_request``."""
         if self.scheme == "https":
             return http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=self._ssl)
         return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+
+    def ssl_context(self):
+        """The TLS context of an https endpoint (its CA file, or unverified when validate_certs is off); None for http."""
+        return self._ssl
+
+    async def stream_connection(self):
+        """A connection of the run's event loop (``run_requests``), not yet connected: bench/stream_client.py ``Connection``."""
+        return stream_client.Connection(asyncio.get_running_loop(), self.timeout)
 
     def headers(self, accept="application/json"):
         out = {"Content-Type": "application/json", "Accept": accept, "User-Agent": "alauda.spec_decoding/spec_benchmark"}
@@ -151,9 +157,7 @@ class Endpoint:
     def stream_request(self, prompt, params, conn=None):
         """Send one streaming request and measure it. Returns ``(record, conn)`` (``conn`` reusable or None)."""
         payload = json.dumps(self.body(prompt, params)).encode("utf-8")
-        record = {"prompt_id": prompt.get("id"), "request_class": prompt.get("class"), "success": False, "error": None, "ttft": None,
-                  "itl": [], "latency": None, "output_tokens": None, "prompt_tokens": None, "chunks": 0, "text_chars": 0,
-                  "spec_decoding": None}
+        record = stream_client.new_record(prompt)
         reused = conn is not None
         for attempt in (0, 1):
             if conn is None:
@@ -176,61 +180,19 @@ class Endpoint:
             text = resp.read().decode("utf-8", "replace")
             record["error"] = "HTTP %d: %s" % (resp.status, text[:500])
             return record, (conn if not resp.will_close else None)
-        most_recent = start
-        first = False
+        reader = stream_client.EventReader(record, start, self.api == "completions")
         try:
             while True:
                 line = resp.readline()
                 if not line:
                     break
-                chunk = line.strip()
-                if not chunk or chunk.startswith(b":"):
-                    continue
-                if chunk.startswith(b"data:"):
-                    chunk = chunk[5:].strip()
-                if chunk == b"[DONE]":
-                    continue
-                data = json.loads(chunk)
-                timestamp = time.perf_counter()
-                if data.get("choices"):
-                    choice = data["choices"][0]
-                    text = choice.get("text") if self.api == "completions" else (choice.get("delta") or {}).get("content")
-                    if not first:
-                        first = True
-                        record["ttft"] = timestamp - start
-                    else:
-                        record["itl"].append(timestamp - most_recent)
-                    most_recent = timestamp
-                    record["chunks"] += 1
-                    record["text_chars"] += len(text or "")
-                elif data.get("usage"):
-                    usage = data["usage"]
-                    record["output_tokens"] = usage.get("completion_tokens")
-                    record["prompt_tokens"] = usage.get("prompt_tokens")
-                    record["spec_decoding"] = spec_decoding_block(data)
-                elif data.get("error") or data.get("object") == "error":
-                    record["error"] = "stream error: %s" % json.dumps(data)[:500]
+                reader.line(line)
         except (OSError, http.client.HTTPException, ValueError) as exc:
             record["error"] = "stream broken: %s" % exc
             conn.close()
             return record, None
-        record["latency"] = most_recent - start
-        if first and record["error"] is None:
-            record["success"] = True
-            if record["output_tokens"] is None:
-                record["error"] = "no usage in the stream (server ignores stream_options.include_usage?)"
-                record["success"] = False
-        elif record["error"] is None:
-            record["error"] = "the stream carried no choices"
+        reader.finish()
         return record, (None if resp.will_close else conn)
-
-
-def spec_decoding_block(data):
-    """The summary keys of a response's ``metrics.speculative_decoding`` (a dict), or None when it carries none."""
-    block = (data.get("metrics") or {}).get("speculative_decoding") if isinstance(data.get("metrics"), dict) else None
-    if not isinstance(block, dict):
-        return None
-    return {key: block.get(key) for key in SPEC_DECODING_KEYS if key in block}
 
 
 def arrival_offsets(count, request_rate=None, arrival="poisson", seed=0):
@@ -253,71 +215,36 @@ def run_requests(endpoint, prompts, params, concurrency=1, request_rate=None, ar
                  label="run", offsets=None):
     """Run ``prompts`` (already in their fixed order) against ``endpoint``; returns ``(records, duration_s)``.
 
-    ``concurrency`` threads each keep one connection; request ``i`` is released at its arrival offset and
-    picked up by the first free thread (the same as ``vllm bench serve``'s semaphore). ``progress`` is called
-    as ``progress(label, done, total, record)`` after each request. ``offsets``: the release times (a load Job
-    shard's part of the whole schedule) instead of those of ``request_rate``/``arrival``/``seed``.
+    ``concurrency`` workers of one event loop each keep one connection; request ``i`` is released at its arrival offset
+    and picked up by the first free worker (the same as ``vllm bench serve``'s semaphore; bench/stream_client.py
+    ``run_all``). ``progress`` is called as ``progress(label, done, total, record)`` after each request, in the loop's
+    thread. ``offsets``: the release times (a load Job shard's part of the whole schedule) instead of those of
+    ``request_rate``/``arrival``/``seed``.
 
     Each record gets ``send_lag``: how late the client sent it against its schedule, from the later of its release
-    time and the moment a thread was free to take it (waiting for a free thread is the concurrency limit, part of
+    time and the moment a worker was free to take it (waiting for a free worker is the concurrency limit, part of
     the protocol; anything after that is the client falling behind). None for a request the client itself failed.
     """
+    records, duration, _cpu = run_measured(endpoint, prompts, params, concurrency, request_rate, arrival, seed, progress, label, offsets)
+    return records, duration
+
+
+def run_measured(endpoint, prompts, params, concurrency=1, request_rate=None, arrival="poisson", seed=0, progress=None,
+                 label="run", offsets=None):
+    """``run_requests`` and the CPU seconds its event loop's thread used (``time.thread_time``: the client's own, not
+    that of other threads of this process): ``(records, duration_s, cpu_s)``."""
     if concurrency < 1:
         raise ValidationError("must be at least 1, got %r" % (concurrency,), field="concurrency")
     total = len(prompts)
     offsets = arrival_offsets(total, request_rate, arrival, seed) if offsets is None else list(offsets)
-    free_at = [None] * total  # when a thread was free to take request i
-    work = queue.Queue()
-    records = [None] * total
-    done = [0]
-    lock = threading.Lock()
-
-    def worker():
-        conn = None
-        while True:
-            free = time.perf_counter()
-            item = work.get()
-            if item is None:
-                break
-            index, prompt = item
-            free_at[index] = free
-            try:
-                record, conn = endpoint.stream_request(prompt, params, conn)
-            except Exception as exc:  # pylint: disable=broad-except
-                record, conn = {"prompt_id": prompt.get("id"), "request_class": prompt.get("class"), "success": False, "error": "client error: %r" % (exc,),
-                                "itl": [], "ttft": None, "latency": None, "output_tokens": None, "start": time.perf_counter()}, None
-            records[index] = record
-            with lock:
-                done[0] += 1
-                count = done[0]
-            if progress is not None:
-                try:
-                    progress(label, count, total, record)
-                except Exception:  # pylint: disable=broad-except
-                    pass
-        if conn is not None:
-            conn.close()
-
-    threads = [threading.Thread(target=worker, name="bench-%s-%d" % (label, i), daemon=True) for i in range(min(concurrency, max(total, 1)))]
-    for thread in threads:
-        thread.start()
-    start = time.perf_counter()
-    for index, prompt in enumerate(prompts):
-        delay = start + offsets[index] - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        work.put((index, prompt))
-    for _thread in threads:
-        work.put(None)
-    for thread in threads:
-        thread.join()
-    duration = time.perf_counter() - start
+    run = stream_client.run_loop(lambda: stream_client.run_all(endpoint, prompts, params, concurrency, offsets, progress, label))
+    start, free_at, records = run["start"], run["free_at"], run["records"]
     for index, record in enumerate(records):
         sent = record.pop("start", start)
         failed_here = str(record.get("error") or "").startswith("client error")
         record["send_lag"] = None if failed_here else max(0.0, sent - max(start + offsets[index], free_at[index] or start))
         record["start_offset"] = sent - start
-    return records, duration
+    return records, run["end"] - start, run["cpu_s"]
 
 
 def scrape(endpoint, enabled=True):
@@ -361,7 +288,8 @@ def measure_side(endpoint, prompts, params, runs_per_prompt=5, warmup=3, concurr
     only requests ``index, index + count, ...`` of the schedule, each at its offset in the whole seeded schedule
     (a load Job pod's part); its records carry ``schedule_index``. ``client``: what sending the measured requests cost
     this process, CPU seconds over wall seconds (with the records' send lag, whether the client kept up:
-    bench/load_job_merge.py ``client_summary``).
+    bench/load_job_merge.py ``client_summary``); the CPU is the event loop thread's (``run_measured``), so the work of
+    other threads of this process (a unit test's fake server) is not counted as the client's.
     """
     endpoint.resolve_model()
     warm = warmup_schedule(prompts, warmup)
@@ -372,16 +300,16 @@ def measure_side(endpoint, prompts, params, runs_per_prompt=5, warmup=3, concurr
         raise BenchmarkRequestError("every warmup request to %s failed; first error: %s" % (endpoint.url, warm_failed[0]["error"]),
                                     field=endpoint.field, hint="check the URL, model name, token and request parameters")
     extra = before_measure() if before_measure else None
-    cpu, wall = time.process_time(), time.perf_counter()  # the measured requests' cost to this process, from here
+    wall = time.perf_counter()  # the measured requests' wall time, from here
     measured = schedule(prompts, runs_per_prompt)
     offsets = None
     if shard is not None:
         picked = list(range(len(measured)))[shard[0]::shard[1]]
         everyone = arrival_offsets(len(measured), request_rate, arrival, seed)
         measured, offsets = [measured[i] for i in picked], [everyone[i] for i in picked]
-    records, duration = run_requests(endpoint, measured, params, concurrency, request_rate,
-                                     arrival, seed, progress, label=label, offsets=offsets)
-    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    records, duration, cpu = run_measured(endpoint, measured, params, concurrency, request_rate,
+                                          arrival, seed, progress, label=label, offsets=offsets)
+    wall = time.perf_counter() - wall
     if shard is not None:
         for index, record in zip(picked, records):
             record["schedule_index"] = index

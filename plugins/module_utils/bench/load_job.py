@@ -63,14 +63,14 @@ FIELD_MANAGER = "alauda-spec-decoding-benchmark"
 # /metrics page (hundreds of histogram lines) stays in the pod.
 METRIC_PREFIXES = tuple(spec_metrics.SPEC_PREFIXES) + tuple(bench_client.PREFIX_CACHE_PREFIXES) + (bench_client.CACHE_CONFIG_INFO,)
 # Whether the client kept up with its schedule (every run says it; a run over either bound gives no decision): the 99th
-# percentile of the send lag (bench/client.py run_requests: how late a request went out against its release, once a
-# thread was free for it) and the client's CPU over the measured requests (process CPU seconds / wall seconds). A
-# Python client is one core at most (the GIL): at 0.9 of it the threads wait for each other, the chunks are read late
-# and that lateness lands in ITL and TPOT; 100 ms late at p99 is no longer the arrival process the protocol asked for.
+# percentile of the send lag (bench/stream_client.py: how late a request went out against its release, once a stream
+# slot was free for it) and the client's CPU over the measured requests (its event loop thread's CPU seconds / wall
+# seconds). One event loop is one core at most: at 0.9 of it the loop is late to read the chunks and that lateness lands
+# in ITL and TPOT; 100 ms late at p99 is no longer the arrival process the protocol asked for.
 MAX_SEND_LAG_P99_MS = 100.0
 MAX_CLIENT_CPU = 0.9
 # The files of the zip application, in import order (what load_job_pod imports, and it).
-_SHIPPED = (errors, prometheus_text, bench_client, load_job_pod)
+_SHIPPED = (errors, prometheus_text, bench_client.stream_client, bench_client, load_job_pod)
 _MAIN = ("import sys\n"
          "from %s import main\n"
          "sys.exit(main())\n") % load_job_pod.__name__
@@ -150,10 +150,10 @@ def check_options(options):
 
 
 def check_pods(options, concurrency, requests):
-    """Each pod needs a thread and a request of its own: refuse more pods than the concurrency or the measured requests."""
+    """Each pod needs a stream slot and a request of its own: refuse more pods than the concurrency or the measured requests."""
     pods = int(options.get("pods") or 1)
     if pods > 1 and (pods > concurrency or pods > requests):
-        raise ValidationError("%d pods for a concurrency of %d and %d measured requests: a pod would have no thread or no request"
+        raise ValidationError("%d pods for a concurrency of %d and %d measured requests: a pod would have no stream slot or no request"
                               % (pods, concurrency, requests), field="load_job.pods",
                               hint="use at most %d pods, or raise concurrency" % max(1, min(concurrency, requests)))
 

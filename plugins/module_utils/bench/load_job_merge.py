@@ -12,11 +12,12 @@ scrape of the pod that started first as "before" and of the one that ended last 
 whole window). The pods start when the kubelet starts them: how far apart (``start_skew_s``) is said, not corrected.
 
 ``client_summary`` says, for every run (one pod or many), whether the client kept up: the send lag against the
-schedule (p50, p99, max: ``run_requests``' ``send_lag``) and each pod's CPU over its measured requests (process CPU
-seconds / wall seconds). ``refusal`` is the error a decision gets instead when either is over its bound
-(load_job.MAX_SEND_LAG_P99_MS, MAX_CLIENT_CPU): the figures and the fix, more pods. A load sent from the controller gets
-the same summary (bench/run.py ``side_of``); every A/B report shows them (``markdown_lines``: its "Load client" section)
-and notes a side whose client fell behind (``client_notes``).
+schedule (p50, p99, max: ``run_requests``' ``send_lag``) and each pod's CPU over its measured requests (the CPU seconds
+of the client's event loop thread / wall seconds: bench/client.py ``run_measured``). ``refusal`` is the error a decision
+gets instead when either is over its bound (load_job.MAX_SEND_LAG_P99_MS, MAX_CLIENT_CPU): the figures and the fix, more
+pods. A load sent from the controller gets the same summary and the same refusal (bench/run.py ``side_of``; the fix there
+is the load Job's pods or a lower load); every A/B report shows them (``markdown_lines``: its "Load client" section) and notes a side whose client fell behind
+(``client_notes``: a baseline saved before the refusal, say).
 """
 
 from __future__ import annotations
@@ -97,13 +98,20 @@ def describe(name, summary):
 
 
 def refusal(summaries, pods):
-    """The ValidationError a run whose client did not keep up gets instead of a decision, or None."""
+    """The ValidationError a run whose client did not keep up gets instead of a decision, or None. A load sent from the
+    controller (``sent_from: controller``) is refused the same way, its fix the load Job's pods or a lower load: one
+    process is one event loop on one core, and the controller cannot be scaled out."""
     behind = {name: s for name, s in summaries.items() if not s["kept_up"]}
     if not behind:
         return None
     reasons = "; ".join("%s: %s" % (name, ", ".join(s["why"])) for name, s in behind.items())
-    return ValidationError("no decision: the load was not measured cleanly, the client fell behind its schedule (%s)" % reasons,
-                           field="load_job.pods",
+    message = "no decision: the load was not measured cleanly, the client fell behind its schedule (%s)" % reasons
+    if any(s.get("sent_from") == "controller" for s in behind.values()):
+        return ValidationError(message + "; the load was sent from the controller, one client process", field="load_from",
+                               hint="send it from the cluster, spread over client pods that each send a shard of the same schedule: "
+                                    "load_from: cluster with load_job.pods: 2 or more (the benchmark role's benchmark_load_pods); "
+                                    "or measure at a lower concurrency or request_rate")
+    return ValidationError(message, field="load_job.pods",
                            hint="spread the load over more client pods: set load_job.pods to %d (or more), each sends a shard of the same "
                                 "schedule; or give the Job's pod more CPU (load_job.resources)" % (pods * 2))
 

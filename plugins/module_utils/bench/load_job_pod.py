@@ -3,9 +3,10 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """What the in-cluster load Job runs (see ``load_job``): the benchmark's own client, next to the InferenceService.
 
-The Job's image is the serving runtime's (it has ``python3``); this file, ``bench/client.py``, ``vllm/prometheus_text.py``
-and ``errors.py`` reach the pod as one zip application in a ConfigMap (``load_job.bundle``), so only the standard
-library is needed (``prometheus_client`` is not used here: the pod sends the metric lines, the controller parses them).
+The Job's image is the serving runtime's (it has ``python3``); this file, ``bench/client.py``, ``bench/stream_client.py``
+(the event loop the client runs its streams in), ``vllm/prometheus_text.py`` and ``errors.py`` reach the pod as one zip
+application in a ConfigMap (``load_job.bundle``), so only the standard library is needed (``prometheus_client`` is not
+used here: the pod sends the metric lines, the controller parses them).
 
 The request (``request.json`` in the same ConfigMap) says which sides to measure, in order, with the prompts, the
 request parameters and the protocol (warmups, repeats, concurrency, rate, arrival, seed) the controller checked. The

@@ -23,6 +23,8 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import render as isvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import render as llmisvc_render
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import router as llmisvc_router
+# a value that comes through Ansible's templating is a subclass YAML's SafeDumper does not represent: plain() makes it builtin
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.plain_data import plain
 
 yaml = optional_import("yaml")[0]  # PyYAML comes with ansible-core; the filter runs on the controller
 
@@ -54,25 +56,10 @@ def route_filename(route):
     return "%s.httproute.yaml" % ("%s-%s" % (namespace, name) if namespace else name)
 
 
-def _plain(value):
-    """Plain dicts, lists and scalars: a value that comes through Ansible's templating is a subclass YAML's SafeDumper
-    does not represent."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, bool) or value is None:
-        return value
-    for kind in (int, float, str):
-        if isinstance(value, kind):
-            return kind(value)
-    return value
-
-
 def manifest_yaml(route):
     """The route's file text: sorted keys, block style, as the deploy writes its manifests."""
     _checked(route)
-    return isvc.to_yaml(_plain(route))
+    return isvc.to_yaml(plain(route))
 
 
 def llmisvc_filename(route_object):
@@ -99,9 +86,9 @@ def llmisvc_manifest(route_object, manifest_text):
         raise ValidationError("the GitOps directory has no manifest of LLMInferenceService %s/%s (%s)" % (
             wanted.get("namespace"), wanted["name"], filename), field="benchmark_gitops_dir",
             hint="deploy the LLMInferenceService in GitOps mode into this directory first, or write the route with write=apply")
-    out = llmisvc_router.with_route(_plain(manifest), _plain(route_object["spec"]["router"]["route"]))
+    out = llmisvc_router.with_route(plain(manifest), plain(route_object["spec"]["router"]["route"]))
     annotations = dict(out["metadata"].get("annotations") or {})
-    annotations.update(_plain(route_object["metadata"].get("annotations") or {}))
+    annotations.update(plain(route_object["metadata"].get("annotations") or {}))
     out["metadata"]["annotations"] = annotations
     crd_rules.check(out)  # KServe's CEL rules on the whole manifest, as the deploy's render checks it
     return {"filename": filename, "content": isvc.to_yaml(out)}

@@ -145,11 +145,14 @@ def side_of(name, endpoint, measured, progress):
     cache = bench_client.prefix_cache_window(before, after, model)
     summary = bench_stats.summarize_run(measured["records"], measured["duration_s"])
     # whether the client kept up with its schedule, for every side: the load Job's pods said it already (and a run they
-    # could not measure cleanly got no decision: load_job.kept_up); a load sent from here is said here
+    # could not measure cleanly got no decision: load_job.kept_up); a load sent from here is said here, and refused the same way
     client = measured.get("client_summary")
     if client is None:
         client = dict(bench_load_job.client_summary(measured), sent_from="controller")
         progress.line(load_job_merge.describe(name, client))
+        refused = load_job_merge.refusal({name: client}, 1)
+        if refused is not None:
+            raise refused
     progress.line("%s done: %d ok, %d failed, %.1f s, median TTFT %s ms, median TPOT %s ms, %.1f output tok/s" % (
         name, summary["completed"], summary["failed"], summary["duration_s"], _r(summary["ttft_ms"]["median"]),
         _r(summary["tpot_ms"]["median"]), summary["output_throughput"] or 0))

@@ -5,7 +5,8 @@
 
 The loop (``wait_for``): read an object, check it, then watch it from the resourceVersion last read (or read it again
 every few seconds where the API server refuses the watch) until the check passes or time runs out; an API server outage
-(restart, overload) is waited out until the timeout. No other module of the collection loops to wait for the cluster.
+(restart, overload) is waited out until the timeout, read again after 0.5 s, 1 s, then every 2 s. No other module of the
+collection loops to wait for the cluster.
 
 The table (``READINESS``, as kubernetes.core's waiter has ``RESOURCE_PREDICATES``, plugins/module_utils/k8s/waiter.py at
 6.2.0, and its ``Waiter`` one loop over them): row name -> ``pending(obj, api_client=None, **options)``, None when the
@@ -170,6 +171,13 @@ def transient_error(exc):
 WATCH_SECONDS_MAX = 300
 
 
+# An API server outage is polled for with short reads that double up to OUTAGE_RETRY_MAX (capped by the caller's
+# ``interval``): a restart is over in seconds (the test bed's: about 6 s), and a fixed 5 s poll noticed the server back up
+# to 5 s late; doubling keeps a long outage at one read every 2 s.
+OUTAGE_RETRY_FIRST = 0.5
+OUTAGE_RETRY_MAX = 2.0
+
+
 def _watch_unavailable(exc):
     """True when the API server refuses to watch (RBAC without ``watch``, a proxy without streaming): poll then."""
     return getattr(exc, "status", None) in (403, 405, 406, 501)
@@ -210,9 +218,17 @@ def wait_for(api_client, namespace, name, res, check, on_timeout, timeout, inter
     ``check`` returns True (done), False (wait for the object's next change) or a number of seconds after which to read
     the object again without waiting for a change (progress the object itself does not report, such as a Deployment
     still rolling out); it may raise to fail at once. ``on_timeout(obj, elapsed)`` raises the timeout error.
-    An API server outage (restart, overload) is waited out until the timeout; then the error names the problem."""
+    An API server outage (restart, overload) is waited out until the timeout, with reads OUTAGE_RETRY_FIRST apart
+    doubling to OUTAGE_RETRY_MAX (never more than ``interval``); then the error names the problem."""
     start = clock()
     obj = None
+    outage_retry = OUTAGE_RETRY_FIRST  # the next pause after an API server error; back to the first after a watch that worked
+
+    def pause_in_outage(remaining):
+        nonlocal outage_retry
+        sleep(min(outage_retry, interval, max(0.1, remaining)))
+        outage_retry = min(outage_retry * 2, OUTAGE_RETRY_MAX)
+
     while True:
         if obj is None:
             try:
@@ -225,7 +241,7 @@ def wait_for(api_client, namespace, name, res, check, on_timeout, timeout, inter
                 if elapsed >= timeout:
                     raise SpecDecodingError("waiting for %s %s/%s: %s (still after %ds)" % (res.kind, namespace, name, why, int(elapsed)),
                                             field="name", hint="check that the API server is up and reachable, then rerun") from exc
-                sleep(min(interval, max(0.1, timeout - elapsed)))
+                pause_in_outage(timeout - elapsed)
                 continue
         verdict = check(obj)
         if verdict is True:
@@ -242,6 +258,7 @@ def wait_for(api_client, namespace, name, res, check, on_timeout, timeout, inter
             try:
                 obj = _watch_for_change(api_client, namespace, name, (obj.get("metadata") or {}).get("resourceVersion"),
                                         min(remaining, WATCH_SECONDS_MAX), kind=res)
+                outage_retry = OUTAGE_RETRY_FIRST
                 continue
             except Exception as exc:  # pylint: disable=broad-except
                 if getattr(exc, "status", None) == 410:
@@ -253,6 +270,11 @@ def wait_for(api_client, namespace, name, res, check, on_timeout, timeout, inter
                     watch = False
                 elif transient_error(exc) is None:
                     raise
+                else:
+                    # the watch broke in an outage: read again soon, and back off while the server stays away
+                    obj = None
+                    pause_in_outage(remaining)
+                    continue
         obj = None
         sleep(min(interval, max(0.1, remaining)))
 

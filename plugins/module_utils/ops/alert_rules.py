@@ -38,6 +38,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import canary_window
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import render as isvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.plain_data import plain
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import metrics as spec_metrics
 
 API_VERSION = "monitoring.coreos.com/v1"
@@ -189,20 +190,8 @@ _SHOWN = {
 }
 
 
-def _plain(value):
-    """Builtin types only: Ansible hands filters tagged str/dict subclasses, which the YAML dumper cannot represent."""
-    if isinstance(value, dict):
-        return {_plain(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    for kind in (bool, str, int, float):
-        if isinstance(value, kind):
-            return kind(value)
-    return value
-
-
 def _settings(raw):
-    raw = _plain(dict(raw or {}))
+    raw = plain(dict(raw or {}))  # Ansible hands tagged str/dict subclasses, which the YAML dumper cannot represent
     s = dict(DEFAULTS)
     s.update({k: v for k, v in raw.items() if v is not None})
     kind = s.get("resource_kind") or "InferenceService"

@@ -84,8 +84,8 @@ def test_the_bundle_is_the_same_bytes_each_time_and_has_only_what_the_pod_import
     names = zipfile.ZipFile(io.BytesIO(code)).namelist()
     modules = sorted(n for n in names if not n.endswith("__init__.py"))
     prefix = "ansible_collections/alauda/spec_decoding/plugins/module_utils/"
-    assert modules == ["__main__.py", prefix + "bench/client.py", prefix + "bench/load_job_pod.py", prefix + "errors.py",
-                       prefix + "vllm/prometheus_text.py"]
+    assert modules == ["__main__.py", prefix + "bench/client.py", prefix + "bench/load_job_pod.py", prefix + "bench/stream_client.py",
+                       prefix + "errors.py", prefix + "vllm/prometheus_text.py"]
 
 
 def _run_bundle(tmp_path, request, env=None):

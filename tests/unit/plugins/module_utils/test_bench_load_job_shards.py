@@ -4,8 +4,8 @@ sent from the controller too) saying whether its client kept up. Requests go to 
 loopback streaming server (tests/loopback_http.py); each "pod" is load_job_pod.measure run in this process, as the pod runs it."""
 from __future__ import annotations
 
+import asyncio
 import json
-import time
 
 import pytest
 
@@ -97,9 +97,9 @@ def test_merged_figures_equal_the_single_run_figures_on_the_same_data(url):
 class SlowStart(bench_client.Endpoint):
     """A client that needs 150 ms of its own before each connection is up (a TLS handshake on a starved CPU, say)."""
 
-    def connect(self):
-        time.sleep(0.15)
-        return super().connect()
+    async def stream_connection(self):
+        await asyncio.sleep(0.15)
+        return await super().stream_connection()
 
 
 def test_send_lag_is_the_clients_lateness_not_the_concurrency_wait(url):
@@ -110,7 +110,7 @@ def test_send_lag_is_the_clients_lateness_not_the_concurrency_wait(url):
     lags = [r["send_lag"] for r in records]
     assert max(lags) < 0.05, lags
     assert records[-1]["start_offset"] > 0.05  # the last one did wait for the thread
-    # each of 4 threads opens its connection late: those first requests are 150 ms behind the schedule
+    # each of 4 workers opens its connection late: those first requests are 150 ms behind the schedule
     slow = SlowStart(url, model="tiny")
     records, _duration = bench_client.run_requests(slow, prompts[:4], PARAMS, concurrency=4)
     assert all(0.14 < r["send_lag"] < 1.0 for r in records), [r["send_lag"] for r in records]
@@ -182,7 +182,7 @@ def test_a_load_sent_from_the_controller_says_whether_its_client_kept_up(url):
     client = side["client"]
     assert client["sent_from"] == "controller" and client["pods"] == 1 and client["kept_up"], client
     assert client["send_lag_ms"]["p99"] is not None and client["send_lag_ms"]["p50"] <= client["send_lag_ms"]["p99"] < 100.0
-    # the CPU of the measured requests over their wall time: this process's (the fake server's threads are in it too)
+    # the CPU of the measured requests over their wall time: the client's event loop thread's (not the fake server's threads)
     assert client["cpu_ratio_max"] is not None and 0.0 < client["cpu_ratio_max"] < 2.0
     said = [line for line in progress.lines if "baseline client (the controller)" in line]
     assert len(said) == 1 and said[0].endswith(": kept up") and "pods started" not in said[0], progress.lines

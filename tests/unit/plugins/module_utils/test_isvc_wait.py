@@ -65,7 +65,8 @@ def test_api_outage_during_the_watch_is_waited_out(reads):
     reads["gets"] = [isvc(1, None, False, 1), isvc(1, 1, True, 2)]
     reads["watch_errors"] = [api_error(503)]
     found, _elapsed = isvc_wait.wait_ready(None, "ns", "m", timeout=60, interval=2, clock=clock, sleep=clock.sleep)
-    assert found["metadata"]["resourceVersion"] == "2" and clock.sleeps == [2]
+    # read again after the outage's first short pause, not after the 2 s poll interval
+    assert found["metadata"]["resourceVersion"] == "2" and clock.sleeps == [kube_wait.OUTAGE_RETRY_FIRST]
 
 
 def test_expired_resource_version_is_read_again_at_once(reads):

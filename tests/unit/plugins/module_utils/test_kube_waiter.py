@@ -269,7 +269,7 @@ SLEEPS_FOR_ANOTHER_REASON = {
     "ops/canary.py": "the observation window: live traffic for a given time, then scraped again",
     "artifacts/registry.py": "an OCI registry's retry back-off",
     "artifacts/artifact_sync/serve.py": "the stager pod's own idle exit",
-    "bench/client.py": "the load client's retry back-off against vLLM",
+    "bench/stream_client.py": "the load client's schedule: each request is released at its arrival offset",
 }
 
 

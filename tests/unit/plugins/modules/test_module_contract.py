@@ -42,6 +42,7 @@ VALID_ARGS = {
     "draft_preflight_info": {"method": "ngram"},
     "engine_config_info": {"log_text": "no engine line"},
     "fleet_speculative_info": {},
+    "gitops_files": {"path": "/nonexistent"},
     "gitops_owner_info": {"name": "a", "namespace": "b"},
     "gitops_publish": {"repo_url": "https://git.example/r.git", "branch": "main", "src": "/nonexistent"},
     "gitops_speculative": {"repo_url": "https://git.example/r.git", "branch": "main", "name": "a", "namespace": "b"},

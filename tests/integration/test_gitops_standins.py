@@ -144,7 +144,9 @@ def test_argocd_automated_without_self_heal_leaves_drift(request, api, argocd, g
     wait_for(lambda: app_status(api, path).get("sync", {}).get("status") == "Synced", what="Synced")
     api.patch(f"/api/v1/namespaces/{target}/configmaps/settings", {"data": {"mode": "edited-live"}})
     # the stand-in refreshes every second; 60 s because a loaded 2-core machine once kept it from that for 20 s
-    wait_for(lambda: app_status(api, path)["sync"]["status"] == "OutOfSync", what="OutOfSync after drift", timeout=60.0)
+    wait_for(lambda: app_status(api, path)["sync"]["status"] == "OutOfSync", timeout=60.0,
+             what=lambda: "OutOfSync after drift (status %s; the stand-in's passes %s, its last errors %s)" % (
+                 app_status(api, path).get("sync"), argocd.passes(), argocd.errors[-3:]))
     argocd.wait_idle()
     argocd.wait_idle()
     assert cm_value(api, target) == "edited-live"

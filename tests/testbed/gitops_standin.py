@@ -329,6 +329,7 @@ class PollingController:
         self._force = False
         self._passes_started = 0
         self._passes_done = 0
+        self._last_done = None
         self._next_due = {}  # (kind, namespace, name) -> monotonic time
         self._renders = {}
         self._thread = None
@@ -393,6 +394,13 @@ class PollingController:
             if not self._cond.wait_for(lambda: self._passes_done >= target or self._stop.is_set(), timeout):
                 raise TimeoutError(f"{self.NAME}: no full pass within {timeout} s (errors: {self.errors[-3:]})")
 
+    def passes(self) -> dict:
+        """How many full passes started and finished, and the seconds since the last one finished (a test's diagnosis
+        when the stand-in did not react in time)."""
+        with self._cond:
+            return {"started": self._passes_started, "done": self._passes_done,
+                    "seconds_since_done": round(time.monotonic() - self._last_done, 1) if self._last_done else None}
+
     # ---- loop
     def list_objects(self, api) -> list:
         """[(kind, object)] this controller reconciles."""
@@ -428,6 +436,7 @@ class PollingController:
                         self._stop.wait(0.2)
                 with self._cond:
                     self._passes_done += 1
+                    self._last_done = time.monotonic()
                     self._cond.notify_all()
         finally:
             api.close()

@@ -17,10 +17,9 @@ Another connection (the files belong on that host), ``become`` (another user's f
 from __future__ import annotations
 
 from ansible.plugins.action import ActionBase
-from ansible.utils.vars import merge_hash
 
 # controller_module first: it serves the module's imports from the bytecode cache (plugin_utils/bytecode_cache.py)
-from ansible_collections.alauda.spec_decoding.plugins.plugin_utils.controller_module import run_execute
+from ansible_collections.alauda.spec_decoding.plugins.plugin_utils.controller_module import module_process_result, run_execute, runs_here
 from ansible_collections.alauda.spec_decoding.plugins.modules import gitops_files
 
 
@@ -30,17 +29,8 @@ class ActionModule(ActionBase):
     _supports_async = True
     CONTRACT = gitops_files.CONTRACT
 
-    def _on_controller(self):
-        task = self._task
-        return (self._connection.transport == "local" and not self._play_context.become
-                and not any(task.environment or []) and not task.async_val)
-
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        if self._on_controller():
+        if runs_here(self):
             return run_execute(self, result, self.CONTRACT)
-        wrap_async = self._task.async_val and not self._connection.has_native_async
-        result = merge_hash(result, self._execute_module(task_vars=task_vars, wrap_async=wrap_async))
-        if not wrap_async:
-            self._remove_tmp_path(self._connection._shell.tmpdir)  # pylint: disable=protected-access
-        return result
+        return module_process_result(self, result, task_vars)

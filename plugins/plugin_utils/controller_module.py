@@ -143,11 +143,26 @@ def load_jinja_plugins():
         pass
 
 
-def same_as_module_process(action):
-    """Whether the module process would run here, as this user, with this environment."""
+def runs_here(action):
+    """Whether the module process would run on this machine, as this user, with this environment, synchronously."""
     task = action._task  # pylint: disable=protected-access
-    if (action._connection.transport != "local" or action._play_context.become  # pylint: disable=protected-access
-            or any(task.environment or []) or task.async_val):
+    return not (action._connection.transport != "local" or action._play_context.become  # pylint: disable=protected-access
+                or any(task.environment or []) or task.async_val)
+
+
+def module_process_result(action, result, task_vars):
+    """``result`` merged with the module process's: what ansible.builtin.normal does for a module without an action
+    plugin (the task goes elsewhere, as another user, with its own environment, or async)."""
+    wrap_async = action._task.async_val and not action._connection.has_native_async  # pylint: disable=protected-access
+    result = merge_hash(result, action._execute_module(task_vars=task_vars, wrap_async=wrap_async))  # pylint: disable=protected-access
+    if not wrap_async:
+        action._remove_tmp_path(action._connection._shell.tmpdir)  # pylint: disable=protected-access
+    return result
+
+
+def same_as_module_process(action):
+    """Whether the module process would run here, as this user, with this environment, and could import kubernetes."""
+    if not runs_here(action):
         return False
     # Imported here, not at the top: isvc_manifest's plugin imports this file too, and a render needs no kubernetes
     # library (a cluster module's plugin has imported it already, see ControllerModuleAction).
@@ -186,10 +201,5 @@ class ControllerModuleAction(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         if not same_as_module_process(self):
-            # what ansible.builtin.normal does for a module without an action plugin
-            wrap_async = self._task.async_val and not self._connection.has_native_async
-            result = merge_hash(result, self._execute_module(task_vars=task_vars, wrap_async=wrap_async))
-            if not wrap_async:
-                self._remove_tmp_path(self._connection._shell.tmpdir)  # pylint: disable=protected-access
-            return result
+            return module_process_result(self, result, task_vars)
         return run_execute(self, result, self.CONTRACT)

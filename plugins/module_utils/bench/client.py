@@ -79,7 +79,7 @@ class Endpoint:
 
     # -- plumbing ---------------------------------------------------------------------------------------
     def connect(self):
-        """A blocking connection (http.client): the GETs, and ``stream_request``."""
+        """A blocking connection (http.client) for the GETs; the streams go through ``stream_connection``."""
         if self.scheme == "https":
             return http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=self._ssl)
         return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
@@ -153,46 +153,6 @@ class Endpoint:
 
     def path(self):
         return self.prefix + ("/v1/chat/completions" if self.api == "chat" else "/v1/completions")
-
-    def stream_request(self, prompt, params, conn=None):
-        """Send one streaming request and measure it. Returns ``(record, conn)`` (``conn`` reusable or None)."""
-        payload = json.dumps(self.body(prompt, params)).encode("utf-8")
-        record = stream_client.new_record(prompt)
-        reused = conn is not None
-        for attempt in (0, 1):
-            if conn is None:
-                conn = self.connect()
-            start = time.perf_counter()
-            record["start"] = start
-            try:
-                conn.request("POST", self.path(), body=payload, headers=self.headers(accept="text/event-stream"))
-                resp = conn.getresponse()
-            except (OSError, http.client.HTTPException) as exc:
-                conn.close()
-                conn = None
-                if reused and attempt == 0:  # a keep-alive connection the server closed: retry once, fresh
-                    reused = False
-                    continue
-                record["error"] = "connection failed: %s" % exc
-                return record, None
-            break
-        if resp.status != 200:
-            text = resp.read().decode("utf-8", "replace")
-            record["error"] = "HTTP %d: %s" % (resp.status, text[:500])
-            return record, (conn if not resp.will_close else None)
-        reader = stream_client.EventReader(record, start, self.api == "completions")
-        try:
-            while True:
-                line = resp.readline()
-                if not line:
-                    break
-                reader.line(line)
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            record["error"] = "stream broken: %s" % exc
-            conn.close()
-            return record, None
-        reader.finish()
-        return record, (None if resp.will_close else conn)
 
 
 def arrival_offsets(count, request_rate=None, arrival="poisson", seed=0):

@@ -16,8 +16,7 @@ costs what its JSON costs.
 
 Each chunk is measured as ``vllm bench serve`` measures it (vLLM 0.32 ``vllm/benchmarks/lib/endpoint_request_func.py``
 ``async_request_openai_chat_completions``: the clock starts right before the request, a ``data:`` event with
-``choices`` is a chunk, the first sets TTFT, each later one an ITL gap); ``EventReader`` is shared with the blocking
-``Endpoint.stream_request`` of bench/client.py. The client's CPU is the loop thread's ``time.thread_time()`` over the
+``choices`` is a chunk, the first sets TTFT, each later one an ITL gap): ``EventReader``. The client's CPU is the loop thread's ``time.thread_time()`` over the
 run: its own, not that of other threads in the process (a unit test's fake server, the module's other work).
 """
 
@@ -329,7 +328,7 @@ def request_bytes(endpoint, payload):
 
 
 async def stream(endpoint, prompt, params, conn=None):
-    """The coroutine twin of ``Endpoint.stream_request``: ``(record, conn)`` (``conn`` reusable or None)."""
+    """Send one streaming request to ``endpoint`` and measure it: ``(record, conn)`` (``conn`` reusable or None)."""
     payload = request_bytes(endpoint, json.dumps(endpoint.body(prompt, params)).encode("utf-8"))
     record = new_record(prompt)
     reader = None

@@ -8,6 +8,7 @@ import pytest
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import client as bench_client
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import workloads as bench_workloads
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from tests.bench_streams import streams
 from tests.loopback_http import OpenAIStream, serving
 from tests.paths import read_capture
 
@@ -79,7 +80,8 @@ def test_stream_timing_and_body(server, api):
     endpoint = bench_client.Endpoint(server + "/v1", api=api, token="s3cret")
     assert endpoint.resolve_model() == "tiny"
     prompt = bench_workloads.builtin_workload("general_chat")[0]
-    record, conn = endpoint.stream_request(prompt, PARAMS)
+    # the second request goes on the keep-alive connection the first left open
+    record, record2 = streams(endpoint, (prompt, PARAMS), (prompt, PARAMS))
     assert record["success"], record
     assert record["output_tokens"] == 6 and record["prompt_tokens"] == 7
     assert record["chunks"] == 4 and len(record["itl"]) == 3
@@ -103,7 +105,6 @@ def test_stream_timing_and_body(server, api):
     else:
         assert path == "/v1/completions" and body["prompt"] == prompt["prompt"] and body["max_tokens"] == 64
     # The keep-alive connection is reusable for the next request.
-    record2, _conn = endpoint.stream_request(prompt, PARAMS, conn)
     assert record2["success"]
 
 
@@ -118,7 +119,7 @@ def test_run_requests_concurrency_and_errors(server):
     assert len(records) == 6 and all(r["success"] for r in records) and sorted(seen) == list(range(1, 7))
     assert [r["prompt_id"] for r in records] == [p["id"] for p in prompts] * 3
     assert duration > 0
-    bad, _conn = endpoint.stream_request(prompts[0], dict(PARAMS, max_tokens=400))
+    bad, = streams(endpoint, (prompts[0], dict(PARAMS, max_tokens=400)))
     assert not bad["success"] and bad["error"].startswith("HTTP 400") and "min_p" in bad["error"]
     with pytest.raises(bench_client.BenchmarkRequestError, match="every warmup request"):
         bench_client.measure_side(endpoint, prompts, dict(PARAMS, max_tokens=400), warmup=3)

@@ -12,6 +12,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import 
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import stats as bench_stats
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.bench import workloads as bench_workloads
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import ValidationError
+from tests.bench_streams import streams
 from tests.loopback_http import OpenAIStream, serving
 from tests.paths import read_capture
 from tests.request_class_records import class_records as _records, spec_decoding_block as _block
@@ -68,13 +69,13 @@ def test_client_keeps_class_and_block_not_for_n_above_one():
     with serving(UsageWithMetrics) as url:
         endpoint = bench_client.Endpoint(url, api="completions", model="m")
         prompt = {"id": "p", "prompt": "x", "messages": [], "class": "code"}
-        record, _conn = endpoint.stream_request(prompt, {"max_tokens": 2, "temperature": 0.0})
+        record, many, bare = streams(endpoint, (prompt, {"max_tokens": 2, "temperature": 0.0}),
+                                     (prompt, {"max_tokens": 2, "temperature": 0.0, "extra_body": {"n": 2}}),
+                                     (dict(prompt, prompt="no usage"), {"max_tokens": 2, "temperature": 0.0}))
         assert record["success"] and record["request_class"] == "code"
         assert record["spec_decoding"] == {k: BLOCK[k] for k in bench_client.SPEC_DECODING_KEYS}
         assert "per_step_accepted" not in record["spec_decoding"]  # the detailed arrays are not kept
-        many, _conn = endpoint.stream_request(prompt, {"max_tokens": 2, "temperature": 0.0, "extra_body": {"n": 2}})
         assert many["success"] and many["spec_decoding"] is None
-        bare, _conn = endpoint.stream_request(dict(prompt, prompt="no usage"), {"max_tokens": 2, "temperature": 0.0})
         assert bare["spec_decoding"] is None and not bare["success"] and "no usage" in bare["error"]
     # neither counts as reported: the class's acceptance is not reported, nothing is estimated
     acc = request_classes.per_request_acceptance([dict(many, request_class="code"), dict(bare, request_class="code")])

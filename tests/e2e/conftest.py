@@ -148,16 +148,21 @@ def _run_users_together(items, fixture):
 # Modules whose slow start can run beside the tests before them, and which tests those are. The module's
 # `start_early(request)` is called when the first module holding such tests starts (``request``: that module's fixture
 # request, for the session fixtures it needs), its tests run right after the last of them, and its `stop_early()` stops what it started
-# when the session ends before its tests ran. Beside, not before: the tests here are not timed (no measurement of an
-# engine's speed), and they leave a core idle.
+# when the session ends before its tests ran. Beside, not before: the tests here assert nothing of an engine's speed, and
+# they leave a core idle (the busy cores of every e2e test, sampled from /proc/stat, are in docs/DEVELOPING.md).
 # - the canary's two engines (their start about 25 s, both cores) beside the scripts that run in the preloaded vLLM (about
 #   20 s of one core: the differentials, the introspection);
-# - `make try-local` (about 60 s: its own test bed and two vLLM starts one after the other, mostly waiting for vLLM)
-#   beside the full loop, from the end of its Modelcar loop on: the EAGLE-3 loop alone (its benchmark and rollback)
-#   leaves a core idle about half of the time.
+# - `make try-local` (about 60 s: its own test bed and two vLLM starts one after the other, 1.25 cores on average) beside
+#   the watchdog test (1.14 cores: one vLLM start, a few seconds of windows sized from the request rate measured just
+#   before them, the rollback's vLLM start). Not beside the full loop (two loops at once already keep both cores busy,
+#   1.9 cores) nor beside the verify scenarios and the preloaded vLLM's scripts (1.7-2 cores: measured at stop 53, the
+#   run waited 14 s instead of 60 s there, but the tests beside it took 50 s longer).
+# - the verify scenarios' own server (draft_model, about 20 s of one core) beside the tune test (0.9 cores: one client, the
+#   A/B pair's engines, a confirmation server's start).
 START_BESIDE = (
+    ("tests.e2e.test_verify_e2e", lambda item: item.module.__name__ == "tests.e2e.test_tune_e2e"),
     ("tests.e2e.test_canary_e2e", lambda item: "vllm_preloaded" in getattr(item, "fixturenames", ())),
-    ("tests.e2e.test_try_local_e2e", lambda item: item.module.__name__ == "tests.e2e.test_full_loop_e2e"),
+    ("tests.e2e.test_try_local_e2e", lambda item: item.module.__name__ == "tests.e2e.test_watchdog_e2e"),
 )
 _STARTED_EARLY = []  # the modules whose start_early ran
 

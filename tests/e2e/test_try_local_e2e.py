@@ -11,9 +11,8 @@ line, the annotation of the inventory on the pod, the volume on the session's ch
 
 Cost: two vLLM starts (the deployed pod and the rolled-back one, one after the other), four ansible-playbook runs and,
 in CI, the start of a second control plane beside the session's (the test bed the user's command starts): about 60 s
-alone. The run is a background process (tests/e2e/try_local_run.py) that starts beside the full loop (the e2e conftest's
-START_BESIDE, ``start_early`` here: when its Modelcar loop ends), so this test mostly reads its result; run alone, the
-test starts it. It
+alone. The run is a background process (tests/e2e/try_local_run.py) that starts beside the watchdog test (the e2e
+conftest's START_BESIDE, ``start_early`` here), so this test mostly reads its result; run alone, the test starts it. It
 stops what it started: the InferenceService (its vLLM pod) always, the test bed when it was not running before.
 """
 from __future__ import annotations
@@ -33,19 +32,10 @@ STEP_LINE = re.compile(r"^try-local: (\d)/8 (\S+(?: off)?) +(ok|FAILED) \(([0-9.
 EAGLE3 = "speculative_config=SpeculativeConfig(method='eagle3', model='/mnt/models/eagle3', num_spec_tokens=3)"
 
 
-def start_early(request):
-    """Called by the e2e conftest (START_BESIDE) when the full-loop module starts. The run starts when that module's
-    Modelcar loop (its ``modelcar_loop`` fixture: a Future, the loop in a thread) ends, so it goes on beside the rest of
-    the EAGLE-3 loop (its benchmark and rollback) instead of beside both loops' deploys: measured on 2 cores, three
-    deploys at once stretched the EAGLE-3 loop from 113 to 146 s. Without that fixture the run starts now."""
-    try:
-        loop = request.getfixturevalue("modelcar_loop")
-    except pytest.FixtureLookupError:
-        loop = None
-    if loop is None or not hasattr(loop, "add_done_callback"):
-        try_local_run.RUN.start()
-    else:
-        loop.add_done_callback(lambda _done: try_local_run.RUN.start())  # if the callback fails, the test starts the run
+def start_early(request):  # pylint: disable=unused-argument
+    """Called by the e2e conftest (START_BESIDE) when the watchdog module starts: the run goes on beside the watchdog
+    test, which leaves most of a core idle (its windows are sized from the request rate measured just before them)."""
+    try_local_run.RUN.start()
 
 
 def stop_early():
@@ -55,7 +45,7 @@ def stop_early():
 
 def test_make_try_local_runs_the_guide_loop(tiny_checkpoints):
     run = try_local_run.RUN
-    beside = run.proc is not None  # started beside the full loop (start_early), or by this test now
+    beside = run.proc is not None  # started beside the watchdog test (start_early), or by this test now
     waited_from = time.monotonic()
     api = None
     try:
@@ -111,7 +101,7 @@ def test_make_try_local_runs_the_guide_loop(tiny_checkpoints):
         run.clean_up()  # the InferenceService and its vLLM pod always, the test bed when the run started it
     step_seconds = {name.replace(" ", "_") + "_s": float(s) for _n, name, _status, s, _r in steps}
     print("\nmake try-local: %.1f s (test bed %s; %s, waited for here %.1f s), %s" % (
-        run.seconds, "reused" if run.was_running else "started", "beside the full loop" if beside else "alone", waited, step_seconds))
+        run.seconds, "reused" if run.was_running else "started", "beside the watchdog test" if beside else "alone", waited, step_seconds))
     vllm_harness.TIMINGS.append(dict({"scenario": "make try-local: cluster-up, deploy-eagle3, requests, verify, rollback, verify off",
-                                      "seconds": run.seconds, "beside": "full loop" if beside else "none", "waited_s": waited},
+                                      "seconds": run.seconds, "beside": "watchdog" if beside else "none", "waited_s": waited},
                                      **step_seconds))

@@ -3,9 +3,9 @@
 tests/e2e/test_try_local_e2e.py asserts what the run printed and what it left in its test bed. The run itself is one
 ``make try-local`` process in a user's environment, with its own test bed (a control plane, the kubelet and KServe
 stand-ins in the background: nothing it shares with the pytest session's test bed) and two vLLM starts, one after the
-other. It spends most of its 60 s waiting for vLLM, so it runs beside the full loop (the e2e conftest's ``START_BESIDE``, the
-test module's ``start_early``): it starts when the Modelcar loop ends and goes on beside the rest of the EAGLE-3 loop,
-which leaves a core idle about half of the time; the try-local test then waits for it. Run alone, the test starts it.
+other. It spends most of its 60 s waiting for vLLM, so it runs beside a test that leaves most of a core idle (the e2e
+conftest's ``START_BESIDE``, the test module's ``start_early``): the watchdog's; the try-local test then waits for what is
+left of it. Run alone, the test starts it.
 """
 from __future__ import annotations
 
@@ -125,6 +125,6 @@ class TryLocalRun:
                 subprocess.run([sys.executable, "-m", "tests.testbed.cli", "down"], cwd=REPO, capture_output=True, check=True, timeout=120)
 
 
-# The session's run: started beside the full loop (the test module's start_early), the test waits for it and cleans up;
+# The session's run: started beside the watchdog test (the test module's start_early), the test waits for it and cleans up;
 # after a run whose test never ran (a session stopped early) the conftest's pytest_sessionfinish does (stop_early).
 RUN = TryLocalRun()

@@ -368,6 +368,7 @@ def test_modelcar_push_killed_at_random_times_converges(tmp_path, registry, tabl
     assert digest == first["digest"]
     assert _image_files(registry, repo, manifest) == hashes
     previous = digest
+    window = {}  # cache state -> the kill window's length, once a run in that state finished before its kill point
     for step in kill_steps(table, "modelcar", 6):
         # A new revision of every weight file, so each run has a full upload to interrupt.
         hashes = dict(hashes, **write_random_tree(str(model), rng, {rel: size for rel, size in spec.items() if rel.endswith(".safetensors")}))
@@ -377,7 +378,7 @@ def test_modelcar_push_killed_at_random_times_converges(tmp_path, registry, tabl
             cache_note = "no cache"
             for name in os.listdir(cache) if os.path.isdir(cache) else ():
                 os.unlink(os.path.join(cache, name))
-        kill_after = rng.uniform(0.05, full_seconds)
+        kill_after = rng.uniform(0.05, window.get(cache_note, full_seconds))
         progress = tmp_path / ("run-%d.progress" % step)
         started = time.monotonic()
         proc = _run_modelcar(args_file("run-%d" % step, progress), env)
@@ -385,8 +386,9 @@ def test_modelcar_push_killed_at_random_times_converges(tmp_path, registry, tabl
         try:
             proc.wait(timeout=kill_after)
             finished = True
-            # A warm cache makes a run shorter than the first one: later kill points fall inside this shorter run.
-            full_seconds = max(0.1, time.monotonic() - started)
+            # A run in this cache state ended before its kill point (a warm cache makes it shorter than the first, cold
+            # run): the next kill points of this state fall inside such a run.
+            window[cache_note] = max(0.1, time.monotonic() - started)
         except subprocess.TimeoutExpired:
             sigkill_tree(proc.pid)
         proc.communicate(timeout=30)

@@ -146,8 +146,8 @@ def load_jinja_plugins():
 def runs_here(action):
     """Whether the module process would run on this machine, as this user, with this environment, synchronously."""
     task = action._task  # pylint: disable=protected-access
-    return not (action._connection.transport != "local" or action._play_context.become  # pylint: disable=protected-access
-                or any(task.environment or []) or task.async_val)
+    return (action._connection.transport == "local" and not action._play_context.become  # pylint: disable=protected-access
+            and not any(task.environment or []) and not task.async_val)
 
 
 def module_process_result(action, result, task_vars):

@@ -118,7 +118,7 @@ def start_early(request):
     starts itself (draft_model) starts beside the tune test, which leaves most of a core idle (0.9 cores measured) and
     asserts nothing of the engines' speed; the scenario then finds it ready instead of waiting 10-13 s for it."""
     own = [name for name in selected_scenarios(request.session) if name not in SHARED]
-    if own and own[0] not in _STARTED_EARLY:
+    if own:  # called once a session (the conftest's _STARTED_EARLY)
         _STARTED_EARLY[own[0]] = make_server(own[0], request.getfixturevalue("tiny_checkpoints"), request.getfixturevalue("e2e_workdir"),
                                              request.getfixturevalue("vllm_python")).start(wait=False)
 
@@ -203,8 +203,8 @@ def scenario(request, server_pool, ab_servers, vllm_python, tiny_checkpoints, e2
         ]
         sc.engine_ok, sc.engine_wrong, sc.prom, sc.log = vllm_harness.run_modules(calls, e2e_workdir)
         # a server of the A/B pair was started (and timed) by ab_servers, a pooled one beside the tests before: this
-        # scenario's own seconds only, from the later of its server's start and its own
-        sc.seconds = time.monotonic() - (started if shared else max(started, server.started_at) if pooled else server.started_at)
+        # scenario's own seconds only; a server started here counts from its start
+        sc.seconds = time.monotonic() - (started if shared or pooled else server.started_at)
         vllm_harness.TIMINGS.append({"scenario": name, "server": "A/B pair's" if shared else "own",
                                      "start_to_ready_s": round(server.startup_seconds, 1),
                                      "waited_for_ready_s": round(waited, 1), "scenario_s": round(sc.seconds, 1)})

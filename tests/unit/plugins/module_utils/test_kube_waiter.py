@@ -144,6 +144,30 @@ def test_job_wait_through_the_cluster_service_polls_its_pods_then_times_out(api)
     assert sum(api.clock.sleeps) == 10
 
 
+def test_job_outcome_says_how_the_job_ended_with_its_newest_pods_log(api, monkeypatch):
+    """ClusterService.job_outcome (module job_outcome_info, the stager's and the draft remover's wait): the Job row with
+    finished, then the newest pod's log; a failed Job is an outcome, not an error; a Job that ended without a pod has no log."""
+    cluster = kube_service.ClusterService(None)
+    logs = []
+    monkeypatch.setattr(cluster, "pod_log_text", lambda ns, pod, **kw: logs.append((ns, pod, kw)) or "log of %s" % pod)
+    older, newer = _pod("j-1", phase="Failed"), _pod("j-2", phase="Failed")
+    older["metadata"]["creationTimestamp"], newer["metadata"]["creationTimestamp"] = "2026-12-06T10:00:00Z", "2026-12-06T10:01:00Z"
+    api.answers[JOB_PATH] = [_job(), _job(("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit"), active=0)]
+    api.answers[PODS_PATH] = [{"items": [newer, older]}]
+    out = cluster.job_outcome(NS, "j", 60, container="stager", interval=2, clock=api.clock, sleep=api.clock.sleep)
+    assert (out["ended"], out["condition"]["reason"], out["pod"], out["log"]) == ("Failed", "BackoffLimitExceeded", "j-2", "log of j-2")
+    assert logs == [(NS, "j-2", {"container": "stager"})] and api.clock.sleeps == [2]
+
+    api.answers[JOB_PATH] = [_job(("Failed", "DeadlineExceeded", "Job was active longer than specified deadline"), active=0)]
+    api.answers[PODS_PATH] = [{"items": []}]
+    out = cluster.job_outcome(NS, "j", 60, clock=api.clock, sleep=api.clock.sleep)
+    assert (out["ended"], out["pod"], out["log"]) == ("Failed", None, "") and len(logs) == 1
+
+    api.answers[JOB_PATH], api.answers[PODS_PATH] = [_job()], [{"items": [_pod("j-1", waiting="ImagePullBackOff")]}]
+    with pytest.raises(kube_wait.PodCannotStart, match="the pod ns/j-1 of Job j cannot start: ImagePullBackOff"):
+        cluster.job_outcome(NS, "j", 60, clock=api.clock, sleep=api.clock.sleep)
+
+
 def test_the_pvc_preflight_waits_on_the_job_row(api):
     """ops/draft_preflight_pvc._wait: the ended pod back; a pod that cannot start, a Job failed without a pod and the
     timeout are each a MetadataUnreadable naming the option to change."""

@@ -11,10 +11,10 @@ module: job_outcome_info
 short_description: Wait until a Kubernetes Job ends, then return how it ended and its newest pod's log
 version_added: 0.1.0
 description:
-  - Waits until the C(batch/v1) Job's C(Complete) or C(Failed) condition is C(True). While the Job has pods (label
-    C(job-name)), it and they are read every O(interval) seconds, in the task's process; a pod that cannot start (an
-    image that cannot be pulled, a container that cannot be created) fails the wait at once with the kubelet's reason.
-    Before that the Job is watched (where the API server refuses the watch, read every O(interval) seconds).
+  - Waits until the C(batch/v1) Job's C(Complete) or C(Failed) condition is C(True). The Job and its pods (label
+    C(job-name)) are read every O(interval) seconds, in the task's process over a local connection (two requests, no
+    module process); a pod that cannot start (an image that cannot be pulled, a container that cannot be created) fails
+    the wait at once with the kubelet's reason.
   - Then reads the log of the Job's newest pod. A Job that failed is not a failure of this module - RV(ended) says
     V(Failed) and the log says why - so the caller decides what to report (the stager's roles fail with the log's end).
   - The collection's roles use it for the Jobs they start (the PVC stager, the draft remover); it replaces a
@@ -36,8 +36,7 @@ options:
     default: 600
   interval:
     description:
-      - Seconds between reads of the Job and its pods while it runs (one that cannot start fails at once), and between
-        reads of the Job where the API server refuses to watch it.
+      - Seconds between reads of the Job and its pods while it runs.
     type: int
     default: 2
   container:
@@ -50,8 +49,7 @@ extends_documentation_fragment:
 requirements:
   - kubernetes >= 24.2.0
 notes:
-  - Needs C(get), C(list) and C(watch) on C(jobs) (without C(watch) it reads the Job every O(interval) seconds), C(list)
-    on C(pods) and C(get) on C(pods/log) in the namespace.
+  - Needs C(get) on C(jobs), C(list) on C(pods) and C(get) on C(pods/log) in the namespace.
 seealso:
   - module: alauda.spec_decoding.isvc_wait
   - module: kubernetes.core.k8s_info

@@ -13,7 +13,7 @@ version_added: 0.2.0
 description:
   - Does what M(kubernetes.core.k8s) does for the options below, through its code (kubernetes.core's
     C(get_definitions) and C(perform_action)), so the requests, the result (RV(result), RV(method), RV(diff),
-    RV(changed)) and the failure keys (C(msg), C(reason), C(status)) are that module's for the same options; every other
+    C(changed)) and the failure keys (C(msg), C(reason), C(status)) are that module's for the same options; every other
     option of M(kubernetes.core.k8s) is at its default. Check mode is a server-side dry run, as there.
   - Over a local connection it runs in the task's own process (the collection's action plugin), without a module
     process (a Python start and the kubernetes library's import, about 0.9 CPU s a task); that is why the collection's

@@ -158,7 +158,7 @@ def test_scheduled_rollback_service_account_removes_a_pvc_draft_with_the_rendere
     job_vars = schedule(remove=True)
     assert job_vars["rollback_remove_draft_artifacts"] is True
     rules = client.RbacAuthorizationV1Api(k8s_client).read_namespaced_role("spec-decoding-rollback", namespace).rules
-    assert (("batch",), ("jobs",), ("create", "delete", "get", "list", "watch")) in [
+    assert (("batch",), ("jobs",), ("create", "delete", "get", "list")) in [
         (tuple(r.api_groups), tuple(r.resources), tuple(sorted(r.verbs))) for r in rules]
     with StagerPod(k8s_client, kubelet, namespace, str(root)) as pod:
         done = run_playbook(tmp_path, "playbooks/rollback.yml", extra_vars=job_vars, kubeconfig=job_sa, timeout=900)

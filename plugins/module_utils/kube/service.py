@@ -187,10 +187,10 @@ class ClusterService:
         """Wait until the Job ends and say how: ``{"ended": "Complete"|"Failed", "condition": its JobCondition,
         "job": the Job, "pod": its newest pod's name or None, "log": that pod's (``container``'s) log, "" without a pod}``.
 
-        The wait is the table's Job row through ``wait_for`` (ended, Complete or Failed): while the Job has pods they
-        and the Job are read every ``interval`` seconds (a pod that cannot start fails at once: kube/wait.PodCannotStart),
-        before that the Job is watched. A Job that does not end within ``timeout`` seconds is a kube/wait.WaitTimeout; one
-        that does not exist a ValidationError naming it."""
+        The wait is the table's Job row through ``wait_for`` (ended, Complete or Failed; its pods looked at on every
+        read, one that cannot start fails at once: kube/wait.PodCannotStart), the Job read again every ``interval``
+        seconds (a pod's progress does not change the Job, so there is no event to watch for). A Job that does not end
+        within ``timeout`` seconds is a kube/wait.WaitTimeout; one that does not exist a ValidationError naming it."""
         selector = "job-name=%s" % name
         job, _elapsed = self.wait_for(namespace, name, JOB, timeout=timeout, interval=interval, clock=clock, sleep=sleep,
                                       finished=True, pod_selector=selector, pod_interval=interval)

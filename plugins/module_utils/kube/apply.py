@@ -10,6 +10,11 @@ kubernetes.core's ``perform_action`` is that module's logic for one definition (
 the live object, apply, diff, hide nothing); this runs it with the parameters the module would have, so the request,
 the result keys (``result``, ``method``, ``diff``, ``changed``) and the failure keys (``msg``, ``reason``, ``status``
 ...) are kubernetes.core's. Check mode is a server-side dry run, as kubernetes.core does it.
+
+The same for the roles' other reads and writes (modules object_info and object_state): ``find_objects`` is
+``kubernetes.core.k8s_info``'s ``K8sService.find``, ``object_state`` is ``kubernetes.core.k8s``'s ``get_definitions`` and
+``perform_action`` for the options the roles use; a module process each cost about 0.9 CPU s (the stage_pvc role ran
+about ten a run).
 """
 
 from __future__ import annotations

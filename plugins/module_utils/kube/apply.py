@@ -25,17 +25,24 @@ import json
 from ansible.module_utils.common.text.converters import to_native
 
 
+# The options of ``kubernetes.core.k8s`` that its ``get_definitions``, ``perform_action`` and ``K8sService`` read, at that
+# module's defaults (no wait, no label filter, no hidden fields, no validation): a caller sets the ones it has.
+K8S_DEFAULTS = {
+    "resource_definition": None, "src": None, "api_version": "v1", "kind": None, "name": None, "namespace": None,
+    "state": "present", "apply": False, "server_side_apply": None, "merge_type": None, "delete_options": None,
+    "wait": False, "wait_sleep": 5, "wait_timeout": 120, "wait_condition": None, "label_selectors": None,
+    "hidden_fields": None, "append_hash": False, "force": False, "continue_on_error": False, "validate": None,
+    "generate_name": None, "delete_all": False,
+}
+
+
 def k8s_parameters(definition, field_manager, force_conflicts):
     """The parameters ``kubernetes.core.k8s`` has for ``state: present, apply: true, server_side_apply: {...}`` with
-    everything else at its default (no wait, no label filter, no hidden fields). ``apply`` is what makes kubernetes.core
-    send a server-side apply; without it it creates and then merge-patches as "OpenAPI-Generator" (Update operations,
-    which never conflict and overwrite anyone's edit)."""
-    return {
-        "resource_definition": definition, "state": "present", "apply": True,
-        "server_side_apply": {"field_manager": field_manager, "force_conflicts": bool(force_conflicts)},
-        "wait": False, "label_selectors": None, "hidden_fields": None, "append_hash": False, "force": False,
-        "merge_type": None, "continue_on_error": False, "validate": None, "generate_name": None,
-    }
+    everything else at its default. ``apply`` is what makes kubernetes.core send a server-side apply; without it it
+    creates and then merge-patches as "OpenAPI-Generator" (Update operations, which never conflict and overwrite anyone's
+    edit)."""
+    return dict(K8S_DEFAULTS, resource_definition=definition, apply=True,
+                server_side_apply={"field_manager": field_manager, "force_conflicts": bool(force_conflicts)})
 
 
 class _K8sModuleView:
@@ -48,21 +55,27 @@ class _K8sModuleView:
         self.warn = module.warn
 
 
+def _k8s_service(module, k8s_params, k8s_client=None):
+    """kubernetes.core's K8sService for ``k8s_params`` over ``k8s_client`` (kubernetes.core's K8SClient, built from the
+    module's auth options when not given). kubernetes.core: check mode is a server-side dry run (its module sets this
+    from AnsibleK8SModule.server_side_dry_run); a read is the same either way."""
+    # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import authenticated
+    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.service import K8sService
+    if k8s_client is None:
+        k8s_client = authenticated(**module.params)
+    k8s_client.dry_run = bool(module.check_mode)
+    return K8sService(k8s_client, _K8sModuleView(module, k8s_params))
+
+
 def server_side_apply(module, k8s_client=None):
     """Apply ``module.params["definition"]`` as ``field_manager``: kubernetes.core.k8s's result for one definition.
     A failure ends in ``module.fail_json`` with the keys kubernetes.core.k8s fails with. `k8s_client`: kubernetes.core's
     K8SClient (built from the module's auth options when not given)."""
-    # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import authenticated
-    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.runner import perform_action
-    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.service import K8sService
+    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.runner import perform_action  # pylint: disable=import-outside-toplevel
     params = module.params
     k8s_params = k8s_parameters(copy.deepcopy(params["definition"]), params["field_manager"], params["force_conflicts"])
-    if k8s_client is None:
-        k8s_client = authenticated(**params)
-    # kubernetes.core: check mode is a server-side dry run (its module sets this from AnsibleK8SModule.server_side_dry_run)
-    k8s_client.dry_run = bool(module.check_mode)
-    service = K8sService(k8s_client, _K8sModuleView(module, k8s_params))
+    service = _k8s_service(module, k8s_params, k8s_client)
     try:
         return perform_action(service, k8s_params["resource_definition"], k8s_params)
     except Exception as exc:  # pylint: disable=broad-except
@@ -114,13 +127,8 @@ def find_objects(module, k8s_client=None):
     label_selectors, field_selectors): kubernetes.core's ``K8sService.find``, so discovery, the request and the result (``resources``,
     ``api_found``) are that module's, in the caller's process. An unknown kind is ``api_found: false`` and no resources,
     as there; another failure ends in ``module.fail_json`` with kubernetes.core's message."""
-    # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import authenticated
-    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.service import K8sService
     params = module.params
-    if k8s_client is None:
-        k8s_client = authenticated(**params)
-    service = K8sService(k8s_client, _K8sModuleView(module, dict(params, wait=False, hidden_fields=None)))
+    service = _k8s_service(module, dict(K8S_DEFAULTS, **{k: params[k] for k in ("api_version", "kind", "name", "namespace")}), k8s_client)
     try:
         return service.find(params["kind"], params["api_version"], name=params["name"], namespace=params["namespace"],
                             label_selectors=params["label_selectors"], field_selectors=params["field_selectors"])
@@ -136,23 +144,12 @@ def object_state(module, k8s_client=None):
     (``result``, ``method``, ``diff``, ``changed``; ``result.results`` for several definitions) and the failure keys
     (``msg``, ``reason``, ``status`` ...) are that module's. Check mode is a server-side dry run, as kubernetes.core does
     it. A failure ends in ``module.fail_json``."""
-    # pylint: disable=import-outside-toplevel
-    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube.client import authenticated
+    # pylint: disable-next=import-outside-toplevel
     from ansible_collections.kubernetes.core.plugins.module_utils.k8s.runner import get_definitions, perform_action
-    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.service import K8sService
     params = module.params
-    k8s_params = {
-        "resource_definition": copy.deepcopy(params["definition"]), "state": params["state"], "apply": params["apply"],
-        "merge_type": params["merge_type"], "delete_options": params["delete_options"], "wait": params["wait"],
-        "wait_sleep": params["wait_sleep"], "wait_timeout": params["wait_timeout"], "wait_condition": None,
-        "api_version": params["api_version"], "kind": params["kind"], "name": params["name"], "namespace": params["namespace"],
-        "label_selectors": None, "hidden_fields": None, "append_hash": False, "force": False, "continue_on_error": False,
-        "validate": None, "generate_name": None, "server_side_apply": None, "src": None, "delete_all": False,
-    }
-    if k8s_client is None:
-        k8s_client = authenticated(**params)
-    k8s_client.dry_run = bool(module.check_mode)
-    service = K8sService(k8s_client, _K8sModuleView(module, k8s_params))
+    options = ("state", "apply", "merge_type", "delete_options", "wait", "wait_sleep", "wait_timeout", "api_version", "kind", "name", "namespace")
+    k8s_params = dict(K8S_DEFAULTS, resource_definition=copy.deepcopy(params["definition"]), **{k: params[k] for k in options})
+    service = _k8s_service(module, k8s_params, k8s_client)
     results = []
     try:
         for definition in get_definitions(service, k8s_params):

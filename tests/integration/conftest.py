@@ -6,6 +6,10 @@ import pytest
 
 from tests.testbed.fixtures import *  # noqa: F401,F403  pylint: disable=wildcard-import,unused-wildcard-import
 from tests.testbed.fixtures import prebuild
+# Here, not in the test modules: a session fixture imported into a module is that module's own, so each module that
+# imported them ran its own Argo CD and Flux stand-ins on the worker's one control plane, all reconciling every
+# Application; one with a stale read synced again and undid a test's live drift.
+from tests.testbed.gitops_fixtures import *  # noqa: F401,F403  pylint: disable=wildcard-import,unused-wildcard-import
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 

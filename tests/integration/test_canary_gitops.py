@@ -24,7 +24,6 @@ from tests.integration import test_canary_knative
 from tests.integration.test_canary_rollout import _pages, _vars
 from tests.integration.test_verify import capture
 from tests.module_run import run_module
-from tests.testbed.gitops_fixtures import *  # noqa: F401,F403  pylint: disable=wildcard-import,unused-wildcard-import
 from tests.testbed.gitops_standin import wait_for
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,6 @@ import pytest
 import yaml
 
 from tests.module_run import run_module
-from tests.testbed.gitops_fixtures import gitops_crds  # noqa: F401  pylint: disable=unused-import
 from tests.paths import REPO
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
@@ -72,12 +71,12 @@ def _argo(api, namespace, manifest="guide_example2_eagle3.yaml"):
 
 
 @pytest.fixture
-def argo_isvc(api, namespace, gitops_crds):  # noqa: F811  pylint: disable=redefined-outer-name,unused-argument
+def argo_isvc(api, namespace, gitops_crds):  # pylint: disable=redefined-outer-name,unused-argument
     return _argo(api, namespace)
 
 
 @pytest.fixture
-def flux_isvc(api, namespace, gitops_crds):  # noqa: F811  pylint: disable=redefined-outer-name,unused-argument
+def flux_isvc(api, namespace, gitops_crds):  # pylint: disable=redefined-outer-name,unused-argument
     """A Kustomization and its GitRepository as kustomize-controller and source-controller leave them, and the
     InferenceService the Kustomization applied (its owner labels, field manager kustomize-controller)."""
     base = "/apis/source.toolkit.fluxcd.io/v1/namespaces/%s/gitrepositories" % namespace
@@ -137,7 +136,7 @@ def test_argo_tracked_rollback_with_ignore_goes_through_with_a_warning(kubeconfi
 
 
 # pylint: disable-next=redefined-outer-name,unused-argument
-def test_argo_tracked_canary_step_is_refused_with_nothing_written(kubeconfig, api, namespace, gitops_crds):  # noqa: F811
+def test_argo_tracked_canary_step_is_refused_with_nothing_written(kubeconfig, api, namespace, gitops_crds):
     baseline = _argo(api, namespace, manifest="guide_example2_eagle3.rolled_back.yaml")
     result = run_module("canary_rollout", {"name": NAME, "namespace": namespace, "state": "present", "percent": 10, "kserve_version": "v0.20.0",
                                            "speculative_config": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4},
@@ -242,7 +241,7 @@ def test_owner_behind_rbac_is_unreadable_then_read_with_the_shipped_rules(contro
 
 
 # pylint: disable-next=redefined-outer-name,unused-argument
-def test_verify_summary_names_the_owner(tmp_path, kubeconfig, kserve, api, namespace, gitops_crds):  # noqa: F811
+def test_verify_summary_names_the_owner(tmp_path, kubeconfig, kserve, api, namespace, gitops_crds):
     """The verify role's one gitops_owner_info call: its summary ends with the owner, its policy and source."""
     from tests.ansible_run import run_playbook  # pylint: disable=import-outside-toplevel
     from tests.paths import read_capture  # pylint: disable=import-outside-toplevel
@@ -259,7 +258,7 @@ def test_verify_summary_names_the_owner(tmp_path, kubeconfig, kserve, api, names
 
 
 # pylint: disable-next=redefined-outer-name,unused-argument
-def test_argo_tracked_llmisvc_strip_is_refused_with_nothing_written(kubeconfig, api, llmisvc, namespace, gitops_crds):  # noqa: F811
+def test_argo_tracked_llmisvc_strip_is_refused_with_nothing_written(kubeconfig, api, llmisvc, namespace, gitops_crds):
     api.post("/apis/argoproj.io/v1alpha1/namespaces/%s/applications" % namespace, _application(namespace))
     path = "/apis/serving.kserve.io/v1alpha2/namespaces/%s/llminferenceservices" % namespace
     spec = '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4}'

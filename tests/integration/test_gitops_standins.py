@@ -8,7 +8,6 @@ import uuid
 
 import pytest
 
-from tests.testbed.gitops_fixtures import *  # noqa: F401,F403  pylint: disable=wildcard-import,unused-wildcard-import
 from tests.testbed.git_server import GitServerError, git
 from tests.testbed.gitops_standin import wait_for
 from tests.testbed.rest import ApiError

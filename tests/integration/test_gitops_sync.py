@@ -21,7 +21,6 @@ import yaml
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops import sync_pause
 from tests.module_run import run_module
 from tests.paths import REPO
-from tests.testbed.gitops_fixtures import gitops_crds  # noqa: F401  pylint: disable=unused-import
 
 KEY = sync_pause.PAUSED_SYNC_ANNOTATION
 APPS = "/apis/argoproj.io/v1alpha1/namespaces/%s/applications"

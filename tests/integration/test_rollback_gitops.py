@@ -25,7 +25,6 @@ from tests.ansible_run import run_playbook
 from tests.e2e import gitops_loops
 from tests.module_run import run_module
 from tests.paths import read_capture
-from tests.testbed.gitops_fixtures import *  # noqa: F401,F403  pylint: disable=wildcard-import,unused-wildcard-import
 from tests.testbed.gitops_standin import wait_for
 from tests.testbed.rest import ApiError
 

@@ -1,7 +1,6 @@
-"""pytest fixtures for the GitOps part of the test bed (issue #47). Import them next to the test bed's own:
-
-    from tests.testbed.fixtures import *  # noqa: F401,F403
-    from tests.testbed.gitops_fixtures import *  # noqa: F401,F403
+"""pytest fixtures for the GitOps part of the test bed (issue #47). Import them in a conftest.py, next to the test bed's
+own (tests/integration/conftest.py does): a session fixture imported into a test module is that module's own, so two
+modules importing them would run two Argo CD stand-ins on one control plane, each reconciling every Application.
 
 Session scope, on the session's control plane: `git_server` (tests/testbed/git_server.py: git:// anonymous and http://
 Basic auth), `gitops_crds` (the Argo CD v3.5.1 and Flux v1.9.x CRDs installed; tests/testbed/gitops_crds.py), `argocd`

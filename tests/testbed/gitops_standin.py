@@ -336,7 +336,18 @@ class PollingController:
         self._waker = None
 
     # ---- lifecycle
+    # Running stand-ins by (name, control plane): a second one of a kind on one API server would reconcile the same
+    # objects from its own, staler reads (a session fixture imported into two test modules made one per module).
+    _running: dict = {}
+    _running_lock = threading.Lock()
+
     def start(self):
+        key = (self.NAME, id(self.cp))
+        with PollingController._running_lock:
+            if key in PollingController._running:
+                raise RuntimeError(f"a {self.NAME} stand-in already runs on this control plane: import its fixture in a conftest.py, "
+                                   "not in a test module (each module that imports a session fixture gets its own)")
+            PollingController._running[key] = self
         self._waker = WatchWaker(self.cp, self.watch_paths, lambda _event: self._wake(), self._wake, self._stop,
                                  name=self.NAME).start()
         self._waker.wait_started(10)
@@ -345,6 +356,9 @@ class PollingController:
         return self
 
     def stop(self) -> None:
+        with PollingController._running_lock:
+            if PollingController._running.get((self.NAME, id(self.cp))) is self:
+                del PollingController._running[(self.NAME, id(self.cp))]
         self._stop.set()
         self._wake()
         if self._waker is not None:

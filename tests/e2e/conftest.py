@@ -17,6 +17,10 @@ import time
 import pytest
 
 from tests.e2e import vllm_harness, vllm_preload
+# The test bed's fixtures, here and not in the test modules: a session fixture imported into a module is that module's
+# own, so each e2e module that imported them started its own control plane (about 8 s each) and stand-ins.
+from tests.testbed.fixtures import *  # noqa: F401,F403  pylint: disable=wildcard-import,unused-wildcard-import
+from tests.testbed.gitops_fixtures import *  # noqa: F401,F403  pylint: disable=wildcard-import,unused-wildcard-import
 
 
 @pytest.fixture(scope="session")

@@ -31,9 +31,6 @@ from tests.e2e import vllm_harness
 from tests.e2e.vllm_harness import REPETITIVE_PROMPTS, VllmServer
 from tests.integration.test_canary_rollout import _create, _deployments, _get, args_for
 from tests.module_run import run_module
-# The test bed's fixtures (the e2e conftest has only vLLM's).
-from tests.testbed.fixtures import controlplane, k8s_binaries, k8s_client, kserve, kserve_crd_dir  # noqa: F401  pylint: disable=unused-import
-from tests.testbed.fixtures import kubeconfig, kubelet, namespace  # noqa: F401  pylint: disable=unused-import
 from tests.testbed.kubelet import free_port_on, host_ipv4
 
 pytestmark = pytest.mark.e2e
@@ -170,7 +167,7 @@ def _canary(kubeconfig, ns, name, engines, stable, canary):  # pylint: disable=r
     return obs
 
 
-def test_slower_canary_is_rolled_back_and_the_engine_line_proves_it(k8s_client, kubeconfig, kserve, namespace, engines):  # noqa: F811
+def test_slower_canary_is_rolled_back_and_the_engine_line_proves_it(k8s_client, kubeconfig, kserve, namespace, engines):
     name = "llm"
     port = _serve(kserve, namespace, name, engines["baseline"], engines["slow"])
     _create(k8s_client, namespace, name, port)
@@ -196,7 +193,7 @@ def test_slower_canary_is_rolled_back_and_the_engine_line_proves_it(k8s_client, 
     assert proof["pods"] and all(p["speculative_config"] is None for p in proof["pods"])
 
 
-def test_faster_canary_is_promoted(k8s_client, kubeconfig, kserve, namespace, engines):  # noqa: F811
+def test_faster_canary_is_promoted(k8s_client, kubeconfig, kserve, namespace, engines):
     name = "llm"
     port = _serve(kserve, namespace, name, engines["slow"], engines["baseline"])
     _create(k8s_client, namespace, name, port)

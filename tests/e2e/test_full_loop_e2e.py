@@ -53,12 +53,9 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import ve
 from tests.ansible_run import run_playbook
 from tests.e2e import gitops_loops, vllm_harness
 from tests.integration.test_process_pods import _bound_claim
-# The test bed's fixtures (the e2e conftest has only vLLM's).
-from tests.testbed.fixtures import controlplane, k8s_binaries, k8s_client, kserve, kserve_crd_dir  # noqa: F401  pylint: disable=unused-import
-from tests.testbed.fixtures import kubeconfig, kubelet, module_namespace, namespace  # noqa: F401  pylint: disable=unused-import
+from tests.testbed.fixtures import module_namespace
 from tests.testbed import gateway_crds
 from tests.testbed.gateway_standin import GatewayStandin
-from tests.testbed.gitops_fixtures import argocd, flux, git_server, gitops_crds, gitops_git_cache  # noqa: F401  pylint: disable=unused-import
 from tests.testbed.gitops_standin import wait_for
 from tests.testbed.kubelet import PodBehaviour
 from tests.testbed.registry import Registry, ensure_tools
@@ -130,7 +127,7 @@ def _rolled_back_pod(api, namespace, name, old):
     return new[0]
 
 
-def _run(tmp_path, playbook, extra, kubeconfig, timings):  # noqa: F811
+def _run(tmp_path, playbook, extra, kubeconfig, timings):
     started = time.monotonic()
     run = run_playbook(tmp_path, playbook, extra_vars=extra, kubeconfig=kubeconfig, timeout=900)
     timings[os.path.basename(playbook)] = round(time.monotonic() - started, 1)
@@ -139,7 +136,7 @@ def _run(tmp_path, playbook, extra, kubeconfig, timings):  # noqa: F811
 
 
 def test_deploy_eagle3_verify_benchmark_rollback_in_process_pods(
-        modelcar_loop, controlplane, kubeconfig, kserve, kubelet, namespace, tiny_checkpoints, tmp_path, git_server, argocd):  # noqa: F811
+        modelcar_loop, controlplane, kubeconfig, kserve, kubelet, namespace, tiny_checkpoints, tmp_path, git_server, argocd):
     """The EAGLE-3 loop; the Modelcar loop (``modelcar_loop``, its own namespace) runs beside it: two vLLM starts at once
     cost about one here, and neither loop's assertions depend on the other's speed."""
     started = time.monotonic()
@@ -268,7 +265,7 @@ def _start_seconds(api, namespace, pod):
 
 
 @pytest.fixture(scope="module")
-def modelcar_loop(controlplane, kubeconfig, kserve, kubelet, tiny_checkpoints, tmp_path_factory, git_server, flux):  # noqa: F811
+def modelcar_loop(controlplane, kubeconfig, kserve, kubelet, tiny_checkpoints, tmp_path_factory, git_server, flux):
     """The Modelcar loop started in a thread of its own, in its own namespace, when the module's first test asks for it;
     ``test_deploy_ngram_modelcar_verify_rollback_in_process_pods`` waits for it and fails with its error (assertions
     included). The loops share no object: each has its namespace, InferenceService, pods and playbook runs."""
@@ -282,7 +279,7 @@ def test_deploy_ngram_modelcar_verify_rollback_in_process_pods(modelcar_loop):
     modelcar_loop.result(timeout=1800)
 
 
-def _modelcar_loop(controlplane, kubeconfig, kubelet, namespace, tiny_checkpoints, tmp_path, git_server, flux):  # noqa: F811
+def _modelcar_loop(controlplane, kubeconfig, kubelet, namespace, tiny_checkpoints, tmp_path, git_server, flux):
     """deploy-ngram.yml with the Modelcar option: the role builds the image from the tiny target and pushes it to a
     password-protected loopback registry and renders the InferenceService (args style) naming it by digest; the test puts
     the render into a repository as a user's kustomize tree (the base serves the target alone, an overlay's patch adds
@@ -506,7 +503,7 @@ def _flipped_route(api, namespace, entries, pools):
     return route
 
 
-def _per_class(api, controlplane, kubelet, namespace, common, tmp_path, kubeconfig, timings):  # noqa: F811
+def _per_class(api, controlplane, kubelet, namespace, common, tmp_path, kubeconfig, timings):
     """benchmark.yml on the mixed workload with the baseline twin kept (the baseline pool, a second real vLLM pod), the
     report per class (a decision and its statistics per class; the per-request sums equal to the candidate's /metrics
     deltas), the routing plan applied as an HTTPRoute (write=apply); then verify.yml with verify_request_classes through
@@ -604,7 +601,7 @@ def _per_class(api, controlplane, kubelet, namespace, common, tmp_path, kubeconf
     return section.split("\n## ", 1)[0].strip()
 
 
-def _assert_served_from_the_image(api, kubelet, pod, uri):  # noqa: F811
+def _assert_served_from_the_image(api, kubelet, pod, uri):
     """KServe's Modelcar pod, run from the pulled image: the init check passed in the image, the sidecar runs it, and the
     predictor's /mnt/models is the link the sidecar made to its own root's /models (its `$$`, a host pid here)."""
     pod = api.get("/api/v1/namespaces/%s/pods/%s" % (pod["metadata"]["namespace"], pod["metadata"]["name"]))

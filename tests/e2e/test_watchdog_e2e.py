@@ -35,9 +35,6 @@ from tests.ansible_run import run_playbook
 from tests.e2e import vllm_harness
 from tests.integration.test_process_pods import _bound_claim
 from tests.module_run import run_module
-# The test bed's fixtures (the e2e conftest has only vLLM's).
-from tests.testbed.fixtures import controlplane, k8s_binaries, k8s_client, kserve, kserve_crd_dir  # noqa: F401  pylint: disable=unused-import
-from tests.testbed.fixtures import kubeconfig, kubelet, namespace  # noqa: F401  pylint: disable=unused-import
 
 pytestmark = pytest.mark.e2e
 
@@ -82,7 +79,7 @@ class Traffic:
     """Clients sending the known prompts in a loop to the pod, until stopped or the InferenceService's generation moves
     (the rollback: the old pod goes, and the new one starts faster without them)."""
 
-    def __init__(self, controlplane, namespace, pod, generation):  # noqa: F811
+    def __init__(self, controlplane, namespace, pod, generation):
         self.controlplane, self.namespace, self.pod, self.generation = controlplane, namespace, pod, generation
         self.stop = threading.Event()
         self.done, self.errors = [0] * CLIENTS, [0] * CLIENTS
@@ -147,7 +144,7 @@ def _control(path, rates):
 
 
 def test_watchdog_on_real_vllm_healthy_unknown_then_collapsed_and_rolled_back(
-        controlplane, kubeconfig, kserve, kubelet, namespace, tiny_checkpoints, tmp_path):  # noqa: F811
+        controlplane, kubeconfig, kserve, kubelet, namespace, tiny_checkpoints, tmp_path):
     started = time.monotonic()
     steps = {}  # step -> seconds since the test started, when it ended (printed and in the e2e timings)
 

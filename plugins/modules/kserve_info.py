@@ -26,7 +26,9 @@ description:
     which M(alauda.spec_decoding.isvc_manifest) takes to merge the runtime's command and refuse a second
     C(--speculative-config) before anything is applied.
   - Fails when the cluster has no InferenceService CRD (KServe not installed). A CRD the identity may not read
-    (HTTP 403, CRDs are cluster-scoped) is returned as C(crd_readable=false) with C(kserve_version=null).
+    (HTTP 403, CRDs are cluster-scoped) is returned as C(crd_readable=false) with C(kserve_version=null), and for
+    O(resource_kind=InferenceService) a warning names the release the render assumes instead (O(assumed_kserve_version))
+    and the fixes.
 author:
   - Alauda Platform Team (@alauda)
 options:
@@ -41,6 +43,11 @@ options:
     description: C(spec.predictor.model.modelFormat.name), for KServe's auto-selection when O(runtime) is not given.
     type: str
     default: transformers
+  assumed_kserve_version:
+    description:
+      - The KServe release the caller's render assumes when the CRD cannot be read (the inventory's
+        C(spec_decoding_kserve_version)), named in that warning; omitted, the render's default (V(0.20)).
+    type: str
   resource_kind:
     description:
       - The kind about to be deployed. For V(LLMInferenceService) only the release and the OCI mode are read (no
@@ -147,6 +154,7 @@ def argument_spec():
         runtime=dict(type="str"),
         model_format=dict(type="str", default="transformers"),
         resource_kind=dict(type="str", default="InferenceService", choices=["InferenceService", "LLMInferenceService"]),
+        assumed_kserve_version=dict(type="str"),
     )
 
 
@@ -156,6 +164,8 @@ def execute(module):
                                 runtime=params["runtime"], model_format=params["model_format"], resource_kind=params["resource_kind"])
     if facts["kserve_warning"]:
         module.warn(facts["kserve_warning"])
+    if not facts["crd_readable"] and params["resource_kind"] == "InferenceService":
+        module.warn(kserve_facts.crd_unreadable_warning(params["assumed_kserve_version"]))
     return dict(changed=False, **facts)
 
 

@@ -196,7 +196,7 @@ def test_modelcar_image_reads_only_the_layers_holding_the_metadata(registry, tmp
 
 
 def test_deploy_role_refuses_the_bad_pair_before_any_file_and_renders_the_good_one(tmp_path):
-    """The inference_service role's preflight task (roles/inference_service/tasks/preflight.yml) on a GitOps render whose
+    """The inference_service role's preflight task (roles/inference_service/tasks/main.yml) on a GitOps render whose
     storageUris point at the loopback mirror: the broken head stops the play before the manifests are written."""
     from tests.ansible_run import run_playbook
     root = str(tmp_path / "mirror")

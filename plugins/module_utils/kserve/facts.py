@@ -92,6 +92,20 @@ def current_inference_service(api_client, namespace, name):
         return None
 
 
+# The release a render assumes when the CRD cannot be read and the caller names none (isvc_manifest's own default).
+DEFAULT_ASSUMED_RELEASE = "0.20"
+
+
+def crd_unreadable_warning(assumed_release=None):
+    """The warning for a CRD the identity may not read: what the render assumes instead (``assumed_release``, the
+    deploy's spec_decoding_kserve_version; None: the render's default) and the two fixes."""
+    assumed = "%s (as given)" % assumed_release if assumed_release else "%s (the default)" % DEFAULT_ASSUMED_RELEASE
+    return ("cannot read CustomResourceDefinition %s (403 Forbidden: get on customresourcedefinitions.apiextensions.k8s.io is "
+            "cluster-scoped). KServe features are not detected: the render assumes KServe %s and auto mode picks the artifact "
+            "mode for that release. Fix: bind the ClusterRole spec-decoding-kserve-crd-reader (docs/rbac.md) or set "
+            "spec_decoding_kserve_version to the cluster's KServe release." % (CRD_NAME, assumed))
+
+
 def gather(api_client, namespace, name, kserve_namespace, runtime=None, model_format=None, resource_kind="InferenceService"):
     """Everything above as one dict (the module's result). For an LLMInferenceService only the release and the OCI mode
     are read (it has no ServingRuntime, and the current object is read by the apply)."""

@@ -25,7 +25,7 @@ def _kube():
     return kube_client, kube_pods
 
 
-# The inventory variable the deploy takes the Job's image from (roles/inference_service/tasks/preflight.yml).
+# The inventory variable the deploy takes the Job's image from (roles/inference_service/tasks/main.yml).
 IMAGE_HINT = ("set stage_pvc_image (the image of the PVC read Job and of the stager; it needs python3) to the vLLM image in your "
               "internal registry, e.g. registry.internal.example:5000/vllm/vllm-openai:v0.32.0, or spec_decoding_preflight: off")
 

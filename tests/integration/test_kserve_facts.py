@@ -120,3 +120,34 @@ def test_kserve_info_answers_alike_in_the_task_process_and_as_a_module(tmp_path,
     assert all(res["failed"] for res in failed)
     assert [(res["msg"], res["field"], res["fix"]) for res in failed] == [(failed[1]["msg"], "kserve_namespace", failed[1]["fix"])] * 2
     assert "is not JSON" in failed[0]["msg"]
+
+
+def test_the_release_verdict_is_kept_per_crd_resource_version(k8s_client, controlplane, tmp_path):
+    """The verdict comes from the cache only for the CRD it was read from: after any edit of the CRD (a new
+    resourceVersion) the CRD is read again; a cache file that is not the user's own mode 0600 is not trusted."""
+    import json  # pylint: disable=import-outside-toplevel
+    import os  # pylint: disable=import-outside-toplevel
+    from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import facts as kserve_facts  # pylint: disable=import-outside-toplevel
+    cache = str(tmp_path / "kserve-releases.json")
+    first = kserve_facts.kserve_release(k8s_client, cache=cache)
+    assert first["kserve_version"] == "0.20.0" and oct(os.stat(cache).st_mode & 0o777) == "0o600"
+    # a planted verdict under the same key is what comes back: the second call did not read the CRD
+    (key,) = json.load(open(cache, encoding="utf-8"))
+    with open(cache, "w", encoding="utf-8") as handle:
+        json.dump({key: dict(first, evidence="from the cache")}, handle)
+    assert kserve_facts.kserve_release(k8s_client, cache=cache)["evidence"] == "from the cache"
+    os.chmod(cache, 0o644)  # another user could write such a file: it is read again from the API server
+    assert kserve_facts.kserve_release(k8s_client, cache=cache)["evidence"] == first["evidence"]
+    os.chmod(cache, 0o600)
+    with open(cache, "w", encoding="utf-8") as handle:
+        json.dump({key: dict(first, evidence="from the cache")}, handle)
+    api = controlplane.rest()
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + kserve_facts.CRD_NAME
+    try:
+        api.patch(path, {"metadata": {"annotations": {"test.alauda.io/touched": str(tmp_path.name)}}})
+        # a new resourceVersion (as a KServe upgrade makes): the CRD is read again, and that verdict kept beside
+        again = kserve_facts.kserve_release(k8s_client, cache=cache)
+        assert again["evidence"] == first["evidence"] and len(json.load(open(cache, encoding="utf-8"))) == 2
+    finally:
+        api.patch(path, {"metadata": {"annotations": {"test.alauda.io/touched": None}}})
+        api.close()

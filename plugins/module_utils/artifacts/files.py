@@ -16,6 +16,7 @@ Plain Python, standard library only.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 
 
@@ -47,3 +48,32 @@ def write_whole(path, data, mode=None, make_parent=False):
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
     return path
+
+
+# The user's own cache folder: the Modelcar layer digests (artifacts/oci_blobs.DEFAULT_CACHE_DIR), the KServe release
+# verdicts (kserve/facts.RELEASE_CACHE) use it.
+CACHE_DIR = os.path.join("~", ".cache", "alauda-spec-decoding")
+
+
+def read_private_json(path):
+    """The JSON object kept at ``path`` by ``write_private_json``; {} when there is none, it is not JSON, or the file is not
+    the user's own with mode 0600 (another user could have put it there: a cache is trusted only when it is ours)."""
+    try:
+        with open(os.path.expanduser(path), encoding="utf-8") as handle:
+            info = os.fstat(handle.fileno())
+            if info.st_uid != os.getuid() or info.st_mode & 0o077:
+                return {}
+            kept = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return kept if isinstance(kept, dict) else {}
+
+
+def write_private_json(path, data):
+    """Keep ``data`` (a JSON object) at ``path``, mode 0600, its folder made. Best effort: a cache that cannot be written
+    (a read-only home) costs its reader the work next time, nothing else; returns whether it was written."""
+    try:
+        write_whole(os.path.expanduser(path), json.dumps(data), mode=0o600, make_parent=True)
+    except (OSError, TypeError, ValueError):
+        return False
+    return True

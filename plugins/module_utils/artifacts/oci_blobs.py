@@ -25,6 +25,7 @@ import os
 import tarfile
 import tempfile
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import files
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError
 
 FORMAT_VERSION = 1
@@ -44,7 +45,7 @@ ANN_REF_NAME = "org.opencontainers.image.ref.name"
 ANN_FILES = "io.alauda.spec-decoding.files"
 ANN_ROLE = "io.alauda.spec-decoding.layer"
 
-DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "alauda-spec-decoding", "modelcar")
+DEFAULT_CACHE_DIR = os.path.join(files.CACHE_DIR, "modelcar")
 
 
 def canonical_json(obj):

@@ -55,7 +55,8 @@ def authenticated_api_client(module=None, **options):
     return authenticated(module, **options).client.client
 
 
-def request(api_client, method, path, query=None, body=None, content_type="application/json", stream=False, timeout=None):
+def request(api_client, method, path, query=None, body=None, content_type="application/json", stream=False, timeout=None,
+            accept=None):
     """One API request by path with kubernetes.core's authenticated ``ApiClient``: the answer's JSON as plain dicts (the
     API's camelCase keys), or with ``stream=True`` the open urllib3 response (the caller reads it and releases it).
 
@@ -65,7 +66,8 @@ def request(api_client, method, path, query=None, body=None, content_type="appli
     own ``ApiException`` (with status, reason and body), as the typed classes do. Works with the generated client
     before and after its 2024 rewrite (kubernetes 24 to 37)."""
     query_params = [(key, value) for key, value in (query or {}).items() if value is not None]
-    headers = {"Accept": "application/json" if not stream else "*/*"}
+    # ``accept``: another JSON form of the answer, e.g. an object's metadata alone (kserve/facts.PARTIAL_METADATA)
+    headers = {"Accept": accept or ("application/json" if not stream else "*/*")}
     if body is not None:
         headers["Content-Type"] = content_type
     if hasattr(api_client, "param_serialize"):  # kubernetes >= 31: serialise, call, deserialise are separate steps

@@ -2,6 +2,7 @@
 inventory variable behind each role variable, a draft method without a draft. On a small collection made here, and on
 this collection itself (every variable its example inventories set is known)."""
 import glob
+import json
 import os
 import re
 
@@ -46,7 +47,7 @@ def small(tmp_path):
         full.parent.mkdir(parents=True, exist_ok=True)
         full.write_text(text)
     iv.catalog.cache_clear()
-    return iv.catalog(str(tmp_path))
+    return iv.catalog(str(tmp_path), cache=None)
 
 
 def test_the_catalog_reads_names_sources_and_specs(small):
@@ -141,7 +142,7 @@ def _inventory_names():
 
 def test_this_collection_knows_every_variable_its_inventories_and_docs_set():
     iv.catalog.cache_clear()
-    cat = iv.catalog(REPO)
+    cat = iv.catalog(REPO, cache=None)
     assert {"spec_decoding", "canary", "tune", "benchmark", "watch", "verify", "rollback", "stage_pvc"} <= set(cat.prefixes)
     assert cat.sources["spec_decoding_method"] == ["inference_service_method"]
     assert cat.options["inference_service_method"][1]["choices"][:3] == ["none", "ngram", "eagle3"]
@@ -158,7 +159,7 @@ def test_every_documented_inventory_variable_reaches_its_role_variable():
     """Each `spec_decoding_<x>` the README and docs name is read, and where the deploy role has `inference_service_<x>`,
     that role variable defaults to it (spec_decoding_wait was once documented and hard-coded in the role's defaults)."""
     iv.catalog.cache_clear()
-    cat = iv.catalog(REPO)
+    cat = iv.catalog(REPO, cache=None)
     documented = set()
     user_docs = [p for p in sorted(glob.glob(os.path.join(REPO, "docs", "*.md"))) if not p.endswith("DEVELOPING.md")]  # code map
     for path in [os.path.join(REPO, "README.md")] + user_docs:
@@ -173,3 +174,24 @@ def test_every_documented_inventory_variable_reaches_its_role_variable():
         if role_var in cat.options and role_var not in (cat.sources.get(name) or []):
             unmapped.append((name, role_var))
     assert unmapped == []
+
+
+def test_the_catalog_is_kept_until_one_of_its_files_changes(small, tmp_path):
+    """The catalog comes from the cache only while every file it is read from is as it was: a planted entry under the
+    stamp is what comes back; an edited role is read again."""
+    root, cache = str(tmp_path), str(tmp_path / "cache" / "catalog.json")
+    iv.catalog.cache_clear()
+    first = iv.catalog(root, cache=cache)
+    assert "canary_steps" in first.known and oct(os.stat(cache).st_mode & 0o777) == "0o600"
+    (stamp,) = json.load(open(cache, encoding="utf-8"))
+    kept = json.load(open(cache, encoding="utf-8"))[stamp]
+    with open(cache, "w", encoding="utf-8") as handle:
+        json.dump({stamp: dict(kept, known=kept["known"] + ["canary_planted"])}, handle)
+    iv.catalog.cache_clear()
+    assert "canary_planted" in iv.catalog(root, cache=cache).known  # not read again: the files did not change
+    (tmp_path / "roles" / "canary" / "tasks" / "main.yml").write_text(
+        "- ansible.builtin.set_fact:\n    canary_report: \"{{ canary_steps }} {{ canary_window }}\"\n")
+    iv.catalog.cache_clear()
+    again = iv.catalog(root, cache=cache)
+    assert "canary_window" in again.known and "canary_planted" not in again.known
+    assert again.options == first.options and again.sources == first.sources

@@ -62,3 +62,22 @@ def test_optional_import_gives_the_module_or_the_import_error():
     module, error = optional_import("no_such_library_for_alauda_spec_decoding")
     assert module is None and isinstance(error, ImportError) and "no_such_library_for_alauda_spec_decoding" in str(error)
     assert troubleshoot.HAS_YAML is True and troubleshoot.yaml.safe_load("a: 1") == {"a": 1}
+
+
+def test_a_private_json_cache_is_trusted_only_when_it_is_the_users_own_mode_0600(tmp_path):
+    path = str(tmp_path / "cache" / "kept.json")
+    assert local_files.read_private_json(path) == {}  # none yet
+    assert local_files.write_private_json(path, {"a": [1, "b"]}) is True
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600" and local_files.read_private_json(path) == {"a": [1, "b"]}
+    os.chmod(path, 0o644)  # readable (and so perhaps written) by others: not trusted
+    assert local_files.read_private_json(path) == {}
+    os.chmod(path, 0o600)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("[1, 2]")  # JSON, but not an object
+    assert local_files.read_private_json(path) == {}
+    # a cache that cannot be written (its folder is a file) is not an error, and nothing is left behind
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")
+    assert local_files.write_private_json(str(blocker / "kept.json"), {"a": 1}) is False
+    assert local_files.write_private_json(path, {"a": object()}) is False and local_files.read_private_json(path) == {}
+    assert os.listdir(str(tmp_path / "cache")) == ["kept.json"] and sorted(os.listdir(str(tmp_path))) == ["cache", "not-a-folder"]

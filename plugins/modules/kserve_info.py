@@ -13,6 +13,10 @@ version_added: 0.2.0
 description:
   - Reads the InferenceService CustomResourceDefinition and returns the KServe release its schema shows (C(spec.canary)
     means 0.20+, C(spec.predictor.storageUris) 0.16+), not the CRD itself.
+  - The schema (about 0.7 MB) is read once per version of the CRD. Each run reads the CRD's metadata only (from the API
+    server's watch cache) and keeps the release in C(~/.cache/alauda-spec-decoding/kserve-releases.json) (mode 0600, not
+    trusted when another user's or wider) under the API server, the CRD's uid and its resourceVersion, which a KServe
+    upgrade changes.
   - A KServe newer than the releases the collection knows (its CRD has fields KServe 0.20's has not, or the storage
     initializer image is tagged with a newer release) is named in a warning and RV(kserve_warning), and RV(kserve_version)
     is the newest release the collection knows, whose rules the render then applies. It is never refused for its number.

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+from collections.abc import Mapping
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.common.parameters import remove_values
@@ -105,12 +106,25 @@ def _has_no_log(rules):
     return bool(rules.get("no_log")) or any(_has_no_log(sub) for sub in (rules.get("options") or {}).values() if isinstance(sub, dict))
 
 
+def plain(value):
+    """``value`` as plain dicts, lists and tuples (its strings and numbers as they are). The validator deep-copies what it
+    checks, and a variable's value as Ansible hands it over is a lazy container whose deep copy copies its templar with
+    every variable of the play: 26,000 copies and 0.05-0.1 s for the ten values of a no-op deploy's inventory check."""
+    if isinstance(value, Mapping):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return tuple(plain(item) for item in value)
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    return value
+
+
 def value_problem(name, option, rules, value, where=""):
     """The one-line problem of ``value`` of variable ``name`` against the rules of role variable ``option``, found by
     Ansible's own validator (the one the role's argument check runs: ansible/plugins/action/validate_argument_spec.py),
     or None. The value of an option with ``no_log`` (or a sub-option with it) is not shown, nor a secret in Ansible's
     reason."""
-    result = ArgumentSpecValidator({option: rules}).validate({option: value})
+    result = ArgumentSpecValidator({option: rules}).validate({option: plain(value)})
     errors = result.errors.errors
     if not errors:
         return None

@@ -71,3 +71,27 @@ def test_the_argument_check_runs_for_every_role_and_include():
     with open(os.path.join(REPO, "roles", "argument_check", "meta", "main.yml")) as handle:
         meta = yaml.safe_load(handle)
     assert meta["allow_duplicates"] is True and meta["dependencies"] == []
+
+
+class _LazyLike(dict):
+    """Stands for a variable's value as Ansible hands it over (a lazy container): deep-copying it copies its templar with
+    every variable of the play, which the check must never do."""
+
+    def __deepcopy__(self, memo):
+        raise AssertionError("the value was deep-copied as it is, not as plain data")
+
+
+class _LazyList(list):
+    def __deepcopy__(self, memo):
+        raise AssertionError("the list was deep-copied as it is, not as plain data")
+
+
+def test_a_value_is_checked_as_plain_data_not_deep_copied_as_handed_over():
+    rules = {"type": "dict", "options": {"pvc_name": {"type": "str"}, "items": {"type": "list", "elements": "int"}}}
+    good = _LazyLike(pvc_name="models", items=_LazyList([1, 2]))
+    assert ra.value_problem("spec_decoding_artifacts", "inference_service_artifacts", rules, good) is None
+    bad = _LazyLike(pvc_name="models", items=_LazyList([1, "many"]))
+    problem = ra.value_problem("spec_decoding_artifacts", "inference_service_artifacts", rules, bad)
+    assert problem is not None and str(problem).startswith("spec_decoding_artifacts: ")
+    plain = ra.plain(_LazyLike(a=_LazyList([1, (2, _LazyLike(b="c"))])))
+    assert plain == {"a": [1, (2, {"b": "c"})]} and type(plain) is dict and type(plain["a"]) is list and type(plain["a"][1][1]) is dict

@@ -51,7 +51,7 @@ def write_whole(path, data, mode=None, make_parent=False):
 
 
 # The user's own cache folder: the Modelcar layer digests (artifacts/oci_blobs.DEFAULT_CACHE_DIR), the KServe release
-# verdicts (kserve/facts.RELEASE_CACHE) use it.
+# verdicts (kserve/facts.RELEASE_CACHE) and the inventory check's catalog (ops/inventory_variables.CATALOG_CACHE).
 CACHE_DIR = os.path.join("~", ".cache", "alauda-spec-decoding")
 
 

@@ -86,7 +86,7 @@ def kserve_release(api_client, cache=RELEASE_CACHE):
         key = _cache_key(api_client, _read_crd(api_client, metadata_only=True)) if cache else None
         path = cache if key else None
         kept = files.read_private_json(path) if path else {}
-        if key in kept:
+        if isinstance(kept.get(key), dict):
             return dict(kept[key])
         crd = _read_crd(api_client)
     except k8s_pods.ApiException as exc:

@@ -104,11 +104,19 @@ def catalog(root, cache=CATALOG_CACHE):
     """The catalog of the collection at ``root``: read once per process, and from ``cache`` (a path; None: not kept) while
     none of its files changed."""
     stamp = _stamp(root) if cache else None
-    data = files.read_private_json(cache).get(stamp) if stamp else None
-    if not isinstance(data, dict):
-        data = _read_catalog(root)
-        if stamp:
-            files.write_private_json(cache, {stamp: data})
+    kept = files.read_private_json(cache).get(stamp) if stamp else None
+    if isinstance(kept, dict):
+        try:
+            return _catalog_of(kept)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            pass  # not what this code writes: read the files again, and keep that
+    data = _read_catalog(root)
+    if stamp:
+        files.write_private_json(cache, {stamp: data})
+    return _catalog_of(data)
+
+
+def _catalog_of(data):
     return Catalog(data["prefixes"], data["known"], {name: tuple(entry) for name, entry in data["options"].items()}, data["sources"])
 
 

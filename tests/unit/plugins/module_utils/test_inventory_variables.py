@@ -195,3 +195,9 @@ def test_the_catalog_is_kept_until_one_of_its_files_changes(small, tmp_path):
     again = iv.catalog(root, cache=cache)
     assert "canary_window" in again.known and "canary_planted" not in again.known
     assert again.options == first.options and again.sources == first.sources
+    # an entry that is not what this code writes is read again from the files, not trusted
+    (stamp,) = json.load(open(cache, encoding="utf-8"))
+    with open(cache, "w", encoding="utf-8") as handle:
+        json.dump({stamp: {"known": ["canary_planted"]}}, handle)
+    iv.catalog.cache_clear()
+    assert iv.catalog(root, cache=cache).known == again.known

@@ -94,4 +94,6 @@ def test_a_value_is_checked_as_plain_data_not_deep_copied_as_handed_over():
     problem = ra.value_problem("spec_decoding_artifacts", "inference_service_artifacts", rules, bad)
     assert problem is not None and str(problem).startswith("spec_decoding_artifacts: ")
     plain = ra.plain(_LazyLike(a=_LazyList([1, (2, _LazyLike(b="c"))])))
-    assert plain == {"a": [1, (2, {"b": "c"})]} and type(plain) is dict and type(plain["a"]) is list and type(plain["a"][1][1]) is dict
+    assert plain == {"a": [1, (2, {"b": "c"})]}
+    # plain dicts and lists, not the containers handed over
+    assert not isinstance(plain, _LazyLike) and not isinstance(plain["a"], _LazyList) and not isinstance(plain["a"][1][1], _LazyLike)

@@ -109,6 +109,14 @@ def engines(vllm_python, tiny_checkpoints, e2e_workdir):
             server.stop()
 
 
+# The canary reads a request's latency from vLLM's e2e latency histogram (buckets at 0.3, 0.5, 0.8, 1 s, ...), so the two
+# engines' requests must land in different buckets for its rank test to tell them apart. At 48 tokens, on a machine where
+# the baseline answered in 95 ms and the slower engine in 270 ms (mean), most of both fell under 0.3 s: the test was
+# 84-98% sure of a 2.8x difference and promoted by chance (failed 2 of 3 runs). At 96 tokens: about 0.2 s against 0.55 s
+# here, 0.3 s against 0.8 s on a machine 1.5 times slower.
+REQUEST_TOKENS = 96
+
+
 class Traffic:
     """Live traffic: one client sending completions to the servers in turn, back to back, until stopped (one request in
     flight at a time, so the two engines never compete for the 2 cores: what differs is the engines, not the load)."""
@@ -121,7 +129,7 @@ class Traffic:
         while not self.stop_event.is_set():
             server = self.servers[i % len(self.servers)]
             try:
-                server.complete(REPETITIVE_PROMPTS[(i // 2) % len(REPETITIVE_PROMPTS)], max_tokens=48, ignore_eos=True)
+                server.complete(REPETITIVE_PROMPTS[(i // 2) % len(REPETITIVE_PROMPTS)], max_tokens=REQUEST_TOKENS, ignore_eos=True)
                 self.sent[server.served_model_name] = self.sent.get(server.served_model_name, 0) + 1
             except Exception as exc:  # pylint: disable=broad-except
                 self.errors.append(repr(exc))
@@ -153,7 +161,7 @@ def _canary(kubeconfig, ns, name, engines, stable, canary):  # pylint: disable=r
     res = run_module("canary_rollout", dict(name=name, namespace=ns, kubeconfig=kubeconfig, speculative_config=SPEC, percent=10,
                                             wait_timeout=60))
     assert not res.failed, res.msg
-    # A window of 6 s (10 until stop 49): one request at a time in turn, about 150 ms on the baseline and 400 ms on the
+    # A window of 6 s (10 until stop 49): one request at a time in turn, about 200 ms on the baseline and 550 ms on the
     # eagle3 engine, is about 10 requests a side, and the module lengthens a window (up to max_window) while a side has
     # fewer than min_requests. The engines differ 2.7 x in latency and output rate, far beyond the noise of 10 requests.
     with vllm_harness.clients_off_engine_cpus(list(engines.values())), Traffic([stable, canary]) as traffic:

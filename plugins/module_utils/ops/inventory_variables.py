@@ -91,10 +91,12 @@ CATALOG_CACHE = os.path.join(files.CACHE_DIR, "inventory-catalog.json")
 def _stamp(root):
     """(path, size, mtime) of the files the catalog is read from and of the code that reads it, as one digest; None when
     one cannot be read (then the catalog is read every time)."""
+    entries = []
     try:
-        code = [os.path.abspath(__file__), os.path.abspath(role_arguments.__file__)]
-        entries = [(path, info.st_size, info.st_mtime_ns) for path in list(_text_files(root)) + code for info in [os.stat(path)]]
-    except (OSError, NameError, TypeError):
+        for path in list(_text_files(root)) + [os.path.abspath(__file__), os.path.abspath(role_arguments.__file__)]:
+            info = os.stat(path)
+            entries.append((path, info.st_size, info.st_mtime_ns))
+    except (OSError, AttributeError, TypeError):
         return None
     return hashlib.sha256(json.dumps([os.path.abspath(root), entries]).encode("utf-8")).hexdigest()
 

@@ -167,6 +167,14 @@ options:
     type: str
     default: refuse
     choices: [refuse, replace]
+  air_gapped:
+    description:
+      - With O(runtimes), for an InferenceService. Fails when the image of the ServingRuntime (or ClusterServingRuntime)
+        that O(runtime) names, which KServe runs as the predictor's C(kserve-container), is on a public registry or has
+        no registry host, naming the runtime, the image and the fix, before anything is rendered. The role
+        C(alauda.spec_decoding.inference_service) sets it from C(spec_decoding_air_gapped).
+    type: bool
+    default: false
   protocol_version:
     description: C(protocolVersion).
     type: str
@@ -379,6 +387,7 @@ warnings:
 
 from ansible.module_utils.basic import missing_required_lib
 
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import air_gap
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import crd_rules
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.isvc import render as isvc
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import model as llmisvc_model
@@ -428,6 +437,7 @@ def argument_spec():
         existing=dict(type="dict"),
         runtimes=dict(type="dict"),
         runtime_flag=dict(type="str", default="refuse", choices=["refuse", "replace"]),
+        air_gapped=dict(type="bool", default=False),
         resource_kind=dict(type="str", default="InferenceService", choices=["InferenceService", "LLMInferenceService"]),
         llmisvc=dict(type="dict", default={}, options=dict(
             api_version=dict(type="str", default="v1alpha2", choices=["v1alpha1", "v1alpha2"]),
@@ -451,6 +461,10 @@ def execute(module):
     params = dict(module.params)
     existing = params.pop("existing")
     kind = params.pop("resource_kind")
+    if params.pop("air_gapped") and kind != llmisvc_model.KIND and params["runtimes"]:
+        refused = air_gap.messages({"runtimes": params["runtimes"], "namespace": params["namespace"], "runtime": params["runtime"]})
+        if refused:
+            module.fail_json(msg=" | ".join(refused))
     if kind == llmisvc_model.KIND:
         rendered = llmisvc_render.render(params, existing=existing)
     else:

@@ -53,6 +53,15 @@ options:
     type: str
     choices: [v1alpha1, v1alpha2]
     default: v1alpha2
+  unchanged:
+    description:
+      - The InferenceService as a write that changed nothing has just returned it (the C(result) of an apply that reported
+        C(changed=false)). When it is Ready at its own generation the module returns it at once, without reading the
+        cluster (C(waited=false)), as nothing was written and there is no new generation to wait for. Otherwise the
+        module waits as without it.
+      - Only for O(kind=InferenceService). An LLMInferenceService's pool rollouts are not in the object, so it is always
+        waited for.
+    type: dict
 extends_documentation_fragment:
   - alauda.spec_decoding.inference_service
   - kubernetes.core.k8s_auth_options
@@ -68,6 +77,12 @@ EXAMPLES = r"""
     name: llama-eagle3
     namespace: models
     timeout: 900
+
+- name: Apply, then wait only when the apply changed something or the object is not Ready at its generation
+  alauda.spec_decoding.isvc_wait:
+    name: llama-eagle3
+    namespace: models
+    unchanged: "{{ applied.result if not applied.changed else omit }}"
 
 - name: Wait for an LLMInferenceService (decode and prefill pools)
   alauda.spec_decoding.isvc_wait:
@@ -85,6 +100,10 @@ elapsed:
   description: Seconds waited.
   returned: success
   type: float
+waited:
+  description: False when O(unchanged) was Ready at its generation and the cluster was not read; else true.
+  returned: success
+  type: bool
 generation:
   description: metadata.generation that became Ready.
   returned: success
@@ -114,16 +133,23 @@ def argument_spec():
         kind=dict(type="str", default="InferenceService", choices=["InferenceService", "LLMInferenceService"]),
         crash_loop_restarts=dict(type="int", default=2),
         api_version=dict(type="str", default="v1alpha2", choices=["v1alpha1", "v1alpha2"]),
+        unchanged=dict(type="dict"),
     )
 
 
 def execute(module):
     params = module.params
+    unchanged = params["unchanged"]
+    # The no-op redeploy's path: the waiter's own InferenceService check on the apply's answer; no client is built and
+    # nothing is read (issue 46, P4).
+    if unchanged and params["kind"] == "InferenceService" and isvc_wait.isvc_pending(unchanged) is None:
+        return dict(changed=False, ready=True, waited=False, elapsed=0.0, generation=unchanged["metadata"].get("generation"),
+                    resource=unchanged)
     isvc, elapsed = isvc_wait.wait_ready(module.api_client, params["namespace"], params["name"],
                                          timeout=params["timeout"], interval=params["interval"],
                                          kind=params["kind"], api_version=params["api_version"],
                                          crash_loop_restarts=params["crash_loop_restarts"], redact=redact)
-    return dict(changed=False, ready=True, elapsed=round(elapsed, 1), generation=isvc["metadata"].get("generation"), resource=isvc)
+    return dict(changed=False, ready=True, waited=True, elapsed=round(elapsed, 1), generation=isvc["metadata"].get("generation"), resource=isvc)
 
 
 # A refusal returns an empty resource; a timeout the object as last read and its pods.

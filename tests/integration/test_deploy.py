@@ -93,10 +93,10 @@ def test_deploy_eagle3_creates_waits_verifies_and_reruns_unchanged(tmp_path, kub
     assert rerun.rc == 0, rerun.output
     assert rerun.changed == 0, rerun.output
     assert _get(k8s_client, namespace, "llama-eagle3")["metadata"]["resourceVersion"] == isvc["metadata"]["resourceVersion"]
-    # The apply changed nothing and its answer shows Ready at the generation: no wait module ran, the record says so.
-    assert rerun.result("Wait for Ready at the new generation").get("skipped") is True
-    recorded = rerun.result("Record Ready at the generation")["ansible_facts"]["inference_service_ready"]
+    # The apply changed nothing and its answer shows Ready at the generation: the wait returned it without reading the cluster.
+    recorded = rerun.result("Wait for Ready at the new generation")
     assert recorded["ready"] is True and recorded["generation"] == isvc["metadata"]["generation"] and recorded["elapsed"] == 0.0
+    assert recorded["waited"] is False
 
 
 def test_deploy_fails_when_the_engine_runs_another_config(tmp_path, kubeconfig, k8s_client, kserve, namespace):

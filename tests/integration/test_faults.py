@@ -466,9 +466,9 @@ def assert_deployed(controlplane, namespace, name, run, tokens, max_len):
     script = script_of(isvc)
     assert '"num_speculative_tokens":%d' % tokens in script and "--max-model-len %d" % max_len in script, script
     assert ready_at_generation(isvc), isvc.get("status")
-    # The run's own record of Ready at the generation: its wait's result, or (when the killed run had already applied and
-    # the apply changed nothing) the unchanged object's status; either way the generation on the server.
-    recorded = run.result("Record Ready at the generation")["ansible_facts"]["inference_service_ready"]
+    # The run's own record of Ready at the generation: its wait's result, which (when the killed run had already applied and
+    # the apply changed nothing) is the unchanged object's status; either way the generation on the server.
+    recorded = run.result("Wait for Ready at the new generation")
     assert recorded["ready"] is True and recorded["generation"] == isvc["metadata"]["generation"], recorded
     return rendered["spec"]["predictor"]
 

@@ -61,3 +61,26 @@ def test_a_draft_that_is_there_or_not_needed_renders(args):
     result = run_module("isvc_manifest", dict(BASE, **args))
     assert not result.failed, result.msg
     assert result["manifest"]["kind"] == "InferenceService"
+
+
+def _runtime(image):
+    return {"get": {"ServingRuntime/models/aml-vllm-0.32.0": {
+        "apiVersion": "serving.kserve.io/v1alpha1", "kind": "ServingRuntime", "metadata": {"name": "aml-vllm-0.32.0", "namespace": "models"},
+        "spec": {"supportedModelFormats": [{"name": "transformers", "autoSelect": True}], "protocolVersions": ["v2"],
+                 "containers": [{"name": "kserve-container", "image": image, "args": ["--port=8080"]}]}}}}
+
+
+def test_air_gapped_the_render_refuses_the_runtime_image_on_a_public_registry_and_only_that():
+    """The runtime's image (read from the cluster by kserve_info) is refused by the render, the deploy's validation, before
+    anything is written (it was a task of its own: one step less on every deploy, issue 46 P4)."""
+    args = {"artifacts": {"target_uri": "pvc://model-store/llama"}, "air_gapped": True}
+    result = run_module("isvc_manifest", dict(BASE, runtimes=_runtime("vllm/vllm-openai:v0.32.0"), **args))
+    assert result.failed, result
+    msg = result.msg
+    assert msg.startswith("spec_decoding_runtime: spec_decoding_air_gapped: true refuses the ServingRuntime aml-vllm-0.32.0"), msg
+    assert "'vllm/vllm-openai:v0.32.0' from the public registry docker.io" in msg and "Fix:" in msg, msg
+    # the same runtime is no business of a deploy that is not air-gapped, nor is an internal image's
+    for other in (dict(args, air_gapped=False, runtimes=_runtime("vllm/vllm-openai:v0.32.0")),
+                  dict(args, runtimes=_runtime("registry.internal.example:5000/vllm/vllm-openai:v0.32.0"))):
+        result = run_module("isvc_manifest", dict(BASE, **other))
+        assert "air_gapped" not in result.msg, result.msg

@@ -8,14 +8,14 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: job_outcome_info
-short_description: Wait until a Kubernetes Job ends, then return how it ended and its newest pod's log
+short_description: Wait until a Kubernetes Job ends, then return how it ended and the log of its newest pod that ran
 version_added: 0.1.0
 description:
   - Waits until the C(batch/v1) Job's C(Complete) or C(Failed) condition is C(True). The Job and its pods (label
     C(job-name)) are read every O(interval) seconds, in the task's process over a local connection (two requests, no
     module process); a pod that cannot start (an image that cannot be pulled, a container that cannot be created) fails
     the wait at once with the kubelet's reason.
-  - Then reads the log of the Job's newest pod. A Job that failed is not a failure of this module - RV(ended) says
+  - Then reads the log of the Job's newest pod that ran. A Job that failed is not a failure of this module - RV(ended) says
     V(Failed) and the log says why - so the caller decides what to report (the stager's roles fail with the log's end).
   - The collection's roles use it for the Jobs they start (the PVC stager, the draft remover); it replaces a
     C(kubernetes.core.k8s_info) task retried every few seconds and a C(kubernetes.core.k8s_log) task.
@@ -86,11 +86,17 @@ job:
   returned: success
   type: dict
 pod:
-  description: The name of the Job's newest pod, null when the Job ended without one (its deadline passed first).
+  description:
+    - The name of the Job's newest pod that ran (C(Succeeded) or C(Failed)), null when none did (the Job's deadline passed
+      before one started). A retry that never started has no log; the newest pod that ran says why the Job failed.
+  returned: success
+  type: str
+pod_phase:
+  description: The phase of that pod (C(Succeeded) or C(Failed)), null without one.
   returned: success
   type: str
 log:
-  description: The log of the newest pod's container, empty without a pod.
+  description: The log of that pod's container, empty without one.
   returned: success
   type: str
 """

@@ -183,23 +183,28 @@ class ClusterService:
                                         watch=watch, on_timeout=on_timeout, **row_options)
         return kube_wait.wait_for(self.api_client, namespace, name, kind, check, on_timeout, timeout, interval, clock, sleep, watch)
 
-    def job_outcome(self, namespace, name, timeout, container=None, interval=1.0, clock=time.monotonic, sleep=time.sleep):
+    def job_outcome(self, namespace, name, timeout, container=None, interval=1.0, max_bytes=None, clock=time.monotonic,
+                    sleep=time.sleep):
         """Wait until the Job ends and say how: ``{"ended": "Complete"|"Failed", "condition": its JobCondition,
-        "job": the Job, "pod": its newest pod's name or None, "log": that pod's (``container``'s) log, "" without a pod}``.
+        "job": the Job, "pod": its newest pod that ran (Succeeded or Failed) or None, "pod_phase": that pod's phase,
+        "log": that pod's (``container``'s) log up to ``max_bytes`` (kube/pods.read_pod_log), "" without such a pod}``.
 
         The wait is the table's Job row through ``wait_for`` (ended, Complete or Failed; its pods looked at on every
         read, one that cannot start fails at once: kube/wait.PodCannotStart), the Job read again every ``interval``
         seconds (a pod's progress does not change the Job, so there is no event to watch for). A Job that does not end
-        within ``timeout`` seconds is a kube/wait.WaitTimeout; one that does not exist a ValidationError naming it."""
+        within ``timeout`` seconds is a kube/wait.WaitTimeout; one that does not exist a ValidationError naming it.
+        A pod that never ran (a retry the deadline stopped before it started) has no log to read: the newest one that
+        did is the one that says why. A Job's read refused is an ApiException, the log's a kube/pods.PodAccessError."""
         selector = "job-name=%s" % name
         job, _elapsed = self.wait_for(namespace, name, JOB, timeout=timeout, interval=interval, clock=clock, sleep=sleep,
                                       finished=True, pod_selector=selector, pod_interval=interval)
-        pods = self.list(POD, namespace, selector=selector)
-        newest = max(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "", default=None)
+        ran = [p for p in self.list(POD, namespace, selector=selector) if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed")]
+        newest = max(ran, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "", default=None)
         pod = (newest.get("metadata") or {}).get("name") if newest else None
-        log = self.pod_log_text(namespace, pod, container=container) if pod else ""
+        log = self.pod_log_text(namespace, pod, max_bytes=max_bytes, container=container) if pod else ""
         condition = kube_wait.job_end(job)
-        return {"ended": condition.get("type"), "condition": condition, "job": job, "pod": pod, "log": log}
+        return {"ended": condition.get("type"), "condition": condition, "job": job, "pod": pod,
+                "pod_phase": newest["status"]["phase"] if newest else None, "log": log}
 
 
 class CustomObjectReads:

@@ -1,8 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: Alauda
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The API calls of the preflight's PVC read: create the read-only Job artifacts/pvc_metadata.py plans, wait for its pod
-to end, read the pod's log, delete the Job. Every failure is a MetadataUnreadable (the check could not run: the caller
+"""The API calls of the preflight's PVC read: create the read-only Job artifacts/pvc_metadata.py plans, wait for it to end
+and read its pod's log (the cluster service's ``job_outcome``), delete the Job. Every failure is a MetadataUnreadable (the check could not run: the caller
 says so and the rollout goes on), naming what the identity or the image lacks."""
 
 from __future__ import annotations
@@ -89,18 +89,18 @@ def read_pvc_locations(connect, namespace, locations, image, timeout=120, air_ga
         raise _unreadable("creating the PVC read Job in %s failed: %s" % (namespace, kube_pods.api_error_message(exc))) from exc
     name = created["metadata"]["name"]
     try:
-        pod = _wait(api_client, namespace, name, timeout, clock, sleep)
-        text = _log(api_client, namespace, pod["metadata"]["name"])
+        outcome = _outcome(api_client, namespace, name, timeout, clock, sleep)
     finally:
         try:
             kube_client.request(api_client, "DELETE", "%s/%s" % (base, name), query={"propagationPolicy": "Background"})
         except kube_client.ApiException:
             pass  # its ttlSecondsAfterFinished removes it
+    text = outcome["log"]
     found = pvc_metadata.parse_log(text)
-    if found is None or pod["status"].get("phase") != "Succeeded":
+    if found is None or outcome["pod_phase"] != "Succeeded":
         tail = "\n".join(text.splitlines()[-10:]) or "(empty)"
         raise _unreadable("the PVC read Job %s/%s ended %s without a result; the end of its log:\n%s" % (
-            namespace, name, pod["status"].get("phase"), tail), field="pvc_image",
+            namespace, name, outcome["pod_phase"], tail), field="pvc_image",
             hint="give pvc_image an image with python3 (3.6 or later) the nodes can pull")
     layout = pvc_metadata.plan(locations)
     out = {}
@@ -119,19 +119,16 @@ def read_pvc_locations(connect, namespace, locations, image, timeout=120, air_ga
     return out
 
 
-def _wait(api_client, namespace, name, timeout, clock, sleep):
-    """The Job's pod once it ended; MetadataUnreadable when it cannot start, the Job failed without a pod, or time is up.
-
-    The wait is kube/wait.py's one loop on its table's Job row: ended (Complete, or Failed: the pod's log then says why),
-    its pods looked at every second for one that cannot start (kube_wait.STUCK_REASONS). The Job's own activeDeadlineSeconds is
-    ``timeout``; 30 s more give the Job controller time to say so."""
+def _outcome(api_client, namespace, name, timeout, clock, sleep):
+    """The Job's end with its pod that ran and that pod's log (kube/service.ClusterService.job_outcome: the one waiter's
+    Job row, its pods looked at every second for one that cannot start); MetadataUnreadable when a pod cannot start, the
+    Job ended without a pod that ran, time is up, or the Job or the log cannot be read. The Job's own
+    activeDeadlineSeconds is ``timeout``; 30 s more give the Job controller time to say so."""
     kube_client, kube_pods = _kube()
     from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import service as kube_service  # pylint: disable=import-outside-toplevel
-    cluster, selector = kube_service.service_of(api_client), "job-name=%s" % name
     try:
-        job, _elapsed = cluster.wait_for(namespace, name, kube_service.JOB, timeout=timeout + 30, interval=1.0, clock=clock, sleep=sleep,
-                                         finished=True, pod_selector=selector)
-        pods = cluster.list(kube_service.POD, namespace, selector=selector)
+        outcome = kube_service.service_of(api_client).job_outcome(
+            namespace, name, timeout + 30, container=pvc_metadata.CONTAINER, interval=1.0, max_bytes=MAX_LOG_BYTES, clock=clock, sleep=sleep)
     except kube_wait.PodCannotStart as exc:
         raise _unreadable("the PVC read Job's pod %s/%s cannot start: %s: %s" % (namespace, exc.pod, exc.reason, exc.detail),
                           field="pvc_image", hint="give pvc_image (the deploy: stage_pvc_image) an image the nodes can pull, with python3") from exc
@@ -142,20 +139,11 @@ def _wait(api_client, namespace, name, timeout, clock, sleep):
                           % (namespace, name)) from exc
     except kube_client.ApiException as exc:
         raise _unreadable("reading the PVC read Job %s/%s failed: %s" % (namespace, name, kube_pods.api_error_message(exc))) from exc
-    except SpecDecodingError as exc:  # the Job gone (deleted by hand): the check could not run
-        raise _unreadable("waiting for the PVC read Job %s/%s: %s" % (namespace, name, exc)) from exc
-    ended = [p for p in pods if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed")]
-    if ended:
-        return ended[0]
-    # ended without a pod that ran (its deadline passed before one started, the pod was deleted): the Job says why
-    condition = kube_wait.job_end(job)
-    raise _unreadable("the PVC read Job %s/%s failed: %s: %s" % (namespace, name, condition.get("reason"), condition.get("message") or ""),
-                      hint="see the Job's events (kubectl describe job -n %s %s)" % (namespace, name))
-
-
-def _log(api_client, namespace, pod):
-    kube_client, kube_pods = _kube()
-    try:
-        return kube_pods.read_pod_log(api_client, namespace, pod, max_bytes=MAX_LOG_BYTES, container=pvc_metadata.CONTAINER)
-    except (kube_pods.PodAccessError, kube_client.ApiException) as exc:
-        raise _unreadable("reading the log of the PVC read Job's pod %s/%s failed: %s" % (namespace, pod, exc)) from exc
+    except SpecDecodingError as exc:  # its pods' list or log refused (saying which), the Job gone (deleted by hand)
+        raise _unreadable("the PVC read Job %s/%s: %s" % (namespace, name, exc)) from exc
+    if outcome["pod"] is None:
+        # ended without a pod that ran (its deadline passed before one started, the pod was deleted): the Job says why
+        condition = outcome["condition"]
+        raise _unreadable("the PVC read Job %s/%s failed: %s: %s" % (namespace, name, condition.get("reason"), condition.get("message") or ""),
+                          hint="see the Job's events (kubectl describe job -n %s %s)" % (namespace, name))
+    return outcome

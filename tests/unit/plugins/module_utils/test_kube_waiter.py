@@ -8,10 +8,11 @@ import os
 
 import pytest
 
-from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import model_metadata
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.artifacts import model_metadata, pvc_metadata
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve import wait as isvc_wait
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kserve.llmisvc import cluster as llmisvc_cluster
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import client as kube_client
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import pods as kube_pods
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import service as kube_service
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import wait as kube_wait
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops import canary_wait, draft_preflight_pvc
@@ -155,41 +156,69 @@ def test_job_outcome_says_how_the_job_ended_with_its_newest_pods_log(api, monkey
     api.answers[JOB_PATH] = [_job(), _job(("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit"), active=0)]
     api.answers[PODS_PATH] = [{"items": [newer, older]}]
     out = cluster.job_outcome(NS, "j", 60, container="stager", interval=2, clock=api.clock, sleep=api.clock.sleep)
-    assert (out["ended"], out["condition"]["reason"], out["pod"], out["log"]) == ("Failed", "BackoffLimitExceeded", "j-2", "log of j-2")
-    assert logs == [(NS, "j-2", {"container": "stager"})] and api.clock.sleeps == [2]
+    assert (out["ended"], out["condition"]["reason"], out["pod"], out["pod_phase"], out["log"]) == \
+        ("Failed", "BackoffLimitExceeded", "j-2", "Failed", "log of j-2")
+    assert logs == [(NS, "j-2", {"container": "stager", "max_bytes": None})] and api.clock.sleeps == [2]
+
+    # a newer retry that never ran (the deadline stopped it first) has no log: the newest pod that ran says why
+    never_ran = _pod("j-3", phase="Pending")
+    never_ran["metadata"]["creationTimestamp"] = "2026-12-06T10:02:00Z"
+    api.answers[JOB_PATH] = [_job(("Failed", "DeadlineExceeded", "Job was active longer than specified deadline"), active=0)]
+    api.answers[PODS_PATH] = [{"items": [older, never_ran, newer]}]
+    out = cluster.job_outcome(NS, "j", 60, max_bytes=100, clock=api.clock, sleep=api.clock.sleep)
+    assert (out["pod"], out["pod_phase"], out["log"]) == ("j-2", "Failed", "log of j-2")
+    assert logs[-1] == (NS, "j-2", {"container": None, "max_bytes": 100})
+    del logs[1:]
 
     api.answers[JOB_PATH] = [_job(("Failed", "DeadlineExceeded", "Job was active longer than specified deadline"), active=0)]
     api.answers[PODS_PATH] = [{"items": []}]
     out = cluster.job_outcome(NS, "j", 60, clock=api.clock, sleep=api.clock.sleep)
-    assert (out["ended"], out["pod"], out["log"]) == ("Failed", None, "") and len(logs) == 1
+    assert (out["ended"], out["pod"], out["pod_phase"], out["log"]) == ("Failed", None, None, "") and len(logs) == 1
 
     api.answers[JOB_PATH], api.answers[PODS_PATH] = [_job()], [{"items": [_pod("j-1", waiting="ImagePullBackOff")]}]
     with pytest.raises(kube_wait.PodCannotStart, match="the pod ns/j-1 of Job j cannot start: ImagePullBackOff"):
         cluster.job_outcome(NS, "j", 60, clock=api.clock, sleep=api.clock.sleep)
 
 
-def test_the_pvc_preflight_waits_on_the_job_row(api):
-    """ops/draft_preflight_pvc._wait: the ended pod back; a pod that cannot start, a Job failed without a pod and the
-    timeout are each a MetadataUnreadable naming the option to change."""
-    wait = draft_preflight_pvc._wait  # pylint: disable=protected-access
+def test_the_pvc_preflight_waits_on_the_job_row(api, monkeypatch):
+    """ops/draft_preflight_pvc._outcome: the cluster service's job_outcome (the Job row, the log of the pod that ran, read
+    up to the preflight's cap); a pod that cannot start, a Job failed without a pod that ran, the timeout and a log the API
+    server refuses are each a MetadataUnreadable naming the option to change or what failed."""
+    outcome = draft_preflight_pvc._outcome  # pylint: disable=protected-access
+    logs = []
+
+    def log_text(_self, namespace, pod, **kwargs):
+        logs.append((namespace, pod, kwargs))
+        if pod == "refused":
+            raise kube_pods.PodAccessError("reading log of pod %s/%s container reader failed: pods/log is forbidden" % (namespace, pod))
+        return "result of %s" % pod
+    monkeypatch.setattr(kube_service.ClusterService, "pod_log_text", log_text)
     api.answers[JOB_PATH] = [_job(), _job(("Complete", None, None), active=0)]
     api.answers[PODS_PATH] = [{"items": [_pod("j-1", phase="Running")]}, {"items": [_pod("j-1", phase="Succeeded")]}]
-    assert wait(None, NS, "j", 120, api.clock, api.clock.sleep)["metadata"]["name"] == "j-1" and api.clock.sleeps == [1.0]
+    out = outcome(None, NS, "j", 120, api.clock, api.clock.sleep)
+    assert (out["pod"], out["pod_phase"], out["log"]) == ("j-1", "Succeeded", "result of j-1") and api.clock.sleeps == [1.0]
+    assert logs == [(NS, "j-1", {"container": pvc_metadata.CONTAINER, "max_bytes": draft_preflight_pvc.MAX_LOG_BYTES})]
 
     api.answers[JOB_PATH] = [_job()]
     api.answers[PODS_PATH] = [{"items": [_pod("j-1", waiting="ErrImagePull")]}]
     with pytest.raises(model_metadata.MetadataUnreadable) as err:
-        wait(None, NS, "j", 120, api.clock, api.clock.sleep)
+        outcome(None, NS, "j", 120, api.clock, api.clock.sleep)
     assert err.value.field == "pvc_image" and "the PVC read Job's pod ns/j-1 cannot start: ErrImagePull" in str(err.value)
 
     api.answers[JOB_PATH] = [_job(("Failed", "DeadlineExceeded", "Job was active longer than specified deadline"), active=0)]
-    api.answers[PODS_PATH] = [{"items": []}]
+    api.answers[PODS_PATH] = [{"items": [_pod("j-1", phase="Pending")]}]
     with pytest.raises(model_metadata.MetadataUnreadable, match="the PVC read Job ns/j failed: DeadlineExceeded: Job was active"):
-        wait(None, NS, "j", 120, api.clock, api.clock.sleep)
+        outcome(None, NS, "j", 120, api.clock, api.clock.sleep)
+
+    api.answers[JOB_PATH] = [_job(("Complete", None, None), active=0)]
+    api.answers[PODS_PATH] = [{"items": [_pod("refused", phase="Succeeded")]}]
+    with pytest.raises(model_metadata.MetadataUnreadable, match="the PVC read Job ns/j: reading log of pod ns/refused container reader "
+                                                                "failed: pods/log is forbidden"):
+        outcome(None, NS, "j", 120, api.clock, api.clock.sleep)
 
     api.answers[JOB_PATH], api.answers[PODS_PATH], api.clock.now = [_job()], [{"items": [_pod("j-1")]}], 0.0
     with pytest.raises(model_metadata.MetadataUnreadable) as err:
-        wait(None, NS, "j", 120, api.clock, api.clock.sleep)
+        outcome(None, NS, "j", 120, api.clock, api.clock.sleep)
     assert err.value.field == "pvc_timeout" and "did not end within 120 s" in str(err.value) and api.clock.now == 150
 
 

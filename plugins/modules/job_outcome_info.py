@@ -87,12 +87,13 @@ job:
   type: dict
 pod:
   description:
-    - The name of the Job's newest pod that ran (C(Succeeded) or C(Failed)), null when none did (the Job's deadline passed
-      before one started). A retry that never started has no log; the newest pod that ran says why the Job failed.
+    - The name of the Job's newest pod that ran (it ended, or a container of it started), null when none did (the Job's
+      deadline passed before one started). A retry that never started has no log; the newest pod that ran says why the
+      Job failed.
   returned: success
   type: str
 pod_phase:
-  description: The phase of that pod (C(Succeeded) or C(Failed)), null without one.
+  description: The phase of that pod (C(Succeeded) or C(Failed) once it ended), null without one.
   returned: success
   type: str
 log:

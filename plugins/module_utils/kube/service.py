@@ -186,7 +186,7 @@ class ClusterService:
     def job_outcome(self, namespace, name, timeout, container=None, interval=1.0, max_bytes=None, clock=time.monotonic,
                     sleep=time.sleep):
         """Wait until the Job ends and say how: ``{"ended": "Complete"|"Failed", "condition": its JobCondition,
-        "job": the Job, "pod": its newest pod that ran (Succeeded or Failed) or None, "pod_phase": that pod's phase,
+        "job": the Job, "pod": its newest pod that ran (``_has_run``) or None, "pod_phase": that pod's phase,
         "log": that pod's (``container``'s) log up to ``max_bytes`` (kube/pods.read_pod_log), "" without such a pod}``.
 
         The wait is the table's Job row through ``wait_for`` (ended, Complete or Failed; its pods looked at on every
@@ -198,13 +198,23 @@ class ClusterService:
         selector = "job-name=%s" % name
         job, _elapsed = self.wait_for(namespace, name, JOB, timeout=timeout, interval=interval, clock=clock, sleep=sleep,
                                       finished=True, pod_selector=selector, pod_interval=interval)
-        ran = [p for p in self.list(POD, namespace, selector=selector) if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed")]
+        ran = [p for p in self.list(POD, namespace, selector=selector) if _has_run(p)]
         newest = max(ran, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "", default=None)
         pod = (newest.get("metadata") or {}).get("name") if newest else None
         log = self.pod_log_text(namespace, pod, max_bytes=max_bytes, container=container) if pod else ""
         condition = kube_wait.job_end(job)
         return {"ended": condition.get("type"), "condition": condition, "job": job, "pod": pod,
                 "pod_phase": newest["status"]["phase"] if newest else None, "log": log}
+
+
+def _has_run(pod):
+    """A pod with a log to read: it ended (Succeeded, Failed) or a container of it started, now or before a restart. A
+    retry its Job's deadline stopped before its container started has none."""
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return True
+    return any("running" in (c.get("state") or {}) or "terminated" in (c.get("state") or {}) or "terminated" in (c.get("lastState") or {})
+               for c in status.get("containerStatuses") or [])
 
 
 class CustomObjectReads:

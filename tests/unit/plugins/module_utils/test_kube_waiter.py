@@ -161,7 +161,7 @@ def test_job_outcome_says_how_the_job_ended_with_its_newest_pods_log(api, monkey
     assert logs == [(NS, "j-2", {"container": "stager", "max_bytes": None})] and api.clock.sleeps == [2]
 
     # a newer retry that never ran (the deadline stopped it first) has no log: the newest pod that ran says why
-    never_ran = _pod("j-3", phase="Pending")
+    never_ran = _pod("j-3", waiting="ContainerCreating")
     never_ran["metadata"]["creationTimestamp"] = "2026-12-06T10:02:00Z"
     api.answers[JOB_PATH] = [_job(("Failed", "DeadlineExceeded", "Job was active longer than specified deadline"), active=0)]
     api.answers[PODS_PATH] = [{"items": [older, never_ran, newer]}]
@@ -206,7 +206,7 @@ def test_the_pvc_preflight_waits_on_the_job_row(api, monkeypatch):
     assert err.value.field == "pvc_image" and "the PVC read Job's pod ns/j-1 cannot start: ErrImagePull" in str(err.value)
 
     api.answers[JOB_PATH] = [_job(("Failed", "DeadlineExceeded", "Job was active longer than specified deadline"), active=0)]
-    api.answers[PODS_PATH] = [{"items": [_pod("j-1", phase="Pending")]}]
+    api.answers[PODS_PATH] = [{"items": [_pod("j-1", waiting="ContainerCreating")]}]
     with pytest.raises(model_metadata.MetadataUnreadable, match="the PVC read Job ns/j failed: DeadlineExceeded: Job was active"):
         outcome(None, NS, "j", 120, api.clock, api.clock.sleep)
 

@@ -2,8 +2,8 @@
 # Copyright: Alauda
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The API calls of the preflight's PVC read: create the read-only Job artifacts/pvc_metadata.py plans, wait for it to end
-and read its pod's log (the cluster service's ``job_outcome``), delete the Job. Every failure is a MetadataUnreadable (the check could not run: the caller
-says so and the rollout goes on), naming what the identity or the image lacks."""
+and read its pod's log (the cluster service's ``job_outcome``), delete the Job. Every failure is a MetadataUnreadable (the
+check could not run: the caller says so and the rollout goes on), naming what the identity or the image lacks."""
 
 from __future__ import annotations
 

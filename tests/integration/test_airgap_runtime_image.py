@@ -1,7 +1,7 @@
 """Air gap on the image KServe runs (issue 48): the ServingRuntime an InferenceService names is read from the cluster, and
 with `spec_decoding_air_gapped: true` a runtime whose image is on a public registry stops the deploy at the render (the
-validation, which gets that read), naming the runtime, the image and the variable, before anything is written. (The test bed's own runtime, on
-registry.invalid, passes the same check in test_airgap.py's air-gapped deploy.)"""
+validation, which gets that read), naming the runtime, the image and the variable, before anything is written. (The test
+bed's own runtime, on registry.invalid, passes the same check in test_airgap.py's air-gapped deploy.)"""
 from __future__ import annotations
 
 from tests.ansible_run import run_playbook

@@ -213,8 +213,7 @@ def _has_run(pod):
     status = pod.get("status") or {}
     if status.get("phase") in ("Succeeded", "Failed"):
         return True
-    return any("running" in (c.get("state") or {}) or "terminated" in (c.get("state") or {}) or "terminated" in (c.get("lastState") or {})
-               for c in status.get("containerStatuses") or [])
+    return any(kube_wait.container_started(c) for c in status.get("containerStatuses") or [])
 
 
 class CustomObjectReads:

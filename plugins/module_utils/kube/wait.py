@@ -91,6 +91,13 @@ def stuck_pod(pods):
     return None
 
 
+def container_started(status):
+    """Whether the container of ``status`` (an entry of a pod's containerStatuses) started, now or before a restart: it
+    has a log to read."""
+    state = status.get("state") or {}
+    return bool(state.get("running") or state.get("terminated") or status.get("lastState"))
+
+
 def job_end(job):
     """The Job's first True Complete or Failed condition (batch/v1 JobCondition), ``{}`` while it runs."""
     return next((c for c in (job.get("status") or {}).get("conditions") or []

@@ -24,6 +24,7 @@ from ansible_collections.alauda.spec_decoding.plugins.module_utils.vllm import m
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.errors import SpecDecodingError, ValidationError, optional_import
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.gitops import owner as gitops_owner
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import service as kube_service
+from ansible_collections.alauda.spec_decoding.plugins.module_utils.kube import wait as kube_wait
 # The rules' readers over API objects serve the describe text and the summary too.
 from ansible_collections.alauda.spec_decoding.plugins.module_utils.ops.troubleshoot_rules import (
     _condition, _conditions, _container_statuses, _events_for, _pod_name, diagnose, speculative_config_of, storage_uris,
@@ -308,8 +309,7 @@ class Collector:
             entry = {}
             for cname in containers:
                 cs = statuses.get(cname) or {}
-                started = bool(cs.get("state", {}).get("running") or cs.get("state", {}).get("terminated") or cs.get("lastState"))
-                logs = {"current": self.log(ns, pname, cname, False) if started else None}
+                logs = {"current": self.log(ns, pname, cname, False) if kube_wait.container_started(cs) else None}
                 if int(cs.get("restartCount") or 0) > 0 or (cs.get("lastState") or {}).get("terminated"):
                     logs["previous"] = self.log(ns, pname, cname, True)
                 entry[cname] = logs

@@ -142,14 +142,15 @@ def execute(module):
     unchanged = params["unchanged"]
     # The no-op redeploy's path: the waiter's own InferenceService check on the apply's answer; no client is built and
     # nothing is read (issue 46, P4).
-    if unchanged and params["kind"] == "InferenceService" and isvc_wait.isvc_pending(unchanged) is None:
-        return dict(changed=False, ready=True, waited=False, elapsed=0.0, generation=unchanged["metadata"].get("generation"),
-                    resource=unchanged)
-    isvc, elapsed = isvc_wait.wait_ready(module.api_client, params["namespace"], params["name"],
-                                         timeout=params["timeout"], interval=params["interval"],
-                                         kind=params["kind"], api_version=params["api_version"],
-                                         crash_loop_restarts=params["crash_loop_restarts"], redact=redact)
-    return dict(changed=False, ready=True, waited=True, elapsed=round(elapsed, 1), generation=isvc["metadata"].get("generation"), resource=isvc)
+    waited = not (unchanged and params["kind"] == "InferenceService" and isvc_wait.isvc_pending(unchanged) is None)
+    if waited:
+        isvc, elapsed = isvc_wait.wait_ready(module.api_client, params["namespace"], params["name"],
+                                             timeout=params["timeout"], interval=params["interval"],
+                                             kind=params["kind"], api_version=params["api_version"],
+                                             crash_loop_restarts=params["crash_loop_restarts"], redact=redact)
+    else:
+        isvc, elapsed = unchanged, 0.0
+    return dict(changed=False, ready=True, waited=waited, elapsed=round(elapsed, 1), generation=isvc["metadata"].get("generation"), resource=isvc)
 
 
 # A refusal returns an empty resource; a timeout the object as last read and its pods.
